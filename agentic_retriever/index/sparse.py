@@ -1,0 +1,139 @@
+"""Sparse BM25 indexes: bm25s (default, pure Python + numpy) and pyserini/Lucene (optional extra).
+
+Defaults k1=0.9, b=0.4 with English stemming and stop words, as pyserini's BM25 that Search-R1 and
+FlashRAG used as their sparse baseline. Passages are indexed as their Search-R1 ``contents`` (title
+line and text).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from ..corpus import Corpus
+from ..jsonl import atomic_write
+from .base import SearchIndex
+from .manifest import IndexManifest
+
+BM25_DIR = "bm25"
+LUCENE_DIR = "lucene"
+
+
+@dataclass
+class BM25Params:
+    engine: Literal["bm25s", "pyserini"] = dataclasses.field(default="bm25s", metadata={"help": "BM25 implementation"})
+    k1: float = dataclasses.field(default=0.9, metadata={"help": "BM25 term-frequency saturation"})
+    b: float = dataclasses.field(default=0.4, metadata={"help": "BM25 length normalisation"})
+    stemmer: str | None = dataclasses.field(default="english", metadata={"help": "Snowball stemmer language, or none"})
+    stopwords: str | None = dataclasses.field(default="en", metadata={"help": "stop-word list, or none"})
+    threads: int = dataclasses.field(default=0, metadata={"help": "search threads (0 = one)"})
+
+
+def _tokenizer(params: BM25Params):
+    import Stemmer
+    from bm25s.tokenization import Tokenizer
+
+    stemmer = Stemmer.Stemmer(params.stemmer) if params.stemmer else None
+    return Tokenizer(stemmer=stemmer, stopwords=params.stopwords or [])
+
+
+def build_bm25_index(corpus: Corpus, out_dir: str | Path, params: BM25Params) -> IndexManifest:
+    """Tokenise the corpus in a stream and build a BM25 index in `out_dir`."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    if params.engine == "pyserini":
+        _build_lucene(corpus, out / LUCENE_DIR, params)
+    else:
+        import bm25s
+
+        tokenizer = _tokenizer(params)
+        texts = (text for batch in corpus.iter_contents() for text in batch)
+        ids = tokenizer.tokenize(texts, update_vocab=True, return_as="ids", length=len(corpus), show_progress=True)
+        retriever = bm25s.BM25(k1=params.k1, b=params.b)
+        retriever.index(tokenizer.to_tokenized_tuple(ids), show_progress=True)
+        retriever.save(str(out / BM25_DIR), show_progress=False)
+        tokenizer.save_vocab(str(out / BM25_DIR))
+    manifest = IndexManifest(
+        backend="bm25", index_type=params.engine, rows=len(corpus), corpus_path=str(corpus.source),
+        corpus_sha256=corpus.sha256, params=dataclasses.asdict(params),
+        build_seconds=round(time.perf_counter() - started, 2),
+    )
+    manifest.save(out)
+    return manifest
+
+
+class BM25Index(SearchIndex):
+    """BM25 over the corpus; questions and histories are ignored (the query is searched as written)."""
+
+    def __init__(self, index_dir: str | Path, manifest: IndexManifest, corpus: Corpus, overrides: dict | None = None):
+        super().__init__(manifest, corpus)
+        self.params = BM25Params(**{**manifest.params, **(overrides or {})})
+        if self.params.engine == "pyserini":
+            self._searcher = _lucene_searcher(Path(index_dir) / LUCENE_DIR, self.params)
+        else:
+            import bm25s
+
+            self._retriever = bm25s.BM25.load(str(Path(index_dir) / BM25_DIR), mmap=True, show_progress=False)
+            self._tokenizer = _tokenizer(self.params)
+            self._tokenizer.load_vocab(str(Path(index_dir) / BM25_DIR))
+
+    def search_rows(self, queries: Sequence[str], k: int, questions=None, histories=None) -> tuple[np.ndarray, np.ndarray]:
+        if self.params.engine == "pyserini":
+            return self._search_lucene(queries, k)
+        ids = self._tokenizer.tokenize(list(queries), update_vocab=False, return_as="ids", show_progress=False)
+        rows, scores = self._retriever.retrieve(self._tokenizer.to_tokenized_tuple(ids), k=k, show_progress=False,
+                                                n_threads=self.params.threads)
+        return scores.astype(np.float32), rows.astype(np.int64)
+
+    def _search_lucene(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        keys = [str(i) for i in range(len(queries))]
+        hits = self._searcher.batch_search(list(queries), keys, k=k, threads=max(1, self.params.threads))
+        scores = np.zeros((len(queries), k), dtype=np.float32)
+        rows = np.full((len(queries), k), -1, dtype=np.int64)
+        for i, key in enumerate(keys):
+            for j, hit in enumerate(hits[key][:k]):
+                rows[i, j], scores[i, j] = int(hit.docid), hit.score
+        return scores, rows
+
+
+def _import_pyserini():
+    try:
+        import pyserini  # noqa: F401
+    except ImportError as error:
+        raise ImportError("the pyserini BM25 engine needs the extra: pip install 'agentic-retriever[pyserini]' "
+                          "(and Java 21)") from error
+
+
+def _build_lucene(corpus: Corpus, lucene_dir: Path, params: BM25Params) -> None:
+    """Write the corpus as a pyserini JsonCollection (doc id = row number) and run pyserini's indexer."""
+    _import_pyserini()
+    collection = lucene_dir.parent / "lucene_collection"
+    collection.mkdir(parents=True, exist_ok=True)
+    with atomic_write(collection / "docs.jsonl") as handle:
+        row = 0
+        for batch in corpus.iter_contents():
+            for contents in batch:
+                handle.write(json.dumps({"id": str(row), "contents": contents}) + "\n")
+                row += 1
+    subprocess.run([sys.executable, "-m", "pyserini.index.lucene", "--collection", "JsonCollection",
+                    "--input", str(collection), "--index", str(lucene_dir), "--generator", "DefaultLuceneDocumentGenerator",
+                    "--threads", str(max(1, params.threads)), "--storeRaw"], check=True)
+
+
+def _lucene_searcher(lucene_dir: Path, params: BM25Params):
+    _import_pyserini()
+    from pyserini.search.lucene import LuceneSearcher
+
+    searcher = LuceneSearcher(str(lucene_dir))
+    searcher.set_bm25(params.k1, params.b)
+    return searcher
