@@ -104,8 +104,15 @@ class Corpus:
     def titles(self) -> pa.ChunkedArray:
         return self._table.column("title")
 
+    @property
+    def id_column(self) -> pa.ChunkedArray:
+        return self._table.column("id")
+
     def ids_at(self, rows: Sequence[int] | np.ndarray) -> list[str]:
-        return self._table.column("id").take(pa.array(np.asarray(rows, dtype=np.int64))).to_pylist()
+        return self.id_column.take(pa.array(np.asarray(rows, dtype=np.int64))).to_pylist()
+
+    def titles_at(self, rows: Sequence[int] | np.ndarray) -> list[str]:
+        return self.titles.take(pa.array(np.asarray(rows, dtype=np.int64))).to_pylist()
 
     def passages_at(self, rows: Sequence[int] | np.ndarray) -> list[Passage]:
         taken = self._table.take(pa.array(np.asarray(rows, dtype=np.int64)))
@@ -137,7 +144,7 @@ class Corpus:
         hashes = hash_ids(ids)
         positions = np.searchsorted(self._id_hash, hashes)
         rows = np.full(len(ids), -1, dtype=np.int64)
-        id_column = self._table.column("id")
+        id_column = self.id_column
         for i, (wanted, position) in enumerate(zip(ids, positions)):
             while position < len(self._id_hash) and self._id_hash[position] == hashes[i]:
                 row = int(self._id_order[position])

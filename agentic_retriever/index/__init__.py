@@ -18,7 +18,7 @@ from typing import Literal
 from ..corpus import Corpus
 from ..encoder import Encoder, EncoderConfig
 from .base import ScoredPassage, SearchIndex, SearchResult
-from .dense import DenseIndex, DenseParams, build_dense_index
+from .dense import DenseIndex, DenseParams, build_dense_index, same_structure
 from .manifest import IndexManifest, IndexMismatchError
 from .sparse import BM25Index, BM25Params, build_bm25_index
 
@@ -55,7 +55,7 @@ def build_index(config: IndexBuildConfig) -> IndexManifest:
             return existing
         return build_bm25_index(corpus, config.out, config.bm25)
     encoder = Encoder(config.encoder)
-    if (existing and existing.corpus_sha256 == corpus.sha256 and existing.params == dataclasses.asdict(config.dense)
+    if (existing and existing.corpus_sha256 == corpus.sha256 and same_structure(existing.params, dataclasses.asdict(config.dense))
             and (existing.encoder or {}).get("fingerprint") == encoder.settings.fingerprint):
         log.info("index %s is already built", config.out)
         return existing

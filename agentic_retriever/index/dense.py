@@ -1,7 +1,7 @@
 """Dense FAISS indexes (Flat inner product, HNSW, IVF-PQ), built from a resumable embedding stream.
 
-Build: the corpus is encoded chunk by chunk into ``embeddings.npy`` (a memmap) and a small
-``build_state.json`` records how many rows are done, so a killed build resumes at the last finished
+Build: the corpus is encoded chunk by chunk into ``embeddings-<corpus>-<encoder>.npy`` (a memmap) and a
+small state file beside it records how many rows are done, so a killed build resumes at the last finished
 chunk. FAISS is then filled from the memmap in chunks: peak memory is the FAISS index plus one chunk,
 whatever the corpus size. Search on GPUs (with faiss-gpu) shards the index over all visible GPUs in
 fp16, as Search-R1's server does for the 64.6 GB fp32 wiki-18 Flat index.
@@ -30,8 +30,7 @@ from .manifest import IndexManifest
 log = logging.getLogger(__name__)
 
 FAISS_FILE = "index.faiss"
-EMBEDDINGS_FILE = "embeddings.npy"
-STATE_FILE = "build_state.json"
+_PROGRESS_STEP = 1024  # passages per encode call inside a chunk (progress-bar granularity)
 
 
 @dataclass
@@ -48,9 +47,20 @@ class DenseParams:
     nprobe: int = dataclasses.field(default=64, metadata={"help": "IVF cells visited per query"})
     train_size: int = dataclasses.field(default=262_144, metadata={"help": "vectors sampled to train IVF-PQ"})
     chunk_size: int = dataclasses.field(default=16_384, metadata={"help": "passages encoded per resumable chunk"})
-    keep_embeddings: bool = dataclasses.field(default=False, metadata={"help": "keep embeddings.npy after the build"})
+    keep_embeddings: bool = dataclasses.field(default=False, metadata={"help": "keep the passage embeddings after the build"})
+    embeddings_dir: str | None = dataclasses.field(
+        default=None, metadata={"help": "where passage embeddings are streamed (default: the index folder); "
+                                        "indexes of several types sharing it encode the corpus once"})
     gpu: Literal["auto", "on", "off"] = dataclasses.field(default="auto", metadata={"help": "search on GPUs with faiss-gpu"})
     mmap: bool = dataclasses.field(default=False, metadata={"help": "memory-map a Flat index instead of loading it"})
+
+
+#: The fields that decide what a built index contains; the others only change how it is built or searched.
+STRUCTURE_FIELDS = ("type", "hnsw_m", "ef_construction", "nlist", "pq_m", "pq_nbits", "train_size")
+
+
+def same_structure(a: dict, b: dict) -> bool:
+    return all(a.get(f) == b.get(f) for f in STRUCTURE_FIELDS)
 
 
 def import_faiss():
@@ -67,7 +77,8 @@ def build_dense_index(corpus: Corpus, encoder: Encoder, out_dir: str | Path, par
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    embeddings = _encode_resumable(corpus, encoder, out, params.chunk_size)
+    embeddings_path = Path(params.embeddings_dir or out) / f"embeddings-{corpus.sha256[:12]}-{encoder.settings.fingerprint[:12]}.npy"
+    embeddings = _encode_resumable(corpus, encoder, embeddings_path, params.chunk_size)
     faiss = import_faiss()
     index = _new_faiss_index(faiss, params, encoder.dim, len(corpus))
     if not index.is_trained:
@@ -85,9 +96,9 @@ def build_dense_index(corpus: Corpus, encoder: Encoder, out_dir: str | Path, par
     )
     manifest.save(out)
     del embeddings
-    (out / STATE_FILE).unlink(missing_ok=True)
     if not params.keep_embeddings:
-        (out / EMBEDDINGS_FILE).unlink(missing_ok=True)
+        embeddings_path.unlink()
+        _state_path(embeddings_path).unlink()
     return manifest
 
 
@@ -97,27 +108,35 @@ def _portable_config(encoder: Encoder) -> dict:
     return {k: v for k, v in dataclasses.asdict(encoder.config).items() if k not in machine_specific}
 
 
-def _encode_resumable(corpus: Corpus, encoder: Encoder, out: Path, chunk_size: int) -> np.ndarray:
-    """Stream passage embeddings into a memmap; `build_state.json` says how many rows are final."""
-    state_path, path = out / STATE_FILE, out / EMBEDDINGS_FILE
+def _state_path(embeddings_path: Path) -> Path:
+    return embeddings_path.with_suffix(".state.json")
+
+
+def _encode_resumable(corpus: Corpus, encoder: Encoder, path: Path, chunk_size: int) -> np.ndarray:
+    """Stream passage embeddings into a memmap at `path`; its state file says how many rows are final."""
+    state_path = _state_path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     identity = {"encoder_fingerprint": encoder.settings.fingerprint, "corpus_sha256": corpus.sha256,
                 "rows": len(corpus), "dim": encoder.dim}
     state = read_json(state_path) if state_path.is_file() else {}
     if state and {k: state.get(k) for k in identity} == identity and path.is_file():
         embeddings = np.load(path, mmap_mode="r+")
         done = int(state["rows_done"])
-        log.info("resuming %s at row %d of %d", out, done, len(corpus))
+        log.info("resuming %s at row %d of %d", path, done, len(corpus))
     else:
         embeddings = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(len(corpus), encoder.dim))
         done = 0
         write_json(state_path, identity | {"rows_done": 0})
     with tqdm(total=len(corpus), initial=done, desc="encoding passages", unit=" passages") as progress:
         for start in range(done, len(corpus), chunk_size):
-            texts = next(corpus.iter_contents(start, min(start + chunk_size, len(corpus)), batch_size=chunk_size))
-            embeddings[start:start + len(texts)] = encoder.encode_passages(texts)
+            stop = min(start + chunk_size, len(corpus))
+            row = start
+            for texts in corpus.iter_contents(start, stop, batch_size=_PROGRESS_STEP):
+                embeddings[row:row + len(texts)] = encoder.encode_passages(texts)
+                row += len(texts)
+                progress.update(len(texts))
             embeddings.flush()
-            write_json(state_path, identity | {"rows_done": start + len(texts)})
-            progress.update(len(texts))
+            write_json(state_path, identity | {"rows_done": stop})
     return embeddings
 
 

@@ -1,0 +1,161 @@
+"""`agentic-retriever`: one entry point, thin wiring over library functions.
+
+Every command takes ``--config FILE`` (it reads the section named in brackets below) and flags that
+override single fields. Run ``agentic-retriever COMMAND --help`` for the fields.
+
+    data prepare-defaults   [prepare]          embedded corpus + FanOutQA QA splits
+    index build             [index]            dense (FAISS) or BM25 index, resumable
+    search                  [search]           query an index from the shell
+    serve                   [serve]            Search-R1-compatible HTTP retrieval service
+    eval retrieval          [eval_retrieval]   Recall@k / MRR / nDCG on a QA file
+    demo                    [demo]             the main job on the embedded default stack
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .config import add_dataclass_arguments, build_config
+
+
+@dataclass
+class SearchConfig:
+    index: str = field(default="", metadata={"help": "index folder"})
+    queries: list[str] = field(default_factory=list, metadata={"help": "queries to search"})
+    questions: list[str] = field(default_factory=list, metadata={"help": "original questions, parallel to the queries"})
+    k: int = field(default=3, metadata={"help": "passages per query"})
+    json: bool = field(default=False, metadata={"help": "print JSON lines instead of text"})
+
+
+@dataclass
+class ServeConfig:
+    index: str = field(default="", metadata={"help": "index folder"})
+    host: str = field(default="127.0.0.1", metadata={"help": "address to listen on"})
+    port: int = field(default=8000, metadata={"help": "port to listen on"})
+    batching: bool = field(default=True, metadata={"help": "gather concurrent requests into one search"})
+    max_batch_queries: int = field(default=256, metadata={"help": "most queries gathered into one search"})
+    max_wait_ms: float = field(default=5.0, metadata={"help": "longest wait for more requests before searching"})
+    gpu: Literal["auto", "on", "off"] = field(default="auto", metadata={"help": "FAISS on GPUs (dense indexes)"})
+
+
+def _prepare(args) -> None:
+    from .data.prepare import PrepareConfig, prepare_defaults
+
+    config = build_config(PrepareConfig, "prepare", args, args.config)
+    summary = prepare_defaults(config)
+    print(json.dumps(summary, indent=2))
+    print(f"leaf questions with their evidence page in the corpus: "
+          f"{sum(summary['leaf_questions_with_evidence_in_corpus'].values())} of {sum(summary['leaf_questions'].values())} "
+          f"(the others are skipped by retrieval evaluation); files in {config.out}")
+
+
+def _index_build(args) -> None:
+    from .index import IndexBuildConfig, build_index
+
+    manifest = build_index(build_config(IndexBuildConfig, "index", args, args.config))
+    print(json.dumps(dataclasses.asdict(manifest), indent=2))
+
+
+def _open(index_dir: str, **overrides):
+    from .index import open_index
+
+    if not index_dir:
+        raise SystemExit("error: --index is required")
+    return open_index(index_dir, **overrides)
+
+
+def _search(args) -> None:
+    config = build_config(SearchConfig, "search", args, args.config)
+    if not config.queries:
+        raise SystemExit("error: give at least one query (--queries 'who wrote hamlet')")
+    hits = _open(config.index).retrieve(config.queries, config.k, config.questions or None)
+    for query, passages in zip(config.queries, hits):
+        if config.json:
+            print(json.dumps({"query": query, "hits": [dataclasses.asdict(p) for p in passages]}, ensure_ascii=False))
+            continue
+        print(f"# {query}")
+        for rank, p in enumerate(passages, start=1):
+            print(f"{rank:>3}. [{p.score:.4f}] ({p.id}) {p.title}: {p.text[:160]}")
+
+
+def _serve(args) -> None:
+    from .server import serve
+
+    config = build_config(ServeConfig, "serve", args, args.config)
+    index = _open(config.index, **({"gpu": config.gpu} if config.gpu != "auto" else {}))
+    serve(index, host=config.host, port=config.port, batching=config.batching,
+          max_batch_queries=config.max_batch_queries, max_wait_ms=config.max_wait_ms)
+
+
+def _eval_retrieval(args) -> None:
+    from .eval.report import render_table
+    from .eval.retrieval import RetrievalEvalConfig, evaluate_retrieval, load_judged_questions
+    from .jsonl import write_json
+
+    config = build_config(RetrievalEvalConfig, "eval_retrieval", args, args.config)
+    if not config.qa:
+        raise SystemExit("error: --qa is required")
+    index = _open(config.index)
+    report = evaluate_retrieval(index, load_judged_questions(config.qa, config.relevance), config.ks,
+                                config.mrr_k, config.ndcg_k, config.batch_size)
+    print(render_table({config.index: report["metrics"]}))
+    print(f"{report['questions_evaluated']} questions evaluated, "
+          f"{report['questions_skipped_no_relevant_in_corpus']} skipped (no relevant passage in the corpus)")
+    if config.out:
+        write_json(config.out, report)
+        print(f"wrote {config.out}")
+
+
+def _demo(args) -> None:
+    from .demo import DemoConfig, run_demo
+
+    run_demo(build_config(DemoConfig, "demo", args, args.config))
+
+
+def _add(subparsers, name: str, handler, config_cls, help_text: str, section: str) -> None:
+    parser = subparsers.add_parser(name, help=help_text, description=f"{help_text} (config section: {section})")
+    parser.add_argument("--config", help=f"YAML config file; its '{section}' section is read", default=None)
+    add_dataclass_arguments(parser, config_cls)
+    parser.set_defaults(handler=handler)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .data.prepare import PrepareConfig
+    from .demo import DemoConfig
+    from .eval.retrieval import RetrievalEvalConfig
+    from .index import IndexBuildConfig
+
+    parser = argparse.ArgumentParser(prog="agentic-retriever", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    data = commands.add_parser("data", help="prepare data").add_subparsers(dest="subcommand", required=True)
+    _add(data, "prepare-defaults", _prepare, PrepareConfig, "write the embedded default corpus and FanOutQA splits", "prepare")
+    index = commands.add_parser("index", help="build indexes").add_subparsers(dest="subcommand", required=True)
+    _add(index, "build", _index_build, IndexBuildConfig, "build a dense or BM25 index (resumes an interrupted build)", "index")
+    _add(commands, "search", _search, SearchConfig, "search an index from the shell", "search")
+    _add(commands, "serve", _serve, ServeConfig, "serve an index over HTTP (Search-R1 /retrieve API)", "serve")
+    evaluate = commands.add_parser("eval", help="evaluate").add_subparsers(dest="subcommand", required=True)
+    _add(evaluate, "retrieval", _eval_retrieval, RetrievalEvalConfig, "Recall@k, MRR@k, nDCG@k of an index on a QA file", "eval_retrieval")
+    _add(commands, "demo", _demo, DemoConfig, "run the main job on the embedded default stack", "demo")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        args.handler(args)
+    except (ValueError, FileNotFoundError, KeyError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

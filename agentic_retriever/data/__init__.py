@@ -1,0 +1,1 @@
+"""Data preparation: the embedded default corpus and QA sets."""

@@ -1,0 +1,115 @@
+"""`agentic-retriever data prepare-defaults`: the embedded default corpus and FanOutQA QA sets.
+
+Writes, into one folder:
+
+* ``corpus.jsonl``: one Search-R1 passage per Wikipedia lead summary (ids "0".. in title order);
+* ``fanoutqa_leaf_{train,dev}.jsonl``: the leaf sub-questions of FanOutQA's decomposition trees as
+  FlashRAG QA rows (``id``, ``question``, ``golden_answers``, ``supporting_titles``) plus ``parent_id``;
+* ``fanoutqa_multihop_{train,dev}.jsonl``: the top-level questions with the evidence titles of all
+  their leaves (for evidence recall of whole trajectories);
+* ``prepare_summary.json``: counts, including how many leaves have their evidence page in the corpus.
+
+The split is by top-level question id (a hash, so it is deterministic and independent of file order):
+a question and all its leaves fall in the same split.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..defaults import fanoutqa_dev_path, wiki_summaries_path
+from ..jsonl import write_json, write_jsonl
+
+
+@dataclass
+class PrepareConfig:
+    out: str = field(default="runs/quickstart/data", metadata={"help": "folder to write the corpus and QA files to"})
+    dev_fraction: float = field(default=0.3, metadata={"help": "share of top-level FanOutQA questions in dev"})
+
+
+def answer_strings(answer) -> list[str]:
+    """FanOutQA answers (str, number, bool, list, dict) as FlashRAG ``golden_answers``.
+
+    A list or dict is ONE answer made of several parts, so it becomes one string joining them
+    ("A, B" / "k: v, k2: v2"), not several alternative answers. Booleans become yes/no.
+    """
+    if isinstance(answer, bool):
+        return ["yes" if answer else "no"]
+    if isinstance(answer, float) and answer.is_integer():
+        return [str(int(answer))]
+    if isinstance(answer, list):
+        return [", ".join(answer_strings(a)[0] for a in answer)]
+    if isinstance(answer, dict):
+        return [", ".join(f"{k}: {answer_strings(v)[0]}" for k, v in answer.items())]
+    return [str(answer)]
+
+
+def is_dev(question_id: str, dev_fraction: float) -> bool:
+    """Deterministic split by hash of the top-level question id."""
+    bucket = int(hashlib.sha256(question_id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+    return bucket < dev_fraction
+
+
+def _leaves(node: dict) -> Iterator[dict]:
+    if not node.get("decomposition"):
+        yield node
+    for child in node.get("decomposition") or ():
+        yield from _leaves(child)
+
+
+def corpus_rows(summaries: dict) -> list[dict]:
+    """Search-R1 corpus rows, one per summary, ids in title order."""
+    entries = sorted(summaries.values(), key=lambda e: e["title"])
+    return [{"id": str(i), "contents": f'"{e["title"]}"\n{e["extract"].strip()}'} for i, e in enumerate(entries)]
+
+
+def fanoutqa_rows(questions: list[dict], corpus_titles: set[str], dev_fraction: float):
+    """(leaf rows, multi-hop rows), each split into {'train': [...], 'dev': [...]}."""
+    leaves: dict[str, list[dict]] = {"train": [], "dev": []}
+    multihop: dict[str, list[dict]] = {"train": [], "dev": []}
+    for question in questions:
+        split = "dev" if is_dev(question["id"], dev_fraction) else "train"
+        titles: list[str] = []
+        for leaf in _leaves(question):
+            title = (leaf.get("evidence") or {}).get("title")
+            leaves[split].append({
+                "id": leaf["id"], "question": leaf["question"], "golden_answers": answer_strings(leaf["answer"]),
+                "supporting_titles": [title] if title else [], "parent_id": question["id"],
+                "evidence_in_corpus": title in corpus_titles,
+            })
+            if title and title not in titles:
+                titles.append(title)
+        multihop[split].append({
+            "id": question["id"], "question": question["question"], "golden_answers": answer_strings(question["answer"]),
+            "supporting_titles": titles, "leaf_ids": [leaf["id"] for leaf in _leaves(question)],
+        })
+    return leaves, multihop
+
+
+def prepare_defaults(config: PrepareConfig) -> dict:
+    """Write the default corpus and FanOutQA splits to `config.out`; return the summary counts."""
+    if not 0.0 < config.dev_fraction < 1.0:
+        raise ValueError(f"dev_fraction must be between 0 and 1, got {config.dev_fraction}")
+    out = Path(config.out)
+    summaries = json.loads(wiki_summaries_path().read_text(encoding="utf-8"))
+    corpus = corpus_rows(summaries)
+    write_jsonl(out / "corpus.jsonl", corpus)
+    titles = {e["title"] for e in summaries.values()}
+    questions = json.loads(fanoutqa_dev_path().read_text(encoding="utf-8"))
+    leaves, multihop = fanoutqa_rows(questions, titles, config.dev_fraction)
+    for split in ("train", "dev"):
+        write_jsonl(out / f"fanoutqa_leaf_{split}.jsonl", leaves[split])
+        write_jsonl(out / f"fanoutqa_multihop_{split}.jsonl", multihop[split])
+    summary = {
+        "corpus_passages": len(corpus),
+        "leaf_questions": {s: len(leaves[s]) for s in leaves},
+        "leaf_questions_with_evidence_in_corpus": {s: sum(r["evidence_in_corpus"] for r in leaves[s]) for s in leaves},
+        "multihop_questions": {s: len(multihop[s]) for s in multihop},
+        "dev_fraction": config.dev_fraction,
+    }
+    write_json(out / "prepare_summary.json", summary)
+    return summary

@@ -1,0 +1,53 @@
+"""Shared fixtures: tiny corpora and a tiny random-weight BERT encoder, all made in the test session."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+WORDS = ("river mountain castle violin comet harbor desert glacier falcon library orchard volcano "
+         "lantern meadow canyon reef tundra prairie lagoon summit").split()
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def synthetic_rows(n: int) -> list[dict]:
+    """Search-R1 rows whose texts differ in a few topical words (so retrieval has a right answer)."""
+    return [
+        {"id": str(i), "contents": f'"Topic {i}"\nThe {WORDS[i % 20]} near the {WORDS[(i * 7) % 20]} '
+                                   f"holds item {i} of kind {WORDS[(i * 3) % 20]}."}
+        for i in range(n)
+    ]
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("AGENTIC_RETRIEVER_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+@pytest.fixture
+def corpus_file(tmp_path) -> Path:
+    return write_jsonl(tmp_path / "corpus.jsonl", synthetic_rows(300))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    """A 2-layer, 32-d BERT with random weights and MiniLM's tokenizer: fast mechanics tests."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from agentic_retriever.defaults import minilm_model_dir
+
+    out = tmp_path_factory.mktemp("tiny-bert")
+    tokenizer = AutoTokenizer.from_pretrained(str(minilm_model_dir()))
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128)
+    BertModel(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)

@@ -1,0 +1,98 @@
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from agentic_retriever import corpus as corpus_module
+from agentic_retriever.corpus import Corpus, split_contents
+from agentic_retriever.jsonl import DataFormatError
+from conftest import write_jsonl
+
+
+def test_both_jsonl_formats_load_into_the_same_passages(tmp_path):
+    path = write_jsonl(tmp_path / "c.jsonl", [
+        {"id": "0", "contents": '"Paris"\nParis is the capital of France.'},
+        {"id": 1, "title": "Berlin", "text": "Berlin is in Germany."},
+    ])
+    corpus = Corpus.open(path)
+    assert len(corpus) == 2
+    paris, berlin = corpus.get(["0", "1"])
+    assert (paris.title, paris.text) == ("Paris", "Paris is the capital of France.")
+    assert paris.contents == '"Paris"\nParis is the capital of France.'
+    assert berlin.contents == '"Berlin"\nBerlin is in Germany.'
+    assert corpus.passages_at([1])[0] == berlin
+
+
+def test_parquet_corpus_loads(tmp_path):
+    path = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"id": ["a", "b"], "title": ["A", "B"], "text": ["alpha", "beta"]}), path)
+    corpus = Corpus.open(path)
+    assert [p.contents for p in corpus.get(["b", "a"])] == ['"B"\nbeta', '"A"\nalpha']
+
+
+def test_string_ids_are_found_through_the_hash_lookup(tmp_path):
+    rows = [{"id": f"doc-{i}", "title": f"T{i}", "text": f"text {i}"} for i in range(1000)]
+    corpus = Corpus.open(write_jsonl(tmp_path / "c.jsonl", rows))
+    assert corpus.rows_of(["doc-999", "doc-0", "doc-500"]).tolist() == [999, 0, 500]
+    with pytest.raises(KeyError, match="doc-1000"):
+        corpus.get(["doc-1", "doc-1000"])
+
+
+def test_row_number_ids_reject_unknown_and_non_canonical_ids(tmp_path):
+    corpus = Corpus.open(write_jsonl(tmp_path / "c.jsonl", [{"id": str(i), "title": "t", "text": "x"} for i in range(3)]))
+    assert corpus.rows_of(["2", "0"]).tolist() == [2, 0]
+    for bad in ("3", "01", "-1", "x"):
+        with pytest.raises(KeyError, match=repr(bad)):
+            corpus.rows_of([bad])
+
+
+def test_duplicate_ids_are_an_error_naming_the_id(tmp_path):
+    rows = [{"id": "a", "title": "t", "text": "x"}, {"id": "b", "title": "t", "text": "y"}, {"id": "a", "title": "t", "text": "z"}]
+    with pytest.raises(DataFormatError, match=r"duplicate passage id 'a' \(rows 1 and 3\)"):
+        Corpus.open(write_jsonl(tmp_path / "c.jsonl", rows))
+
+
+@pytest.mark.parametrize("bad_line, expected", [
+    ("{not json", r"c\.jsonl:3: invalid JSON"),
+    ('["a list"]', r"c\.jsonl:3: expected a JSON object"),
+    ('{"contents": "x"}', r"c\.jsonl:3: field 'id': missing"),
+    ('{"id": "9", "title": "only a title"}', r"c\.jsonl:3: field 'text': missing"),
+    ('{"id": "9", "contents": 5}', r"c\.jsonl:3: field 'contents': expected a string"),
+])
+def test_malformed_line_error_names_file_line_and_problem(tmp_path, bad_line, expected):
+    path = tmp_path / "c.jsonl"
+    good = json.dumps({"id": "0", "title": "t", "text": "x"})
+    path.write_text(f"{good}\n{good.replace('0', '1')}\n{bad_line}\n")
+    with pytest.raises(DataFormatError, match=expected):
+        Corpus.open(path)
+
+
+def test_failed_conversion_leaves_no_cache_files(tmp_path):
+    path = tmp_path / "c.jsonl"
+    path.write_text('{"id": "0", "title": "t", "text": "x"}\n{broken\n')
+    cache = tmp_path / "cache"
+    with pytest.raises(DataFormatError):
+        Corpus.open(path, cache_dir=cache)
+    assert list(cache.iterdir()) == []
+
+
+def test_reopening_uses_the_arrow_cache_without_reconverting(tmp_path, monkeypatch):
+    path = write_jsonl(tmp_path / "c.jsonl", [{"id": "0", "title": "t", "text": "x"}])
+    first = Corpus.open(path)
+    monkeypatch.setattr(corpus_module, "_convert", lambda *a: pytest.fail("converted twice"))
+    again = Corpus.open(path)
+    assert again.sha256 == first.sha256 and again.get(["0"]) == first.get(["0"])
+
+
+def test_iter_contents_yields_search_r1_contents_in_row_order(corpus_file):
+    corpus = Corpus.open(corpus_file)
+    batches = list(corpus.iter_contents(start=5, stop=25, batch_size=8))
+    assert [len(b) for b in batches] == [8, 8, 4]
+    assert batches[0][0] == corpus.passages_at([5])[0].contents
+
+
+def test_split_contents_handles_missing_title_line():
+    assert split_contents('"A"\nbody') == ("A", "body")
+    assert split_contents("no title") == ("", "no title")
+    assert split_contents('"Quoted "inner""\nx') == ('Quoted "inner"', "x")

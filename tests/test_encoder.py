@@ -1,0 +1,87 @@
+import numpy as np
+import pytest
+from sentence_transformers import SentenceTransformer, models
+
+from agentic_retriever.defaults import minilm_model_dir
+from agentic_retriever.encoder import (
+    BGE_QUERY_INSTRUCTION, EncoderSettings, Encoder, EncoderConfig, compose_query, family_prefixes, save_model_settings,
+)
+
+TEXTS = ['"Paris"\nParis is the capital and largest city of France.', "short", "A much longer passage " * 30]
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    return Encoder(EncoderConfig(device="cpu"))
+
+
+def test_default_encoder_equals_sentence_transformers_encode(minilm):
+    reference = SentenceTransformer(str(minilm_model_dir()), device="cpu").encode(TEXTS, normalize_embeddings=True)
+    assert np.allclose(minilm.encode_passages(TEXTS), reference, atol=1e-5)
+    assert np.allclose(minilm.encode_queries(TEXTS), reference, atol=1e-5)
+    assert minilm.settings.query_prefix == "" and minilm.settings.pooling == "mean" and minilm.dim == 384
+
+
+def test_prefixes_and_cls_pooling_match_a_hand_built_sentence_transformer(tiny_model_dir):
+    encoder = Encoder(EncoderConfig(model=tiny_model_dir, pooling="cls", query_prefix="query: ", passage_prefix="passage: "))
+    transformer = models.Transformer(tiny_model_dir)
+    reference = SentenceTransformer(modules=[transformer, models.Pooling(32, "cls")], device="cpu")
+    expected_q = reference.encode(["query: who"], normalize_embeddings=True)
+    expected_p = reference.encode(["passage: text"], normalize_embeddings=True)
+    assert np.allclose(encoder.encode_queries(["who"]), expected_q, atol=1e-6)
+    assert np.allclose(encoder.encode_passages(["text"]), expected_p, atol=1e-6)
+    assert np.allclose(np.linalg.norm(encoder.encode_passages(["a", "b c"]), axis=1), 1.0, atol=1e-6)
+
+
+def test_composition_modes_follow_agentic_r_eq4_and_eq6():
+    assert compose_query("q2", "query", "Q", ["q1"]) == "q2"
+    assert compose_query("q2", "question_sep_query", "Q", ["q1"]) == "Q [SEP] q2"
+    assert compose_query("q3", "history", "Q", ["q1", "q2"]) == "Q [SEP] q1 [SEP] q2 [SEP] q3"
+    assert compose_query("q", "question_sep_query", None) == "q"  # agents that send no question still work
+    with pytest.raises(ValueError, match="unknown composition mode 'bogus'"):
+        compose_query("q", "bogus")
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("intfloat/e5-base-v2", ("query: ", "passage: ")),
+    ("/models/e5-large", ("query: ", "passage: ")),
+    ("BAAI/bge-base-en-v1.5", (BGE_QUERY_INSTRUCTION, "")),
+    ("BAAI/bge-m3", ("", "")),
+    ("sentence-transformers/all-MiniLM-L6-v2", ("", "")),
+    ("some/multilingual-e5ish", ("", "")),
+])
+def test_family_prefix_rules(name, expected):
+    assert family_prefixes(name) == expected
+
+
+def test_prefix_and_composition_are_applied_in_order(tiny_model_dir):
+    encoder = Encoder(EncoderConfig(model=tiny_model_dir, query_prefix="query: ", composition="question_sep_query"))
+    assert encoder.compose(["q"], ["Q"]) == ["query: Q [SEP] q"]
+    with pytest.raises(ValueError, match="questions must be parallel"):
+        encoder.compose(["a", "b"], ["Q"])
+
+
+def test_settings_stored_in_the_model_folder_are_applied_without_being_told(tiny_model_dir, tmp_path):
+    import shutil
+
+    model_dir = tmp_path / "trained"
+    shutil.copytree(tiny_model_dir, model_dir)
+    stored = EncoderSettings(model="x", query_prefix="q> ", passage_prefix="p> ", composition="question_sep_query",
+                             pooling="mean", normalize=True, max_length=64, fingerprint="")
+    save_model_settings(model_dir, stored)
+    encoder = Encoder(EncoderConfig(model=str(model_dir)))
+    assert encoder.settings.composition == "question_sep_query"
+    assert encoder.compose(["q"], ["Q"]) == ["q> Q [SEP] q"]
+    overridden = Encoder(EncoderConfig(model=str(model_dir), composition="query", query_prefix=""))
+    assert overridden.compose(["q"], ["Q"]) == ["q"]
+
+
+def test_fingerprint_changes_with_weights_and_conventions_but_not_with_reload(tiny_model_dir, minilm):
+    a = Encoder(EncoderConfig(model=tiny_model_dir)).settings.fingerprint
+    assert Encoder(EncoderConfig(model=tiny_model_dir)).settings.fingerprint == a
+    assert Encoder(EncoderConfig(model=tiny_model_dir, composition="question_sep_query")).settings.fingerprint != a
+    assert minilm.settings.fingerprint != a
+
+
+def test_empty_input_gives_an_empty_matrix(minilm):
+    assert minilm.encode_queries([]).shape == (0, 384)

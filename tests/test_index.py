@@ -1,0 +1,188 @@
+import dataclasses
+import json
+import types
+
+import numpy as np
+import pytest
+
+from agentic_retriever.corpus import Corpus
+from agentic_retriever.encoder import Encoder, EncoderConfig
+from agentic_retriever.index import (
+    BM25Params, DenseParams, IndexBuildConfig, IndexManifest, IndexMismatchError, build_index, open_index,
+)
+from agentic_retriever.index import dense as dense_module
+from conftest import synthetic_rows, write_jsonl
+
+
+def _config(corpus_file, out, model, **dense):
+    return IndexBuildConfig(corpus=str(corpus_file), out=str(out), encoder=EncoderConfig(model=model),
+                            dense=DenseParams(chunk_size=64, **dense))
+
+
+def test_flat_search_equals_brute_force_inner_product(corpus_file, tmp_path, tiny_model_dir):
+    build_index(_config(corpus_file, tmp_path / "flat", tiny_model_dir))
+    index = open_index(tmp_path / "flat")
+    corpus = Corpus.open(corpus_file)
+    passages = index.encoder.encode_passages([c for batch in corpus.iter_contents() for c in batch])
+    queries = ["river castle", "comet near the glacier", "item 42"]
+    expected = np.argsort(-(index.encoder.encode_queries(queries) @ passages.T), axis=1)[:, :5]
+    result = index.search(queries, 5)
+    assert [list(map(int, ids)) for ids in result.ids] == expected.tolist()
+    assert all(s == sorted(s, reverse=True) for s in result.scores)
+
+
+def test_hnsw_and_ivfpq_agree_mostly_with_flat(corpus_file, tmp_path, tiny_model_dir):
+    build_index(_config(corpus_file, tmp_path / "flat", tiny_model_dir))
+    build_index(_config(corpus_file, tmp_path / "hnsw", tiny_model_dir, type="hnsw", hnsw_m=16))
+    build_index(_config(corpus_file, tmp_path / "ivfpq", tiny_model_dir, type="ivfpq", nlist=4, pq_m=8, nprobe=4))
+    queries = [f"{w} item {i}" for i, w in enumerate(["river", "comet", "falcon", "reef", "lagoon", "summit"])]
+    flat = open_index(tmp_path / "flat").search(queries, 10).ids
+    hnsw = open_index(tmp_path / "hnsw").search(queries, 10).ids
+    ivfpq = open_index(tmp_path / "ivfpq").search(queries, 10).ids
+    overlap = lambda a, b: np.mean([len(set(x) & set(y)) / 10 for x, y in zip(a, b)])  # noqa: E731
+    assert overlap(hnsw, flat) >= 0.9
+    assert overlap(ivfpq, flat) >= 0.3
+    assert open_index(tmp_path / "hnsw").index.hnsw.efSearch == DenseParams().ef_search
+
+
+def test_killed_build_resumes_and_equals_an_uninterrupted_build(corpus_file, tmp_path, tiny_model_dir, monkeypatch):
+    build_index(_config(corpus_file, tmp_path / "whole", tiny_model_dir))
+    calls = {"n": 0}
+    real = Encoder.encode_passages
+
+    def dies_on_third_chunk(self, texts, show_progress=False):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt("simulated kill")
+        return real(self, texts, show_progress)
+
+    monkeypatch.setattr(Encoder, "encode_passages", dies_on_third_chunk)
+    with pytest.raises(KeyboardInterrupt):
+        build_index(_config(corpus_file, tmp_path / "resumed", tiny_model_dir))
+    state = json.loads(next((tmp_path / "resumed").glob("*.state.json")).read_text())
+    assert state["rows_done"] == 128 and not (tmp_path / "resumed" / "manifest.json").exists()
+
+    calls["n"] = -100
+    build_index(_config(corpus_file, tmp_path / "resumed", tiny_model_dir))
+    assert calls["n"] == -100 + 3  # only the 3 chunks after row 128 were encoded again (300 rows, chunks of 64)
+    queries = ["river castle", "item 7", "glacier"]
+    whole, resumed = open_index(tmp_path / "whole").search(queries, 8), open_index(tmp_path / "resumed").search(queries, 8)
+    assert whole.ids == resumed.ids
+    assert np.allclose(whole.scores, resumed.scores)
+    assert list((tmp_path / "resumed").glob("embeddings-*")) == []  # not kept by default
+
+
+def test_a_complete_index_is_reused_not_rebuilt(corpus_file, tmp_path, tiny_model_dir, monkeypatch):
+    config = _config(corpus_file, tmp_path / "idx", tiny_model_dir)
+    first = build_index(config)
+    monkeypatch.setattr(dense_module, "build_dense_index", lambda *a: pytest.fail("rebuilt"))
+    assert build_index(dataclasses.replace(config, dense=dataclasses.replace(config.dense, ef_search=7))) == first
+
+
+def test_shared_embeddings_dir_encodes_the_corpus_once(corpus_file, tmp_path, tiny_model_dir, monkeypatch):
+    shared = dict(embeddings_dir=str(tmp_path / "emb"), keep_embeddings=True)
+    build_index(_config(corpus_file, tmp_path / "flat", tiny_model_dir, **shared))
+    monkeypatch.setattr(Encoder, "encode_passages", lambda *a, **k: pytest.fail("encoded again"))
+    build_index(_config(corpus_file, tmp_path / "hnsw", tiny_model_dir, type="hnsw", **shared))
+    assert open_index(tmp_path / "hnsw").search(["river"], 3).ids[0]
+
+
+def test_opening_with_another_encoder_is_refused(corpus_file, tmp_path, tiny_model_dir):
+    build_index(_config(corpus_file, tmp_path / "idx", tiny_model_dir))
+    with pytest.raises(IndexMismatchError, match="built with encoder"):
+        open_index(tmp_path / "idx", encoder=EncoderConfig(model=tiny_model_dir, query_prefix="query: "))
+    open_index(tmp_path / "idx", encoder=EncoderConfig(model=tiny_model_dir))  # the same encoder is accepted
+
+
+def test_opening_with_another_corpus_is_refused(corpus_file, tmp_path, tiny_model_dir):
+    build_index(_config(corpus_file, tmp_path / "idx", tiny_model_dir))
+    other = write_jsonl(tmp_path / "other.jsonl", synthetic_rows(301))
+    with pytest.raises(IndexMismatchError, match="is not the corpus this index was built from"):
+        open_index(tmp_path / "idx", corpus=str(other))
+
+
+def test_an_incomplete_index_folder_is_not_opened(tmp_path):
+    (tmp_path / "idx").mkdir()
+    with pytest.raises(FileNotFoundError, match="manifest.json is missing"):
+        open_index(tmp_path / "idx")
+
+
+def test_manifest_records_what_built_the_index(corpus_file, tmp_path, tiny_model_dir):
+    build_index(_config(corpus_file, tmp_path / "idx", tiny_model_dir, type="hnsw"))
+    manifest = IndexManifest.load(tmp_path / "idx")
+    assert (manifest.backend, manifest.index_type, manifest.rows, manifest.dim) == ("dense", "hnsw", 300, 32)
+    assert manifest.corpus_sha256 == Corpus.open(corpus_file).sha256
+    assert manifest.encoder["model"] == tiny_model_dir and manifest.encoder["composition"] == "query"
+
+
+def test_question_sep_query_index_composes_the_query_with_the_question(corpus_file, tmp_path, tiny_model_dir):
+    config = _config(corpus_file, tmp_path / "idx", tiny_model_dir)
+    config.encoder = EncoderConfig(model=tiny_model_dir, composition="question_sep_query")
+    build_index(config)
+    index = open_index(tmp_path / "idx")
+    assert index.composition == "question_sep_query"
+    with_question = index.search(["item 5"], 5, questions=["which comet?"])
+    composed = index.search(["which comet? [SEP] item 5"], 5)
+    assert with_question.ids == composed.ids and np.allclose(with_question.scores, composed.scores)
+    assert index.search(["item 5"], 5).ids != with_question.ids
+
+
+def test_k_larger_than_the_corpus_returns_every_passage(tmp_path, tiny_model_dir):
+    corpus_file = write_jsonl(tmp_path / "c.jsonl", synthetic_rows(4))
+    build_index(_config(corpus_file, tmp_path / "idx", tiny_model_dir))
+    assert sorted(open_index(tmp_path / "idx").search(["x"], 50).ids[0]) == ["0", "1", "2", "3"]
+
+
+def test_bm25_ranks_the_matching_passage_first_and_returns_passages(corpus_file, tmp_path):
+    build_index(IndexBuildConfig(corpus=str(corpus_file), out=str(tmp_path / "bm25"), backend="bm25"))
+    index = open_index(tmp_path / "bm25")
+    hits = index.retrieve(["item 123"], 3, questions=["ignored by BM25"])[0]
+    assert hits[0].id == "123" and hits[0].title == "Topic 123"
+    assert hits[0].contents.startswith('"Topic 123"\n') and hits[0].score > hits[1].score
+    assert index.composition == "query"
+
+
+def test_bm25_without_stemming_or_stopwords(corpus_file, tmp_path):
+    build_index(IndexBuildConfig(corpus=str(corpus_file), out=str(tmp_path / "bm25"), backend="bm25",
+                                 bm25=BM25Params(stemmer=None, stopwords=None)))
+    assert open_index(tmp_path / "bm25").search(["holds item 77"], 1).ids == [["77"]]
+
+
+class _FakeGpuFaiss(types.SimpleNamespace):
+    """Stands in for faiss-gpu: records how the index would be cloned onto GPUs."""
+
+    def __init__(self, gpus):
+        super().__init__(cloned=None)
+        self._gpus = gpus
+
+    def get_num_gpus(self):
+        return self._gpus
+
+    def GpuMultipleClonerOptions(self):  # noqa: N802 (FAISS's name)
+        return types.SimpleNamespace(shard=False, useFloat16=False)
+
+    def index_cpu_to_all_gpus(self, index, co):
+        self.cloned = (index, co)
+        return "gpu-index"
+
+
+def test_flat_index_is_sharded_over_all_gpus_in_fp16():
+    faiss = _FakeGpuFaiss(gpus=2)
+    assert dense_module._to_all_gpus(faiss, "cpu-index", DenseParams(type="flat")) == "gpu-index"
+    index, options = faiss.cloned
+    assert index == "cpu-index" and options.shard and options.useFloat16
+
+
+def test_gpu_placement_rules():
+    assert dense_module._to_all_gpus(_FakeGpuFaiss(gpus=0), "i", DenseParams(gpu="auto")) is None
+    assert dense_module._to_all_gpus(_FakeGpuFaiss(gpus=2), "i", DenseParams(type="hnsw")) is None
+    assert dense_module._to_all_gpus(_FakeGpuFaiss(gpus=2), "i", DenseParams(gpu="off")) is None
+    with pytest.raises(RuntimeError, match="faiss-gpu"):
+        dense_module._to_all_gpus(_FakeGpuFaiss(gpus=0), "i", DenseParams(gpu="on"))
+    with pytest.raises(ValueError, match="cannot search a hnsw index on GPU"):
+        dense_module._to_all_gpus(_FakeGpuFaiss(gpus=1), "i", DenseParams(type="hnsw", gpu="on"))
+
+
+def test_ivfpq_rejects_a_sub_quantiser_count_that_does_not_divide_the_dimension(corpus_file, tmp_path, tiny_model_dir):
+    with pytest.raises(ValueError, match="pq_m=7 must divide the embedding dimension 32"):
+        build_index(_config(corpus_file, tmp_path / "idx", tiny_model_dir, type="ivfpq", pq_m=7))
