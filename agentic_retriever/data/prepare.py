@@ -95,6 +95,9 @@ def prepare_defaults(config: PrepareConfig) -> dict:
     if not 0.0 < config.dev_fraction < 1.0:
         raise ValueError(f"dev_fraction must be between 0 and 1, got {config.dev_fraction}")
     out = Path(config.out)
+    summary_path = out / "prepare_summary.json"
+    if summary_path.is_file() and json.loads(summary_path.read_text()).get("dev_fraction") == config.dev_fraction:
+        return json.loads(summary_path.read_text())  # written last: the folder is complete; keep file dates (caches)
     summaries = json.loads(wiki_summaries_path().read_text(encoding="utf-8"))
     corpus = corpus_rows(summaries)
     write_jsonl(out / "corpus.jsonl", corpus)
@@ -111,5 +114,5 @@ def prepare_defaults(config: PrepareConfig) -> dict:
         "multihop_questions": {s: len(multihop[s]) for s in multihop},
         "dev_fraction": config.dev_fraction,
     }
-    write_json(out / "prepare_summary.json", summary)
+    write_json(summary_path, summary)
     return summary

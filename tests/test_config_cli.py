@@ -1,0 +1,62 @@
+import json
+
+import pytest
+
+from agentic_retriever.cli import build_parser, main
+from agentic_retriever.config import build_config
+from agentic_retriever.index import IndexBuildConfig, IndexManifest
+
+
+def _parse(argv):
+    return build_parser().parse_args(argv)
+
+
+def test_yaml_section_then_flags_override_single_fields(tmp_path):
+    config_file = tmp_path / "c.yaml"
+    config_file.write_text("index:\n  corpus: a.jsonl\n  out: idx\n  dense:\n    type: hnsw\n    ef_search: 32\n"
+                           "  encoder:\n    model: m\n    query_prefix: 'query: '\n")
+    args = _parse(["index", "build", "--config", str(config_file), "--dense.ef-search", "99",
+                   "--no-encoder.normalize", "--encoder.query-prefix", "none"])
+    config = build_config(IndexBuildConfig, "index", args, args.config)
+    assert (config.corpus, config.out, config.dense.type) == ("a.jsonl", "idx", "hnsw")
+    assert config.dense.ef_search == 99 and config.encoder.normalize is False
+    assert config.encoder.model == "m" and config.encoder.query_prefix is None
+    assert config.dense.hnsw_m == 64  # untouched default
+
+
+def test_unknown_yaml_key_is_an_error_naming_file_and_key(tmp_path):
+    config_file = tmp_path / "c.yaml"
+    config_file.write_text("index:\n  dense:\n    ef_serch: 3\n")
+    with pytest.raises(ValueError, match=r"c\.yaml: index\.dense: unknown field 'ef_serch'"):
+        build_config(IndexBuildConfig, "index", None, str(config_file))
+
+
+def test_invalid_choice_is_rejected_by_the_parser():
+    with pytest.raises(SystemExit):
+        _parse(["index", "build", "--dense.type", "annoy"])
+
+
+def test_cli_builds_searches_and_evaluates_an_index(tmp_path, corpus_file, tiny_model_dir, capsys):
+    out = tmp_path / "idx"
+    assert main(["index", "build", "--corpus", str(corpus_file), "--out", str(out),
+                 "--encoder.model", tiny_model_dir, "--dense.type", "hnsw"]) == 0
+    assert IndexManifest.load(out).index_type == "hnsw"
+    capsys.readouterr()
+    assert main(["search", "--index", str(out), "--k", "2", "--json", "--queries", "river castle", "item 9"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["query"] for line in lines] == ["river castle", "item 9"]
+    assert all(len(line["hits"]) == 2 and {"id", "title", "text", "score"} <= set(line["hits"][0]) for line in lines)
+
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text(json.dumps({"id": "q", "question": "item 9", "supporting_ids": ["9"]}) + "\n")
+    assert main(["eval", "retrieval", "--index", str(out), "--qa", str(qa), "--ks", "1", "50",
+                 "--out", str(tmp_path / "eval.json")]) == 0
+    report = json.loads((tmp_path / "eval.json").read_text())
+    assert report["questions_evaluated"] == 1 and set(report["metrics"]) == {"recall@1", "recall@50", "mrr@10", "ndcg@10"}
+    assert "| Recall@1 |" in capsys.readouterr().out
+
+
+def test_cli_reports_bad_input_as_an_error_not_a_traceback(tmp_path, capsys):
+    assert main(["index", "build", "--corpus", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "i"),
+                 "--backend", "bm25"]) == 2
+    assert "corpus file not found" in capsys.readouterr().err

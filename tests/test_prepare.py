@@ -1,0 +1,53 @@
+import json
+
+import pytest
+
+from agentic_retriever.data.prepare import PrepareConfig, answer_strings, fanoutqa_rows, prepare_defaults
+from agentic_retriever.corpus import Corpus
+
+
+@pytest.mark.parametrize("answer, expected", [
+    ("Right", ["Right"]), (42, ["42"]), (3.0, ["3"]), (2.5, ["2.5"]), (True, ["yes"]), (False, ["no"]),
+    (["A", "B"], ["A, B"]), ({"Apple": 161000, "IBM": 1.0}, ["Apple: 161000, IBM: 1"]),
+])
+def test_answers_become_one_golden_string(answer, expected):
+    assert answer_strings(answer) == expected
+
+
+def test_split_keeps_every_leaf_with_its_top_level_question():
+    tree = lambda qid: {"id": qid, "question": f"{qid}?", "answer": "x", "decomposition": [  # noqa: E731
+        {"id": f"{qid}-a", "question": "a?", "answer": "1", "decomposition": [], "evidence": {"title": "T1"}},
+        {"id": f"{qid}-b", "question": "b?", "answer": 2, "decomposition": [
+            {"id": f"{qid}-b1", "question": "b1?", "answer": "3", "decomposition": [], "evidence": {"title": "T2"}}]},
+    ]}
+    leaves, multihop = fanoutqa_rows([tree(f"q{i}") for i in range(40)], {"T1"}, 0.5)
+    assert leaves["train"] and leaves["dev"]
+    for split in ("train", "dev"):
+        parents = {r["parent_id"] for r in leaves[split]}
+        assert parents == {r["id"] for r in multihop[split]}
+    assert not {r["parent_id"] for r in leaves["train"]} & {r["parent_id"] for r in leaves["dev"]}
+    leaf = next(r for r in leaves["train"] + leaves["dev"] if r["id"] == "q0-b1")
+    assert leaf["supporting_titles"] == ["T2"] and leaf["evidence_in_corpus"] is False
+    top = next(r for r in multihop["train"] + multihop["dev"] if r["id"] == "q0")
+    assert top["supporting_titles"] == ["T1", "T2"] and top["leaf_ids"] == ["q0-a", "q0-b1"]
+
+
+def test_prepare_defaults_writes_the_embedded_corpus_and_fanoutqa_splits(tmp_path):
+    summary = prepare_defaults(PrepareConfig(out=str(tmp_path), dev_fraction=0.3))
+    assert summary["corpus_passages"] == 10033
+    assert sum(summary["leaf_questions"].values()) == 2142
+    assert sum(summary["leaf_questions_with_evidence_in_corpus"].values()) == 558
+    assert sum(summary["multihop_questions"].values()) == 310
+    first = json.loads((tmp_path / "corpus.jsonl").open().readline())
+    assert set(first) == {"id", "contents"} and first["id"] == "0" and first["contents"].startswith('"')
+    assert len(Corpus.open(tmp_path / "corpus.jsonl")) == 10033
+    rows = [json.loads(line) for line in (tmp_path / "fanoutqa_leaf_dev.jsonl").open()]
+    assert all(isinstance(r["golden_answers"], list) and all(isinstance(a, str) for a in r["golden_answers"]) for r in rows)
+    mtime = (tmp_path / "corpus.jsonl").stat().st_mtime_ns
+    assert prepare_defaults(PrepareConfig(out=str(tmp_path), dev_fraction=0.3)) == summary
+    assert (tmp_path / "corpus.jsonl").stat().st_mtime_ns == mtime  # a complete folder is not rewritten
+
+
+def test_prepare_defaults_rejects_a_degenerate_split(tmp_path):
+    with pytest.raises(ValueError, match="dev_fraction"):
+        prepare_defaults(PrepareConfig(out=str(tmp_path), dev_fraction=1.0))

@@ -1,0 +1,450 @@
+"""The retrieval service (Search-R1 API, validation, micro-batching) and the retrieval clients."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from agentic_retriever.client import HttpRetrievalClient, LocalRetrievalClient, RetrievalClient, RetrievalServiceError
+from agentic_retriever.encoder import SEPARATOR, EncoderConfig
+from agentic_retriever.index import IndexBuildConfig, build_index, open_index
+from agentic_retriever.server import ServerThread, create_app
+
+PASSAGES = [
+    ("Mercury (planet)", "Mercury is the smallest planet of the Solar System and the closest to the Sun."),
+    ("Mercury (element)", "Mercury is a chemical element with symbol Hg, a heavy silvery metal liquid at room temperature."),
+    ("Venus", "Venus is the second planet from the Sun, with a thick carbon dioxide atmosphere."),
+    ("Hamlet", "Hamlet is a tragedy written by William Shakespeare around 1600, set in Denmark."),
+    ("William Shakespeare", "William Shakespeare was an English playwright and poet born in Stratford-upon-Avon."),
+    ("Paris", "Paris is the capital and largest city of France, on the river Seine."),
+    ("Berlin", "Berlin is the capital of Germany and its most populous city."),
+    ("Python (programming language)", "Python is a high-level programming language created by Guido van Rossum."),
+    ("Python (snake)", "Pythons are large nonvenomous snakes found in Africa, Asia and Australia."),
+    ("Amazon River", "The Amazon is the largest river in South America by discharge of water."),
+    ("Mount Everest", "Mount Everest is Earth's highest mountain above sea level, in the Himalayas."),
+    ("Photosynthesis", "Photosynthesis is the process plants use to turn light, water and carbon dioxide into sugar."),
+    ("Jazz", "Jazz is a music genre that originated in New Orleans in the late 19th century."),
+    ("Marie Curie", "Marie Curie was a physicist and chemist who won two Nobel Prizes for research on radioactivity."),
+    ("Great Wall of China", "The Great Wall of China is a series of fortifications built across northern China."),
+    ("Chess", "Chess is a board game for two players played on a checkered board with 64 squares."),
+]
+CONTENTS = {str(i): f'"{title}"\n{text}' for i, (title, text) in enumerate(PASSAGES)}
+QUERIES = ["mercury", "who wrote hamlet", "capital of france", "python", "highest mountain", "radioactivity research",
+           "music from new orleans", "largest river", "board game", "plants and light", "german capital", "venus"]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("server")
+    corpus = root / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": pid, "contents": c}) + "\n" for pid, c in CONTENTS.items()))
+    cache = str(root / "cache")
+    build_index(IndexBuildConfig(corpus=str(corpus), out=str(root / "dense"), corpus_cache=cache))
+    build_index(IndexBuildConfig(corpus=str(corpus), out=str(root / "dense_qsq"), corpus_cache=cache,
+                                 encoder=EncoderConfig(composition="question_sep_query")))
+    build_index(IndexBuildConfig(corpus=str(corpus), out=str(root / "bm25"), backend="bm25", corpus_cache=cache))
+    return {name: open_index(root / name, corpus_cache=cache) for name in ("dense", "dense_qsq", "bm25")}
+
+
+@pytest.fixture(scope="module")
+def dense(built):
+    return built["dense"]
+
+
+@pytest.fixture(scope="module")
+def dense_qsq(built):
+    return built["dense_qsq"]
+
+
+@pytest.fixture(scope="module")
+def bm25(built):
+    return built["bm25"]
+
+
+def _ids(result_lists):
+    return [[hit["document"]["id"] for hit in hits] for hits in result_lists]
+
+
+def _scores(result_lists):
+    return [[hit["score"] for hit in hits] for hits in result_lists]
+
+
+class CountingRetrieve:
+    """Wraps index.retrieve: counts calls and the most calls ever running at once."""
+
+    def __init__(self, index, fail_on: str | None = None):
+        self.original, self.fail_on = index.retrieve, fail_on
+        self.calls, self.active, self.max_active = [], 0, 0
+        self._lock = threading.Lock()
+
+    def __call__(self, queries, k, questions=None, histories=None):
+        with self._lock:
+            self.calls.append(list(queries))
+            self.active += 1
+            self.max_active = max(self.max_active, self.active)
+        try:
+            if self.fail_on is not None and self.fail_on in queries:
+                raise RuntimeError(f"the index is on fire ({self.fail_on})")
+            return self.original(queries, k, questions, histories)
+        finally:
+            with self._lock:
+                self.active -= 1
+
+
+# ---------------------------------------------------------------------------------------------- API shape
+
+
+def test_retrieve_with_scores_returns_search_r1_documents_best_first(dense):
+    with TestClient(create_app(dense)) as client:
+        response = client.post("/retrieve", json={"queries": ["who wrote hamlet", "capital of france"], "topk": 3,
+                                                  "return_scores": True})
+    assert response.status_code == 200
+    body = response.json()
+    assert set(body) == {"result"} and len(body["result"]) == 2
+    expected = dense.retrieve(["who wrote hamlet", "capital of france"], 3)
+    for hits, want in zip(body["result"], expected):
+        assert len(hits) == 3
+        for hit, passage in zip(hits, want):
+            assert set(hit) == {"document", "score"}
+            assert set(hit["document"]) == {"id", "contents"}
+            assert hit["document"]["id"] == passage.id
+            assert hit["document"]["contents"] == CONTENTS[passage.id] == f'"{passage.title}"\n{passage.text}'
+            assert hit["score"] == pytest.approx(passage.score, abs=1e-5)
+        scores = [hit["score"] for hit in hits]
+        assert scores == sorted(scores, reverse=True)
+    assert body["result"][0][0]["document"]["contents"].startswith('"Hamlet"\n')
+    assert body["result"][1][0]["document"]["contents"].startswith('"Paris"\n')
+
+
+def test_retrieve_without_scores_returns_bare_id_and_contents(dense):
+    with TestClient(create_app(dense)) as client:
+        body = client.post("/retrieve", json={"queries": ["python"], "topk": 2, "return_scores": False}).json()
+        default = client.post("/retrieve", json={"queries": ["python"]}).json()
+    assert set(body) == {"result"}
+    hits = body["result"][0]
+    assert len(hits) == 2
+    for hit in hits:
+        assert set(hit) == {"id", "contents"}
+        assert hit["contents"] == CONTENTS[hit["id"]]
+    assert len(default["result"][0]) == 3, "topk defaults to 3 and return_scores to false"
+    assert set(default["result"][0][0]) == {"id", "contents"}
+
+
+def test_empty_queries_give_empty_result_without_an_index_call(dense, monkeypatch):
+    counter = CountingRetrieve(dense)
+    monkeypatch.setattr(dense, "retrieve", counter)
+    with TestClient(create_app(dense)) as client:
+        response = client.post("/retrieve", json={"queries": [], "topk": 3, "return_scores": True})
+    assert response.status_code == 200 and response.json() == {"result": []}
+    assert counter.calls == []
+
+
+def test_topk_larger_than_the_index_returns_every_passage(bm25):
+    with TestClient(create_app(bm25)) as client:
+        body = client.post("/retrieve", json={"queries": ["mercury planet"], "topk": 1000}).json()
+    assert len(body["result"][0]) <= len(PASSAGES)
+    assert body["result"][0][0]["id"] == "0"
+
+
+# ---------------------------------------------------------------------------------------------- questions
+
+
+def test_questions_compose_question_sep_query_for_a_context_aware_encoder(dense_qsq):
+    assert dense_qsq.composition == "question_sep_query"
+    question = "Which planet is the closest to the Sun?"
+    with TestClient(create_app(dense_qsq)) as client:
+        plain = client.post("/retrieve", json={"queries": ["mercury"], "topk": 5, "return_scores": True}).json()
+        composed = client.post("/retrieve", json={"queries": ["mercury"], "topk": 5, "return_scores": True,
+                                                  "questions": [question]}).json()
+    direct = dense_qsq.search([f"{question}{SEPARATOR}mercury"], k=5)
+    alone = dense_qsq.search(["mercury"], k=5)
+    assert _ids(composed["result"]) == direct.ids
+    assert _scores(composed["result"])[0] == pytest.approx(direct.scores[0], abs=1e-5)
+    assert _ids(plain["result"]) == alone.ids
+    assert _scores(composed["result"])[0] != pytest.approx(_scores(plain["result"])[0], abs=1e-4), \
+        "the question must change the retriever input"
+    assert composed["result"][0][0]["document"]["id"] == "0", "the question points at Mercury the planet"
+
+
+def test_questions_may_be_null_per_query_and_histories_are_accepted(dense_qsq):
+    question = "Which planet is the closest to the Sun?"
+    with TestClient(create_app(dense_qsq)) as client:
+        body = client.post("/retrieve", json={
+            "queries": ["mercury", "mercury"], "topk": 4, "return_scores": True,
+            "questions": [question, None], "histories": [["smallest planet"], None]}).json()
+    expected = dense_qsq.search(["mercury", "mercury"], k=4, questions=[question, None],
+                                histories=[["smallest planet"], None])
+    assert _ids(body["result"]) == expected.ids
+    assert _ids(body["result"])[1] == dense_qsq.search(["mercury"], k=4).ids[0]
+
+
+def test_plain_query_encoder_ignores_questions(dense):
+    with TestClient(create_app(dense)) as client:
+        plain = client.post("/retrieve", json={"queries": ["python"], "topk": 4, "return_scores": True}).json()
+        asked = client.post("/retrieve", json={"queries": ["python"], "topk": 4, "return_scores": True,
+                                               "questions": ["Which snakes live in Africa?"]}).json()
+    assert _ids(asked["result"]) == _ids(plain["result"])
+    assert _scores(asked["result"])[0] == pytest.approx(_scores(plain["result"])[0], abs=1e-5)
+
+
+def test_bm25_accepts_and_ignores_questions(bm25):
+    with TestClient(create_app(bm25)) as client:
+        plain = client.post("/retrieve", json={"queries": ["capital city"], "topk": 3, "return_scores": True}).json()
+        asked = client.post("/retrieve", json={"queries": ["capital city"], "topk": 3, "return_scores": True,
+                                               "questions": ["Where is the Amazon river?"],
+                                               "histories": [["largest river"]]}).json()
+    assert plain == asked
+    assert {hit["document"]["id"] for hit in plain["result"][0][:2]} == {"5", "6"}
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+
+
+BAD_REQUESTS = {
+    "missing queries": ({"json": {"topk": 3}}, "queries"),
+    "queries not a list": ({"json": {"queries": "who wrote hamlet"}}, "queries"),
+    "query not a string": ({"json": {"queries": [3]}}, "queries"),
+    "topk zero": ({"json": {"queries": ["a"], "topk": 0}}, "topk"),
+    "topk too large": ({"json": {"queries": ["a"], "topk": 1001}}, "topk"),
+    "topk not a number": ({"json": {"queries": ["a"], "topk": "x"}}, "topk"),
+    "questions length mismatch": ({"json": {"queries": ["a", "b"], "questions": ["Q"]}}, "questions"),
+    "histories length mismatch": ({"json": {"queries": ["a"], "histories": [["x"], ["y"]]}}, "histories"),
+    "malformed json": ({"content": b'{"queries": ["a"', "headers": {"content-type": "application/json"}}, "JSON"),
+    "body not an object": ({"json": ["a", "b"]}, "body"),
+    "empty body": ({"content": b"", "headers": {"content-type": "application/json"}}, "body"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_REQUESTS))
+def test_bad_request_gets_a_4xx_naming_the_problem_and_the_server_keeps_answering(bm25, name):
+    kwargs, mention = BAD_REQUESTS[name]
+    with TestClient(create_app(bm25), raise_server_exceptions=False) as client:
+        response = client.post("/retrieve", **kwargs)
+        assert 400 <= response.status_code < 500, response.text
+        assert mention in response.json()["detail"]
+        after = client.post("/retrieve", json={"queries": ["chess"], "topk": 1})
+    assert after.status_code == 200
+    assert after.json()["result"][0][0]["id"] == "15"
+
+
+def test_index_failure_fails_only_its_own_request_with_a_500_and_message(bm25, monkeypatch):
+    counter = CountingRetrieve(bm25, fail_on="boom")
+    monkeypatch.setattr(bm25, "retrieve", counter)
+    app = create_app(bm25, max_wait_ms=300)
+    with ServerThread(app) as url:
+        responses = {}
+        barrier = threading.Barrier(2)
+
+        def send(query):
+            barrier.wait()
+            responses[query] = httpx.post(f"{url}/retrieve", json={"queries": [query], "topk": 1}, timeout=30)
+
+        threads = [threading.Thread(target=send, args=(q,)) for q in ("boom", "chess")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        after = httpx.post(f"{url}/retrieve", json={"queries": ["jazz"], "topk": 1}, timeout=30)
+    assert responses["boom"].status_code == 500
+    assert "the index is on fire" in responses["boom"].json()["detail"]
+    assert responses["chess"].status_code == 200 and responses["chess"].json()["result"][0][0]["id"] == "15"
+    assert after.status_code == 200 and after.json()["result"][0][0]["id"] == "12"
+    assert ["boom", "chess"] in counter.calls or ["chess", "boom"] in counter.calls, "both went out as one batch"
+
+
+# ---------------------------------------------------------------------------------------------- health
+
+
+def test_health_reports_the_served_index(dense_qsq, bm25):
+    with TestClient(create_app(dense_qsq, batching=False)) as client:
+        health = client.get("/health").json()
+    assert health["status"] == "ok"
+    assert health["backend"] == "dense" and health["index_type"] == "flat"
+    assert health["model"] == "default"
+    assert health["composition"] == "question_sep_query"
+    assert health["index_size"] == len(PASSAGES)
+    assert health["dim"] == 384
+    assert health["batching"] is False
+    assert isinstance(health["uptime_s"], float) and health["uptime_s"] >= 0
+    with TestClient(create_app(bm25)) as client:
+        sparse = client.get("/health").json()
+    assert sparse["backend"] == "bm25" and sparse["model"] is None and sparse["dim"] is None
+    assert sparse["composition"] == "query" and sparse["batching"] is True
+
+
+# ---------------------------------------------------------------------------------------------- batching
+
+
+def _request(i: int) -> dict:
+    """Request i of the concurrency tests: varied queries, topk, and questions on half of them."""
+    body = {"queries": [QUERIES[i % len(QUERIES)]], "topk": 1 + i % 4, "return_scores": True}
+    if i % 2:
+        body["questions"] = ["Which planet is the closest to the Sun?" if i % 4 == 1 else None]
+    return body
+
+
+def _send_concurrently(url: str, bodies: list[dict]) -> list[httpx.Response]:
+    responses: list[httpx.Response | None] = [None] * len(bodies)
+    barrier = threading.Barrier(len(bodies))
+
+    def send(i):
+        with httpx.Client(timeout=60) as http:
+            barrier.wait()
+            responses[i] = http.post(f"{url}/retrieve", json=bodies[i])
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(bodies))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return responses
+
+
+def test_concurrent_requests_are_gathered_into_fewer_index_calls_with_the_same_answers(dense_qsq, monkeypatch):
+    bodies = [_request(i) for i in range(32)]
+    counter = CountingRetrieve(dense_qsq)
+    monkeypatch.setattr(dense_qsq, "retrieve", counter)
+    with ServerThread(create_app(dense_qsq, max_wait_ms=100)) as url:
+        with httpx.Client(timeout=60) as http:
+            alone = [http.post(f"{url}/retrieve", json=body).json() for body in bodies]
+        calls_alone = len(counter.calls)
+        responses = _send_concurrently(url, bodies)
+        stats = httpx.get(f"{url}/health").json()["stats"]
+    assert calls_alone == len(bodies), "requests sent one after another are one index call each"
+    assert all(r.status_code == 200 for r in responses)
+    for body, response, single in zip(bodies, responses, alone):
+        got = response.json()["result"]
+        assert len(got[0]) == body["topk"]
+        assert _ids(got) == _ids(single["result"])
+        assert _scores(got)[0] == pytest.approx(_scores(single["result"])[0], abs=1e-4)
+    batched_calls = len(counter.calls) - calls_alone
+    assert batched_calls < len(bodies) / 2, f"{len(bodies)} concurrent requests took {batched_calls} index calls"
+    assert max(len(c) for c in counter.calls) > 1
+    assert counter.max_active == 1, "index calls never overlap"
+    assert stats["requests"] == 2 * len(bodies) and stats["index_calls"] == len(counter.calls)
+
+
+def test_max_batch_queries_caps_the_gathered_batch(bm25, monkeypatch):
+    counter = CountingRetrieve(bm25)
+    monkeypatch.setattr(bm25, "retrieve", counter)
+    bodies = [{"queries": [QUERIES[i % len(QUERIES)]] * 2, "topk": 2} for i in range(12)]
+    with ServerThread(create_app(bm25, max_batch_queries=5, max_wait_ms=200)) as url:
+        responses = _send_concurrently(url, bodies)
+    assert all(r.status_code == 200 and len(r.json()["result"]) == 2 for r in responses)
+    assert max(len(c) for c in counter.calls) <= 5
+    assert sum(len(c) for c in counter.calls) == 24
+
+
+def test_batching_off_serves_one_request_per_index_call_one_at_a_time(bm25, monkeypatch):
+    counter = CountingRetrieve(bm25)
+    monkeypatch.setattr(bm25, "retrieve", counter)
+    bodies = [_request(i) for i in range(16)]
+    with ServerThread(create_app(bm25, batching=False)) as url:
+        responses = _send_concurrently(url, bodies)
+    assert all(r.status_code == 200 for r in responses)
+    assert len(counter.calls) == len(bodies) and all(len(c) == 1 for c in counter.calls)
+    assert counter.max_active == 1
+    for body, response in zip(bodies, responses):
+        assert _ids(response.json()["result"]) == bm25.search(body["queries"], body["topk"]).ids
+
+
+# ---------------------------------------------------------------------------------------------- clients
+
+
+class CountingTransport(httpx.HTTPTransport):
+    def __init__(self):
+        super().__init__()
+        self.bodies = []
+
+    def handle_request(self, request):
+        self.bodies.append(json.loads(request.read() or b"null"))
+        return super().handle_request(request)
+
+
+def test_both_clients_satisfy_the_retrieval_client_protocol(bm25):
+    assert isinstance(LocalRetrievalClient(bm25), RetrievalClient)
+    with HttpRetrievalClient("http://127.0.0.1:9") as http:
+        assert isinstance(http, RetrievalClient)
+
+
+def test_http_client_returns_what_the_local_client_returns(dense_qsq):
+    queries = ["mercury", "who wrote hamlet", "python", "largest river"]
+    questions = ["Which planet is the closest to the Sun?", None, "Which snakes live in Africa?", None]
+    local = LocalRetrievalClient(dense_qsq).retrieve(queries, 3, questions=questions)
+    with ServerThread(create_app(dense_qsq)) as url, HttpRetrievalClient(url + "/retrieve") as http:
+        remote = http.retrieve(queries, 3, questions=questions)
+        health = http.health()
+    assert [[(p.id, p.title, p.text) for p in hits] for hits in remote] == \
+        [[(p.id, p.title, p.text) for p in hits] for hits in local]
+    assert [p.score for hits in remote for p in hits] == \
+        pytest.approx([p.score for hits in local for p in hits], abs=1e-5)
+    assert remote[0][0].title == "Mercury (planet)" and remote[0][0].text == PASSAGES[0][1]
+    assert health["composition"] == "question_sep_query" and health["index_size"] == len(PASSAGES)
+
+
+def test_http_client_splits_a_large_call_into_batch_size_requests(bm25):
+    queries = [QUERIES[i % len(QUERIES)] + f" {i}" for i in range(150)]
+    transport = CountingTransport()
+    with ServerThread(create_app(bm25)) as url, HttpRetrievalClient(url, batch_size=64, transport=transport) as http:
+        remote = http.retrieve(queries, 2)
+    assert [len(body["queries"]) for body in transport.bodies] == [64, 64, 22]
+    assert [body["queries"][0] for body in transport.bodies] == [queries[0], queries[64], queries[128]]
+    local = LocalRetrievalClient(bm25).retrieve(queries, 2)
+    assert len(remote) == 150
+    assert [[p.id for p in hits] for hits in remote] == [[p.id for p in hits] for hits in local]
+
+
+def test_http_client_raises_on_a_4xx_with_the_servers_message_without_retrying(bm25):
+    transport = CountingTransport()
+    with ServerThread(create_app(bm25)) as url, \
+            HttpRetrievalClient(url, max_retries=3, backoff=5.0, transport=transport) as http:
+        with pytest.raises(RetrievalServiceError, match="topk") as caught:
+            http.retrieve(["chess"], 5000)
+        with pytest.raises(ValueError, match="questions must be parallel"):
+            http.retrieve(["chess", "jazz"], 1, questions=["Q"])
+    assert caught.value.status_code == 422
+    assert len(transport.bodies) == 1, "a 4xx is not retried"
+
+
+def _mock_service(statuses: list[int]):
+    """A transport answering each status in turn, then a valid one-hit response."""
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        if len(seen) <= len(statuses):
+            return httpx.Response(statuses[len(seen) - 1], json={"detail": "busy, try later"})
+        hits = [[{"document": {"id": "3", "contents": CONTENTS["3"]}, "score": 0.5}] for _ in seen[-1]["queries"]]
+        return httpx.Response(200, json={"result": hits})
+
+    return httpx.MockTransport(handler), seen
+
+
+def test_http_client_retries_503_and_429_with_backoff_then_succeeds():
+    transport, seen = _mock_service([503, 429])
+    with HttpRetrievalClient("http://retriever", max_retries=3, backoff=0.01, transport=transport) as http:
+        result = http.retrieve(["who wrote hamlet"], 1)
+    assert len(seen) == 3
+    assert result[0][0].id == "3" and result[0][0].title == "Hamlet" and result[0][0].score == 0.5
+
+
+def test_http_client_gives_up_after_max_retries_naming_the_last_error():
+    transport, seen = _mock_service([503] * 10)
+    with HttpRetrievalClient("http://retriever", max_retries=2, backoff=0.01, transport=transport) as http:
+        with pytest.raises(RetrievalServiceError, match="busy, try later") as caught:
+            http.retrieve(["q"], 1)
+    assert len(seen) == 3 and caught.value.status_code == 503
+
+
+def test_http_client_retries_connection_errors_then_raises():
+    with socket.socket() as probe:  # a loopback port that nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with HttpRetrievalClient(f"http://127.0.0.1:{port}", max_retries=1, backoff=0.01, timeout=2.0) as http:
+        with pytest.raises(RetrievalServiceError, match="after 2 attempts.*Connect"):
+            http.retrieve(["q"], 1)
