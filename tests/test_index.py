@@ -186,3 +186,15 @@ def test_gpu_placement_rules():
 def test_ivfpq_rejects_a_sub_quantiser_count_that_does_not_divide_the_dimension(corpus_file, tmp_path, tiny_model_dir):
     with pytest.raises(ValueError, match="pq_m=7 must divide the embedding dimension 32"):
         build_index(_config(corpus_file, tmp_path / "idx", tiny_model_dir, type="ivfpq", pq_m=7))
+
+
+def test_pyserini_engine_without_the_extra_names_the_extra(corpus_file, tmp_path):
+    try:
+        import pyserini  # noqa: F401
+        pytest.skip("pyserini is installed here")
+    except ImportError:
+        pass
+    with pytest.raises(ImportError, match=r"agentic-retriever\[pyserini\]"):
+        build_index(IndexBuildConfig(corpus=str(corpus_file), out=str(tmp_path / "lucene"), backend="bm25",
+                                     bm25=BM25Params(engine="pyserini")))
+    assert not (tmp_path / "lucene" / "manifest.json").exists()
