@@ -182,10 +182,12 @@ class Encoder:
 
     def _weights_fingerprint(self) -> str:
         """Hash of every parameter and buffer, taken before any dtype cast so CPU and GPU loads agree."""
+        import torch
+
         digest = hashlib.sha256()
         for name, tensor in sorted(self.model.state_dict().items()):
             digest.update(name.encode())
-            digest.update(tensor.detach().cpu().contiguous().view(-1).view(dtype=__import__("torch").uint8).numpy().tobytes())
+            digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
         return digest.hexdigest()
 
 
