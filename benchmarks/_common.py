@@ -1,0 +1,176 @@
+"""Helpers shared by the benchmark scripts: device description, timing, passages, JSON output.
+
+Not a benchmark itself (run_all.py only runs ``bench_*.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+QUICKSTART_CORPUS = REPO_ROOT / "runs" / "quickstart" / "data" / "corpus.jsonl"
+
+if str(REPO_ROOT) not in sys.path:  # run from a checkout without `pip install -e .`
+    sys.path.insert(0, str(REPO_ROOT))
+
+
+# --------------------------------------------------------------------------------------------- device
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def gpu_names() -> list[str]:
+    """Names of the CUDA GPUs torch sees (empty without torch or CUDA)."""
+    try:
+        import torch
+    except ImportError:
+        return []
+    if not torch.cuda.is_available():
+        return []
+    return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+
+
+def describe_device() -> dict:
+    return {
+        "cpu": cpu_model(),
+        "cpu_cores_total": os.cpu_count(),
+        "cpu_cores_usable": usable_cores(),
+        "gpus": gpu_names(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+def device_line(device: dict) -> str:
+    gpus = ", ".join(device["gpus"]) or "none"
+    return (f"device: {device['cpu']} ({device['cpu_cores_usable']} usable of {device['cpu_cores_total']} cores); "
+            f"GPU: {gpus}")
+
+
+# --------------------------------------------------------------------------------------------- timing
+
+def alternate(runs: dict[str, Callable[[], object]], repeats: int, warmup: int = 1) -> dict[str, list[float]]:
+    """Run each callable `warmup` times untimed, then `repeats` rounds of A B (C ...) in turn, so a noisy
+    neighbour slows every contender alike. Returns the wall-clock seconds of each timed run, by name."""
+    for _ in range(warmup):
+        for fn in runs.values():
+            fn()
+    seconds: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, fn in runs.items():
+            started = time.perf_counter()
+            fn()
+            seconds[name].append(time.perf_counter() - started)
+    return seconds
+
+
+def summarize(seconds: list[float], items: int) -> dict:
+    """Best and median seconds of a list of timed runs over `items` things, with the rates."""
+    best, median = min(seconds), statistics.median(seconds)
+    return {"seconds": [round(s, 6) for s in seconds], "best_s": best, "median_s": median,
+            "best_per_s": items / best, "median_per_s": items / median}
+
+
+# --------------------------------------------------------------------------------------------- passages
+
+_WORDS = (
+    "the of and in to was is for on as by with his at from that it an were which are this be also first had "
+    "has their its after new other one two three year years city state school born team film during between "
+    "university national world war american series album season including known called since under later "
+    "united government music population river history number century county church during league club game "
+    "played public north south early member group system released company village town area party second "
+    "family station career while based began located several district became title army record early single "
+    "book work used time would most against many final river island king house built named founded original "
+    "championship president french german english british general local published people began following"
+).split()
+
+
+def synthetic_passages(count: int, words: int = 100, seed: int = 0) -> list[str]:
+    """Search-R1 style ``"Title"\\ntext`` passages of about `words` words from a common-English vocabulary."""
+    rng = random.Random(seed)
+    passages = []
+    for _ in range(count):
+        title = " ".join(w.capitalize() for w in rng.sample(_WORDS, rng.randint(1, 3)))
+        sentences, total = [], 0
+        while total < words:
+            length = rng.randint(8, 22)
+            sentence = " ".join(rng.choice(_WORDS) for _ in range(length))
+            sentences.append(sentence[0].upper() + sentence[1:] + ".")
+            total += length
+        passages.append(f'"{title}"\n' + " ".join(sentences))
+    return passages
+
+
+def load_passages(count: int, corpus: str | None = None, seed: int = 0) -> tuple[list[str], str]:
+    """`count` passage ``contents``: from `corpus` (default: the quickstart corpus when it exists), cycled
+    if the corpus is shorter; otherwise synthetic ~100-word passages. Returns (passages, source)."""
+    path = Path(corpus) if corpus else QUICKSTART_CORPUS
+    if corpus is None and not path.is_file():
+        return synthetic_passages(count, seed=seed), f"synthetic ~100-word passages (no {QUICKSTART_CORPUS})"
+    from agentic_retriever.corpus import Corpus
+
+    with tempfile.TemporaryDirectory(prefix="bench-corpus-cache-") as cache:
+        opened = Corpus.open(path, cache_dir=cache)
+        rows = len(opened)
+        texts: list[str] = []
+        for batch in opened.iter_contents(0, min(count, rows)):
+            texts.extend(batch)
+        del opened
+    if len(texts) < count:
+        texts = [texts[i % len(texts)] for i in range(count)]
+        return texts, f"{path} ({rows} rows, cycled to {count})"
+    return texts, f"{path} (first {count} of {rows} rows)"
+
+
+# --------------------------------------------------------------------------------------------- output
+
+def base_parser(description: str | None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=(description or "").strip().splitlines()[0] if description else None,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--json", metavar="OUT", help="also write the figures as JSON to this file")
+    return parser
+
+
+def write_json(path: str | None, benchmark: str, args: argparse.Namespace, device: dict, results: dict) -> None:
+    if not path:
+        return
+    payload = {"benchmark": benchmark, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "device": device,
+               "args": {k: v for k, v in vars(args).items() if k != "json"}, "results": results}
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    print(f"figures written to {out}")
+
+
+def fmt_bytes(count: float) -> str:
+    sign = "-" if count < 0 else ""
+    count = abs(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{sign}{count:.1f} {unit}" if unit != "B" else f"{sign}{count:.0f} B"
+        count /= 1024
+    return f"{sign}{count:.1f} GiB"

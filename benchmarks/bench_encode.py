@@ -1,0 +1,79 @@
+"""Passage encoding throughput: our Encoder against plain sentence-transformers on the same model.
+
+Measures passages/s of ``Encoder(EncoderConfig()).encode_passages(texts)`` (the embedded MiniLM) and of
+``SentenceTransformer(minilm_model_dir()).encode(texts, batch_size=64, normalize_embeddings=True)`` on the
+same passages, in the same process, alternating A B A B after a warm-up, and checks that both give the
+same embeddings. Target: ratio ours / sentence-transformers >= 1.0x (no overhead from our wrapper;
+0.98-1.02 is noise).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from _common import alternate, base_parser, describe_device, device_line, load_passages, summarize, write_json
+
+
+def main() -> None:
+    parser = base_parser(__doc__)
+    parser.add_argument("--passages", type=int, default=256, help="passages encoded per timed run")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs of each encoder (alternating)")
+    parser.add_argument("--corpus", help="corpus file to take passages from (default: runs/quickstart corpus, "
+                                         "else synthetic passages)")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"],
+                        help="our encoder's dtype (auto = float16 on GPU, float32 on CPU)")
+    args = parser.parse_args()
+
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    from agentic_retriever.defaults import minilm_model_dir
+    from agentic_retriever.encoder import Encoder, EncoderConfig
+
+    device = describe_device()
+    texts, source = load_passages(args.passages, args.corpus)
+    ours = Encoder(EncoderConfig(dtype=args.dtype))
+    baseline = SentenceTransformer(str(minilm_model_dir()))
+    torch_device = str(baseline.device)
+    print(f"encode benchmark: {len(texts)} passages from {source}")
+    print(device_line(device) + f"; torch {torch.__version__} on {torch_device}, {torch.get_num_threads()} threads")
+
+    outputs: dict[str, np.ndarray] = {}
+
+    def run_ours() -> None:
+        outputs["ours"] = ours.encode_passages(texts)
+
+    def run_st() -> None:
+        outputs["st"] = baseline.encode(texts, batch_size=64, normalize_embeddings=True, show_progress_bar=False)
+
+    warm = texts[:128]
+    ours.encode_passages(warm)
+    baseline.encode(warm, batch_size=64, normalize_embeddings=True, show_progress_bar=False)
+    seconds = alternate({"ours": run_ours, "sentence_transformers": run_st}, repeats=args.repeats, warmup=0)
+
+    reduced_precision = next(ours.model.parameters()).dtype != torch.float32
+    atol = 2e-2 if reduced_precision else 1e-5
+    st_vectors = np.asarray(outputs["st"], dtype=np.float32)
+    max_diff = float(np.abs(outputs["ours"] - st_vectors).max())
+    np.testing.assert_allclose(outputs["ours"], st_vectors, atol=atol, rtol=0,
+                               err_msg="our embeddings differ from sentence-transformers'")
+
+    results = {name: summarize(times, len(texts)) for name, times in seconds.items()}
+    ratio_median = results["ours"]["median_per_s"] / results["sentence_transformers"]["median_per_s"]
+    ratio_best = results["ours"]["best_per_s"] / results["sentence_transformers"]["best_per_s"]
+    for name in ("ours", "sentence_transformers"):
+        r = results[name]
+        print(f"  {name:22s} median {r['median_per_s']:8.1f} passages/s   best {r['best_per_s']:8.1f} passages/s   "
+              f"runs {', '.join(f'{s:.2f}s' for s in r['seconds'])}")
+    print(f"  embeddings allclose: yes (max |diff| {max_diff:.2e}, atol {atol:g}, dim {st_vectors.shape[1]})")
+    print(f"RATIO ours/sentence-transformers: {ratio_median:.3f}x (median), {ratio_best:.3f}x (best)  "
+          f"[target >= 1.0x, 0.98-1.02 is noise]")
+    write_json(args.json, "encode", args, device, {
+        "passages": len(texts), "source": source, "torch_device": torch_device, "torch_threads": torch.get_num_threads(),
+        "ours_dtype": str(next(ours.model.parameters()).dtype), **results,
+        "max_abs_diff": max_diff, "ratio_median": ratio_median, "ratio_best": ratio_best,
+    })
+
+
+if __name__ == "__main__":
+    main()
