@@ -20,29 +20,22 @@ folder removed at the end. Only loopback traffic; a fixed number of requests; st
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
 import os
-import platform
 import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from _common import base_parser, describe_device, device_line, load_passages, write_json
 
-from agentic_retriever.index import IndexBuildConfig, SearchIndex, build_index, open_index  # noqa: E402
-from agentic_retriever.server import ServerThread, create_app  # noqa: E402
-
-DEFAULT_CORPUS = REPO / "runs" / "quickstart" / "data" / "corpus.jsonl"
-
+from agentic_retriever.index import IndexBuildConfig, SearchIndex, build_index, open_index
+from agentic_retriever.server import ServerThread, create_app
 
 def _load_average() -> list[float] | None:
     """1/5/15-minute load averages: other work on a shared machine shows up here (and in the figures)."""
@@ -52,62 +45,15 @@ def _load_average() -> list[float] | None:
         return None
 
 
-def device_info() -> dict:
-    model = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        model = platform.processor() or model
-    info = {"cpu": model, "cpu_count": os.cpu_count(),
-            "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-            "python": platform.python_version(), "load_average_at_start": _load_average()}
-    try:
-        import torch
-
-        info["torch_threads"] = torch.get_num_threads()
-        info["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    except ImportError:
-        pass
-    return info
-
-
-# ---------------------------------------------------------------------------------------------- corpus
-
-
-def _synthetic_corpus(path: Path, passages: int, rng: random.Random) -> None:
-    syllables = ["ka", "lo", "mi", "ran", "te", "su", "vor", "ni", "pel", "da", "ro", "qui", "zen", "ba", "tor", "el"]
-    vocab = sorted({"".join(rng.choice(syllables) for _ in range(rng.randint(2, 4))) for _ in range(4000)})
-    with open(path, "w") as handle:
-        for i in range(passages):
-            topic = rng.sample(vocab, 8)
-            words = [rng.choice(topic) if rng.random() < 0.3 else rng.choice(vocab) for _ in range(rng.randint(50, 110))]
-            title = " ".join(topic[:2]).title()
-            handle.write(json.dumps({"id": str(i), "contents": f'"{title}"\n{" ".join(words)}.'}) + "\n")
-
-
-def _subset_corpus(source: Path, path: Path, passages: int) -> None:
-    with open(source) as src, open(path, "w") as dst:
-        for i, line in enumerate(src):
-            if i >= passages:
-                break
-            dst.write(line)
-
-
-def build_bench_index(workdir: Path, passages: int, rng: random.Random) -> tuple[SearchIndex, str]:
+def build_bench_index(workdir: Path, passages: int) -> tuple[SearchIndex, str]:
+    """A MiniLM Flat index over `passages` passages of the quickstart corpus (synthetic without it)."""
+    texts, origin = load_passages(passages)
     corpus = workdir / "corpus.jsonl"
-    if DEFAULT_CORPUS.is_file():
-        _subset_corpus(DEFAULT_CORPUS, corpus, passages)
-        origin = f"first {passages} passages of {DEFAULT_CORPUS.relative_to(REPO)}"
-    else:
-        _synthetic_corpus(corpus, passages, rng)
-        origin = f"synthetic corpus of {passages} passages ({DEFAULT_CORPUS.relative_to(REPO)} not found)"
+    corpus.write_text("".join(json.dumps({"id": str(i), "contents": t}) + "\n" for i, t in enumerate(texts)))
     cache = str(workdir / "cache")
     started = time.perf_counter()
     build_index(IndexBuildConfig(corpus=str(corpus), out=str(workdir / "index"), corpus_cache=cache))
-    print(f"built the benchmark index in {time.perf_counter() - started:.1f} s from the {origin}", flush=True)
+    print(f"built the benchmark index in {time.perf_counter() - started:.1f} s from {origin}", flush=True)
     return open_index(workdir / "index", corpus_cache=cache), origin
 
 
@@ -220,8 +166,7 @@ def _median_round(runs: list[dict]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = base_parser(__doc__)
     parser.add_argument("--index", help="a built index folder (default: build a small MiniLM index in a temp folder)")
     parser.add_argument("--passages", type=int, default=2000, help="passages in the index built without --index")
     parser.add_argument("--clients", type=int, default=64, help="concurrent clients")
@@ -235,7 +180,6 @@ def main(argv: list[str] | None = None) -> dict:
                              "(heavier: its own CPU cost then dominates both modes on a small CPU)")
     parser.add_argument("--repeats", type=int, default=3, help="rounds of (off, on); the medians are compared")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", dest="json_out", help="write the figures to this JSON file")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     rng = random.Random(args.seed)
@@ -244,13 +188,11 @@ def main(argv: list[str] | None = None) -> dict:
         if args.index:
             index, origin = open_index(args.index), args.index
         else:
-            index, origin = build_bench_index(Path(tmp), args.passages, rng)
+            index, origin = build_bench_index(Path(tmp), args.passages)
         queries = make_queries(index, args.clients * args.requests, rng)
-        device = device_info()
+        device = describe_device() | {"load_average_at_start": _load_average()}
         m = index.manifest
-        print(f"device: {device['cpu']}, {device['usable_cores']} usable cores of {device['cpu_count']}, "
-              f"torch threads {device.get('torch_threads')}, GPU {device.get('gpu') or 'none'}, "
-              f"load average {device['load_average_at_start']}")
+        print(f"{device_line(device)}; load average {device['load_average_at_start']}")
         print(f"index: {m.backend}/{m.index_type}, {len(index)} passages ({origin}), "
               f"encoder {(m.encoder or {}).get('model')}, dim {m.dim}")
         print(f"load: {args.clients} concurrent clients ({args.client}) x {args.requests} requests of 1 query, topk {args.topk}; "
@@ -286,7 +228,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"load average at the end: {device['load_average_at_end']}")
 
     figures = {
-        "benchmark": "bench_service", "device": device, "index": {"backend": m.backend, "type": m.index_type,
+        "index": {"backend": m.backend, "type": m.index_type,
                                                                  "passages": len(index), "origin": origin,
                                                                  "encoder": (m.encoder or {}).get("model")},
         "load": {"clients": args.clients, "client": args.client, "requests_per_client": args.requests, "queries_per_request": 1,
@@ -296,10 +238,7 @@ def main(argv: list[str] | None = None) -> dict:
         "throughput_ratio": round(throughput_ratio, 3), "p95_ratio": round(p95_ratio, 3),
         "identical_answers": same, "errors": errors, "target_met": verdict,
     }
-    if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps(figures, indent=2) + "\n")
-        print(f"wrote {args.json_out}")
+    write_json(args.json, "bench_service", args, device, figures)
     return figures
 
 

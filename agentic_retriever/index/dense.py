@@ -2,9 +2,10 @@
 
 Build: the corpus is encoded chunk by chunk into ``embeddings-<corpus>-<encoder>.npy`` (a memmap) and a
 small state file beside it records how many rows are done, so a killed build resumes at the last finished
-chunk. FAISS is then filled from the memmap in chunks: peak memory is the FAISS index plus one chunk,
-whatever the corpus size. Search on GPUs (with faiss-gpu) shards the index over all visible GPUs in
-fp16, as Search-R1's server does for the 64.6 GB fp32 wiki-18 Flat index.
+chunk. FAISS is then filled from the memmap (in chunks; Flat in one add of the file-backed memmap): peak
+memory is the FAISS index plus one chunk, whatever the corpus size. Search on GPUs (with faiss-gpu)
+shards the index over all visible GPUs in fp16, as Search-R1's server does for the 64.6 GB fp32 wiki-18
+Flat index.
 """
 
 from __future__ import annotations
@@ -83,8 +84,11 @@ def build_dense_index(corpus: Corpus, encoder: Encoder, out_dir: str | Path, par
     index = _new_faiss_index(faiss, params, encoder.dim, len(corpus))
     if not index.is_trained:
         index.train(_training_sample(embeddings, params.train_size))
-    for start in tqdm(range(0, len(corpus), params.chunk_size), desc=f"adding to {params.type}", unit=" chunks"):
-        index.add(np.ascontiguousarray(embeddings[start:start + params.chunk_size]))
+    # A Flat index stores the vectors as they are: one add of the whole (contiguous, file-backed) memmap sizes
+    # its storage once, where chunked adds would grow it geometrically and briefly hold old and new copies.
+    step = len(corpus) if params.type == "flat" else params.chunk_size
+    for start in tqdm(range(0, len(corpus), step), desc=f"adding to {params.type}", unit=" chunks"):
+        index.add(np.ascontiguousarray(embeddings[start:start + step]))
     tmp = out / f".{FAISS_FILE}.tmp"
     faiss.write_index(index, str(tmp))
     os.replace(tmp, out / FAISS_FILE)
