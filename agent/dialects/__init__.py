@@ -1,0 +1,18 @@
+"""Dialects: prompt, stop strings, parser and observation format per agent family (`base.Dialect`)."""
+
+from __future__ import annotations
+
+from .base import Action, ActionKind, Dialect
+from .search_r1 import SearchR1Dialect
+
+__all__ = ["DIALECTS", "Action", "ActionKind", "Dialect", "SearchR1Dialect", "get_dialect"]
+
+DIALECTS: dict[str, type[Dialect]] = {SearchR1Dialect.name: SearchR1Dialect}
+
+
+def get_dialect(name: str) -> Dialect:
+    """A fresh dialect by registry name (``search_r1``...)."""
+    try:
+        return DIALECTS[name]()
+    except KeyError:
+        raise ValueError(f"unknown dialect {name!r}; choose one of {', '.join(sorted(DIALECTS))}") from None

@@ -1,0 +1,87 @@
+"""What a search-agent family says and how the environment reads it: the `Dialect` interface.
+
+The environment loop (`agent.env`) is the same for every method; a dialect supplies the rest
+(ARCHITECTURE.md, ``agent/dialects``):
+
+* `build_prompt`: question (and, for dialects that retrieve before the first turn, those passages) -> the
+  user message; `initial_queries` names those first searches (s3 retrieves with the question itself);
+* `stop`: the stop strings that end a generated turn; `truncate_turn` cuts a turn right after the first one;
+* `parse_action`: one generated turn -> `Action` (search with one or more queries, answer, or invalid);
+* `format_observation`: the passages of one search action (a list per query) -> the inserted text;
+* `invalid_action_message`: the text inserted after an invalid turn;
+* `extract_answer`: a whole response -> the final answer (None when there is none);
+* `search_disabled_on_last_turn`: after `max_turns` turns the agent gets one more generation whose searches
+  are not executed (Search-R1's final rollout); when False the trajectory ends after `max_turns` turns.
+
+Adding a method is adding a subclass and registering it in `agent.dialects`: QAgent returns several queries
+per search action and formats one block for all of them; s3's searcher overrides `initial_queries` and
+ends with an "answer" action carrying no answer text (its frozen generator answers outside the
+environment); when-to-search changes the prompt and tag set only.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from agentic_retriever.index.base import ScoredPassage
+
+__all__ = ["Action", "ActionKind", "Dialect"]
+
+ActionKind = Literal["search", "answer", "invalid"]
+
+
+@dataclass(frozen=True)
+class Action:
+    """What one generated turn asks the environment to do.
+
+    ``search`` carries at least one query (possibly empty strings: an empty tag is still a search call);
+    ``answer`` ends the trajectory, with the answer text when the dialect's agent answers itself;
+    ``invalid`` is a turn the dialect cannot read (the environment inserts `Dialect.invalid_action_message`).
+    """
+
+    kind: ActionKind
+    queries: tuple[str, ...] = ()
+    answer: str | None = None
+
+    def __post_init__(self):
+        if self.kind == "search" and not self.queries:
+            raise ValueError("a search action needs at least one query")
+        if self.kind != "search" and self.queries:
+            raise ValueError(f"an {self.kind} action carries no queries")
+
+
+class Dialect(abc.ABC):
+    """Prompt, stop strings, action parser, observation format and answer extractor of one agent family."""
+
+    name: ClassVar[str]
+    stop: ClassVar[tuple[str, ...]]
+    invalid_action_message: ClassVar[str]
+    search_disabled_on_last_turn: ClassVar[bool]
+
+    @abc.abstractmethod
+    def build_prompt(self, question: str, initial_passages: Sequence[Sequence[ScoredPassage]] = ()) -> str:
+        """The user message for `question`; `initial_passages` are the results of `initial_queries`."""
+
+    def initial_queries(self, question: str) -> tuple[str, ...]:
+        """Searches the environment runs before the first turn, their results going into the prompt (none)."""
+        return ()
+
+    @abc.abstractmethod
+    def parse_action(self, turn_text: str) -> Action:
+        """The action of one generated turn (already cut by `truncate_turn`)."""
+
+    @abc.abstractmethod
+    def format_observation(self, results: Sequence[Sequence[ScoredPassage]]) -> str:
+        """The text inserted after a search action: `results` holds the passages of each of its queries."""
+
+    @abc.abstractmethod
+    def extract_answer(self, response_text: str) -> str | None:
+        """The final answer in a response (generated and inserted text, prompt excluded), or None."""
+
+    def truncate_turn(self, text: str) -> str:
+        """`text` cut right after the earliest stop string in it (unchanged when it holds none)."""
+        ends = [i + len(s) for s in self.stop if (i := text.find(s)) >= 0]
+        return text[:min(ends)] if ends else text

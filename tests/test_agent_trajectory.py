@@ -1,0 +1,157 @@
+"""Trajectory records: JSONL round trip, precise read errors, the resumable writer, run_rollouts, evaluation."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from agent.env import EnvConfig
+from agent.evaluate import evaluate_trajectories
+from agent.qa_data import QARow, read_qa_rows
+from agent.rollouts import run_rollouts
+from agent.trajectory import Retrieved, Trajectory, TrajectoryWriter, Turn, read_trajectories
+from agentic_retriever.jsonl import DataFormatError
+from test_agent_env import FakeClient, ScriptedLLM, load_smollm2_tokenizer
+
+
+def trajectory(qid: str, answer: str | None, golden: list[str], titles: list[list[str]] = (), invalid: bool = False,
+               finish: str = "answer") -> Trajectory:
+    turns = [Turn(f"<search> q{i} </search>", "search", [f"q{i}"], [Retrieved([f"id{i}"] * len(t), t, [1.0] * len(t))],
+                  "\n\n<information>..</information>\n\n") for i, t in enumerate(titles)]
+    if invalid:
+        turns.append(Turn("oops", "invalid", observation="\nMy previous action is invalid.\n"))
+    if answer is not None:
+        turns.append(Turn(f"<answer> {answer} </answer>", "answer"))
+    return Trajectory(qid, f"question {qid}", golden, "search_r1", "m", "r", turns, answer, len(titles), 0.0, 0.0, 0.0,
+                      finish)
+
+
+def test_trajectories_round_trip_through_jsonl(tmp_path):
+    original = trajectory("q1", "Paris", ["paris"], titles=[["France", "Paris"]])
+    original.token_ids, original.mask = [1, 2, 3], [1, 0, 0]
+    with TrajectoryWriter(tmp_path / "t.jsonl") as writer:
+        writer.write([original, trajectory("q2", None, ["x"], finish="max_turns")])
+    read = list(read_trajectories(tmp_path / "t.jsonl"))
+    assert read[0] == original and read[1].answer is None and read[1].token_ids is None
+    assert "token_ids" not in json.loads((tmp_path / "t.jsonl").read_text().splitlines()[1])
+    assert read[0].response_text == original.turns[0].text + original.turns[0].observation + "<answer> Paris </answer>"
+
+
+@pytest.mark.parametrize("mutate, line, field", [
+    (lambda r: r.pop("question_id"), 2, "question_id"),
+    (lambda r: r.update(em="high"), 2, "em"),
+    (lambda r: r.update(finish_reason="tired"), 2, "finish_reason"),
+    (lambda r: r["turns"][0]["retrieved"][0].update(titles=[1]), 2, "turns[0].retrieved[0].titles"),
+    (lambda r: r["turns"][0].update(action="dance"), 2, "turns[0].action"),
+    (lambda r: r.update(token_ids=[1], mask=None), 2, "mask"),
+])
+def test_read_errors_name_file_line_and_field(tmp_path, mutate, line, field):
+    good = trajectory("q1", "a", ["a"], titles=[["T"]]).to_json()
+    bad = trajectory("q2", "a", ["a"], titles=[["T"]]).to_json()
+    mutate(bad)
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+    with pytest.raises(DataFormatError) as error:
+        list(read_trajectories(path))
+    assert (error.value.path, error.value.line, error.value.field) == (str(path), line, field)
+
+
+def test_writer_drops_a_partial_last_line_and_skips_done_questions(tmp_path, caplog):
+    path = tmp_path / "t.jsonl"
+    with TrajectoryWriter(path) as writer:
+        writer.write([trajectory("q1", "a", ["a"])])
+    whole = path.read_text()
+    path.write_text(whole + json.dumps(trajectory("q2", "b", ["b"]).to_json())[:40])  # killed mid-line
+    with caplog.at_level(logging.WARNING), TrajectoryWriter(path) as writer:
+        assert writer.done_ids == {"q1"}
+        assert path.read_text() == whole
+        with pytest.raises(ValueError, match="q1"):
+            writer.write([trajectory("q1", "a", ["a"])])
+        writer.write([trajectory("q2", "b", ["b"])])
+    assert "partial last line" in caplog.text
+    assert [t.question_id for t in read_trajectories(path)] == ["q1", "q2"]
+
+
+def test_writer_refuses_a_corrupt_line_that_is_not_the_last(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text("{not json\n" + json.dumps(trajectory("q1", "a", ["a"]).to_json()) + "\n")
+    with pytest.raises(DataFormatError, match=r"t\.jsonl:1"):
+        TrajectoryWriter(path)
+
+
+def test_run_rollouts_resumes_without_duplicates(tmp_path):
+    tokenizer = load_smollm2_tokenizer()
+    rows = [{"id": f"q{i}", "question": f"question number {i}?", "golden_answers": [f"ans {i}", i]} for i in range(5)]
+    script = {f"question number {i}?": ["<search> s </search>", f"<answer> ans {i} </answer>"] for i in range(5)}
+    path = tmp_path / "t.jsonl"
+    config = EnvConfig(store_token_ids=True)
+
+    class DiesOnSecondBatch(ScriptedLLM):
+        def generate(self, prompts, params):
+            if len(self.calls) == 2:
+                raise KeyboardInterrupt("simulated kill")
+            return super().generate(prompts, params)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_rollouts(rows, DiesOnSecondBatch(tokenizer, script), FakeClient(), config, path, batch_size=2)
+    assert [t.question_id for t in read_trajectories(path)] == ["q0", "q1"]
+    path.write_text(path.read_text() + '{"question_id": "q2", "quest')  # and a torn write on top
+    llm = ScriptedLLM(tokenizer, script)
+    summary = run_rollouts(rows, llm, FakeClient(), config, path, batch_size=2, retriever_id="fake-r")
+    assert (summary.questions, summary.skipped, summary.written) == (5, 2, 3)
+    assert sorted(llm.served) == [f"question number {i}?" for i in (2, 3, 4)]
+    written = list(read_trajectories(path))
+    assert [t.question_id for t in written] == ["q0", "q1", "q2", "q3", "q4"]
+    last = written[-1]
+    assert (last.em, last.answer, last.golden_answers, last.retriever, last.model) == (1.0, "ans 4", ["ans 4", "4"],
+                                                                                        "fake-r", "scripted")
+    assert len(last.token_ids) == len(last.mask) and 0 in last.mask and 1 in last.mask
+    assert run_rollouts(rows, llm, FakeClient(), config, path).written == 0
+
+
+def test_run_rollouts_names_the_bad_qa_row():
+    with pytest.raises(DataFormatError, match="golden_answers") as error:
+        run_rollouts([{"id": 1, "question": "q?", "golden_answers": ["a"]}, {"id": 2, "question": "q?"}],
+                     ScriptedLLM(None, {}), FakeClient(), EnvConfig(), "unused.jsonl")
+    assert error.value.line == 2
+
+
+def test_evaluation_of_a_hand_made_file(tmp_path):
+    path = tmp_path / "t.jsonl"
+    with TrajectoryWriter(path) as writer:
+        writer.write([
+            trajectory("q1", "Paris", ["paris"], titles=[["France", "Paris"]]),                 # EM 1
+            trajectory("q2", "the city of Paris", ["Paris"], titles=[["Paris"], ["Lyon"]]),      # contains only
+            trajectory("q3", "Rome", ["Milan"], invalid=True),                                    # wrong, invalid
+            trajectory("q4", None, ["x"], titles=[["A"], ["B"], ["C"]], finish="max_turns"),      # no answer
+        ])
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text("\n".join(json.dumps(r) for r in [
+        {"id": "q1", "question": "?", "golden_answers": ["paris"], "supporting_titles": ["Paris", "Eiffel Tower"]},
+        {"id": "q2", "question": "?", "golden_answers": ["Paris"], "supporting_titles": ["Lyon"]},
+        {"id": "q3", "question": "?", "golden_answers": ["Milan"]},
+        {"id": "q4", "question": "?", "golden_answers": ["x"], "supporting_titles": ["Z"]},
+    ]) + "\n")
+    report = evaluate_trajectories(path, qa)
+    f1_q2 = 2 * (1 / 3) * 1 / (1 / 3 + 1)  # "city of paris" vs "paris"
+    assert report["trajectories"] == 4
+    assert report["em"] == pytest.approx(1 / 4)
+    assert report["contains_em"] == pytest.approx(2 / 4)
+    assert report["f1"] == pytest.approx((1 + f1_q2) / 4)
+    assert report["avg_searches"] == pytest.approx((1 + 2 + 0 + 3) / 4)
+    assert report["valid_format_rate"] == pytest.approx(2 / 4)
+    assert report["evidence_recall"] == pytest.approx((0.5 + 1 + 0) / 3) and report["evidence_questions"] == 3
+    assert report["finish_reasons"] == {"answer": 3, "max_turns": 1}
+    assert "evidence_recall" not in evaluate_trajectories(path)
+
+
+def test_qa_rows_errors_name_file_line_and_field(tmp_path):
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text('{"id": "1", "question": "q", "golden_answers": ["a"]}\n'
+                  '{"id": "2", "question": "q", "golden_answers": [{"x": 1}]}\n')
+    with pytest.raises(DataFormatError) as error:
+        read_qa_rows(qa)
+    assert (error.value.line, error.value.field) == (2, "golden_answers")
+    assert QARow.from_json({"id": 3, "question": "q", "golden_answers": 7}) == QARow("3", "q", ("7",))
