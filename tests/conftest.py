@@ -51,3 +51,25 @@ def tiny_model_dir(tmp_path_factory) -> str:
     BertModel(config).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return str(out)
+
+
+@pytest.fixture(scope="session")
+def tiny_causal_lm_dir(tmp_path_factory) -> str:
+    """A 2-layer, 64-d Llama with random weights (seeded; untied embeddings, so its greedy output varies)
+    and SmolLM2's tokenizer with its chat template: fast generation mechanics tests."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from agentic_retriever.defaults import smollm2_gguf_path
+
+    out = tmp_path_factory.mktemp("tiny-llama")
+    gguf = smollm2_gguf_path()
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False)
+    LlamaForCausalLM(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)

@@ -1,0 +1,81 @@
+"""One generation protocol for every LLM backend (transformers, vLLM, OpenAI-compatible HTTP).
+
+A backend turns a batch of prompts (text, or token ids) and one `SamplingParams` into, per prompt,
+`params.n` `Generation`s. The agent environment, the utility miner and the RL trainer see only this
+protocol, so the backend is a configuration choice:
+
+    llm = load_llm(LLMConfig(backend="transformers", model="default"))
+    outs = llm.generate(["Question: who wrote Hamlet?\n"], SamplingParams(max_new_tokens=32, stop=["</answer>"]))
+    outs[0][0].text, outs[0][0].token_ids, outs[0][0].finish_reason
+
+Stop strings follow vLLM's ``include_stop_str_in_output=True``: the text ends right after the first
+stop string found in the generated text (Search-R1 keeps ``</search>`` in the response), and
+`token_ids` are the generated ids up to and including the token that completed it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+Prompt = str | list[int]
+
+
+@dataclass
+class SamplingParams:
+    """Sampling settings of one `generate` call (greedy by default: data generation is deterministic)."""
+
+    max_new_tokens: int = 512
+    temperature: float = 0.0  # 0 means greedy
+    top_p: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    n: int = 1
+    seed: int | None = None
+    logprobs: bool = False  # return the log-probability of every generated token
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.n < 1:
+            raise ValueError(f"n must be at least 1, got {self.n}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class Generation:
+    """One sampled continuation of one prompt."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: Literal["stop", "length"]
+    stop_string: str | None = None  # the stop string that ended it (finish_reason "stop" with no stop string = EOS)
+    logprobs: list[float] | None = None  # parallel to token_ids when SamplingParams.logprobs
+
+
+@runtime_checkable
+class LLM(Protocol):
+    """What every backend offers."""
+
+    name: str  # model name or path, for artifacts and manifests
+
+    @property
+    def tokenizer(self):
+        """The model's Hugging Face tokenizer (token-level bookkeeping of the agent env, SFT, RL)."""
+        ...
+
+    def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[list[Generation]]:
+        """Per prompt, `params.n` generations, in prompt order."""
+        ...
+
+    def chat_prompt(self, user_message: str) -> str:
+        """`user_message` as the model's chat template renders one user turn ready for the assistant's reply
+        (with the generation prompt); the message itself when the tokenizer has no chat template."""
+        ...

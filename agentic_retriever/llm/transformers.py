@@ -1,0 +1,291 @@
+"""Generation with a Hugging Face causal LM, written out step by step (CPU and GPU).
+
+Why not ``model.generate``: an agent batch needs per-sequence stop strings, and a sequence that has
+finished (EOS, a stop string such as ``</search>``, or its token cap) should leave the batch so the
+others continue cheaper. The loop here does exactly that:
+
+1. prefill: prompts are left-padded into one batch; when the rows share a token prefix (the n samples
+   of one prompt, or 20 candidate continuations of one agent context), the prefix is run once and its
+   KV cache is repeated for every row, and only the rows' own suffixes go through the batch pass;
+2. decode: one token per step per active row from a `DynamicCache`, greedy or sampled (temperature,
+   top-p, a seeded `torch.Generator`);
+3. a row finishes on EOS, on a stop string (searched in the decoded tail of its generated text), or at
+   `max_new_tokens`; finished rows are index-selected out of the cache, mask and positions.
+
+Log-probabilities (generation and `score`) are ``log_softmax`` of the model's raw logits, i.e. of the
+temperature-1 distribution, whatever temperature and top-p sampled the token: this is the policy
+probability that RL ratios and likelihood scorers need.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+
+import torch
+from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+from ..defaults import resolve_llm_name
+from .base import Generation, Prompt, SamplingParams
+from .text import find_stop, render_chat_prompt
+
+#: Tokens of a sequence's generated tail that are decoded to look for a stop string, beyond 4 per
+#: character of the longest stop string (a token decodes to at least one byte of text, except special tokens).
+_STOP_WINDOW_SLACK = 16
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto`` is the first GPU when there is one, else the CPU; anything else is a torch device name."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(device)
+    except RuntimeError as error:
+        raise ValueError(f"unknown device '{device}' (use auto, cpu, cuda or cuda:N)") from error
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """``auto`` is float32 on CPU and bfloat16 on a GPU that supports it (float16 otherwise)."""
+    if dtype == "auto":
+        if device.type != "cuda":
+            return torch.float32
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    choices = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype not in choices:
+        raise ValueError(f"unknown dtype '{dtype}' (use auto, {', '.join(choices)})")
+    return choices[dtype]
+
+
+def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
+    """Length of the longest token prefix that all rows share."""
+    first, length = rows[0], min(len(row) for row in rows)
+    for row in rows[1:]:
+        i = 0
+        while i < length and row[i] == first[i]:
+            i += 1
+        length = i
+    return length
+
+
+def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Zero every token outside the smallest set of most likely tokens whose mass reaches `top_p`."""
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    sorted_probs[sorted_probs.cumsum(-1) - sorted_probs > top_p] = 0.0
+    return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+
+
+class TransformersLLM:
+    """The `LLM` protocol over a Hugging Face causal LM and its tokenizer.
+
+        llm = TransformersLLM.load("default")                     # SmolLM2-135M-Instruct, float32 on CPU
+        llm.generate([llm.chat_prompt("Who wrote Hamlet?")], SamplingParams(max_new_tokens=32))
+        llm.score(["The capital of France is"], [" Paris"])       # [[log p(" Paris")]]
+
+    ``TransformersLLM(model, tokenizer)`` wraps a model that lives elsewhere, e.g. the policy an RL
+    trainer is updating (generation then sees its current weights; the caller puts it in eval mode).
+    """
+
+    def __init__(self, model, tokenizer, name: str | None = None, max_batch_size: int = 16, progress: bool = False):
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
+        self.model = model
+        self._tokenizer = tokenizer
+        self.name = name or getattr(model, "name_or_path", "") or type(model).__name__
+        self.max_batch_size = max_batch_size
+        self.progress = progress
+        self.device = next(model.parameters()).device
+        self.vocab_size = model.get_input_embeddings().num_embeddings
+        eos = model.generation_config.eos_token_id if model.generation_config is not None else None
+        eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        if tokenizer.eos_token_id is not None:
+            eos_ids.add(tokenizer.eos_token_id)
+        self.eos_ids = frozenset(eos_ids)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.pad_id = pad if pad is not None else 0  # pad positions are masked: any id does
+
+    @classmethod
+    def load(cls, model: str = "default", dtype: str = "auto", device: str = "auto", max_batch_size: int = 16,
+             progress: bool = False) -> TransformersLLM:
+        """Load a hub name, a local folder or ``default`` (the embedded SmolLM2-135M-Instruct)."""
+        path = resolve_llm_name(model)
+        torch_device = resolve_device(device)
+        torch_dtype = resolve_dtype(dtype, torch_device)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(torch_device).eval()
+        return cls(lm, tokenizer, name=model, max_batch_size=max_batch_size, progress=progress)
+
+    @property
+    def tokenizer(self):
+        return self._tokenizer
+
+    def chat_prompt(self, user_message: str) -> str:
+        return render_chat_prompt(self._tokenizer, user_message)
+
+    def encode(self, prompt: Prompt, where: str = "prompt") -> list[int]:
+        """Token ids of a prompt: text is tokenized with the tokenizer's special tokens (as vLLM does),
+        ids are checked against the vocabulary."""
+        if isinstance(prompt, str):
+            ids = self._tokenizer(prompt, add_special_tokens=True).input_ids
+        else:
+            try:
+                ids = [operator.index(t) for t in prompt]  # ints, numpy ints; not floats
+            except TypeError as error:
+                raise ValueError(f"{where}: token ids must be integers ({error})") from error
+        if not ids:
+            raise ValueError(f"{where} is empty: it needs at least one token")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"{where} holds {len(bad)} token ids outside 0..{self.vocab_size - 1}, e.g. {bad[0]!r}")
+        return ids
+
+    @torch.inference_mode()
+    def generate(self, prompts: Sequence[Prompt], params: SamplingParams,
+                 reuse_prefix: bool = True) -> list[list[Generation]]:
+        """Per prompt, `params.n` generations, in prompt order.
+
+        Rows (prompt x sample) are sorted by length and run in batches of at most `max_batch_size`. With
+        `reuse_prefix`, the longest token prefix a batch's rows share is computed once (greedy results are
+        the same either way). Sampling with a `seed` is reproducible for the same prompts, parameters and
+        `max_batch_size` (one generator serves the whole call, so a row's sample depends on its batch).
+        """
+        ids = [self.encode(p, f"prompt {i}") for i, p in enumerate(prompts)]
+        rows = [prompt_ids for prompt_ids in ids for _ in range(params.n)]
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(params.seed)
+        order = sorted(range(len(rows)), key=lambda r: len(rows[r]))
+        results: list[Generation | None] = [None] * len(rows)
+        with tqdm(total=len(rows), desc="generating", unit=" seq", disable=not self.progress) as progress:
+            for start in range(0, len(order), self.max_batch_size):
+                chunk = order[start:start + self.max_batch_size]
+                outputs = self._generate_batch([rows[r] for r in chunk], params, generator, reuse_prefix, progress)
+                for r, output in zip(chunk, outputs):
+                    results[r] = output
+        return [results[i * params.n:(i + 1) * params.n] for i in range(len(ids))]
+
+    @torch.inference_mode()
+    def score(self, prompts: Sequence[Prompt], continuations: Sequence[Sequence[int] | str],
+              reuse_prefix: bool = True) -> list[list[float]]:
+        """Per pair, the log-probability of every continuation token given the prompt and the continuation
+        tokens before it (temperature 1; no gradients). A text continuation is tokenized on its own,
+        without special tokens, so give ids when the boundary tokenization matters."""
+        if len(prompts) != len(continuations):
+            raise ValueError(f"score got {len(prompts)} prompts but {len(continuations)} continuations")
+        pairs = []
+        for i, (prompt, continuation) in enumerate(zip(prompts, continuations)):
+            cont = (self._tokenizer(continuation, add_special_tokens=False).input_ids
+                    if isinstance(continuation, str) else continuation)
+            cont = self.encode(cont, f"continuation {i}") if len(cont) else []
+            pairs.append((self.encode(prompt, f"prompt {i}"), cont))
+        order = sorted(range(len(pairs)), key=lambda r: len(pairs[r][0]) + len(pairs[r][1]))
+        scores: list[list[float]] = [[] for _ in pairs]
+        for start in range(0, len(order), self.max_batch_size):
+            chunk = order[start:start + self.max_batch_size]
+            batch = [pairs[r] for r in chunk]
+            longest = max(len(cont) for _, cont in batch)
+            logits, *_ = self._prefill([p + c for p, c in batch], min(len(p) for p, _ in batch) - 1,
+                                       reuse_prefix, logits_to_keep=longest + 1)
+            for row, (r, (_, cont)) in enumerate(zip(chunk, batch)):
+                if cont:  # logits at position j predict token j + 1: the last len(cont) + 1 .. 2 positions
+                    window = logits[row, longest - len(cont):longest].float().log_softmax(-1)
+                    scores[r] = window.gather(1, torch.tensor(cont, device=self.device)[:, None]).squeeze(1).tolist()
+        return scores
+
+    def _prefill(self, rows: list[list[int]], max_shared: int, reuse_prefix: bool,
+                 logits_to_keep: int) -> tuple[torch.Tensor, DynamicCache, torch.Tensor, torch.Tensor]:
+        """Run the prompts through the model: (logits of the last `logits_to_keep` positions, cache,
+        attention mask, next position per row). At most `max_shared` tokens are shared as a prefix."""
+        cache = DynamicCache(config=self.model.config)
+        shared = min(common_prefix_length(rows), max_shared) if reuse_prefix and len(rows) > 1 else 0
+        if shared > 0:
+            prefix = torch.tensor([rows[0][:shared]], device=self.device)
+            self.model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            cache.batch_repeat_interleave(len(rows))
+        suffixes = [row[shared:] for row in rows]
+        width = max(len(s) for s in suffixes)
+        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        suffix_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, suffix in enumerate(suffixes):
+            input_ids[i, width - len(suffix):] = torch.tensor(suffix)
+            suffix_mask[i, width - len(suffix):] = 1
+        input_ids, suffix_mask = input_ids.to(self.device), suffix_mask.to(self.device)
+        mask = torch.cat([suffix_mask.new_ones((len(rows), shared)), suffix_mask], dim=1)
+        positions = (shared + suffix_mask.cumsum(1) - 1).masked_fill(suffix_mask == 0, max(shared, 1))
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                         use_cache=True, logits_to_keep=logits_to_keep)
+        return out.logits, cache, mask, shared + suffix_mask.sum(1)
+
+    def _generate_batch(self, rows: list[list[int]], params: SamplingParams, generator: torch.Generator | None,
+                        reuse_prefix: bool, progress: tqdm) -> list[Generation]:
+        """Generate for one batch of rows, dropping each row from the batch once it has finished."""
+        logits, cache, mask, positions = self._prefill(rows, min(len(r) for r in rows) - 1, reuse_prefix, 1)
+        logits = logits[:, -1]
+        active = list(range(len(rows)))
+        generated: list[list[int]] = [[] for _ in rows]
+        logprobs: list[list[float]] = [[] for _ in rows]
+        results: list[Generation | None] = [None] * len(rows)
+        for _ in range(params.max_new_tokens):
+            tokens, token_logprobs = self._choose(logits, params, generator)
+            keep = []
+            for slot, (row, token) in enumerate(zip(active, tokens.tolist())):
+                generated[row].append(token)
+                if token_logprobs is not None:
+                    logprobs[row].append(token_logprobs[slot])
+                results[row] = self._finished(generated[row], logprobs[row] if params.logprobs else None, params)
+                if results[row] is None:
+                    keep.append(slot)
+                else:
+                    progress.update(1)
+            if not keep:
+                break
+            if len(keep) < len(active):
+                index = torch.tensor(keep, device=self.device)
+                cache.batch_select_indices(index)
+                mask, positions, tokens = mask[index], positions[index], tokens[index]
+                active = [active[slot] for slot in keep]
+            mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
+            out = self.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions[:, None],
+                             past_key_values=cache, use_cache=True)
+            logits = out.logits[:, -1]
+            positions = positions + 1
+        return results
+
+    @staticmethod
+    def _choose(logits: torch.Tensor, params: SamplingParams,
+                generator: torch.Generator | None) -> tuple[torch.Tensor, list[float] | None]:
+        """Next token per row (argmax, or a sample after temperature and top-p) and, when asked, its
+        temperature-1 log-probability."""
+        logits = logits.float()
+        if params.greedy:
+            tokens = logits.argmax(-1)
+        else:
+            probs = torch.softmax(logits / params.temperature, dim=-1)
+            if params.top_p < 1.0:
+                probs = _top_p_filter(probs, params.top_p)
+            tokens = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+        if not params.logprobs:
+            return tokens, None
+        return tokens, logits.log_softmax(-1).gather(1, tokens[:, None]).squeeze(1).tolist()
+
+    def _finished(self, ids: list[int], logprobs: list[float] | None, params: SamplingParams) -> Generation | None:
+        """The finished generation when `ids` ends in EOS, completes a stop string or reaches the token
+        cap; None while the sequence goes on (a finished row leaves the batch, so `ids` is not appended to
+        again). The stop is looked for in a decoded tail first (cheap), and confirmed, with the cut, on the
+        whole decoded text."""
+        if ids[-1] in self.eos_ids:
+            return Generation(self._decode(ids), ids, "stop", None, logprobs)
+        if params.stop:
+            window = 4 * max(len(s) for s in params.stop) + _STOP_WINDOW_SLACK
+            if find_stop(self._decode(ids[-window:]), params.stop) is not None:
+                text = self._decode(ids)
+                found = find_stop(text, params.stop)
+                if found is not None:
+                    end, stop = found
+                    return Generation(text[:end], ids, "stop", stop, logprobs)
+        if len(ids) >= params.max_new_tokens:
+            return Generation(self._decode(ids), ids, "length", None, logprobs)
+        return None
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=True)
