@@ -42,7 +42,7 @@ from agentic_retriever.llm.base import LLM, Generation, SamplingParams
 from .dialects import Action, Dialect, get_dialect
 from .trajectory import FinishReason, Retrieved, Trajectory, Turn
 
-__all__ = ["EnvConfig", "Prefix", "Rollout", "Segment", "rollout"]
+__all__ = ["EnvConfig", "Prefix", "Rollout", "Segment", "cut_to_tokens", "rollout"]
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +164,16 @@ class _State:
         return self.prompt_ids + [i for s in self.segments for i in s.token_ids]
 
 
+def cut_to_tokens(tokenizer, text: str, limit: int) -> tuple[str, list[int]]:
+    """`text` cut to its first `limit` tokens ([R] cuts every inserted text's token ids), as (text, ids)."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) <= limit:
+        return text, ids
+    log.debug("inserted text of %d tokens cut to %d", len(ids), limit)
+    ids = ids[:limit]
+    return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False), ids
+
+
 class _Session:
     """The pieces one rollout call shares: dialect, tokenizer, LLM, retriever, config."""
 
@@ -180,12 +190,8 @@ class _Session:
 
     def inserted(self, text: str) -> Segment:
         """An inserted text as the model will see it: its tokens, cut to the observation budget."""
-        ids = self.encode(text)
-        limit = self.config.observation_max_tokens
-        if len(ids) > limit:
-            log.debug("inserted text of %d tokens cut to %d", len(ids), limit)
-            ids = ids[:limit]
-        return Segment(self.decode(ids), ids, generated=False)
+        text, ids = cut_to_tokens(self.tokenizer, text, self.config.observation_max_tokens)
+        return Segment(text, ids, generated=False)
 
     def generated(self, generation: Generation) -> Segment:
         """A generated turn cut right after its first stop string, with the token ids that produced it."""

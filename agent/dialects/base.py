@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from agentic_retriever.index.base import ScoredPassage
+from agentic_retriever.llm.text import find_stop
 
 __all__ = ["Action", "ActionKind", "Dialect"]
 
@@ -83,5 +84,5 @@ class Dialect(abc.ABC):
 
     def truncate_turn(self, text: str) -> str:
         """`text` cut right after the earliest stop string in it (unchanged when it holds none)."""
-        ends = [i + len(s) for s in self.stop if (i := text.find(s)) >= 0]
-        return text[:min(ends)] if ends else text
+        found = find_stop(text, self.stop)
+        return text[:found[0]] if found else text
