@@ -7,22 +7,37 @@ import logging
 import os
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tqdm.auto import tqdm
 
 from agentic_retriever.client import RetrievalClient
 from agentic_retriever.eval.qa import qa_scores
+from agentic_retriever.llm import LLMConfig
 from agentic_retriever.llm.base import LLM
 
 from .env import EnvConfig, Rollout, rollout
 from .qa_data import QARow, as_qa_rows
 from .trajectory import Trajectory, TrajectoryWriter
 
-__all__ = ["RolloutRunSummary", "make_trajectory", "run_rollouts"]
+__all__ = ["RolloutConfig", "RolloutRunSummary", "make_trajectory", "run_rollouts"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class RolloutConfig:
+    """Settings of `agentic-retriever agent rollout` (the `agent_rollout` section of a config file)."""
+
+    qa: str = field(default="", metadata={"help": "QA rows (JSONL: id, question, golden_answers)"})
+    index: str = field(default="", metadata={"help": "index folder searched in process"})
+    url: str = field(default="", metadata={"help": "or a retrieval service URL (Search-R1 /retrieve API)"})
+    out: str = field(default="", metadata={"help": "trajectory file (JSONL; a rerun completes it)"})
+    limit: int | None = field(default=None, metadata={"help": "only the first N questions"})
+    batch_size: int = field(default=16, metadata={"help": "questions advanced together per rollout call"})
+    llm: LLMConfig = field(default_factory=LLMConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
 
 
 @dataclass

@@ -8,6 +8,9 @@ override single fields. Run ``agentic-retriever COMMAND --help`` for the fields.
     search                  [search]           query an index from the shell
     serve                   [serve]            Search-R1-compatible HTTP retrieval service
     eval retrieval          [eval_retrieval]   Recall@k / MRR / nDCG on a QA file
+    agent sft               [agent_sft]        warm-start the search agent on synthesised trajectories
+    agent rollout           [agent_rollout]    run the agent over a QA file into a trajectory file
+    agent eval              [agent_eval]       EM / F1 / contains-EM / searches / evidence recall of trajectories
     demo                    [demo]             the main job on the embedded default stack
 """
 
@@ -112,6 +115,52 @@ def _eval_retrieval(args) -> None:
         print(f"wrote {config.out}")
 
 
+@dataclass
+class AgentEvalConfig:
+    trajectories: str = field(default="", metadata={"help": "trajectory file written by agent rollout"})
+    qa: str = field(default="", metadata={"help": "QA rows with supporting_titles, for evidence recall (optional)"})
+    out: str = field(default="", metadata={"help": "write the report as JSON here (optional)"})
+
+
+def _agent_sft(args) -> None:
+    from agent.warm_start import WarmStartConfig, warm_start_agent
+
+    path = warm_start_agent(build_config(WarmStartConfig, "agent_sft", args, args.config))
+    print(f"warm-started agent: {path}")
+
+
+def _agent_rollout(args) -> None:
+    from agent.rollouts import RolloutConfig, run_rollouts
+    from agent.qa_data import read_qa_rows
+    from agent.warm_start import open_retrieval_client
+
+    from .llm import load_llm
+
+    config = build_config(RolloutConfig, "agent_rollout", args, args.config)
+    if not config.qa or not config.out:
+        raise SystemExit("error: --qa and --out are required")
+    rows = read_qa_rows(config.qa)[: config.limit]
+    client = open_retrieval_client(config.index, config.url)
+    summary = run_rollouts(rows, load_llm(config.llm), client, config.env, config.out, batch_size=config.batch_size,
+                           retriever_id=config.index or config.url)
+    print(json.dumps(dataclasses.asdict(summary), indent=2))
+
+
+def _agent_eval(args) -> None:
+    from agent.evaluate import evaluate_trajectories
+
+    from .jsonl import write_json
+
+    config = build_config(AgentEvalConfig, "agent_eval", args, args.config)
+    if not config.trajectories:
+        raise SystemExit("error: --trajectories is required")
+    report = evaluate_trajectories(config.trajectories, config.qa or None)
+    print(json.dumps(report, indent=2))
+    if config.out:
+        write_json(config.out, report)
+        print(f"wrote {config.out}")
+
+
 def _demo(args) -> None:
     from .demo import DemoConfig, run_demo
 
@@ -126,6 +175,9 @@ def _add(subparsers, name: str, handler, config_cls, help_text: str, section: st
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from agent.rollouts import RolloutConfig
+    from agent.warm_start import WarmStartConfig
+
     from .data.prepare import PrepareConfig
     from .demo import DemoConfig
     from .eval.retrieval import RetrievalEvalConfig
@@ -142,6 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add(commands, "serve", _serve, ServeConfig, "serve an index over HTTP (Search-R1 /retrieve API)", "serve")
     evaluate = commands.add_parser("eval", help="evaluate").add_subparsers(dest="subcommand", required=True)
     _add(evaluate, "retrieval", _eval_retrieval, RetrievalEvalConfig, "Recall@k, MRR@k, nDCG@k of an index on a QA file", "eval_retrieval")
+    agent = commands.add_parser("agent", help="the search agent").add_subparsers(dest="subcommand", required=True)
+    _add(agent, "sft", _agent_sft, WarmStartConfig, "warm-start the agent on synthesised search trajectories", "agent_sft")
+    _add(agent, "rollout", _agent_rollout, RolloutConfig, "run the agent over a QA file into trajectories", "agent_rollout")
+    _add(agent, "eval", _agent_eval, AgentEvalConfig, "EM, F1, contains-EM, searches and evidence recall", "agent_eval")
     _add(commands, "demo", _demo, DemoConfig, "run the main job on the embedded default stack", "demo")
     return parser
 

@@ -5,6 +5,8 @@ Writes, into one folder:
 * ``corpus.jsonl``: one Search-R1 passage per Wikipedia lead summary (ids "0".. in title order);
 * ``fanoutqa_leaf_{train,dev}.jsonl``: the leaf sub-questions of FanOutQA's decomposition trees as
   FlashRAG QA rows (``id``, ``question``, ``golden_answers``, ``supporting_titles``) plus ``parent_id``;
+* ``fanoutqa_leaf_{train,dev}_in_corpus.jsonl``: the leaves whose evidence page is in the corpus (the
+  ones retrieval, and an agent answering from what it retrieves, can get right);
 * ``fanoutqa_multihop_{train,dev}.jsonl``: the top-level questions with the evidence titles of all
   their leaves (for evidence recall of whole trajectories);
 * ``prepare_summary.json``: counts, including how many leaves have their evidence page in the corpus.
@@ -29,6 +31,10 @@ from ..jsonl import write_json, write_jsonl
 class PrepareConfig:
     out: str = field(default="runs/quickstart/data", metadata={"help": "folder to write the corpus and QA files to"})
     dev_fraction: float = field(default=0.3, metadata={"help": "share of top-level FanOutQA questions in dev"})
+
+
+#: Bump when the set of files written changes, so an older prepared folder is rewritten.
+FILES_VERSION = 2
 
 
 def answer_strings(answer) -> list[str]:
@@ -96,8 +102,10 @@ def prepare_defaults(config: PrepareConfig) -> dict:
         raise ValueError(f"dev_fraction must be between 0 and 1, got {config.dev_fraction}")
     out = Path(config.out)
     summary_path = out / "prepare_summary.json"
-    if summary_path.is_file() and json.loads(summary_path.read_text()).get("dev_fraction") == config.dev_fraction:
-        return json.loads(summary_path.read_text())  # written last: the folder is complete; keep file dates (caches)
+    if summary_path.is_file():  # written last: the folder is complete; keep file dates (caches)
+        done = json.loads(summary_path.read_text())
+        if done.get("dev_fraction") == config.dev_fraction and done.get("files_version") == FILES_VERSION:
+            return done
     summaries = json.loads(wiki_summaries_path().read_text(encoding="utf-8"))
     corpus = corpus_rows(summaries)
     write_jsonl(out / "corpus.jsonl", corpus)
@@ -106,6 +114,7 @@ def prepare_defaults(config: PrepareConfig) -> dict:
     leaves, multihop = fanoutqa_rows(questions, titles, config.dev_fraction)
     for split in ("train", "dev"):
         write_jsonl(out / f"fanoutqa_leaf_{split}.jsonl", leaves[split])
+        write_jsonl(out / f"fanoutqa_leaf_{split}_in_corpus.jsonl", [r for r in leaves[split] if r["evidence_in_corpus"]])
         write_jsonl(out / f"fanoutqa_multihop_{split}.jsonl", multihop[split])
     summary = {
         "corpus_passages": len(corpus),
@@ -113,6 +122,7 @@ def prepare_defaults(config: PrepareConfig) -> dict:
         "leaf_questions_with_evidence_in_corpus": {s: sum(r["evidence_in_corpus"] for r in leaves[s]) for s in leaves},
         "multihop_questions": {s: len(multihop[s]) for s in multihop},
         "dev_fraction": config.dev_fraction,
+        "files_version": FILES_VERSION,
     }
     write_json(summary_path, summary)
     return summary

@@ -1,0 +1,176 @@
+"""Supervised warm-start data: search trajectories synthesised from decomposed QA and real retrieval.
+
+A small instruction model prompted as Search-R1 neither uses the tags nor answers from what it reads
+(OFFLINE_DEFAULTS.md measures 0 of 40), so mining has no agent to learn from. We teach the format and
+the habit of answering from the passages with trajectories built from FanOutQA's decomposition leaves:
+
+* the searches are phrasings of a leaf sub-question (the question itself, its content words, the
+  evidence page's title with the content words not already in it);
+* the ``<information>`` blocks are the retriever's real top-k results for each phrasing, formatted and cut
+  exactly as the environment does (`Dialect.format_observation`, `cut_to_tokens`);
+* the final answer is the leaf's gold answer, and a trajectory is built ONLY when the evidence passage is
+  among the passages the trajectory retrieved and holds that answer (word-bounded, normalised): the
+  model must learn to answer from what it read, never to guess;
+* when a phrasing misses the evidence and another phrasing finds it, the miss becomes a first search
+  followed by a second one: a real two-search chain that teaches searching again instead of guessing.
+
+The reasoning lines are short, fixed templates grounded in the retrieved text (the sentence of the
+evidence passage that holds the answer). Every example records how it was built in `SFTExample.meta`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from agentic_retriever.client import RetrievalClient
+from agentic_retriever.eval.qa import normalize_answer
+from agentic_retriever.index.base import ScoredPassage
+from agentic_retriever.llm.text import render_chat_prompt
+
+from .dialects import get_dialect
+from .env import cut_to_tokens
+from .qa_data import QARow
+from .sft import SFTExample
+
+__all__ = ["SynthesisConfig", "query_phrasings", "synthesize_sft_examples"]
+
+_QUESTION_WORDS = frozenset(
+    "what which who whom whose when where why how is are was were do does did the a an of in on at to for by "
+    "from with and or as be been being has have had it its this that these those there their find name list "
+    "give tell me".split())
+
+
+@dataclass
+class SynthesisConfig:
+    """How the warm-start trajectories are built (the `agent_sft.synthesis` section of a config file)."""
+
+    topk: int = field(default=3, metadata={"help": "passages per search, as the agent will see them"})
+    observation_max_tokens: int = field(default=500, metadata={"help": "cut of every observation, in tokens"})
+    dialect: str = field(default="search_r1", metadata={"help": "agent dialect of the trajectories"})
+    retry_chains: bool = field(default=True, metadata={"help": "add miss-then-find two-search trajectories"})
+
+
+def content_words(question: str) -> str:
+    """The question without question words, articles and punctuation (a keyword query)."""
+    words = re.findall(r"[\w'-]+", question)
+    kept = [w for w in words if w.lower() not in _QUESTION_WORDS]
+    return " ".join(kept)
+
+
+def query_phrasings(row: QARow) -> list[str]:
+    """Distinct search phrasings of a leaf question: as asked, its content words, and its evidence title
+    with the content words the title does not already hold."""
+    phrasings = [row.question.strip(), content_words(row.question)]
+    for title in row.supporting_titles or ():
+        title_words = {w.lower() for w in re.findall(r"[\w'-]+", title)}
+        rest = [w for w in content_words(row.question).split() if w.lower() not in title_words]
+        phrasings.append(" ".join([title, *rest]))
+    seen, unique = set(), []
+    for phrasing in phrasings:
+        key = phrasing.lower()
+        if phrasing and key not in seen:
+            seen.add(key)
+            unique.append(phrasing)
+    return unique
+
+
+def _answer_sentence(passage: ScoredPassage, golden: Sequence[str]) -> tuple[str, str] | None:
+    """(gold answer, sentence of the passage holding it), word-bounded after normalisation; None if absent."""
+    sentences = re.split(r"(?<=[.!?])\s+", passage.text.strip())
+    for answer in golden:
+        target = normalize_answer(answer)
+        if not target:
+            continue
+        pattern = re.compile(rf"\b{re.escape(target)}\b")
+        for sentence in sentences:
+            if pattern.search(normalize_answer(sentence)):
+                return answer, sentence.strip()
+    return None
+
+
+def _evidence_hit(hits: Sequence[ScoredPassage], row: QARow) -> tuple[ScoredPassage, str, str] | None:
+    """The first retrieved evidence passage that holds a gold answer, with that answer and sentence."""
+    titles = {t.casefold() for t in row.supporting_titles or ()}
+    for passage in hits:
+        if passage.title.casefold() in titles and (found := _answer_sentence(passage, row.golden_answers)):
+            return passage, *found
+    return None
+
+
+@dataclass
+class _Builder:
+    """Renders trajectories in the dialect's exact text, with the environment's observation cut."""
+
+    tokenizer: object
+    config: SynthesisConfig
+
+    def __post_init__(self):
+        self.dialect = get_dialect(self.config.dialect)
+
+    def prompt(self, question: str) -> str:
+        return render_chat_prompt(self.tokenizer, self.dialect.build_prompt(question))
+
+    def observation(self, hits: Sequence[ScoredPassage]) -> str:
+        text, _ = cut_to_tokens(self.tokenizer, self.dialect.format_observation([list(hits)]),
+                                self.config.observation_max_tokens)
+        return text
+
+    def example(self, row: QARow, searches: list[tuple[str, Sequence[ScoredPassage]]], answer: str, sentence: str,
+                title: str, kind: str) -> SFTExample:
+        goal = row.question.strip().rstrip("?").lower()
+        segments: list[tuple[str, bool]] = []
+        for turn, (query, hits) in enumerate(searches):
+            thought = (f"I need to find {goal}." if turn == 0 else
+                       "The results do not answer the question. I will search with other words.")
+            segments.append((f"<think> {thought} </think>\n<search> {query} </search>", True))
+            segments.append((self.observation(hits), False))
+        segments.append((f"<think> The passage about {title} says: {sentence} </think>\n<answer> {answer} </answer>",
+                         True))
+        queries = [q for q, _ in searches]
+        return SFTExample(id=f"{row.id}:{kind}:{'|'.join(queries)}", prompt=self.prompt(row.question),
+                          segments=segments, meta={"question_id": row.id, "kind": kind, "queries": queries,
+                                                   "answer": answer, "evidence_title": title})
+
+
+def synthesize_sft_examples(rows: Sequence[QARow], client: RetrievalClient, tokenizer,
+                            config: SynthesisConfig | None = None) -> tuple[list[SFTExample], dict]:
+    """Warm-start examples from leaf QA rows (with `supporting_titles`), and counts of what was kept.
+
+    One retrieval call for all phrasings of all rows; per row, one single-search example per phrasing that
+    retrieves an evidence passage holding the answer, and (with `retry_chains`) one two-search example per
+    phrasing that misses, followed by the first phrasing that hits.
+    """
+    config = config or SynthesisConfig()
+    builder = _Builder(tokenizer, config)
+    rows = [r for r in rows if r.supporting_titles]
+    phrasings = [query_phrasings(r) for r in rows]
+    flat = [(i, q) for i, qs in enumerate(phrasings) for q in qs]
+    results = client.retrieve([q for _, q in flat], topk=config.topk, questions=[rows[i].question for i, _ in flat])
+    per_row: list[list[tuple[str, list[ScoredPassage]]]] = [[] for _ in rows]
+    for (i, query), hits in zip(flat, results):
+        per_row[i].append((query, hits))
+
+    examples: list[SFTExample] = []
+    counts = Counter(rows=len(rows), searches=len(flat), phrasings_finding_evidence_with_answer=0, rows_used=0,
+                     examples_single=0, examples_retry=0)
+    for row, searches in zip(rows, per_row):
+        found = [(query, hits, _evidence_hit(hits, row)) for query, hits in searches]
+        hits_ok = [(q, h, f) for q, h, f in found if f is not None]
+        counts["phrasings_finding_evidence_with_answer"] += len(hits_ok)
+        if not hits_ok:
+            continue
+        counts["rows_used"] += 1
+        for query, hits, (passage, answer, sentence) in hits_ok:
+            examples.append(builder.example(row, [(query, hits)], answer, sentence, passage.title, "single"))
+        if config.retry_chains:
+            good_query, good_hits, (passage, answer, sentence) = hits_ok[0]
+            for query, hits, hit in found:
+                if hit is None:
+                    examples.append(builder.example(row, [(query, hits), (good_query, good_hits)], answer, sentence,
+                                                    passage.title, "retry"))
+    counts.update(Counter(f"examples_{ex.meta['kind']}" for ex in examples))
+    counts["examples"] = len(examples)
+    return examples, dict(counts)

@@ -1,0 +1,204 @@
+"""The agent's supervised warm start: trajectory synthesis, loss masks, training, the cache."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from agent.dialects import SearchR1Dialect
+from agent.qa_data import QARow
+from agent.sft import IGNORE_INDEX, SFTConfig, SFTExample, read_sft_examples, tokenize_example, train_sft, write_sft_examples
+from agent.sft_data import SynthesisConfig, query_phrasings, synthesize_sft_examples
+from agentic_retriever.index.base import ScoredPassage
+from agentic_retriever.jsonl import DataFormatError
+
+EVIDENCE = ScoredPassage("7", "Islamabad", "Islamabad is the capital city of Pakistan. It lies in the north.", 0.9)
+OTHER = ScoredPassage("8", "Lahore", "Lahore is the second-largest city of Pakistan.", 0.5)
+ROW = QARow("q1", "What is the capital of Pakistan?", ("Islamabad",), ("Islamabad",))
+
+
+class TableClient:
+    """Returns the passages listed for a query (OTHER for any other query) and records the calls."""
+
+    def __init__(self, table: dict[str, list[ScoredPassage]]):
+        self.table, self.calls = table, []
+
+    def retrieve(self, queries: Sequence[str], topk: int, questions=None) -> list[list[ScoredPassage]]:
+        self.calls.append((list(queries), topk, list(questions or [])))
+        return [self.table.get(q, [OTHER])[:topk] for q in queries]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_causal_lm_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_causal_lm_dir)
+
+
+def test_phrasings_are_the_question_its_content_words_and_the_title_with_the_rest():
+    assert query_phrasings(ROW) == ["What is the capital of Pakistan?", "capital Pakistan", "Islamabad capital Pakistan"]
+
+
+def test_a_search_that_retrieves_the_evidence_holding_the_answer_becomes_a_trajectory_in_the_dialects_text(tokenizer):
+    client = TableClient({"capital Pakistan": [OTHER, EVIDENCE]})
+    examples, counts = synthesize_sft_examples([ROW], client, tokenizer, SynthesisConfig(retry_chains=False))
+    assert [e.meta["queries"] for e in examples] == [["capital Pakistan"]]
+    (ex,) = examples
+    dialect = SearchR1Dialect()
+    assert ex.prompt.endswith("Question: What is the capital of Pakistan?\n<|im_end|>\n<|im_start|>assistant\n")
+    (think_search, True_), (observation, False_), (final, True__) = ex.segments
+    assert (True_, False_, True__) == (True, False, True)
+    assert think_search.endswith("<search> capital Pakistan </search>")
+    assert dialect.parse_action(think_search).queries == ("capital Pakistan",)
+    assert observation == dialect.format_observation([[OTHER, EVIDENCE]])
+    assert "Islamabad is the capital city of Pakistan." in final
+    assert dialect.extract_answer(ex.response) == "Islamabad" and final.endswith("</answer>")
+    assert client.calls[0][2] == [ROW.question] * 3, "every phrasing is searched with its original question"
+    assert counts["rows_used"] == 1 and counts["examples"] == 1
+
+
+def test_no_trajectory_when_the_evidence_is_not_retrieved_or_does_not_hold_the_answer(tokenizer):
+    without_answer = ScoredPassage("7", "Islamabad", "The city lies at the foot of the Margalla Hills.", 0.9)
+    for table in ({}, {"capital Pakistan": [without_answer]}):
+        examples, counts = synthesize_sft_examples([ROW], TableClient(table), tokenizer)
+        assert examples == [] and counts["rows_used"] == 0
+
+
+def test_the_answer_must_match_on_word_boundaries(tokenizer):
+    row = QARow("q2", "How many moons?", ("4",), ("Islamabad",))
+    passage = ScoredPassage("7", "Islamabad", "It has 1234 residents.", 0.9)
+    examples, _ = synthesize_sft_examples([row], TableClient({"How many moons?": [passage]}), tokenizer)
+    assert examples == []
+
+
+def test_a_missing_phrasing_followed_by_a_finding_one_becomes_a_two_search_chain(tokenizer):
+    client = TableClient({"Islamabad capital Pakistan": [EVIDENCE]})
+    examples, counts = synthesize_sft_examples([ROW], client, tokenizer)
+    retry = [e for e in examples if e.meta["kind"] == "retry"]
+    assert [e.meta["queries"] for e in retry] == [["What is the capital of Pakistan?", "Islamabad capital Pakistan"],
+                                                  ["capital Pakistan", "Islamabad capital Pakistan"]]
+    generated = [text for text, gen in retry[0].segments if gen]
+    assert len(generated) == 3 and "search with other words" in generated[1]
+    assert counts["examples_single"] == 1 and counts["examples_retry"] == 2
+
+
+def test_observations_are_cut_to_the_environments_token_budget(tokenizer):
+    long = ScoredPassage("7", "Islamabad", "Islamabad is the capital of Pakistan. " + "word " * 400, 0.9)
+    config = SynthesisConfig(observation_max_tokens=40, retry_chains=False)
+    examples, _ = synthesize_sft_examples([ROW], TableClient({"capital Pakistan": [long]}), tokenizer, config)
+    observation = examples[0].segments[1][0]
+    assert len(tokenizer.encode(observation, add_special_tokens=False)) <= 40
+
+
+def test_labels_cover_exactly_the_generated_segments(tokenizer):
+    ex = SFTExample("x", "PROMPT ", [("<think> a </think>\n<search> q </search>", True),
+                                     ("\n\n<information>Doc 1 text</information>\n\n", False),
+                                     ("<answer> b </answer>", True)])
+    feature = tokenize_example(tokenizer, ex)
+    assert len(feature["input_ids"]) == len(feature["labels"])
+    trained = [t for t, label in zip(feature["input_ids"], feature["labels"]) if label != IGNORE_INDEX]
+    assert tokenizer.decode(trained) == "<think> a </think>\n<search> q </search><answer> b </answer>"
+    assert all(label in (IGNORE_INDEX, t) for t, label in zip(feature["input_ids"], feature["labels"]))
+
+
+def test_examples_round_trip_and_bad_rows_name_file_line_and_field(tmp_path):
+    path = tmp_path / "sft.jsonl"
+    ex = SFTExample("x", "P", [("a", True), ("b", False)], {"kind": "single"})
+    write_sft_examples(path, [ex])
+    assert read_sft_examples(path) == [ex]
+    path.write_text(json.dumps({"id": "x", "prompt": "P", "segments": [{"text": "a"}]}) + "\n")
+    with pytest.raises(DataFormatError, match=r"sft.jsonl:1: field 'segments\[0\]'"):
+        read_sft_examples(path)
+    path.write_text(json.dumps({"id": "x", "prompt": "P", "segments": [{"text": "a", "generated": False}]}) + "\n")
+    with pytest.raises(DataFormatError, match="no generated segment"):
+        read_sft_examples(path)
+
+
+def _mean_loss(model_dir: str, tokenizer, examples: list[SFTExample]) -> float:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    losses = []
+    with torch.no_grad():
+        for ex in examples:
+            f = tokenize_example(tokenizer, ex)
+            losses.append(model(input_ids=torch.tensor([f["input_ids"]]), labels=torch.tensor([f["labels"]])).loss.item())
+    return sum(losses) / len(losses)
+
+
+@pytest.mark.parametrize("lora, factor", [(False, 0.8), (True, 0.99)])
+def test_training_lowers_the_loss_and_saves_a_plain_hf_model(tmp_path, tiny_causal_lm_dir, tokenizer, lora, factor):
+    examples = [SFTExample(str(i), f"Question {i}?\n", [(f"<search> topic {i} </search>", True),
+                                                       ("\n\n<information>text</information>\n\n", False),
+                                                       ("<answer> yes </answer>", True)]) for i in range(4)]
+    config = SFTConfig(model=tiny_causal_lm_dir, epochs=8, learning_rate=1e-2 if lora else 3e-3, batch_size=2,
+                       lora=lora, lora_r=4, save_steps=100, logging_steps=1)
+    out = train_sft(config, examples, tmp_path / "agent", extra_manifest={"note": "test"})
+    manifest = json.loads((out / "sft_manifest.json").read_text())
+    assert manifest["examples_trained"] == 4 and manifest["note"] == "test" and manifest["updates"] == 16
+    assert (out / "sft_loss.png").stat().st_size > 0
+    assert not (tmp_path / "agent.checkpoints").exists() and not list(tmp_path.glob(".agent*"))
+    assert not any(p.name.startswith("adapter") for p in out.iterdir()), "LoRA is merged into a plain model"
+    assert _mean_loss(str(out), tokenizer, examples) < factor * _mean_loss(tiny_causal_lm_dir, tokenizer, examples)
+
+
+def test_training_resumes_from_the_last_checkpoint(tmp_path, tiny_causal_lm_dir, monkeypatch):
+    from transformers import Trainer
+
+    examples = [SFTExample(str(i), "Q?\n", [(f"<answer> {i} </answer>", True)]) for i in range(4)]
+    config = SFTConfig(model=tiny_causal_lm_dir, epochs=2, batch_size=2, save_steps=2, learning_rate=1e-3)
+    original_train = Trainer.train
+    resumed_from = []
+
+    def crash_after_first_checkpoint(self, resume_from_checkpoint=None, **kwargs):
+        resumed_from.append(resume_from_checkpoint)
+        if len(resumed_from) == 1:
+            self.args.max_steps = 2  # stop after the first checkpoint, as a kill would
+            original_train(self, resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+            raise KeyboardInterrupt
+        return original_train(self, resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
+    monkeypatch.setattr(Trainer, "train", crash_after_first_checkpoint)
+    with pytest.raises(KeyboardInterrupt):
+        train_sft(config, examples, tmp_path / "agent")
+    assert not (tmp_path / "agent").exists(), "an interrupted run leaves no model folder"
+    out = train_sft(config, examples, tmp_path / "agent")
+    assert resumed_from[0] is None and resumed_from[1].endswith("checkpoint-2")
+    assert json.loads((out / "sft_manifest.json").read_text())["updates"] == 4
+
+
+def test_examples_longer_than_max_length_are_dropped_and_counted(tmp_path, tiny_causal_lm_dir):
+    examples = [SFTExample("short", "Q?\n", [("<answer> a </answer>", True)]),
+                SFTExample("long", "Q?\n", [("<answer> " + "word " * 200 + "</answer>", True)])]
+    config = SFTConfig(model=tiny_causal_lm_dir, epochs=1, batch_size=1, max_length=64)
+    out = train_sft(config, examples, tmp_path / "agent")
+    manifest = json.loads((out / "sft_manifest.json").read_text())
+    assert (manifest["examples_trained"], manifest["examples_dropped_too_long"]) == (1, 1)
+
+
+def test_the_warm_started_agent_is_cached_by_its_inputs(tmp_path, tiny_causal_lm_dir, monkeypatch):
+    import agent.warm_start as warm_start
+
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text(json.dumps({"id": ROW.id, "question": ROW.question, "golden_answers": list(ROW.golden_answers),
+                              "supporting_titles": list(ROW.supporting_titles)}) + "\n")
+    monkeypatch.setattr(warm_start, "open_retrieval_client", lambda index, url: TableClient({"capital Pakistan": [EVIDENCE]}))
+    trained = []
+
+    def fake_train(config, examples, out, extra_manifest=None):
+        trained.append((config.epochs, len(examples)))
+        out.mkdir(parents=True)
+        (out / "sft_manifest.json").write_text(json.dumps(extra_manifest))
+        return out
+
+    monkeypatch.setattr(warm_start, "train_sft", fake_train)
+    config = warm_start.WarmStartConfig(qa=str(qa), index="unused", train=SFTConfig(model=tiny_causal_lm_dir))
+    first = warm_start.warm_start_agent(config)
+    assert warm_start.warm_start_agent(config) == first and len(trained) == 1, "same inputs: reused"
+    assert len(read_sft_examples(first.with_name(first.name + ".examples.jsonl"))) == 3
+    config.train.epochs = 3
+    assert warm_start.warm_start_agent(config) != first and len(trained) == 2, "other settings: trained again"
+    assert json.loads((first / "sft_manifest.json").read_text())["synthesis_counts"]["examples"] == 3
