@@ -1,0 +1,214 @@
+"""Fakes shared by the mining tests (imported by the other test_mining_* files), and checks that they fit
+the protocols. Pure Python: a character tokenizer, a scripted agent, a scripted scorer, a dict retriever.
+
+The world: every passage says what the fake models make of it.
+* ``lr=NN`` in a passage is the relevance the fake scorer gives it (listwise: printed; pointwise: p(Yes)).
+* ``ANSWER=x`` in the passage of the agent's latest ``<information>`` makes the fake agent answer x; without
+  it, the agent searches once more ("misc ...") and then answers "unknown".
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Sequence
+
+from agent.dialects import SearchR1Dialect
+from agent.trajectory import Retrieved, Trajectory, Turn
+from agentic_retriever.client import RetrievalClient
+from agentic_retriever.index.base import ScoredPassage
+from agentic_retriever.llm.base import LLM, Generation, SamplingParams
+
+DIALECT = SearchR1Dialect()
+
+
+class CharTokenizer:
+    """One token per character (ids are code points): exact, reversible, instant."""
+
+    chat_template = None
+    eos_token_id = None
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [ord(c) for c in text]
+
+    def decode(self, ids, skip_special_tokens: bool = False, clean_up_tokenization_spaces: bool = False) -> str:
+        return "".join(chr(i) for i in ids)
+
+
+class Killed(RuntimeError):
+    """What a fake LLM raises to simulate a run killed in the middle of a stage."""
+
+
+class _FakeLLM:
+    name = "fake"
+
+    def __init__(self, fail_after: int | None = None):
+        self._tokenizer = CharTokenizer()
+        self.fail_after = fail_after
+        self.calls: list[list[str]] = []  # decoded prompts of every generate/score call
+
+    @property
+    def tokenizer(self):
+        return self._tokenizer
+
+    def chat_prompt(self, user_message: str) -> str:
+        return user_message
+
+    def _enter(self, prompts) -> list[str]:
+        if self.fail_after is not None and len(self.calls) >= self.fail_after:
+            raise Killed(f"{self.name} killed after {len(self.calls)} calls")
+        texts = [p if isinstance(p, str) else self._tokenizer.decode(p) for p in prompts]
+        self.calls.append(texts)
+        return texts
+
+    def _generation(self, text: str, params: SamplingParams) -> list[Generation]:
+        stop = next((s for s in params.stop if text.endswith(s)), None)
+        return [Generation(text, self._tokenizer.encode(text), "stop", stop)]
+
+    def prompts(self, marker: str) -> list[str]:
+        """Every prompt this LLM got that contains `marker`."""
+        return [p for call in self.calls for p in call if marker in p]
+
+
+def last_information(text: str) -> str:
+    blocks = re.findall(r"<information>(.*?)</information>", text, re.DOTALL)
+    return blocks[-1] if blocks else ""
+
+
+class FakeAgent(_FakeLLM):
+    """The search agent: answers what the latest passage says, else searches once more, then gives up."""
+
+    name = "fake-agent"
+
+    def generate(self, prompts, params: SamplingParams) -> list[list[Generation]]:
+        outputs = []
+        for text in self._enter(prompts):
+            found = re.search(r"ANSWER=([^.;]+)", last_information(text))
+            if found:
+                turn = f"<think> the passage says it </think>\n<answer> {found.group(1).strip()} </answer>"
+            elif "<search> misc" not in text:
+                turn = "<think> not there </think>\n<search> misc facts </search>"
+            else:
+                turn = "<think> giving up </think>\n<answer> unknown </answer>"
+            outputs.append(self._generation(turn, params))
+        return outputs
+
+    def score(self, prompts, continuations) -> list[list[float]]:
+        """Answer likelihood: p(" x") is 0.9 when the latest passage says ANSWER=x, else 0.1."""
+        texts = self._enter(prompts)
+        out = []
+        for text, continuation in zip(texts, continuations):
+            answer = self._tokenizer.decode(continuation).strip()
+            p = 0.9 if f"ANSWER={answer}" in last_information(text) else 0.1
+            out.append([math.log(p) / len(continuation)] * len(continuation))
+        return out
+
+
+class FakeScorer(_FakeLLM):
+    """The scorer LLM: sub-answers, listwise scores from the passages' ``lr=NN``, pointwise log-probabilities.
+
+    Queries containing "garbled" get an unparsable listwise answer when decoding greedily (a retry samples and
+    parses); "hopeless" ones always get one. Questions about Freedonia get "Not Sure" sub-answers.
+    """
+
+    name = "fake-scorer"
+
+    def generate(self, prompts, params: SamplingParams) -> list[list[Generation]]:
+        outputs = []
+        for text in self._enter(prompts):
+            if "Expert Trajectory Analyst" in text:
+                outputs.append(self._generation(self._sub_answers(text), params))
+            else:
+                outputs.append(self._generation(self._scores(text, params), params))
+        return outputs
+
+    @staticmethod
+    def _sub_answers(text: str) -> str:
+        question = text.split("Question:\n\n")[-1].split("\n")[0]
+        trajectory = text.split("Agent Trajectory:\n\n", 1)[1]
+        queries = re.findall(r"<search>(.*?)</search>", trajectory)
+        if "Freedonia" in question:
+            return " ".join("<sub-answer> Not Sure </sub-answer>" for _ in queries)
+        return " ".join(f"<sub-answer> sub {q.strip()} </sub-answer>" for q in queries)
+
+    @staticmethod
+    def _scores(text: str, params: SamplingParams) -> str:
+        query = re.search(r"\*\*Search Query:\*\*\n+(.*?)\n", text).group(1)
+        if "hopeless" in query or ("garbled" in query and params.greedy):
+            return "These passages are all quite relevant."
+        passages = text.split("**Passages:**", 1)[1]
+        return " ".join(re.findall(r"lr=(\d+)", passages))
+
+    def score(self, prompts, continuations) -> list[list[float]]:
+        """Pointwise judgement: p(Yes) = lr / 100 of the passage in the prompt."""
+        out = []
+        for text, continuation in zip(self._enter(prompts), continuations):
+            p = min(max(int(re.search(r"lr=(\d+)", text).group(1)) / 100, 0.01), 0.99)
+            p = p if continuation == "Yes" else 1 - p
+            out.append([math.log(p)] + [0.0] * (len(continuation) - 1))
+        return out
+
+
+class FakeClient:
+    """A dict corpus; a query of a known topic gets that topic's passages in order, others get "misc" ones."""
+
+    def __init__(self, corpus: dict[str, ScoredPassage], topics: dict[str, list[str]]):
+        self.corpus, self.topics = corpus, topics
+        self.calls: list[tuple[list[str], int, list | None]] = []
+
+    def retrieve(self, queries: Sequence[str], topk: int, questions=None) -> list[list[ScoredPassage]]:
+        self.calls.append((list(queries), topk, list(questions) if questions is not None else None))
+        return [[self.corpus[i] for i in self.topics.get(q, self.topics["misc facts"])[:topk]] for q in queries]
+
+
+def make_world(spec: dict[str, list[tuple[int, str | None]]], extra: int = 0) -> FakeClient:
+    """A client whose topic `name` holds passages ``name-j`` with (lr, answer) from `spec`, plus filler."""
+    corpus, topics = {}, {}
+    spec = {"misc facts": [(5, None)] * 25, **spec}
+    for name, passages in spec.items():
+        topics[name] = []
+        for j, (lr, answer) in enumerate(list(passages) + [(10, None)] * extra):
+            pid = f"{name.replace(' ', '_')}-{j}"
+            said = f" ANSWER={answer}." if answer else ""
+            corpus[pid] = ScoredPassage(pid, f"{name} {j}", f"About {name}, lr={lr}.{said}", 1.0 - j / 100)
+            topics[name].append(pid)
+    return FakeClient(corpus, topics)
+
+
+def search_turn(query: str, hits: Sequence[ScoredPassage], executed: bool = True) -> Turn:
+    text = f"<think> I need {query} </think>\n<search> {query} </search>"
+    if not executed:
+        return Turn(text, "search", [query])
+    retrieved = [Retrieved([p.id for p in hits], [p.title for p in hits], [p.score for p in hits])]
+    return Turn(text, "search", [query], retrieved, DIALECT.format_observation([list(hits)]))
+
+
+def answer_turn(answer: str) -> Turn:
+    return Turn(f"<think> done </think>\n<answer> {answer} </answer>", "answer")
+
+
+def make_trajectory(question_id: str, question: str, golden: list[str], turns: list[Turn],
+                    answer: str | None = None) -> Trajectory:
+    return Trajectory(question_id=question_id, question=question, golden_answers=golden, dialect="search_r1",
+                      model="fake-agent", retriever="fake-retriever", turns=turns, answer=answer,
+                      num_searches=sum(1 for t in turns if t.retrieved), em=float(answer in golden), f1=0.0,
+                      contains_em=0.0, finish_reason="answer" if answer is not None else "max_turns")
+
+
+def test_fakes_implement_the_protocols():
+    assert isinstance(FakeAgent(), LLM) and isinstance(FakeScorer(), LLM)
+    assert isinstance(make_world({}), RetrievalClient)
+    assert CharTokenizer().decode(CharTokenizer().encode("<a> é")) == "<a> é"
+
+
+def test_fake_llms_stop_after_the_given_number_of_calls():
+    scorer = FakeScorer(fail_after=1)
+    scorer.generate(["**Search Query:**\nq\n\n**Passages:**\nPassage [1] lr=5."], SamplingParams())
+    try:
+        scorer.generate(["anything"], SamplingParams())
+    except Killed:
+        pass
+    else:
+        raise AssertionError("the second call should have been refused")
+    assert len(scorer.calls) == 1 and Counter(map(len, scorer.calls)) == {1: 1}

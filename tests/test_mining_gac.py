@@ -1,0 +1,71 @@
+"""Stage 5: global answer correctness by continuing the agent with each candidate (Eqs. 2-3), and the
+answer-likelihood option."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.env import EnvConfig
+from agentic_retriever.mining.gac import GACRequest, answer_likelihood_gac, rollout_gac
+from agentic_retriever.mining.rounds import extract_rounds
+from test_mining_fakes import FakeAgent, answer_turn, last_information, make_trajectory, make_world, search_turn
+
+WORLD = make_world({"club": [(50, "Mickey Gilley"), (50, None), (50, "mickey gilley!"), (50, "Gilley's Club")],
+                    "capital": [(50, "Fredville"), (50, None)]})
+
+
+def rounds():
+    t1 = make_trajectory("a", "Who founded the club?", ["Mickey Gilley"],
+                         [search_turn("club", [WORLD.corpus["club-1"]]), answer_turn("unknown")], "unknown")
+    t2 = make_trajectory("b", "Capital of Freedonia?", ["Fredville"],
+                         [search_turn("capital", [WORLD.corpus["capital-1"]]), answer_turn("x")], "x")
+    return extract_rounds(t1)[0] + extract_rounds(t2)[0]
+
+
+def requests():
+    r1, r2 = rounds()
+    return [GACRequest(r1, tuple(WORLD.corpus[f"club-{j}"] for j in range(4))),
+            GACRequest(r2, tuple(WORLD.corpus[f"capital-{j}"] for j in range(2)))]
+
+
+def test_gac_continues_every_pair_in_one_batched_rollout():
+    agent = FakeAgent()
+    first, second = rollout_gac(requests(), agent, WORLD, EnvConfig(max_turns=5))
+    assert len(agent.calls[0]) == 6  # all (round, candidate) pairs of all rounds in the first generate call
+    assert first["gac"] == [1.0, 0.0, 1.0, 0.0]  # EM: normalisation makes "mickey gilley!" right
+    assert first["answers"] == ["Mickey Gilley", "unknown", "mickey gilley!", "Gilley's Club"]
+    assert second["gac"] == [1.0, 0.0]
+
+
+def test_gac_continuation_uses_only_the_candidate_passage():
+    agent = FakeAgent()
+    rollout_gac(requests()[:1], agent, WORLD, EnvConfig(max_turns=5))
+    for j, prompt in enumerate(agent.calls[0]):
+        observation = last_information(prompt)
+        assert observation.startswith("Doc 1(") and "Doc 2" not in observation
+        assert WORLD.corpus[f"club-{j}"].text in observation
+        assert ('"club 1"' in observation) == (j == 1)  # not the trajectory's own result (club-1)
+        assert prompt.count("<search> club </search>") == 1  # the context ends with the round's search call
+
+
+def test_later_turns_retrieve_normally_and_further_searches_are_counted():
+    agent = FakeAgent()
+    [record, _] = rollout_gac(requests(), agent, WORLD, EnvConfig(max_turns=5, topk=3))
+    assert record["further_searches"] == [0, 1, 0, 0]
+    assert record["finish"] == ["answer"] * 4
+    assert any(queries == ["misc facts", "misc facts"] and topk == 3 for queries, topk, _ in WORLD.calls)
+
+
+def test_contains_match_on_word_boundaries():
+    [record, _] = rollout_gac(requests(), FakeAgent(), WORLD, EnvConfig(max_turns=5), metric="contains")
+    assert record["gac"] == [1.0, 0.0, 1.0, 0.0]  # "Gilley's Club" does not contain "mickey gilley"
+    with pytest.raises(ValueError):
+        rollout_gac(requests(), FakeAgent(), WORLD, EnvConfig(), metric="f1")
+
+
+def test_answer_likelihood_scores_the_gold_after_the_candidate():
+    agent = FakeAgent()
+    first, second = answer_likelihood_gac(requests(), agent, EnvConfig(max_turns=5))
+    assert first["gac"] == pytest.approx([0.9, 0.1, 0.1, 0.1]) and second["gac"] == pytest.approx([0.9, 0.1])
+    assert len(agent.calls) == 1 and len(agent.calls[0]) == 6  # one score call, one pair per gold
+    assert all(p.endswith("</information>\n\n<answer>") for p in agent.calls[0])

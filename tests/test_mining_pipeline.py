@@ -1,0 +1,273 @@
+"""Utility mining end to end with fake agent/scorer LLMs and a fake retriever: rows, statistics, resume after a
+kill, selective recomputation, shards, ablations and the deviation scorers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agentic_retriever.mining import MiningConfig, SelectionConfig, merge_shards, mine, parse_shard
+from agentic_retriever.mining.pipeline import shard_dir
+from test_mining_fakes import FakeAgent, FakeScorer, Killed, answer_turn, make_trajectory, make_world, search_turn
+
+GILLEY = "Mickey Gilley"
+WORLD = make_world({
+    # GAC=1: j0 (LR 90) and j2 (LR 70); j3 is the most relevant but leads to a wrong answer
+    "urban cowboy club": [(90, GILLEY), (85, None), (70, GILLEY), (95, "Gilley's Club")] + [(20, None)] * 16,
+    # two candidates tie on (GAC 1, LR 80): two positives, two rows
+    "gilleys club founder": [(80, GILLEY), (80, GILLEY), (40, None)] + [(15, None)] * 19,
+    "freedonia capital": [(50, "Fredville")] + [(30, None)] * 19,  # nothing relevant enough: no rollouts
+    "garbled query": [(10, None), (75, "Fredville")] + [(20, None)] * 18,  # parses on the retry
+    "hopeless query": [(90, "x")] * 20,  # never parses
+    "tiny topic": [(90, "x")] * 10,  # too few candidates
+    "no answer topic": [(90, None)] * 20,  # relevant, but no candidate leads to the answer
+})
+
+
+def trajectories() -> list:
+    def hits(topic):
+        return [WORLD.corpus[i] for i in WORLD.topics[topic][:3]]
+
+    def searches(*topics):
+        return [search_turn(t, hits(t)) for t in topics]
+
+    return [
+        make_trajectory("t1", "Who founded the honky tonk of Urban Cowboy?", [GILLEY],
+                        searches("urban cowboy club", "gilleys club founder") + [answer_turn(GILLEY)], GILLEY),
+        make_trajectory("t2", "What is the capital of Freedonia?", ["Fredville"],
+                        searches("freedonia capital", "garbled query") + [answer_turn("Sylvania")], "Sylvania"),
+        make_trajectory("t3", "What is x?", ["x"],
+                        searches("hopeless query", "tiny topic", "no answer topic", "urban cowboy club",
+                                 "gilleys club founder") + [answer_turn("y")], "y"),
+        make_trajectory("t4", "Who wrote Hamlet?", ["Shakespeare"], [answer_turn("Shakespeare")], "Shakespeare"),
+    ]
+
+
+@pytest.fixture
+def trajectory_file(tmp_path) -> Path:
+    path = tmp_path / "trajectories.jsonl"
+    path.write_text("".join(json.dumps(t.to_json()) + "\n" for t in trajectories()))
+    return path
+
+
+def config(**overrides) -> MiningConfig:
+    settings = {"progress": False, "plot": False, "scorer_batch_prompts": 4, "gac_batch_pairs": 40,
+                "selection": SelectionConfig(), **overrides}
+    return MiningConfig(**settings)
+
+
+def run(trajectory_file, out, agent=None, scorer=None, cfg=None, **kwargs):
+    agent = agent if agent is not None else FakeAgent()
+    scorer = scorer if scorer is not None else FakeScorer()
+    result = mine(trajectory_file, WORLD, agent, scorer, cfg or config(), out, **kwargs)
+    return result, agent, scorer
+
+
+def rows_of(result) -> list[dict]:
+    return [json.loads(line) for line in result.rows_path.read_text().splitlines()]
+
+
+def lr_prompts(scorer) -> list[str]:
+    return scorer.prompts("utility score")
+
+
+def test_end_to_end_rows_are_in_the_released_format_with_existing_passages(trajectory_file, tmp_path):
+    result, _, _ = run(trajectory_file, tmp_path / "out", cfg=config(plot=True))
+    rows = rows_of(result)
+    assert [(r["query_id"], r["round_index"], r["passage_ids"][0]) for r in rows] == [
+        ("t1", 1, "urban_cowboy_club-0"), ("t1", 2, "gilleys_club_founder-0"), ("t1", 2, "gilleys_club_founder-1"),
+        ("t2", 2, "garbled_query-1")]
+    for row in rows:
+        assert list(row) == ["dataset", "query_id", "question", "round_index", "history_queries", "query_text",
+                             "passage_ids", "scores"]
+        assert len(row["passage_ids"]) == 16 == len(set(row["passage_ids"])) == len(row["scores"])
+        assert all(pid in WORLD.corpus for pid in row["passage_ids"])
+        assert row["scores"][0]["em"] == 1 and row["scores"][0]["local_utility"] >= 0.6
+        assert all(set(s) == {"em", "local_utility"} and s["em"] in (0, 1) and 0 <= s["local_utility"] <= 1
+                   for s in row["scores"])
+        assert row["dataset"] == "trajectories"
+    first = rows[0]
+    assert first["question"] == "Who founded the honky tonk of Urban Cowboy?" and first["history_queries"] == []
+    assert first["query_text"] == "urban cowboy club" and first["scores"][0] == {"em": 1, "local_utility": 0.9}
+    assert rows[1]["history_queries"] == ["urban cowboy club"]
+    assert "gilleys_club_founder-0" not in rows[2]["passage_ids"][1:]  # a positive is never its own negative
+    assert result.plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_statistics_say_what_went_in_was_dropped_and_cost(trajectory_file, tmp_path):
+    result, agent, scorer = run(trajectory_file, tmp_path / "out")
+    stats = json.loads(result.stats_path.read_text())
+    assert stats == json.loads(json.dumps(result.stats))
+    assert stats["trajectories"] == 4 and stats["rows"] == 4
+    assert stats["rounds"] == {"in": 9, "mined": 3, "dropped_total": 6, "dropped": {
+        "best_gac_below": 2, "lr_below_threshold": 1, "lr_parse_failed": 1, "round_index_limit": 1,
+        "too_few_candidates": 1}}
+    assert stats["positives_per_round"] == {"1": 2, "2": 1}
+    assert stats["sub_answers"]["trajectories"] == 3 and stats["sub_answers"]["given"] == 7
+    lr = stats["local_relevance"]
+    assert (lr["windows"], lr["windows_first_try"], lr["windows_after_retry"], lr["windows_failed"]) == (14, 10, 2, 2)
+    assert lr["parse_rate"] == round(12 / 14, 4) and (lr["with_sub_answer"], lr["without_sub_answer"]) == (5, 2)
+    assert sum(lr["histogram"].values()) == 120 and lr["histogram"]["90-100"] == 2 * 2 + 20  # urban club twice, no-answer topic
+    assert stats["lr_scorer"] == "listwise (window 10)" and stats["scorer_model"] == "fake-scorer"
+    gac = stats["gac"]
+    assert (gac["rounds"], gac["candidates"], gac["correct"], gac["rounds_with_correct"]) == (5, 100, 5, 3)
+    cost = stats["cost"]
+    assert cost["local_relevance"]["calls"] == pytest.approx(len([c for c in scorer.calls if "utility score" in c[0]]))
+    assert cost["gac"]["calls"] == pytest.approx(len(agent.calls)) and cost["gac"]["completion_tokens"] > 0
+    assert cost["sub_answers"]["sequences"] == pytest.approx(3) and cost["local_relevance"]["prompt_tokens"] > 0
+    assert stats["this_run"]["candidates"]["computed"] == 8  # rounds that reach retrieval (per query + question)
+    assert stats["prompt_version"] and stats["config"]["lr_window"] == 10
+
+
+@pytest.mark.parametrize("who, fail_after, stage, stored, lost", [
+    # sub-answers and the first LR batch (2 rounds) done, killed when the 2nd batch starts
+    ("scorer", 2, "local_relevance", 2, 0),
+    # killed after a batch whose windows needed a retry
+    ("scorer", 4, "local_relevance", 4, 0),
+    # the first rollout batch (2 rounds x 20 candidates, 2 agent steps) done, killed in the 2nd step of the next:
+    # the in-flight batch's first step is lost work
+    ("agent", 3, "gac", 2, 1),
+])
+def test_a_run_killed_mid_stage_resumes_to_the_same_rows_without_duplicates(trajectory_file, tmp_path, who,
+                                                                              fail_after, stage, stored, lost):
+    whole, agent, scorer = run(trajectory_file, tmp_path / "whole")
+    killed = {"agent": FakeAgent(fail_after=fail_after)} if who == "agent" else \
+        {"scorer": FakeScorer(fail_after=fail_after)}
+    with pytest.raises(Killed):
+        run(trajectory_file, tmp_path / "resumed", **killed)
+    assert not (tmp_path / "resumed" / "retriever_train.jsonl").exists()
+    assert len((tmp_path / "resumed" / "stages" / f"{stage}.jsonl").read_text().splitlines()) == stored
+    resumed, agent2, scorer2 = run(trajectory_file, tmp_path / "resumed")
+    assert resumed.rows_path.read_bytes() == whole.rows_path.read_bytes()
+    for store in (tmp_path / "resumed" / "stages").glob("*.jsonl"):
+        keys = [json.loads(line)["key"] for line in store.read_text().splitlines()]
+        assert len(keys) == len(set(keys)), f"duplicated records in {store.name}"
+    # finished batches were not recomputed: the killed run's finished calls + the resumed run's = one whole run
+    dead = killed.get("agent") or killed["scorer"]
+    live, whole_llm = (agent2, agent) if who == "agent" else (scorer2, scorer)
+    assert len(dead.calls) - lost + len(live.calls) == len(whole_llm.calls)
+    # the cost of the stored results does not depend on how many runs computed them
+    for name, cost in whole.stats["cost"].items():
+        for field in ("sequences", "prompt_tokens", "completion_tokens"):
+            assert resumed.stats["cost"][name][field] == pytest.approx(cost[field], abs=1e-3), (name, field)
+    # and a third run recomputes nothing
+    again, agent3, scorer3 = run(trajectory_file, tmp_path / "resumed")
+    assert agent3.calls == [] and scorer3.calls == [] and again.rows_path.read_bytes() == whole.rows_path.read_bytes()
+
+
+def test_changing_one_setting_recomputes_only_the_stages_it_affects(trajectory_file, tmp_path):
+    out = tmp_path / "out"
+    base, agent, scorer = run(trajectory_file, out)
+    # the LR window: local relevance only (same scores here, so GAC is reused too)
+    window, agent, scorer = run(trajectory_file, out, cfg=config(lr_window=20))
+    assert agent.calls == [] and scorer.prompts("Expert Trajectory Analyst") == []
+    assert len(lr_prompts(scorer)) == 7 + 2 and all("Search Query and 20 passages" in p for p in lr_prompts(scorer))
+    assert rows_of(window) == rows_of(base)
+    # a selection setting: nothing
+    stricter, agent, scorer = run(trajectory_file, out, cfg=config(selection=SelectionConfig(lr_threshold=85, seed=7)))
+    assert agent.calls == [] and scorer.calls == []
+    assert [r["passage_ids"][0] for r in rows_of(stricter)] == ["urban_cowboy_club-0"]
+    # the GAC metric: GAC only
+    _, agent, scorer = run(trajectory_file, out, cfg=config(gac_metric="contains"))
+    assert scorer.calls == [] and len(agent.calls) > 0
+    # sub-answers off: local relevance again (Figure 7 everywhere), no sub-answer call
+    _, agent, scorer = run(trajectory_file, out, cfg=config(use_sub_answers=False))
+    assert agent.calls == [] and scorer.prompts("Expert Trajectory Analyst") == []
+    assert lr_prompts(scorer) and not any("Reference Answer" in p for p in lr_prompts(scorer))
+    # back to the first settings: everything is still stored
+    back, agent, scorer = run(trajectory_file, out)
+    assert agent.calls == [] and scorer.calls == [] and back.rows_path.read_bytes() == base.rows_path.read_bytes()
+
+
+def test_shards_merge_to_the_unsharded_rows(trajectory_file, tmp_path):
+    whole, _, _ = run(trajectory_file, tmp_path / "whole")
+    with pytest.raises(FileNotFoundError, match="1-of-2"):
+        run(trajectory_file, tmp_path / "sharded", shard=(0, 2))
+        merge_shards(tmp_path / "sharded", 2)
+    part, _, _ = run(trajectory_file, tmp_path / "sharded", shard=parse_shard("1/2"))
+    assert part.out_dir == shard_dir(tmp_path / "sharded", (1, 2)) and part.stats["trajectories"] == 2
+    merged = merge_shards(tmp_path / "sharded", 2, plot=False)
+    assert merged.rows_path.read_bytes() == whole.rows_path.read_bytes()
+    assert merged.stats["rounds"] == whole.stats["rounds"] and merged.stats["gac"] == whole.stats["gac"]
+    assert merged.stats["local_relevance"]["histogram"] == whole.stats["local_relevance"]["histogram"]
+    with pytest.raises(ValueError):
+        parse_shard("2/2")
+    run(trajectory_file, tmp_path / "sharded", shard=(0, 2), cfg=config(lr_window=20))
+    with pytest.raises(ValueError, match="another config"):
+        merge_shards(tmp_path / "sharded", 2)
+
+
+def test_without_gac_ablation_needs_no_agent_and_ranks_by_lr(trajectory_file, tmp_path):
+    scorer = FakeScorer()
+    result = mine(trajectory_file, WORLD, None, scorer, config(selection=SelectionConfig(use_gac=False)), tmp_path)
+    rows = rows_of(result)
+    assert rows[0]["passage_ids"][0] == "urban_cowboy_club-3"  # LR 95, although it leads to a wrong answer
+    assert all(s["em"] is None for r in rows for s in r["scores"])
+    assert result.stats["gac"]["rounds"] == 0 and result.stats["agent_model"] is None
+
+
+def test_without_lr_ablation_needs_no_scorer_and_ranks_by_gac(trajectory_file, tmp_path):
+    agent = FakeAgent()
+    result = mine(trajectory_file, WORLD, agent, None, config(selection=SelectionConfig(use_lr=False)), tmp_path)
+    rows = rows_of(result)
+    assert rows[0]["passage_ids"][0] == "urban_cowboy_club-0" and rows[1]["passage_ids"][0] == "urban_cowboy_club-2"
+    assert all(s["local_utility"] is None for r in rows for s in r["scores"])
+    assert result.stats["lr_scorer"] is None and result.stats["sub_answers"]["trajectories"] == 0
+
+
+def test_pointwise_scorer_and_answer_likelihood_gac(trajectory_file, tmp_path):
+    result, agent, scorer = run(trajectory_file, tmp_path, cfg=config(lr_scorer="pointwise",
+                                                                      gac_mode="answer_likelihood"))
+    rows = rows_of(result)
+    assert [r["passage_ids"][0] for r in rows][:3] == ["urban_cowboy_club-0", "gilleys_club_founder-0",
+                                                       "gilleys_club_founder-1"]
+    assert all(all(pid in WORLD.corpus for pid in r["passage_ids"]) for r in rows)
+    # answer likelihood: one score() pass per (round, candidate, gold), ending at the answer tag; no rollout
+    assert agent.calls and all(p.endswith("</information>\n\n<answer>") for call in agent.calls for p in call)
+    assert scorer.prompts("Does the passage answer the Search Query? Answer Yes or No.")
+    assert not lr_prompts(scorer)  # no listwise prompt
+    stats = result.stats
+    assert stats["lr_scorer"] == "pointwise judgement" and stats["local_relevance"]["parse_rate"] is None
+    assert stats["gac_mode"] == "answer_likelihood" and stats["selection"]["gac_threshold"] == 0.5
+
+
+def test_bad_inputs_are_refused_with_the_reason(trajectory_file, tmp_path):
+    with pytest.raises(ValueError, match="agent LLM"):
+        mine(trajectory_file, WORLD, None, FakeScorer(), config(), tmp_path)
+    with pytest.raises(ValueError, match="scorer LLM"):
+        mine(trajectory_file, WORLD, FakeAgent(), None, config(), tmp_path)
+    with pytest.raises(ValueError, match="lr_window"):
+        mine(trajectory_file, WORLD, FakeAgent(), FakeScorer(), config(lr_window=0), tmp_path)
+
+    class NoScore(FakeScorer):
+        score = None
+
+    with pytest.raises(ValueError, match="score"):
+        mine(trajectory_file, WORLD, FakeAgent(), NoScore(), config(lr_scorer="pointwise"), tmp_path)
+    duplicated = tmp_path / "dup.jsonl"
+    duplicated.write_text(trajectory_file.read_text() + trajectory_file.read_text().splitlines()[0] + "\n")
+    with pytest.raises(ValueError, match="appears twice"):
+        mine(duplicated, WORLD, FakeAgent(), FakeScorer(), config(), tmp_path / "d")
+
+
+def test_real_transformers_backend_runs_the_likelihood_scorers_and_rollouts(tmp_path, tiny_causal_lm_dir):
+    """Mechanics on a tiny random model: pointwise LR and answer likelihood through `score`, rollout GAC."""
+    from agent.env import EnvConfig
+    from agentic_retriever.llm.transformers import TransformersLLM
+
+    path = tmp_path / "one.jsonl"
+    path.write_text(json.dumps(trajectories()[0].to_json()) + "\n")  # 2 rounds
+    llm = TransformersLLM.load(tiny_causal_lm_dir, device="cpu")
+    small = {"num_candidates": 4, "sub_answer_max_new_tokens": 4, "selection": SelectionConfig(num_negatives=3, lr_threshold=0, gac_threshold=0.0),
+             "env": EnvConfig(max_turns=2, max_new_tokens_per_turn=4, observation_max_tokens=48)}
+    for gac_mode in ("answer_likelihood", "rollout"):
+        result = mine(path, WORLD, llm, llm, config(lr_scorer="pointwise", gac_mode=gac_mode, **small),
+                      tmp_path / gac_mode)
+        rows = rows_of(result)
+        assert len(rows) >= 2 and all(len(r["passage_ids"]) == 4 for r in rows)
+        assert all(p in WORLD.corpus for r in rows for p in r["passage_ids"])
+        assert all(0 <= s["local_utility"] <= 1 for r in rows for s in r["scores"])
+        assert result.stats["cost"]["local_relevance"]["prompt_tokens"] > 0
+        assert result.stats["gac"]["candidates"] == 8
