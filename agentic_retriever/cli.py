@@ -11,6 +11,8 @@ override single fields. Run ``agentic-retriever COMMAND --help`` for the fields.
     agent sft               [agent_sft]        warm-start the search agent on synthesised trajectories
     agent rollout           [agent_rollout]    run the agent over a QA file into a trajectory file
     agent eval              [agent_eval]       EM / F1 / contains-EM / searches / evidence recall of trajectories
+    mine                    [mine]             utility mining: trajectories -> Agentic-R retriever training rows
+    mine-merge              [mine_merge]       join the outputs of mining shards
     demo                    [demo]             the main job on the embedded default stack
 """
 
@@ -25,6 +27,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from .config import add_dataclass_arguments, build_config
+from .llm.loader import LLMConfig
+from .mining.pipeline import MiningConfig
 
 
 @dataclass
@@ -161,6 +165,53 @@ def _agent_eval(args) -> None:
         print(f"wrote {config.out}")
 
 
+@dataclass
+class MineCommandConfig:
+    trajectories: str = field(default="", metadata={"help": "trajectory file written by agent rollout"})
+    index: str = field(default="", metadata={"help": "index folder of the current retriever R_{i-1}"})
+    url: str = field(default="", metadata={"help": "or its retrieval service URL"})
+    out: str = field(default="", metadata={"help": "mining output folder"})
+    shard: str = field(default="0/1", metadata={"help": "i/n: mine the i-th of n slices of the trajectories"})
+    agent: LLMConfig = field(default_factory=LLMConfig)
+    scorer: LLMConfig = field(default_factory=LLMConfig)
+    mining: MiningConfig = field(default_factory=MiningConfig)
+
+
+@dataclass
+class MergeCommandConfig:
+    out: str = field(default="", metadata={"help": "mining output folder holding the shard folders"})
+    shards: int = field(default=1, metadata={"help": "number of shards n"})
+
+
+def _mine(args) -> None:
+    from agent.warm_start import open_retrieval_client
+
+    from .llm import load_llm
+    from .mining import mine, parse_shard
+
+    config = build_config(MineCommandConfig, "mine", args, args.config)
+    if not config.trajectories or not config.out:
+        raise SystemExit("error: --trajectories and --out are required")
+    selection = config.mining.selection
+    agent = load_llm(config.agent) if selection.use_gac else None
+    same_model = dataclasses.asdict(config.scorer) == dataclasses.asdict(config.agent)
+    scorer = (agent if same_model and agent is not None else load_llm(config.scorer)) if selection.use_lr else None
+    result = mine(config.trajectories, open_retrieval_client(config.index, config.url), agent, scorer, config.mining,
+                  config.out, parse_shard(config.shard))
+    print(json.dumps(result.stats, indent=2, default=str))
+    print(f"wrote {result.rows_path} and {result.stats_path}")
+
+
+def _mine_merge(args) -> None:
+    from .mining import merge_shards
+
+    config = build_config(MergeCommandConfig, "mine_merge", args, args.config)
+    if not config.out:
+        raise SystemExit("error: --out is required")
+    result = merge_shards(config.out, config.shards)
+    print(f"wrote {result.rows_path} and {result.stats_path}")
+
+
 def _demo(args) -> None:
     from .demo import DemoConfig, run_demo
 
@@ -198,6 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add(agent, "sft", _agent_sft, WarmStartConfig, "warm-start the agent on synthesised search trajectories", "agent_sft")
     _add(agent, "rollout", _agent_rollout, RolloutConfig, "run the agent over a QA file into trajectories", "agent_rollout")
     _add(agent, "eval", _agent_eval, AgentEvalConfig, "EM, F1, contains-EM, searches and evidence recall", "agent_eval")
+    _add(commands, "mine", _mine, MineCommandConfig, "mine retriever training rows from agent trajectories", "mine")
+    _add(commands, "mine-merge", _mine_merge, MergeCommandConfig, "join the outputs of mining shards", "mine_merge")
     _add(commands, "demo", _demo, DemoConfig, "run the main job on the embedded default stack", "demo")
     return parser
 

@@ -60,3 +60,29 @@ def test_cli_reports_bad_input_as_an_error_not_a_traceback(tmp_path, capsys):
     assert main(["index", "build", "--corpus", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "i"),
                  "--backend", "bm25"]) == 2
     assert "corpus file not found" in capsys.readouterr().err
+
+
+def test_cli_rolls_out_evaluates_and_mines_with_a_tiny_agent(tmp_path, corpus_file, tiny_causal_lm_dir, capsys):
+    index = tmp_path / "bm25"
+    assert main(["index", "build", "--corpus", str(corpus_file), "--out", str(index), "--backend", "bm25"]) == 0
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text("".join(json.dumps({"id": f"q{i}", "question": f"Where is item {i}?", "golden_answers": ["river"],
+                                      "supporting_titles": [f"Topic {i}"]}) + "\n" for i in range(3)))
+    trajectories = tmp_path / "traj.jsonl"
+    rollout = ["agent", "rollout", "--qa", str(qa), "--index", str(index), "--out", str(trajectories), "--limit", "2",
+               "--llm.model", tiny_causal_lm_dir, "--llm.device", "cpu", "--env.max-turns", "1",
+               "--env.max-new-tokens-per-turn", "4"]
+    assert main(rollout) == 0
+    assert [json.loads(line)["question_id"] for line in trajectories.read_text().splitlines()] == ["q0", "q1"]
+    assert main(rollout[:-8] + ["--limit", "3"] + rollout[-6:]) == 0, "a rerun completes the file"
+    assert len(trajectories.read_text().splitlines()) == 3
+    capsys.readouterr()
+    assert main(["agent", "eval", "--trajectories", str(trajectories), "--qa", str(qa),
+                 "--out", str(tmp_path / "eval.json")]) == 0
+    report = json.loads((tmp_path / "eval.json").read_text())
+    assert report["trajectories"] == 3 and report["evidence_questions"] == 3 and 0 <= report["em"] <= 1
+    assert main(["mine", "--trajectories", str(trajectories), "--index", str(index), "--out", str(tmp_path / "mined"),
+                 "--agent.model", tiny_causal_lm_dir, "--scorer.model", tiny_causal_lm_dir,
+                 "--mining.lr-scorer", "pointwise", "--no-mining.plot", "--no-mining.progress"]) == 0
+    stats = json.loads((tmp_path / "mined" / "mining_stats.json").read_text())
+    assert stats["trajectories"] == 3 and stats["rows"] == sum(1 for _ in open(tmp_path / "mined" / "retriever_train.jsonl"))
