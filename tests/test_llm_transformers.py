@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
 from agentic_retriever.llm import LLM, LLMConfig, SamplingParams, load_llm
 from agentic_retriever.llm.text import find_stop
-from agentic_retriever.llm.transformers import TransformersLLM, common_prefix_length
+from agentic_retriever.llm.transformers import (
+    TransformersLLM,
+    batch_order,
+    common_prefix_length,
+    prefix_groups,
+)
 
 PROMPTS = ["The river", "A castle on the mountain near the old harbor", "Question: who wrote Hamlet?\n", "x"]
 CONTEXT = "Context: the falcon flew over the glacier toward the library at dawn. " * 4
@@ -210,3 +217,98 @@ def test_bad_prompts_are_refused_with_the_reason(llm):
         llm.generate([[1, 2.5]], SamplingParams(max_new_tokens=2))
     with pytest.raises(ValueError, match="unknown device"):
         TransformersLLM.load("unused", device="tpu-ish")
+
+
+def record_passes(monkeypatch, llm: TransformersLLM) -> list[dict]:
+    """Spy on the model's forward passes: input ids, attention mask and cached length of each call."""
+    calls: list[dict] = []
+    forward = llm.model.forward
+
+    def spy(*args, **kwargs):
+        cache = kwargs.get("past_key_values")
+        calls.append({"ids": kwargs["input_ids"].clone(), "mask": kwargs.get("attention_mask"),
+                      "cached": cache.get_seq_length() if cache is not None else 0})
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(llm.model, "forward", spy)
+    return calls
+
+
+def gac_like_prompts(llm: TransformersLLM) -> tuple[list[list[int]], list[int], list[list[int]], int]:
+    """Continuation prompts shaped like global answer correctness: per round, the chat prompt and the
+    round's context (long; round 2 of question A extends round 1's, as a trajectory does), then one
+    candidate passage as the observation. Returns (prompts shuffled, round of each, round contexts, the
+    longest observation in tokens)."""
+    def encode(text: str) -> list[int]:
+        return llm.tokenizer.encode(text, add_special_tokens=False)
+
+    think = "<think>" + "The falcon saw the comet over the glacier, so the castle must face the river. " * 3
+    turn1 = think + "I need the river first.</think>\n<search>which river runs past the castle</search>"
+    real_obs = "\n\n<information>Doc 1(Title: Harbor) " + "the harbor trade grew along the river. " * 20 + \
+               "</information>\n\n<think>Now the mountain.</think>\n<search>mountain above the harbor</search>"
+    questions = {"A": "Which comet was seen from the castle on the mountain?", "B": "Who built the old library?"}
+    contexts = [  # (question, response so far, ending with a search call)
+        ("A", turn1),
+        ("A", turn1 + real_obs),
+        ("B", think + "Look it up.</think>\n<search>old library builder</search>"),
+    ]
+    heads = [encode(llm.chat_prompt(questions[q])) + encode(text) for q, text in contexts]
+    words = ["river", "mountain", "castle", "violin", "comet", "harbor", "desert", "glacier"]
+    prompts, owners, longest = [], [], 0
+    for r, head in enumerate(heads):
+        for c, word in enumerate(words[:4]):
+            observation = encode(f"\n\n<information>Doc 1(Title: {word.title()} {c}) The {word} of round {r} "
+                                 f"lies near the {words[(c + r + 3) % 8]}.</information>\n\n")
+            prompts.append(head + observation)
+            owners.append(r)
+            longest = max(longest, len(observation))
+    shuffled = list(range(len(prompts)))
+    random.Random(3).shuffle(shuffled)
+    return [prompts[i] for i in shuffled], [owners[i] for i in shuffled], heads, longest
+
+
+@pytest.mark.parametrize("max_batch_size", [16, 4, 3])
+def test_gac_continuations_batch_by_round_and_reuse_each_round_context(llm, monkeypatch, max_batch_size):
+    prompts, owners, heads, observation = gac_like_prompts(llm)
+    assert min(len(h) for h in heads) > 3 * observation, "precondition: the contexts are the long part"
+    batched = with_batch_size(llm, max_batch_size)
+    params = SamplingParams(max_new_tokens=6, logprobs=True)
+    without = batched.generate(prompts, params, reuse_prefix=False)
+    calls = record_passes(monkeypatch, batched)
+
+    reused = batched.generate(prompts, params)
+
+    assert ids_of(reused) == ids_of(without)  # in prompt order, as computed from scratch
+    for a, b in zip(reused, without):
+        assert a[0].logprobs == pytest.approx(b[0].logprobs, abs=1e-4)
+    prefix_passes = [k for k, call in enumerate(calls) if call["cached"] == 0]
+    assert len(prefix_passes) == -(-len(prompts) // max_batch_size)  # one per batch
+    covered = set()
+    for k in prefix_passes:
+        heads_run = [row[mask.bool()].tolist() for row, mask in zip(calls[k]["ids"], calls[k]["mask"])]
+        for run in heads_run:  # each prefix computed once covers a whole round context
+            rounds = [r for r, head in enumerate(heads) if run[:len(head)] == head]
+            assert rounds, "a shared prefix stops inside a round context"
+            covered.add(max(rounds, key=lambda r: len(heads[r])))
+        suffix_width = calls[k + 1]["ids"].shape[1]
+        assert suffix_width <= observation  # no row recomputes any of its context
+    assert covered == set(owners)
+    if max_batch_size == 16:  # one batch: the round contexts in one left-padded pass, each once, except that
+        # round 2's rows sort among round 1's (after the same "Doc 1(Title: "), which may then be computed twice
+        assert len(heads) <= calls[prefix_passes[0]]["ids"].shape[0] <= len(heads) + 1
+
+
+def test_batch_order_keeps_rows_sharing_a_prefix_together_and_groups_them():
+    a, b = list(range(100, 160)), list(range(300, 340))
+    rows = [a + [1], b + [5], a + [2], [7, 8], b + [6, 9], a + [3], [7, 9, 9]]
+    order = batch_order(rows, reuse_prefix=True)
+    assert sorted(order) == list(range(len(rows)))
+    families = [{3, 6}, {1, 4}, {0, 2, 5}]  # shortest family first
+    assert [set(order[:2]), set(order[2:4]), set(order[4:])] == families
+    assert batch_order(rows, reuse_prefix=False) == sorted(range(len(rows)), key=lambda r: len(rows[r]))
+
+    batch = [rows[r] for r in order]
+    runs = prefix_groups(batch, [len(row) - 1 for row in batch])
+    assert runs == [(0, 2, 1), (2, 4, 40), (4, 7, 60)]
+    assert prefix_groups([a + [1], a + [1]], [len(a)] * 2) == [(0, 2, len(a))]  # capped by the limits
+    assert prefix_groups([[1, 2], [3, 4]], [0, 1]) == [(0, 1, 0), (1, 2, 1)]

@@ -4,9 +4,13 @@ Why not ``model.generate``: an agent batch needs per-sequence stop strings, and 
 finished (EOS, a stop string such as ``</search>``, or its token cap) should leave the batch so the
 others continue cheaper. The loop here does exactly that:
 
-1. prefill: prompts are left-padded into one batch; when the rows share a token prefix (the n samples
-   of one prompt, or 20 candidate continuations of one agent context), the prefix is run once and its
-   KV cache is repeated for every row, and only the rows' own suffixes go through the batch pass;
+1. prefill: prompts are left-padded into one batch; rows that share a token prefix (the n samples of
+   one prompt, or the 20 candidate continuations of one agent context) have that prefix run once and its
+   KV cache repeated for each of them, and only the rows' own suffixes go through the batch pass. Rows
+   are batched prefix-aware (`batch_order`): sorted by their token ids, so rows sharing a prefix are
+   neighbours, in families of rows sharing at least half their tokens, shorter families first; a batch
+   may hold several groups of rows with different shared prefixes (`prefix_groups`), whose prefixes go
+   through one left-padded pass before the suffixes;
 2. decode: one token per step per active row from a `DynamicCache`, greedy or sampled (temperature,
    top-p, a seeded `torch.Generator`);
 3. a row finishes on EOS, on a stop string (searched in the decoded tail of its generated text), or at
@@ -57,15 +61,85 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return choices[dtype]
 
 
+def _shared_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token lists (slice comparisons: C speed, log steps)."""
+    length = min(len(a), len(b))
+    if a[:length] == b[:length]:
+        return length
+    low, high = 0, length  # a[:low] == b[:low], a[:high] != b[:high]
+    while high - low > 1:
+        middle = (low + high) // 2
+        if a[:middle] == b[:middle]:
+            low = middle
+        else:
+            high = middle
+    return low
+
+
 def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
     """Length of the longest token prefix that all rows share."""
-    first, length = rows[0], min(len(row) for row in rows)
+    first, length = list(rows[0]), min(len(row) for row in rows)
     for row in rows[1:]:
-        i = 0
-        while i < length and row[i] == first[i]:
-            i += 1
-        length = i
+        length = min(length, _shared_length(first, list(row)))
     return length
+
+
+def batch_order(rows: Sequence[list[int]], reuse_prefix: bool) -> list[int]:
+    """The order in which rows are cut into batches.
+
+    Without prefix reuse: by length (least padding). With it: by the token ids themselves, which puts rows
+    that share a prefix next to each other (all continuations of one agent context, whatever their order in
+    the call); neighbours sharing at least half of the shorter row form a family, and families go by their
+    longest row, so a batch does not mix a short prompt with a long unrelated one (padding).
+    """
+    if not reuse_prefix:
+        return sorted(range(len(rows)), key=lambda r: len(rows[r]))
+    lexical = sorted(range(len(rows)), key=rows.__getitem__)
+    families: list[list[int]] = []
+    for r in lexical:
+        if families:
+            last = rows[families[-1][-1]]
+            if 2 * _shared_length(last, rows[r]) >= min(len(last), len(rows[r])):
+                families[-1].append(r)
+                continue
+        families.append([r])
+    families.sort(key=lambda family: max(len(rows[r]) for r in family))  # stable: ties keep token order
+    return [r for family in families for r in family]
+
+
+def prefix_groups(rows: Sequence[list[int]], limits: Sequence[int]) -> list[tuple[int, int, int]]:
+    """Split a batch of rows (sorted by token ids) into runs that each compute one shared prefix once.
+
+    Returns (start, end, prefix length) per run, covering the rows in order. A run's prefix is the token
+    prefix its rows share, at most each row's `limits` entry; a run of one row gets its `limits` entry (its
+    prompt goes through the prefix pass). The split minimises the tokens computed, counting a run's rows
+    as padded to its longest suffix: sum over runs of prefix + rows x (longest row - prefix), by dynamic
+    programming over the run ends (ties go to fewer runs). So the continuations of one context form one
+    run, and a row whose own context is much longer is not pooled at the shorter context they share.
+    """
+    n = len(rows)
+    neighbours = [_shared_length(rows[i], rows[i + 1]) for i in range(n - 1)]
+    cost = [0] * (n + 1)  # cost[j]: the fewest tokens computed for the first j rows
+    start = [0] * (n + 1)
+    for j in range(1, n + 1):
+        prefix, longest = max(limits[j - 1], 0), len(rows[j - 1])
+        cost[j], start[j] = cost[j - 1] + prefix + (longest - prefix), j - 1
+        for i in range(j - 2, -1, -1):  # the run i .. j-1
+            prefix = min(prefix, neighbours[i], limits[i])
+            if prefix <= 0:
+                break
+            longest = max(longest, len(rows[i]))
+            total = cost[i] + prefix + (j - i) * (longest - prefix)
+            if total <= cost[j]:
+                cost[j], start[j] = total, i
+    runs = []
+    j = n
+    while j > 0:
+        i = start[j]
+        prefix = min(limits[i:j]) if j - i == 1 else min(min(limits[i:j]), min(neighbours[i:j - 1]))
+        runs.append((i, j, max(prefix, 0)))
+        j = i
+    return runs[::-1]
 
 
 def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -86,7 +160,8 @@ class TransformersLLM:
     trainer is updating (generation then sees its current weights; the caller puts it in eval mode).
     """
 
-    def __init__(self, model, tokenizer, name: str | None = None, max_batch_size: int = 16, progress: bool = False):
+    def __init__(self, model, tokenizer, name: str | None = None, max_batch_size: int = 16, progress: bool = False,
+                 reuse_prefix: bool = True):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
         self.model = model
@@ -94,6 +169,9 @@ class TransformersLLM:
         self.name = name or getattr(model, "name_or_path", "") or type(model).__name__
         self.max_batch_size = max_batch_size
         self.progress = progress
+        #: Default of `generate`'s and `score`'s `reuse_prefix` (callers such as `agent.env.rollout` do not
+        #: pass it): set it to False to recompute every row from scratch, e.g. to measure what reuse gains.
+        self.reuse_prefix = reuse_prefix
         self.device = next(model.parameters()).device
         self.vocab_size = model.get_input_embeddings().num_embeddings
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
@@ -141,85 +219,110 @@ class TransformersLLM:
 
     @torch.inference_mode()
     def generate(self, prompts: Sequence[Prompt], params: SamplingParams,
-                 reuse_prefix: bool = True) -> list[list[Generation]]:
+                 reuse_prefix: bool | None = None) -> list[list[Generation]]:
         """Per prompt, `params.n` generations, in prompt order.
 
-        Rows (prompt x sample) are sorted by length and run in batches of at most `max_batch_size`. With
-        `reuse_prefix`, the longest token prefix a batch's rows share is computed once (greedy results are
-        the same either way). Sampling with a `seed` is reproducible for the same prompts, parameters and
-        `max_batch_size` (one generator serves the whole call, so a row's sample depends on its batch).
+        Rows (prompt x sample) are run in batches of at most `max_batch_size`. With `reuse_prefix` (None:
+        the `reuse_prefix` attribute, True by default), rows are batched by their token ids (`batch_order`)
+        and the prefix that each group of a batch's rows shares is computed once; without it, rows are
+        batched by length and computed whole. Greedy results are the same either way. Sampling with a `seed`
+        is reproducible for the same prompts, parameters, `max_batch_size` and `reuse_prefix` (one generator
+        serves the whole call, so a row's sample depends on its batch).
         """
+        reuse = self.reuse_prefix if reuse_prefix is None else reuse_prefix
         ids = [self.encode(p, f"prompt {i}") for i, p in enumerate(prompts)]
         rows = [prompt_ids for prompt_ids in ids for _ in range(params.n)]
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(params.seed)
-        order = sorted(range(len(rows)), key=lambda r: len(rows[r]))
+        order = batch_order(rows, reuse)
         results: list[Generation | None] = [None] * len(rows)
         with tqdm(total=len(rows), desc="generating", unit=" seq", disable=not self.progress) as progress:
             for start in range(0, len(order), self.max_batch_size):
                 chunk = order[start:start + self.max_batch_size]
-                outputs = self._generate_batch([rows[r] for r in chunk], params, generator, reuse_prefix, progress)
+                outputs = self._generate_batch([rows[r] for r in chunk], params, generator, reuse, progress)
                 for r, output in zip(chunk, outputs):
                     results[r] = output
         return [results[i * params.n:(i + 1) * params.n] for i in range(len(ids))]
 
     @torch.inference_mode()
     def score(self, prompts: Sequence[Prompt], continuations: Sequence[Sequence[int] | str],
-              reuse_prefix: bool = True) -> list[list[float]]:
+              reuse_prefix: bool | None = None) -> list[list[float]]:
         """Per pair, the log-probability of every continuation token given the prompt and the continuation
         tokens before it (temperature 1; no gradients). A text continuation is tokenized on its own,
-        without special tokens, so give ids when the boundary tokenization matters."""
+        without special tokens, so give ids when the boundary tokenization matters. `reuse_prefix` as in
+        `generate` (a shared prefix never reaches into a row's continuation)."""
         if len(prompts) != len(continuations):
             raise ValueError(f"score got {len(prompts)} prompts but {len(continuations)} continuations")
+        reuse = self.reuse_prefix if reuse_prefix is None else reuse_prefix
         pairs = []
         for i, (prompt, continuation) in enumerate(zip(prompts, continuations)):
             cont = (self._tokenizer(continuation, add_special_tokens=False).input_ids
                     if isinstance(continuation, str) else continuation)
             cont = self.encode(cont, f"continuation {i}") if len(cont) else []
             pairs.append((self.encode(prompt, f"prompt {i}"), cont))
-        order = sorted(range(len(pairs)), key=lambda r: len(pairs[r][0]) + len(pairs[r][1]))
+        rows = [p + c for p, c in pairs]
+        order = batch_order(rows, reuse)
         scores: list[list[float]] = [[] for _ in pairs]
         for start in range(0, len(order), self.max_batch_size):
             chunk = order[start:start + self.max_batch_size]
             batch = [pairs[r] for r in chunk]
             longest = max(len(cont) for _, cont in batch)
-            logits, *_ = self._prefill([p + c for p, c in batch], min(len(p) for p, _ in batch) - 1,
-                                       reuse_prefix, logits_to_keep=longest + 1)
+            logits, *_ = self._prefill([rows[r] for r in chunk], [len(p) - 1 for p, _ in batch], reuse,
+                                       logits_to_keep=longest + 1)
             for row, (r, (_, cont)) in enumerate(zip(chunk, batch)):
                 if cont:  # logits at position j predict token j + 1: the last len(cont) + 1 .. 2 positions
                     window = logits[row, longest - len(cont):longest].float().log_softmax(-1)
                     scores[r] = window.gather(1, torch.tensor(cont, device=self.device)[:, None]).squeeze(1).tolist()
         return scores
 
-    def _prefill(self, rows: list[list[int]], max_shared: int, reuse_prefix: bool,
+    def _prefill(self, rows: list[list[int]], limits: list[int], reuse_prefix: bool,
                  logits_to_keep: int) -> tuple[torch.Tensor, DynamicCache, torch.Tensor, torch.Tensor]:
         """Run the prompts through the model: (logits of the last `logits_to_keep` positions, cache,
-        attention mask, next position per row). At most `max_shared` tokens are shared as a prefix."""
+        attention mask, next position per row). With `reuse_prefix`, the prefix each run of `prefix_groups`
+        shares (at most `limits[i]` tokens of row i) goes once through a left-padded pass, its cache is
+        copied to the run's rows, and only the rows' suffixes go through the batch pass."""
         cache = DynamicCache(config=self.model.config)
-        shared = min(common_prefix_length(rows), max_shared) if reuse_prefix and len(rows) > 1 else 0
-        if shared > 0:
-            prefix = torch.tensor([rows[0][:shared]], device=self.device)
-            self.model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1)
-            cache.batch_repeat_interleave(len(rows))
-        suffixes = [row[shared:] for row in rows]
+        n = len(rows)
+        shared = [0] * n
+        prefix_mask = torch.zeros((n, 0), dtype=torch.long, device=self.device)
+        runs = [run for run in prefix_groups(rows, limits) if run[2] > 0] if reuse_prefix and n > 1 else []
+        if runs:
+            width = max(length for _, _, length in runs)
+            head_ids = torch.full((len(runs), width), self.pad_id, dtype=torch.long)
+            head_mask = torch.zeros((len(runs), width), dtype=torch.long)
+            index = [0] * n  # a row outside every run points at run 0, its prefix masked out
+            for k, (start, end, length) in enumerate(runs):
+                head_ids[k, width - length:] = torch.tensor(rows[start][:length])
+                head_mask[k, width - length:] = 1
+                for r in range(start, end):
+                    index[r], shared[r] = k, length
+            head_ids, head_mask = head_ids.to(self.device), head_mask.to(self.device)
+            head_positions = (head_mask.cumsum(1) - 1).masked_fill(head_mask == 0, 1)
+            self.model(input_ids=head_ids, attention_mask=head_mask, position_ids=head_positions,
+                       past_key_values=cache, use_cache=True, logits_to_keep=1)
+            rows_index = torch.tensor(index, device=self.device)
+            cache.batch_select_indices(rows_index)
+            prefix_mask = head_mask[rows_index] * torch.tensor([s > 0 for s in shared], device=self.device)[:, None]
+        suffixes = [row[s:] for row, s in zip(rows, shared)]
         width = max(len(s) for s in suffixes)
-        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        suffix_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        input_ids = torch.full((n, width), self.pad_id, dtype=torch.long)
+        suffix_mask = torch.zeros((n, width), dtype=torch.long)
         for i, suffix in enumerate(suffixes):
             input_ids[i, width - len(suffix):] = torch.tensor(suffix)
             suffix_mask[i, width - len(suffix):] = 1
         input_ids, suffix_mask = input_ids.to(self.device), suffix_mask.to(self.device)
-        mask = torch.cat([suffix_mask.new_ones((len(rows), shared)), suffix_mask], dim=1)
-        positions = (shared + suffix_mask.cumsum(1) - 1).masked_fill(suffix_mask == 0, max(shared, 1))
+        mask = torch.cat([prefix_mask, suffix_mask], dim=1)
+        starts = torch.tensor(shared, device=self.device)[:, None]
+        positions = (starts + suffix_mask.cumsum(1) - 1).masked_fill(suffix_mask == 0, 1)
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
                          use_cache=True, logits_to_keep=logits_to_keep)
-        return out.logits, cache, mask, shared + suffix_mask.sum(1)
+        return out.logits, cache, mask, starts[:, 0] + suffix_mask.sum(1)
 
     def _generate_batch(self, rows: list[list[int]], params: SamplingParams, generator: torch.Generator | None,
                         reuse_prefix: bool, progress: tqdm) -> list[Generation]:
         """Generate for one batch of rows, dropping each row from the batch once it has finished."""
-        logits, cache, mask, positions = self._prefill(rows, min(len(r) for r in rows) - 1, reuse_prefix, 1)
+        logits, cache, mask, positions = self._prefill(rows, [len(r) - 1 for r in rows], reuse_prefix, 1)
         logits = logits[:, -1]
         active = list(range(len(rows)))
         generated: list[list[int]] = [[] for _ in rows]
