@@ -21,11 +21,20 @@ class DataFormatError(ValueError):
         super().__init__(f"{where}: {what}{problem}")
 
 
-def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield (1-based line number, object) for every non-blank line; raise DataFormatError on bad lines."""
+def iter_jsonl(path: str | os.PathLike, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield (1-based line number, object) for every non-blank line; raise DataFormatError on bad lines.
+
+    `start`/`stop` select the non-blank lines with index start..stop-1 (a shard's slice): only those are parsed.
+    """
+    index = 0
     with open(path, encoding="utf-8") as handle:
         for line_no, line in enumerate(handle, start=1):
             if not line.strip():
+                continue
+            if stop is not None and index >= stop:
+                return
+            index += 1
+            if index <= start:
                 continue
             try:
                 row = json.loads(line)

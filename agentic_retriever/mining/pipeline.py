@@ -173,33 +173,13 @@ def _read_shard(path: str | os.PathLike, shard: tuple[int, int]) -> tuple[list[T
     with open(path, encoding="utf-8") as handle:
         total = sum(1 for line in handle if line.strip())
     start, stop = i * total // n, (i + 1) * total // n
-    trajectories = [Trajectory.from_json(row, path, line) for line, row in _iter_rows(path, start, stop)]
+    trajectories = [Trajectory.from_json(row, path, line) for line, row in iter_jsonl(path, start, stop)]
     seen: set[str] = set()
     for t in trajectories:
         if t.question_id in seen:
             raise DataFormatError(path, None, f"question id {t.question_id!r} appears twice", field="question_id")
         seen.add(t.question_id)
     return trajectories, total
-
-
-def _iter_rows(path, start: int, stop: int) -> Iterator[tuple[int, dict]]:
-    """(line number, object) of the non-blank lines start..stop-1 (only those are parsed)."""
-    index = 0
-    with open(path, encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            if start <= index < stop:
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as error:
-                    raise DataFormatError(path, line_no, f"invalid JSON ({error.msg})") from None
-                if not isinstance(row, dict):
-                    raise DataFormatError(path, line_no, f"expected a JSON object, got {type(row).__name__}")
-                yield line_no, row
-            index += 1
-            if index >= stop:
-                return
 
 
 def _chunks(items: list, size: int) -> Iterator[list]:
