@@ -8,7 +8,6 @@ in the corpus. Every step resumes: a finished artifact is reused, an interrupted
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path

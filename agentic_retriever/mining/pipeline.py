@@ -37,7 +37,6 @@ the rows are the same; only the GAC statistics then cover the rounds that were r
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
