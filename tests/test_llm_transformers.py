@@ -13,6 +13,7 @@ from agentic_retriever.llm.transformers import (
     TransformersLLM,
     batch_order,
     common_prefix_length,
+    length_groups,
     prefix_groups,
 )
 
@@ -281,8 +282,8 @@ def test_gac_continuations_batch_by_round_and_reuse_each_round_context(llm, monk
     assert ids_of(reused) == ids_of(without)  # in prompt order, as computed from scratch
     for a, b in zip(reused, without):
         assert a[0].logprobs == pytest.approx(b[0].logprobs, abs=1e-4)
-    prefix_passes = [k for k, call in enumerate(calls) if call["cached"] == 0]
-    assert len(prefix_passes) == -(-len(prompts) // max_batch_size)  # one per batch
+    prefix_passes = [k for k, call in enumerate(calls) if call["cached"] == 0]  # by length, maybe several a batch
+    suffix_passes = [k for k, call in enumerate(calls) if call["cached"] > 0 and call["ids"].shape[1] > 1]
     covered = set()
     for k in prefix_passes:
         heads_run = [row[mask.bool()].tolist() for row, mask in zip(calls[k]["ids"], calls[k]["mask"])]
@@ -290,12 +291,12 @@ def test_gac_continuations_batch_by_round_and_reuse_each_round_context(llm, monk
             rounds = [r for r, head in enumerate(heads) if run[:len(head)] == head]
             assert rounds, "a shared prefix stops inside a round context"
             covered.add(max(rounds, key=lambda r: len(heads[r])))
-        suffix_width = calls[k + 1]["ids"].shape[1]
-        assert suffix_width <= observation  # no row recomputes any of its context
     assert covered == set(owners)
-    if max_batch_size == 16:  # one batch: the round contexts in one left-padded pass, each once, except that
-        # round 2's rows sort among round 1's (after the same "Doc 1(Title: "), which may then be computed twice
-        assert len(heads) <= calls[prefix_passes[0]]["ids"].shape[0] <= len(heads) + 1
+    assert suffix_passes  # and no row recomputes any of its context:
+    assert all(calls[k]["ids"].shape[1] <= observation for k in suffix_passes)
+    if max_batch_size == 16:  # one batch: the round contexts each computed once, except that round 2's rows
+        # sort among round 1's (after the same "Doc 1(Title: "), which may then be computed twice
+        assert len(heads) <= sum(calls[k]["ids"].shape[0] for k in prefix_passes) <= len(heads) + 1
 
 
 def test_batch_order_keeps_rows_sharing_a_prefix_together_and_groups_them():
@@ -312,3 +313,51 @@ def test_batch_order_keeps_rows_sharing_a_prefix_together_and_groups_them():
     assert runs == [(0, 2, 1), (2, 4, 40), (4, 7, 60)]
     assert prefix_groups([a + [1], a + [1]], [len(a)] * 2) == [(0, 2, len(a))]  # capped by the limits
     assert prefix_groups([[1, 2], [3, 4]], [0, 1]) == [(0, 1, 0), (1, 2, 1)]
+
+
+def test_length_groups_weigh_padding_against_one_more_pass():
+    assert length_groups([9, 6, 1], pass_cost=32) == [[0, 1, 2]]  # 11 padding tokens: cheaper than a pass
+    assert length_groups([500, 20, 480, 250, 10, 245], pass_cost=32) == [[1, 4], [3, 5], [0, 2]]
+    assert length_groups([500, 20, 480, 250, 10, 245], pass_cost=10**6) == [[0, 1, 2, 3, 4, 5]]
+    assert length_groups([100, 50, 100], pass_cost=0) == [[1], [0, 2]]
+
+
+def test_prefill_passes_group_rows_of_equal_length_and_change_nothing(llm, monkeypatch):
+    """Prompts of very different lengths: the prefill runs them (prefixes, then suffixes) in passes of
+    (nearly) equal length, whose caches are merged for batched decoding, with the results of one prompt at
+    a time."""
+    rng = random.Random(5)
+
+    def tokens(count: int) -> list[int]:
+        return [rng.randrange(100, 49000) for _ in range(count)]
+
+    base = tokens(200)  # two prompts share it, with suffixes of very different lengths
+    prompts = [tokens(length) for length in (300, 60, 420, 150, 62, 300, 145, 58)] + [base + tokens(10),
+                                                                                     base + tokens(190)]
+    lengths = [len(p) for p in prompts]
+    assert 1 - sum(lengths) / (len(lengths) * max(lengths)) > 0.4, "precondition: one pass would be mostly padding"
+    params = SamplingParams(max_new_tokens=8, logprobs=True)
+    alone = [llm.generate([p], params)[0] for p in prompts]
+    to_score = prompts + [prompts[1][:1]]  # and a one-token prompt: no prefix to reuse
+    continuations = [tokens(k % 4 + 1) for k in range(len(to_score))]
+    references = [full_logprobs(llm, p, c) for p, c in zip(to_score, continuations)]
+    calls = record_passes(monkeypatch, llm)
+
+    batched = llm.generate(prompts, params)
+
+    assert ids_of(batched) == ids_of(alone)
+    for a, b in zip(batched, alone):
+        assert a[0].logprobs == pytest.approx(b[0].logprobs, abs=1e-4)
+    for call in calls:  # prefill and decode passes: the padding among each pass's new tokens
+        width = call["ids"].shape[1]
+        new_mask = call["mask"][:, -width:]
+        assert new_mask.sum().item() >= 0.9 * new_mask.numel()
+    prefill = [call for call in calls if call["ids"].shape[1] > 1]
+    assert len(prefill) >= 4 and max(call["ids"].shape[0] for call in prefill) >= 2  # grouped, not one a pass
+    assert max(call["cached"] for call in prefill) >= len(base)  # the shared prefix was computed once
+    assert sum(call["ids"].shape[1] for call in prefill if call["cached"] >= len(base)) < 190 + 10 + 2
+
+    for flag in (True, False):
+        scored = llm.score(to_score, continuations, reuse_prefix=flag)
+        assert [len(s) for s in scored] == [len(c) for c in continuations]
+        assert [s for row in scored for s in row] == pytest.approx([s for row in references for s in row], abs=1e-4)

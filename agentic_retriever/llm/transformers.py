@@ -4,13 +4,16 @@ Why not ``model.generate``: an agent batch needs per-sequence stop strings, and 
 finished (EOS, a stop string such as ``</search>``, or its token cap) should leave the batch so the
 others continue cheaper. The loop here does exactly that:
 
-1. prefill: prompts are left-padded into one batch; rows that share a token prefix (the n samples of
-   one prompt, or the 20 candidate continuations of one agent context) have that prefix run once and its
-   KV cache repeated for each of them, and only the rows' own suffixes go through the batch pass. Rows
+1. prefill: rows that share a token prefix (the n samples of one prompt, or the 20 candidate
+   continuations of one agent context) have that prefix run once and its KV cache repeated for each of
+   them, and only the rows' own suffixes are computed after it. Rows
    are batched prefix-aware (`batch_order`): sorted by their token ids, so rows sharing a prefix are
    neighbours, in families of rows sharing at least half their tokens, shorter families first; a batch
-   may hold several groups of rows with different shared prefixes (`prefix_groups`), whose prefixes go
-   through one left-padded pass before the suffixes;
+   may hold several groups of rows with different shared prefixes (`prefix_groups`), whose prefixes are
+   computed before the suffixes. Prefixes, then suffixes, go through the model in left-padded passes of
+   (nearly) equal length (`length_groups`, which weighs the padding a pass would compute against the cost
+   of one more pass: one row a pass on a CPU for prompts of different lengths, few passes on a GPU), and
+   the passes' caches are merged, each left-padded to the batch's width, into one cache for decoding;
 2. decode: one token per step per active row from a `DynamicCache`, greedy or sampled (temperature,
    top-p, a seeded `torch.Generator`);
 3. a row finishes on EOS, on a stop string (searched in the decoded tail of its generated text), or at
@@ -29,6 +32,7 @@ from collections.abc import Sequence
 import torch
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from ..defaults import resolve_llm_name
 from .base import Generation, Prompt, SamplingParams
@@ -37,6 +41,12 @@ from .text import find_stop, render_chat_prompt
 #: Tokens of a sequence's generated tail that are decoded to look for a stop string, beyond 4 per
 #: character of the longest stop string (a token decodes to at least one byte of text, except special tokens).
 _STOP_WINDOW_SLACK = 16
+
+#: What one more prefill pass costs, in tokens computed, by device type (`length_groups`). CPU: SmolLM2-135M on
+#: one thread runs a pass in 30 ms plus 2 ms a token, whatever the batch size. GPU: a small model's pass costs
+#: about the same up to thousands of tokens (SmolLM2-135M on an H100: 16 prompts of 230-600 tokens prefill in
+#: 0.13 s in one padded pass, 0.18 s at a cost of 1024, 0.85 s one length a pass); a larger model may use less.
+_PASS_COST = {"cpu": 32, "cuda": 4096}
 
 
 def resolve_device(device: str) -> torch.device:
@@ -142,6 +152,29 @@ def prefix_groups(rows: Sequence[list[int]], limits: Sequence[int]) -> list[tupl
     return runs[::-1]
 
 
+def length_groups(lengths: Sequence[int], pass_cost: int) -> list[list[int]]:
+    """Split items (token lists of these lengths) into groups, each one left-padded forward pass.
+
+    A pass is counted as its token slots (its longest length times its size: padding included) plus
+    `pass_cost` tokens, what a pass costs beyond its tokens; the split minimises the total, by dynamic
+    programming over the items sorted by length. So items of (nearly) equal length share a pass, and an item
+    whose padding in a pass would cost more than a pass of its own gets one. Returns the groups, shortest
+    first, each's items in ascending index order.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    cost = [0] * (len(order) + 1)  # cost[j]: the least cost of the j shortest items
+    start = [0] * (len(order) + 1)
+    for j in range(1, len(order) + 1):
+        longest = lengths[order[j - 1]]
+        cost[j], start[j] = min((cost[i] + (j - i) * longest + pass_cost, i) for i in range(j))
+    groups = []
+    j = len(order)
+    while j > 0:
+        groups.append(sorted(order[start[j]:j]))
+        j = start[j]
+    return groups[::-1]
+
+
 def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """Zero every token outside the smallest set of most likely tokens whose mass reaches `top_p`."""
     sorted_probs, order = probs.sort(dim=-1, descending=True)
@@ -161,7 +194,7 @@ class TransformersLLM:
     """
 
     def __init__(self, model, tokenizer, name: str | None = None, max_batch_size: int = 16, progress: bool = False,
-                 reuse_prefix: bool = True):
+                 reuse_prefix: bool = True, pass_cost: int | None = None):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
         self.model = model
@@ -173,6 +206,11 @@ class TransformersLLM:
         #: pass it): set it to False to recompute every row from scratch, e.g. to measure what reuse gains.
         self.reuse_prefix = reuse_prefix
         self.device = next(model.parameters()).device
+        #: What one more prefill pass costs, in tokens computed (`length_groups`; None: by device type).
+        self.pass_cost = pass_cost if pass_cost is not None else _PASS_COST.get(self.device.type, _PASS_COST["cuda"])
+        #: Passes can be merged into one cache where every cache layer holds all its keys and values (not a
+        #: sliding window); otherwise a batch's prefill is one padded pass.
+        self._mergeable = all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)
         self.vocab_size = model.get_input_embeddings().num_embeddings
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
         eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
@@ -280,44 +318,119 @@ class TransformersLLM:
                  logits_to_keep: int) -> tuple[torch.Tensor, DynamicCache, torch.Tensor, torch.Tensor]:
         """Run the prompts through the model: (logits of the last `logits_to_keep` positions, cache,
         attention mask, next position per row). With `reuse_prefix`, the prefix each run of `prefix_groups`
-        shares (at most `limits[i]` tokens of row i) goes once through a left-padded pass, its cache is
-        copied to the run's rows, and only the rows' suffixes go through the batch pass."""
-        cache = DynamicCache(config=self.model.config)
+        shares (at most `limits[i]` tokens of row i) is computed once, its cache copied to the run's rows,
+        and then only the rows' suffixes are computed. Prefixes, then suffixes, go through the model in
+        passes of (nearly) equal length (`length_groups`: little padding), whose caches are merged,
+        left-padded, into the batch's cache for decoding."""
         n = len(rows)
-        shared = [0] * n
-        prefix_mask = torch.zeros((n, 0), dtype=torch.long, device=self.device)
+        shared, owner = [0] * n, [0] * n  # a row outside every run points at run 0, its prefix masked out
         runs = [run for run in prefix_groups(rows, limits) if run[2] > 0] if reuse_prefix and n > 1 else []
+        for k, (start, end, length) in enumerate(runs):
+            for r in range(start, end):
+                owner[r], shared[r] = k, length
+        past = None
         if runs:
-            width = max(length for _, _, length in runs)
-            head_ids = torch.full((len(runs), width), self.pad_id, dtype=torch.long)
-            head_mask = torch.zeros((len(runs), width), dtype=torch.long)
-            index = [0] * n  # a row outside every run points at run 0, its prefix masked out
-            for k, (start, end, length) in enumerate(runs):
-                head_ids[k, width - length:] = torch.tensor(rows[start][:length])
-                head_mask[k, width - length:] = 1
-                for r in range(start, end):
-                    index[r], shared[r] = k, length
-            head_ids, head_mask = head_ids.to(self.device), head_mask.to(self.device)
-            head_positions = (head_mask.cumsum(1) - 1).masked_fill(head_mask == 0, 1)
-            self.model(input_ids=head_ids, attention_mask=head_mask, position_ids=head_positions,
-                       past_key_values=cache, use_cache=True, logits_to_keep=1)
-            rows_index = torch.tensor(index, device=self.device)
-            cache.batch_select_indices(rows_index)
-            prefix_mask = head_mask[rows_index] * torch.tensor([s > 0 for s in shared], device=self.device)[:, None]
+            heads = [rows[start][:length] for start, _, length in runs]
+            blocks, where = [], [(0, 0)] * len(runs)
+            for group in self._length_groups([len(head) for head in heads]):
+                _, cache, mask = self._forward([heads[k] for k in group], [0] * len(group), None, 1)
+                for slot, k in enumerate(group):
+                    where[k] = (len(blocks), slot)
+                blocks.append((cache, mask))
+            cache, mask = self._merge(blocks, [where[owner[r]] for r in range(n)])
+            past = (cache, mask * torch.tensor([s > 0 for s in shared], device=self.device)[:, None])
         suffixes = [row[s:] for row, s in zip(rows, shared)]
-        width = max(len(s) for s in suffixes)
-        input_ids = torch.full((n, width), self.pad_id, dtype=torch.long)
-        suffix_mask = torch.zeros((n, width), dtype=torch.long)
-        for i, suffix in enumerate(suffixes):
-            input_ids[i, width - len(suffix):] = torch.tensor(suffix)
-            suffix_mask[i, width - len(suffix):] = 1
-        input_ids, suffix_mask = input_ids.to(self.device), suffix_mask.to(self.device)
-        mask = torch.cat([prefix_mask, suffix_mask], dim=1)
-        starts = torch.tensor(shared, device=self.device)[:, None]
-        positions = (starts + suffix_mask.cumsum(1) - 1).masked_fill(suffix_mask == 0, 1)
+        groups = self._length_groups([len(suffix) for suffix in suffixes])
+        blocks, where, pieces = [], [(0, 0)] * n, []
+        for group in groups:
+            group_past = past if len(groups) == 1 or past is None else self._take(past, group)
+            logits, cache, mask = self._forward([suffixes[r] for r in group], [shared[r] for r in group],
+                                                group_past, logits_to_keep)
+            for slot, r in enumerate(group):
+                where[r] = (len(blocks), slot)
+            blocks.append((cache, mask))
+            pieces.append(logits)
+        cache, mask = self._merge(blocks, where)
+        if len(pieces) == 1:
+            logits = pieces[0]
+        else:  # each pass's logits, right-aligned (a row's own positions are the last ones in every pass)
+            keep = max(piece.shape[1] for piece in pieces)
+            logits = pieces[0].new_zeros((n, keep, pieces[0].shape[2]))
+            for r, (b, slot) in enumerate(where):
+                piece = pieces[b][slot]
+                logits[r, keep - piece.shape[0]:] = piece
+        return logits, cache, mask, torch.tensor([len(row) for row in rows], device=self.device)
+
+    def _length_groups(self, lengths: list[int]) -> list[list[int]]:
+        if not self._mergeable:  # the caches of separate passes cannot be merged: one padded pass
+            return [list(range(len(lengths)))]
+        return length_groups(lengths, self.pass_cost)
+
+    def _forward(self, ids: list[list[int]], starts: list[int], past: tuple[DynamicCache, torch.Tensor] | None,
+                 logits_to_keep: int) -> tuple[torch.Tensor, DynamicCache, torch.Tensor]:
+        """One pass of token lists, left-padded to one width, after the cache and attention mask `past`
+        (None: nothing cached), the first token of list i at position `starts[i]`. Returns (logits of the last
+        `logits_to_keep` positions, the cache, the attention mask over the cache)."""
+        width = max(len(t) for t in ids)
+        input_ids = torch.full((len(ids), width), self.pad_id, dtype=torch.long)
+        new_mask = torch.zeros((len(ids), width), dtype=torch.long)
+        for i, tokens in enumerate(ids):
+            input_ids[i, width - len(tokens):] = torch.tensor(tokens)
+            new_mask[i, width - len(tokens):] = 1
+        input_ids, new_mask = input_ids.to(self.device), new_mask.to(self.device)
+        if past is None:
+            past = DynamicCache(config=self.model.config), new_mask.new_zeros((len(ids), 0))
+        cache, mask = past[0], torch.cat([past[1], new_mask], dim=1)
+        positions = (torch.tensor(starts, device=self.device)[:, None] + new_mask.cumsum(1) - 1)
+        positions = positions.masked_fill(new_mask == 0, 1)
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
                          use_cache=True, logits_to_keep=logits_to_keep)
-        return out.logits, cache, mask, starts[:, 0] + suffix_mask.sum(1)
+        return out.logits, cache, mask
+
+    def _merge(self, blocks: list[tuple[DynamicCache, torch.Tensor]],
+               where: list[tuple[int, int]]) -> tuple[DynamicCache, torch.Tensor]:
+        """One cache and attention mask whose row i is row `where[i][1]` of pass `where[i][0]`'s (cache, mask),
+        each pass's keys and values left-padded (masked slots) to the widest. A single pass's cache is
+        index-selected in place (any cache type)."""
+        if len(blocks) == 1:
+            cache, mask = blocks[0]
+            order = [slot for _, slot in where]
+            if order != list(range(len(mask))):
+                index = torch.tensor(order, device=self.device)
+                cache.batch_select_indices(index)
+                mask = mask[index]
+            return cache, mask
+        width = max(mask.shape[1] for _, mask in blocks)
+        offsets = [0]
+        for _, mask in blocks:
+            offsets.append(offsets[-1] + len(mask))
+        index = torch.tensor([offsets[b] + slot for b, slot in where], device=self.device)
+
+        def stacked(parts: list[torch.Tensor]) -> torch.Tensor:  # [rows, heads, width, head dim]
+            return torch.cat([torch.nn.functional.pad(part, (0, 0, width - part.shape[2], 0)) for part in parts])[index]
+
+        merged = DynamicCache(config=self.model.config)
+        for layer in range(len(blocks[0][0].layers)):
+            merged.update(stacked([cache.layers[layer].keys for cache, _ in blocks]),
+                          stacked([cache.layers[layer].values for cache, _ in blocks]), layer)
+        mask = torch.cat([torch.nn.functional.pad(mask, (width - mask.shape[1], 0)) for _, mask in blocks])[index]
+        return merged, mask
+
+    def _take(self, past: tuple[DynamicCache, torch.Tensor],
+              rows: list[int]) -> tuple[DynamicCache, torch.Tensor] | None:
+        """A new cache and attention mask of some rows of `past`, without the leading slots that are masked
+        in all of them (None: nothing left)."""
+        cache, mask = past
+        index = torch.tensor(rows, device=self.device)
+        mask = mask[index]
+        used = mask.any(0).nonzero()
+        if len(used) == 0:
+            return None
+        cut = int(used[0])
+        taken = DynamicCache(config=self.model.config)
+        for layer, cached in enumerate(cache.layers):
+            taken.update(cached.keys[index, :, cut:], cached.values[index, :, cut:], layer)
+        return taken, mask[:, cut:]
 
     def _generate_batch(self, rows: list[list[int]], params: SamplingParams, generator: torch.Generator | None,
                         reuse_prefix: bool, progress: tqdm) -> list[Generation]:
