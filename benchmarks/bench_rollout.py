@@ -10,7 +10,11 @@ tokens per second, and the share of wall time spent in generation and in retriev
     python benchmarks/bench_rollout.py --model default --index runs/quickstart/index/minilm-flat
     python benchmarks/bench_rollout.py --model ~/.cache/agentic_retriever/agents/sft-XXXX   # the warm-started agent
 
-Needs the quickstart data and index (`make demo` writes them).
+Needs the quickstart data and index (`make demo` writes them). On a machine that cannot hold the weights
+or the index (e.g. a GPU host without the project's dependencies), `--random-weights FOLDER` builds the
+model of FOLDER's config with random weights (it rarely closes a tag, so every turn runs to the token cap:
+a measure of the batching mechanics, not of the agent) and `--fixed-passages CORPUS` answers every search
+with the first `topk` passages of CORPUS instead of an index.
 """
 
 from __future__ import annotations
@@ -35,6 +39,38 @@ class Timed:
             self.seconds += time.perf_counter() - started
 
 
+class FixedPassages:
+    """A retrieval client that answers every query with the first passages of a corpus file."""
+
+    def __init__(self, corpus: str):
+        import json
+
+        from agentic_retriever.corpus import split_contents
+        from agentic_retriever.index.base import ScoredPassage
+
+        with open(corpus, encoding="utf-8") as handle:
+            rows = [json.loads(next(handle)) for _ in range(10)]
+        self.passages = [ScoredPassage(r["id"], *split_contents(r["contents"]), 1.0) for r in rows]
+
+    def retrieve(self, queries, topk, questions=None):
+        return [self.passages[:topk] for _ in queries]
+
+
+def random_weights_llm(folder: str, batch_size: int):
+    """The transformers backend over FOLDER's architecture with seeded random weights (bf16 on a GPU)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from agentic_retriever.llm.transformers import TransformersLLM
+
+    torch.manual_seed(0)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=dtype).to(device).eval()
+    return TransformersLLM(model, AutoTokenizer.from_pretrained(folder), name=f"random:{folder}",
+                           max_batch_size=batch_size)
+
+
 def main() -> None:
     parser = base_parser(__doc__)
     parser.add_argument("--model", default="default", help="agent model (hub name, folder or 'default')")
@@ -44,22 +80,31 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16, help="questions per batched rollout call")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="generated tokens per turn")
     parser.add_argument("--max-turns", type=int, default=4)
+    parser.add_argument("--random-weights", metavar="FOLDER", help="FOLDER's architecture and tokenizer, random weights")
+    parser.add_argument("--fixed-passages", metavar="CORPUS", help="answer every search with CORPUS's first passages")
     args = parser.parse_args()
 
     from agent.env import EnvConfig, rollout
     from agent.qa_data import read_qa_rows
     from agentic_retriever.client import LocalRetrievalClient
-    from agentic_retriever.index import open_index
     from agentic_retriever.llm import LLMConfig, load_llm
+
+    def open_index(folder):
+        from agentic_retriever.index import open_index as open_folder
+
+        return open_folder(folder)
 
     device = describe_device()
     print(device_line(device))
     rows = read_qa_rows(args.qa)[: args.questions]
-    llm = load_llm(LLMConfig(model=args.model, max_batch_size=args.batch_size))
-    client = LocalRetrievalClient(open_index(args.index))
+    llm = (random_weights_llm(args.random_weights, args.batch_size) if args.random_weights
+           else load_llm(LLMConfig(model=args.model, max_batch_size=args.batch_size)))
+    client = FixedPassages(args.fixed_passages) if args.fixed_passages else LocalRetrievalClient(open_index(args.index))
     config = EnvConfig(max_turns=args.max_turns, max_new_tokens_per_turn=args.max_new_tokens)
     questions = [r.question for r in rows]
-    print(f"rollouts: {len(questions)} questions from {args.qa}; model {args.model}; index {args.index}; "
+    model = f"{args.random_weights} (random weights)" if args.random_weights else args.model
+    retriever = f"first passages of {args.fixed_passages}" if args.fixed_passages else f"index {args.index}"
+    print(f"rollouts: {len(questions)} questions from {args.qa}; model {model}; {retriever}; "
           f"max {args.max_turns} turns x {args.max_new_tokens} new tokens; greedy", flush=True)
     rollout(questions[:2], llm, client, config)  # warm-up, not measured
 
