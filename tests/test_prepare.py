@@ -20,7 +20,7 @@ def test_split_keeps_every_leaf_with_its_top_level_question():
         {"id": f"{qid}-b", "question": "b?", "answer": 2, "decomposition": [
             {"id": f"{qid}-b1", "question": "b1?", "answer": "3", "decomposition": [], "evidence": {"title": "T2"}}]},
     ]}
-    leaves, multihop = fanoutqa_rows([tree(f"q{i}") for i in range(40)], {"T1"}, 0.5)
+    leaves, multihop = fanoutqa_rows([tree(f"q{i}") for i in range(40)], {"T1": '"T1"\nIt is 1 of 12.'}, 0.5)
     assert leaves["train"] and leaves["dev"]
     for split in ("train", "dev"):
         parents = {r["parent_id"] for r in leaves[split]}
@@ -28,8 +28,19 @@ def test_split_keeps_every_leaf_with_its_top_level_question():
     assert not {r["parent_id"] for r in leaves["train"]} & {r["parent_id"] for r in leaves["dev"]}
     leaf = next(r for r in leaves["train"] + leaves["dev"] if r["id"] == "q0-b1")
     assert leaf["supporting_titles"] == ["T2"] and leaf["evidence_in_corpus"] is False
+    assert leaf["answer_in_evidence"] is False
+    in_corpus = next(r for r in leaves["train"] + leaves["dev"] if r["id"] == "q0-a")
+    assert in_corpus["evidence_in_corpus"] is True and in_corpus["answer_in_evidence"] is True  # "1", not "12"
     top = next(r for r in multihop["train"] + multihop["dev"] if r["id"] == "q0")
     assert top["supporting_titles"] == ["T1", "T2"] and top["leaf_ids"] == ["q0-a", "q0-b1"]
+
+
+def test_answer_in_evidence_matches_on_word_boundaries_only():
+    tree = {"id": "q", "question": "q?", "answer": "x", "decomposition": [
+        {"id": "q-a", "question": "a?", "answer": "4", "decomposition": [], "evidence": {"title": "T"}}]}
+    leaves, _ = fanoutqa_rows([tree], {"T": '"T"\nFounded in 1234.'}, 0.5)
+    (leaf,) = leaves["train"] + leaves["dev"]
+    assert leaf["evidence_in_corpus"] is True and leaf["answer_in_evidence"] is False
 
 
 def test_prepare_defaults_writes_the_embedded_corpus_and_fanoutqa_splits(tmp_path):
@@ -38,6 +49,10 @@ def test_prepare_defaults_writes_the_embedded_corpus_and_fanoutqa_splits(tmp_pat
     assert sum(summary["leaf_questions"].values()) == 2142
     assert sum(summary["leaf_questions_with_evidence_in_corpus"].values()) == 558
     assert sum(summary["multihop_questions"].values()) == 310
+    answerable = summary["leaf_questions_with_answer_in_evidence"]
+    assert 0 < answerable["train"] < summary["leaf_questions_with_evidence_in_corpus"]["train"]
+    rows = [json.loads(line) for line in (tmp_path / "fanoutqa_leaf_train_answerable.jsonl").open()]
+    assert len(rows) == answerable["train"] and all(r["answer_in_evidence"] and r["evidence_in_corpus"] for r in rows)
     first = json.loads((tmp_path / "corpus.jsonl").open().readline())
     assert set(first) == {"id", "contents"} and first["id"] == "0" and first["contents"].startswith('"')
     assert len(Corpus.open(tmp_path / "corpus.jsonl")) == 10033

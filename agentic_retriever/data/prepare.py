@@ -7,6 +7,9 @@ Writes, into one folder:
   FlashRAG QA rows (``id``, ``question``, ``golden_answers``, ``supporting_titles``) plus ``parent_id``;
 * ``fanoutqa_leaf_{train,dev}_in_corpus.jsonl``: the leaves whose evidence page is in the corpus (the
   ones retrieval, and an agent answering from what it retrieves, can get right);
+* ``fanoutqa_leaf_{train,dev}_answerable.jsonl``: of those, the leaves with a golden answer inside the
+  evidence passage (normalised, on word boundaries): the ones where the right passage alone lets a reader
+  answer, so answer correctness after a passage (mining's GAC) measures that passage;
 * ``fanoutqa_multihop_{train,dev}.jsonl``: the top-level questions with the evidence titles of all
   their leaves (for evidence recall of whole trajectories);
 * ``prepare_summary.json``: counts, including how many leaves have their evidence page in the corpus.
@@ -24,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..defaults import fanoutqa_dev_path, wiki_summaries_path
-from ..jsonl import write_json, write_jsonl
+from ..eval.qa import contains_match
+from ..jsonl import atomic_write, write_json
 
 
 @dataclass
@@ -34,7 +38,7 @@ class PrepareConfig:
 
 
 #: Bump when the set of files written changes, so an older prepared folder is rewritten.
-FILES_VERSION = 2
+FILES_VERSION = 3
 
 
 def answer_strings(answer) -> list[str]:
@@ -70,11 +74,19 @@ def _leaves(node: dict) -> Iterator[dict]:
 def corpus_rows(summaries: dict) -> list[dict]:
     """Search-R1 corpus rows, one per summary, ids in title order."""
     entries = sorted(summaries.values(), key=lambda e: e["title"])
-    return [{"id": str(i), "contents": f'"{e["title"]}"\n{e["extract"].strip()}'} for i, e in enumerate(entries)]
+    return [{"id": str(i), "contents": _passage(e)} for i, e in enumerate(entries)]
 
 
-def fanoutqa_rows(questions: list[dict], corpus_titles: set[str], dev_fraction: float):
-    """(leaf rows, multi-hop rows), each split into {'train': [...], 'dev': [...]}."""
+def _passage(entry: dict) -> str:
+    return f'"{entry["title"]}"\n{entry["extract"].strip()}'
+
+
+def fanoutqa_rows(questions: list[dict], corpus_text: dict[str, str], dev_fraction: float):
+    """(leaf rows, multi-hop rows), each split into {'train': [...], 'dev': [...]}.
+
+    `corpus_text` maps a page title to its passage text; a leaf is ``evidence_in_corpus`` when its evidence
+    page is a key, and ``answer_in_evidence`` when a golden answer also occurs in that passage.
+    """
     leaves: dict[str, list[dict]] = {"train": [], "dev": []}
     multihop: dict[str, list[dict]] = {"train": [], "dev": []}
     for question in questions:
@@ -85,7 +97,9 @@ def fanoutqa_rows(questions: list[dict], corpus_titles: set[str], dev_fraction: 
             leaves[split].append({
                 "id": leaf["id"], "question": leaf["question"], "golden_answers": answer_strings(leaf["answer"]),
                 "supporting_titles": [title] if title else [], "parent_id": question["id"],
-                "evidence_in_corpus": title in corpus_titles,
+                "evidence_in_corpus": title in corpus_text,
+                "answer_in_evidence": bool(title in corpus_text
+                                           and contains_match(corpus_text[title], answer_strings(leaf["answer"]))),
             })
             if title and title not in titles:
                 titles.append(title)
@@ -94,6 +108,16 @@ def fanoutqa_rows(questions: list[dict], corpus_titles: set[str], dev_fraction: 
             "supporting_titles": titles, "leaf_ids": [leaf["id"] for leaf in _leaves(question)],
         })
     return leaves, multihop
+
+
+def _write_if_changed(path: Path, rows: list[dict]) -> None:
+    """Write `rows` as JSONL atomically, unless the file already holds exactly them (its date then stays, so
+    caches keyed on it, like the corpus's Arrow copy, remain valid when a newer prepare adds files)."""
+    text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+    if path.is_file() and path.read_text(encoding="utf-8") == text:
+        return
+    with atomic_write(path) as handle:
+        handle.write(text)
 
 
 def prepare_defaults(config: PrepareConfig) -> dict:
@@ -108,18 +132,22 @@ def prepare_defaults(config: PrepareConfig) -> dict:
             return done
     summaries = json.loads(wiki_summaries_path().read_text(encoding="utf-8"))
     corpus = corpus_rows(summaries)
-    write_jsonl(out / "corpus.jsonl", corpus)
-    titles = {e["title"] for e in summaries.values()}
+    _write_if_changed(out / "corpus.jsonl", corpus)
+    text = {e["title"]: _passage(e) for e in summaries.values()}
     questions = json.loads(fanoutqa_dev_path().read_text(encoding="utf-8"))
-    leaves, multihop = fanoutqa_rows(questions, titles, config.dev_fraction)
+    leaves, multihop = fanoutqa_rows(questions, text, config.dev_fraction)
     for split in ("train", "dev"):
-        write_jsonl(out / f"fanoutqa_leaf_{split}.jsonl", leaves[split])
-        write_jsonl(out / f"fanoutqa_leaf_{split}_in_corpus.jsonl", [r for r in leaves[split] if r["evidence_in_corpus"]])
-        write_jsonl(out / f"fanoutqa_multihop_{split}.jsonl", multihop[split])
+        _write_if_changed(out / f"fanoutqa_leaf_{split}.jsonl", leaves[split])
+        _write_if_changed(out / f"fanoutqa_leaf_{split}_in_corpus.jsonl",
+                          [r for r in leaves[split] if r["evidence_in_corpus"]])
+        _write_if_changed(out / f"fanoutqa_leaf_{split}_answerable.jsonl",
+                          [r for r in leaves[split] if r["answer_in_evidence"]])
+        _write_if_changed(out / f"fanoutqa_multihop_{split}.jsonl", multihop[split])
     summary = {
         "corpus_passages": len(corpus),
         "leaf_questions": {s: len(leaves[s]) for s in leaves},
         "leaf_questions_with_evidence_in_corpus": {s: sum(r["evidence_in_corpus"] for r in leaves[s]) for s in leaves},
+        "leaf_questions_with_answer_in_evidence": {s: sum(r["answer_in_evidence"] for r in leaves[s]) for s in leaves},
         "multihop_questions": {s: len(multihop[s]) for s in multihop},
         "dev_fraction": config.dev_fraction,
         "files_version": FILES_VERSION,
