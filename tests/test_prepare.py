@@ -16,9 +16,9 @@ def test_answers_become_one_golden_string(answer, expected):
 
 def test_split_keeps_every_leaf_with_its_top_level_question():
     tree = lambda qid: {"id": qid, "question": f"{qid}?", "answer": "x", "decomposition": [  # noqa: E731
-        {"id": f"{qid}-a", "question": "a?", "answer": "1", "decomposition": [], "evidence": {"title": "T1"}},
-        {"id": f"{qid}-b", "question": "b?", "answer": 2, "decomposition": [
-            {"id": f"{qid}-b1", "question": "b1?", "answer": "3", "decomposition": [], "evidence": {"title": "T2"}}]},
+        {"id": f"{qid}-a", "question": f"{qid} a?", "answer": "1", "decomposition": [], "evidence": {"title": "T1"}},
+        {"id": f"{qid}-b", "question": f"{qid} b?", "answer": 2, "decomposition": [
+            {"id": f"{qid}-b1", "question": f"{qid} b1?", "answer": "3", "decomposition": [], "evidence": {"title": "T2"}}]},
     ]}
     leaves, multihop = fanoutqa_rows([tree(f"q{i}") for i in range(40)], {"T1": '"T1"\nIt is 1 of 12.'}, 0.5)
     assert leaves["train"] and leaves["dev"]
@@ -35,6 +35,21 @@ def test_split_keeps_every_leaf_with_its_top_level_question():
     assert top["supporting_titles"] == ["T1", "T2"] and top["leaf_ids"] == ["q0-a", "q0-b1"]
 
 
+def test_shared_leaves_appear_once_and_never_in_train_when_dev_has_them():
+    shared = {"id": "cap", "question": "What is the capital of China?", "answer": "Beijing", "decomposition": [],
+              "evidence": {"title": "China"}}
+    questions = [{"id": f"q{i}", "question": f"q{i}?", "answer": "x", "decomposition": [
+        dict(shared), {"id": f"own{i}", "question": f"own {i}?", "answer": "y", "decomposition": []}]}
+        for i in range(40)]
+    leaves, multihop = fanoutqa_rows(questions, {}, 0.5)
+    assert [r["id"] for r in leaves["dev"]].count("cap") == 1
+    assert "cap" not in [r["id"] for r in leaves["train"]]
+    assert all(len({r["id"] for r in rows}) == len(rows) for rows in leaves.values())
+    assert all("cap" in r["leaf_ids"] for r in multihop["train"] + multihop["dev"])  # multi-hop rows keep it
+    assert {r["id"] for r in leaves["train"]} == {f"own{i}" for i in range(40) if f"q{i}" in
+                                                  {r["id"] for r in multihop["train"]}}
+
+
 def test_answer_in_evidence_matches_on_word_boundaries_only():
     tree = {"id": "q", "question": "q?", "answer": "x", "decomposition": [
         {"id": "q-a", "question": "a?", "answer": "4", "decomposition": [], "evidence": {"title": "T"}}]}
@@ -46,8 +61,8 @@ def test_answer_in_evidence_matches_on_word_boundaries_only():
 def test_prepare_defaults_writes_the_embedded_corpus_and_fanoutqa_splits(tmp_path):
     summary = prepare_defaults(PrepareConfig(out=str(tmp_path), dev_fraction=0.3))
     assert summary["corpus_passages"] == 10033
-    assert sum(summary["leaf_questions"].values()) == 2142
-    assert sum(summary["leaf_questions_with_evidence_in_corpus"].values()) == 558
+    assert sum(summary["leaf_questions"].values()) < 2142  # shared leaves counted once
+    assert 500 < sum(summary["leaf_questions_with_evidence_in_corpus"].values()) <= 558
     assert sum(summary["multihop_questions"].values()) == 310
     answerable = summary["leaf_questions_with_answer_in_evidence"]
     assert 0 < answerable["train"] < summary["leaf_questions_with_evidence_in_corpus"]["train"]

@@ -38,7 +38,7 @@ class PrepareConfig:
 
 
 #: Bump when the set of files written changes, so an older prepared folder is rewritten.
-FILES_VERSION = 3
+FILES_VERSION = 4
 
 
 def answer_strings(answer) -> list[str]:
@@ -86,6 +86,10 @@ def fanoutqa_rows(questions: list[dict], corpus_text: dict[str, str], dev_fracti
 
     `corpus_text` maps a page title to its passage text; a leaf is ``evidence_in_corpus`` when its evidence
     page is a key, and ``answer_in_evidence`` when a golden answer also occurs in that passage.
+
+    FanOutQA shares some leaves between top-level questions ("What is the capital of China?" under four of
+    them, sometimes across the split): each split keeps a leaf once (its first parent), and a train leaf
+    whose id or question text is also a dev leaf is left out of train, so no dev leaf is trained on.
     """
     leaves: dict[str, list[dict]] = {"train": [], "dev": []}
     multihop: dict[str, list[dict]] = {"train": [], "dev": []}
@@ -107,7 +111,18 @@ def fanoutqa_rows(questions: list[dict], corpus_text: dict[str, str], dev_fracti
             "id": question["id"], "question": question["question"], "golden_answers": answer_strings(question["answer"]),
             "supporting_titles": titles, "leaf_ids": [leaf["id"] for leaf in _leaves(question)],
         })
-    return leaves, multihop
+    dev_keys = {key for row in leaves["dev"] for key in _leaf_keys(row)}
+    leaves["train"] = [row for row in leaves["train"] if not _leaf_keys(row) & dev_keys]
+    return {split: _first_of_each_id(rows) for split, rows in leaves.items()}, multihop
+
+
+def _leaf_keys(row: dict) -> set[str]:
+    return {f"id:{row['id']}", f"q:{' '.join(row['question'].lower().split())}"}
+
+
+def _first_of_each_id(rows: list[dict]) -> list[dict]:
+    seen: set[str] = set()
+    return [row for row in rows if not (row["id"] in seen or seen.add(row["id"]))]
 
 
 def _write_if_changed(path: Path, rows: list[dict]) -> None:
