@@ -36,6 +36,8 @@ class WarmStartConfig:
     """Settings of `agentic-retriever agent sft` (the `agent_sft` section of a config file)."""
 
     qa: str = field(default="", metadata={"help": "leaf QA rows with supporting_titles (the train split)"})
+    exclude_qa: str = field(default="", metadata={
+        "help": "QA rows held out of the warm start (by id), e.g. the questions mining will use"})
     index: str = field(default="", metadata={"help": "index folder searched in process"})
     url: str = field(default="", metadata={"help": "or a retrieval service URL"})
     out: str = field(default="", metadata={"help": "model folder to write (default: the cache, keyed by inputs)"})
@@ -68,7 +70,12 @@ def warm_start_agent(config: WarmStartConfig) -> Path:
     model_path = resolve_llm_name(config.train.model)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     client = open_retrieval_client(config.index, config.url)
-    examples, counts = synthesize_sft_examples(read_qa_rows(config.qa), client, tokenizer, config.synthesis)
+    rows = read_qa_rows(config.qa)
+    if config.exclude_qa:
+        held_out = {row.id for row in read_qa_rows(config.exclude_qa)}
+        rows = [row for row in rows if row.id not in held_out]
+        log.info("warm start on %d questions (%d held out by %s)", len(rows), len(held_out), config.exclude_qa)
+    examples, counts = synthesize_sft_examples(rows, client, tokenizer, config.synthesis)
     if not examples:
         raise ValueError(f"no warm-start trajectory could be built from {config.qa}: no retrieved evidence passage "
                          f"holds its question's answer ({counts})")

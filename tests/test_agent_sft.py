@@ -202,3 +202,6 @@ def test_the_warm_started_agent_is_cached_by_its_inputs(tmp_path, tiny_causal_lm
     config.train.epochs = 3
     assert warm_start.warm_start_agent(config) != first and len(trained) == 2, "other settings: trained again"
     assert json.loads((first / "sft_manifest.json").read_text())["synthesis_counts"]["examples"] == 3
+    config.exclude_qa = str(qa)
+    with pytest.raises(ValueError, match="no warm-start trajectory"):
+        warm_start.warm_start_agent(config)  # its only question is held out
