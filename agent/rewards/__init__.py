@@ -1,0 +1,49 @@
+"""Rewards for search agents: pure functions of (response, golden answers), registered by name.
+
+A response is its text (prompt excluded) or an object carrying it (`agent.trajectory.Trajectory`,
+`agent.env.Rollout`); golden answers are a string or a list of alternatives. `get_reward(name, **options)`
+returns ``reward(response, golden) -> float``; `agent.rewards.verl` exposes each with verl's
+``compute_score(data_source, solution_str, ground_truth, extra_info)`` signature.
+
+Registered (search_r1_empirical_study.txt; IMPLEMENTATION_NOTES.md "Search-R1 and the empirical study"):
+
+=============================  ===================================================================
+``search_r1_em``               Eq. 2: EM of the last ``<answer>`` with a golden answer (1 / 0)
+``search_r1_valid_format``     f_format: the ``is_valid_sequence`` state machine (1 / 0)
+``search_r1_retrieval_hit``    f_ret: a golden answer is in an ``<information>`` block (1 / 0)
+``search_r1_format``           Eq. 3, release variant (1, 1-lambda_f, lambda_f, 0.1 or 0)
+``search_r1_format_paper``     Eq. 3, paper variant (1, 1-lambda_f, lambda_f, 0)
+``search_r1_retrieval``        Eq. 4, release variant (Eq. 3 + lambda_r for a retrieved gold)
+``search_r1_retrieval_paper``  Eq. 4, paper variant
+=============================  ===================================================================
+
+    from agent.rewards import get_reward
+    get_reward("search_r1_retrieval", lambda_f=0.4)(trajectory, trajectory.golden_answers)
+"""
+
+from __future__ import annotations
+
+from .base import Response, response_text
+from .format_reward import (
+    SearchR1Judgement,
+    format_reward,
+    format_reward_paper,
+    judge,
+    retrieval_reward,
+    retrieval_reward_paper,
+    shaped_reward,
+)
+from .outcome import em_reward, extract_answer
+from .registry import REWARDS, get_reward, register, reward_options
+from .retrieval import gold_in_information, information_blocks, retrieval_hit_reward
+from .sequence import (
+    QWEN_ASSISTANT_MARKER,
+    SequenceCheck,
+    is_valid_sequence,
+    valid_format_reward,
+)
+
+__all__ = ["QWEN_ASSISTANT_MARKER", "REWARDS", "Response", "SearchR1Judgement", "SequenceCheck", "em_reward",
+           "extract_answer", "format_reward", "format_reward_paper", "get_reward", "gold_in_information",
+           "information_blocks", "is_valid_sequence", "judge", "register", "response_text", "retrieval_hit_reward",
+           "retrieval_reward", "retrieval_reward_paper", "reward_options", "shaped_reward", "valid_format_reward"]

@@ -1,0 +1,85 @@
+"""The rewards with verl's custom reward signature ``compute_score(data_source, solution_str, ground_truth, extra_info)``.
+
+verl (the cluster-scale RL trainer; ARCHITECTURE.md "Backends and scale") calls a custom reward function as
+``fn(data_source=..., solution_str=..., ground_truth=..., extra_info=...)`` with ``solution_str`` the decoded
+response (prompt excluded) and ``ground_truth`` the row's ``reward_model.ground_truth``; the options in
+``custom_reward_function.reward_kwargs`` arrive as keyword arguments. Point verl at this file:
+
+    custom_reward_function.path=agent/rewards/verl.py
+    custom_reward_function.name=search_r1_format            # or compute_score / search_r1_em / ...
+    +custom_reward_function.reward_kwargs.lambda_f=0.4      # the reward's options (agent.rewards.reward_options)
+
+``compute_score`` scores with the registered reward named by its ``reward`` option (default ``search_r1_em``,
+Search-R1's reward); every registered reward also has a function of its own name here. ``data_source`` and
+``extra_info`` do not change the score (Search-R1's QA sets all use the same reward).
+
+``ground_truth`` may be Search-R1's ``{"target": [...]}`` (its data preparation writes the golden answers
+there; read back from parquet the list is a numpy array), a list or tuple of golden answers, or one string.
+Anything else, a dict without ``"target"`` and an empty answer list raise ValueError.
+
+verl loads this file by path as a stand-alone module, so it imports the package absolutely (``agent`` must be
+installed, e.g. ``pip install -e .``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from agent.rewards.registry import REWARDS, get_reward
+from agentic_retriever.eval.qa import golden_strings
+
+__all__ = ["compute_score", "golden_answers_from_ground_truth", "search_r1_em", "search_r1_format",
+           "search_r1_format_paper", "search_r1_retrieval", "search_r1_retrieval_hit", "search_r1_retrieval_paper",
+           "search_r1_valid_format"]
+
+DEFAULT_REWARD = "search_r1_em"
+
+
+def golden_answers_from_ground_truth(ground_truth: Any) -> list[str]:
+    """The golden answers in a verl ``ground_truth``: ``{"target": answers}``, a list/tuple/array of them, or a str."""
+    answers = ground_truth
+    if isinstance(answers, Mapping):
+        if "target" not in answers:
+            raise ValueError(f"ground_truth dict has no 'target' key (keys: {', '.join(map(str, answers))}); "
+                             "expected Search-R1's {'target': [golden answers]}")
+        answers = answers["target"]
+    if not isinstance(answers, str) and hasattr(answers, "tolist"):  # numpy array read back from parquet
+        answers = answers.tolist()
+    if not isinstance(answers, (str, list, tuple)):
+        raise ValueError(  # noqa: TRY004 (a bad value in the data, reported like the others)
+            f"ground_truth must be {{'target': [...]}}, a list of golden answers or a string, "
+            f"got {type(answers).__name__}: {answers!r:.80}")
+    try:
+        golds = golden_strings(answers)
+    except TypeError as error:
+        raise ValueError(f"ground_truth holds something other than answer strings: {error}") from None
+    if not golds:
+        raise ValueError("ground_truth holds no golden answers")
+    return golds
+
+
+def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None, *,
+                  reward: str = DEFAULT_REWARD, **options: Any) -> float:
+    """verl's signature over the registered reward `reward` with `options` (e.g. ``lambda_f=0.4``)."""
+    if not isinstance(solution_str, str):
+        raise TypeError(f"solution_str must be the decoded response text, got {type(solution_str).__name__}")
+    return float(get_reward(reward, **options)(solution_str, golden_answers_from_ground_truth(ground_truth)))
+
+
+def _named(reward: str) -> Callable[..., float]:
+    def score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None,
+              **options: Any) -> float:
+        return compute_score(data_source, solution_str, ground_truth, extra_info, reward=reward, **options)
+    score.__name__ = score.__qualname__ = reward
+    score.__doc__ = f"verl's signature over the reward {reward!r}: {REWARDS[reward].__doc__}"
+    return score
+
+
+search_r1_em = _named("search_r1_em")
+search_r1_valid_format = _named("search_r1_valid_format")
+search_r1_retrieval_hit = _named("search_r1_retrieval_hit")
+search_r1_format = _named("search_r1_format")
+search_r1_format_paper = _named("search_r1_format_paper")
+search_r1_retrieval = _named("search_r1_retrieval")
+search_r1_retrieval_paper = _named("search_r1_retrieval_paper")
