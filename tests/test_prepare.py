@@ -68,6 +68,9 @@ def test_prepare_defaults_writes_the_embedded_corpus_and_fanoutqa_splits(tmp_pat
     assert 0 < answerable["train"] < summary["leaf_questions_with_evidence_in_corpus"]["train"]
     rows = [json.loads(line) for line in (tmp_path / "fanoutqa_leaf_train_answerable.jsonl").open()]
     assert len(rows) == answerable["train"] and all(r["answer_in_evidence"] and r["evidence_in_corpus"] for r in rows)
+    mining = [json.loads(line) for line in (tmp_path / "fanoutqa_leaf_train_mining.jsonl").open()]
+    assert 0 < len(mining) == summary["leaf_questions_for_mining"] < len(rows)
+    assert {r["id"] for r in mining} <= {r["id"] for r in rows}
     first = json.loads((tmp_path / "corpus.jsonl").open().readline())
     assert set(first) == {"id", "contents"} and first["id"] == "0" and first["contents"].startswith('"')
     assert len(Corpus.open(tmp_path / "corpus.jsonl")) == 10033

@@ -10,6 +10,9 @@ Writes, into one folder:
 * ``fanoutqa_leaf_{train,dev}_answerable.jsonl``: of those, the leaves with a golden answer inside the
   evidence passage (normalised, on word boundaries): the ones where the right passage alone lets a reader
   answer, so answer correctness after a passage (mining's GAC) measures that passage;
+* ``fanoutqa_leaf_train_mining.jsonl``: a share (``mining_fraction``, by a hash of the leaf id) of the train
+  answerable leaves, for agent rollouts and utility mining; the quickstart warm start holds them out, so GAC
+  measures the passage, not an answer the agent memorised during its warm start;
 * ``fanoutqa_multihop_{train,dev}.jsonl``: the top-level questions with the evidence titles of all
   their leaves (for evidence recall of whole trajectories);
 * ``prepare_summary.json``: counts, including how many leaves have their evidence page in the corpus.
@@ -35,10 +38,12 @@ from ..jsonl import atomic_write, write_json
 class PrepareConfig:
     out: str = field(default="runs/quickstart/data", metadata={"help": "folder to write the corpus and QA files to"})
     dev_fraction: float = field(default=0.3, metadata={"help": "share of top-level FanOutQA questions in dev"})
+    mining_fraction: float = field(default=0.5, metadata={
+        "help": "share of the train answerable leaves set aside for mining (held out of the warm start)"})
 
 
 #: Bump when the set of files written changes, so an older prepared folder is rewritten.
-FILES_VERSION = 4
+FILES_VERSION = 5
 
 
 def answer_strings(answer) -> list[str]:
@@ -137,13 +142,15 @@ def _write_if_changed(path: Path, rows: list[dict]) -> None:
 
 def prepare_defaults(config: PrepareConfig) -> dict:
     """Write the default corpus and FanOutQA splits to `config.out`; return the summary counts."""
-    if not 0.0 < config.dev_fraction < 1.0:
-        raise ValueError(f"dev_fraction must be between 0 and 1, got {config.dev_fraction}")
+    for name in ("dev_fraction", "mining_fraction"):
+        if not 0.0 < getattr(config, name) < 1.0:
+            raise ValueError(f"{name} must be between 0 and 1, got {getattr(config, name)}")
     out = Path(config.out)
     summary_path = out / "prepare_summary.json"
     if summary_path.is_file():  # written last: the folder is complete; keep file dates (caches)
         done = json.loads(summary_path.read_text())
-        if done.get("dev_fraction") == config.dev_fraction and done.get("files_version") == FILES_VERSION:
+        if (done.get("dev_fraction"), done.get("mining_fraction"), done.get("files_version")) == (
+                config.dev_fraction, config.mining_fraction, FILES_VERSION):
             return done
     summaries = json.loads(wiki_summaries_path().read_text(encoding="utf-8"))
     corpus = corpus_rows(summaries)
@@ -158,13 +165,17 @@ def prepare_defaults(config: PrepareConfig) -> dict:
         _write_if_changed(out / f"fanoutqa_leaf_{split}_answerable.jsonl",
                           [r for r in leaves[split] if r["answer_in_evidence"]])
         _write_if_changed(out / f"fanoutqa_multihop_{split}.jsonl", multihop[split])
+    mining = [r for r in leaves["train"] if r["answer_in_evidence"] and is_dev(r["id"], config.mining_fraction)]
+    _write_if_changed(out / "fanoutqa_leaf_train_mining.jsonl", mining)
     summary = {
         "corpus_passages": len(corpus),
         "leaf_questions": {s: len(leaves[s]) for s in leaves},
         "leaf_questions_with_evidence_in_corpus": {s: sum(r["evidence_in_corpus"] for r in leaves[s]) for s in leaves},
         "leaf_questions_with_answer_in_evidence": {s: sum(r["answer_in_evidence"] for r in leaves[s]) for s in leaves},
+        "leaf_questions_for_mining": len(mining),
         "multihop_questions": {s: len(multihop[s]) for s in multihop},
         "dev_fraction": config.dev_fraction,
+        "mining_fraction": config.mining_fraction,
         "files_version": FILES_VERSION,
     }
     write_json(summary_path, summary)
