@@ -8,7 +8,7 @@ the model learns to act on what it reads, not to reproduce retrieved text.
 Training runs on Hugging Face's `transformers.Trainer` (checkpoints, resume, schedule, progress bar);
 this module adds only the trajectory tokenisation with its loss mask, optional LoRA (peft, merged into
 the weights at the end so the result is a plain HF model folder that our backends and vLLM load), the
-atomic export and a loss-curve PNG.
+atomic export and the training curves (``metrics.jsonl``, ``training_curves.png``).
 
     examples = read_sft_examples("sft_train.jsonl")
     train_sft(SFTConfig(model="default", epochs=2), examples, out="runs/agent-sft")
@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Literal
 
 from agentic_retriever.jsonl import DataFormatError, atomic_write, iter_jsonl, require_field
+from agentic_retriever.training.curves import write_training_curves
 
 __all__ = ["SFTConfig", "SFTExample", "data_fingerprint", "read_sft_examples", "tokenize_example", "train_sft", "write_sft_examples"]
 
@@ -221,7 +222,7 @@ def train_sft(config: SFTConfig, examples: Sequence[SFTExample], out: str | Path
     trained.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     (tmp / "sft_manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
-    _plot_loss(trainer.state.log_history, tmp / "sft_loss.png")
+    write_training_curves(trainer.state.log_history, tmp, "agent SFT (loss on generated tokens only)")
     if out.exists():
         shutil.rmtree(out)
     tmp.rename(out)
@@ -230,21 +231,3 @@ def train_sft(config: SFTConfig, examples: Sequence[SFTExample], out: str | Path
              result.training_loss)
     return out
 
-
-def _plot_loss(history: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    points = [(h["step"], h["loss"]) for h in history if "loss" in h and "step" in h]
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    if points:
-        ax.plot(*zip(*points), marker="o", markersize=3)
-    ax.set_xlabel("update")
-    ax.set_ylabel("loss (generated tokens only)")
-    ax.set_title("agent SFT")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

@@ -13,6 +13,7 @@ override single fields. Run ``agentic-retriever COMMAND --help`` for the fields.
     agent eval              [agent_eval]       EM / F1 / contains-EM / searches / evidence recall of trajectories
     mine                    [mine]             utility mining: trajectories -> Agentic-R retriever training rows
     mine-merge              [mine_merge]       join the outputs of mining shards
+    retriever train         [train_retriever]  contrastive training on mined rows -> sentence-transformers folder
     demo                    [demo]             the main job on the embedded default stack
 """
 
@@ -102,7 +103,11 @@ def _serve(args) -> None:
 
 def _eval_retrieval(args) -> None:
     from .eval.report import render_table
-    from .eval.retrieval import RetrievalEvalConfig, evaluate_retrieval, load_judged_questions
+    from .eval.retrieval import (
+        RetrievalEvalConfig,
+        evaluate_retrieval,
+        load_judged_questions,
+    )
     from .jsonl import write_json
 
     config = build_config(RetrievalEvalConfig, "eval_retrieval", args, args.config)
@@ -134,8 +139,8 @@ def _agent_sft(args) -> None:
 
 
 def _agent_rollout(args) -> None:
-    from agent.rollouts import RolloutConfig, run_rollouts
     from agent.qa_data import read_qa_rows
+    from agent.rollouts import RolloutConfig, run_rollouts
     from agent.warm_start import open_retrieval_client
 
     from .llm import load_llm
@@ -212,6 +217,14 @@ def _mine_merge(args) -> None:
     print(f"wrote {result.rows_path} and {result.stats_path}")
 
 
+def _retriever_train(args) -> None:
+    from .training.config import RetrieverTrainConfig
+    from .training.trainer import train_retriever
+
+    out = train_retriever(build_config(RetrieverTrainConfig, "train_retriever", args, args.config))
+    print(f"wrote the trained retriever to {out} (sentence-transformers folder; model card in {out / 'README.md'})")
+
+
 def _demo(args) -> None:
     from .demo import DemoConfig, run_demo
 
@@ -233,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .demo import DemoConfig
     from .eval.retrieval import RetrievalEvalConfig
     from .index import IndexBuildConfig
+    from .training.config import RetrieverTrainConfig
 
     parser = argparse.ArgumentParser(prog="agentic-retriever", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -251,6 +265,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add(agent, "eval", _agent_eval, AgentEvalConfig, "EM, F1, contains-EM, searches and evidence recall", "agent_eval")
     _add(commands, "mine", _mine, MineCommandConfig, "mine retriever training rows from agent trajectories", "mine")
     _add(commands, "mine-merge", _mine_merge, MergeCommandConfig, "join the outputs of mining shards", "mine_merge")
+    retriever = commands.add_parser("retriever", help="the retriever").add_subparsers(dest="subcommand", required=True)
+    _add(retriever, "train", _retriever_train, RetrieverTrainConfig,
+         "contrastive training on mined rows -> a sentence-transformers folder (torchrun for several devices)",
+         "train_retriever")
     _add(commands, "demo", _demo, DemoConfig, "run the main job on the embedded default stack", "demo")
     return parser
 

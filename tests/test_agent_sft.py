@@ -139,7 +139,7 @@ def test_training_lowers_the_loss_and_saves_a_plain_hf_model(tmp_path, tiny_caus
     out = train_sft(config, examples, tmp_path / "agent", extra_manifest={"note": "test"})
     manifest = json.loads((out / "sft_manifest.json").read_text())
     assert manifest["examples_trained"] == 4 and manifest["note"] == "test" and manifest["updates"] == 16
-    assert (out / "sft_loss.png").stat().st_size > 0
+    assert (out / "training_curves.png").stat().st_size > 0 and (out / "metrics.jsonl").read_text().count("loss") >= 1
     assert not (tmp_path / "agent.checkpoints").exists() and not list(tmp_path.glob(".agent*"))
     assert not any(p.name.startswith("adapter") for p in out.iterdir()), "LoRA is merged into a plain model"
     assert _mean_loss(str(out), tokenizer, examples) < factor * _mean_loss(tiny_causal_lm_dir, tokenizer, examples)

@@ -1,0 +1,136 @@
+"""Training examples of the contrastive retriever trainer (agentic_r.txt section 4.1.2).
+
+Two row formats are read, told apart by their fields:
+
+* Agentic-R's released format (what `mine` writes; ARCHITECTURE.md "File formats"):
+  ``{"query_text", "question", "history_queries", "passage_ids": [pos, neg1, ..]}``. Passage ids refer to
+  the corpus; the query is composed with the encoder's mode (``Q [SEP] q`` for the Agentic-R retriever,
+  Eq. 4) and prefix.
+* FlagEmbedding's format for users bringing their own data: ``{"query", "pos": [text, ..], "neg": [text, ..]}``
+  with passage texts inline; one example per positive; the query is used as given (plus the prefix).
+
+Every example has 1 positive and ``num_negatives`` negatives (N = 1 + num_negatives passages; the paper's
+N = 16). Rows with more negatives keep their first ``num_negatives`` (mined rows are already a seeded sample);
+rows with fewer are an error, as is a passage id missing from the corpus; both name the file, line and field.
+With ``skip_bad_rows`` such rows are skipped and counted instead.
+
+    examples, counts = read_training_examples("retriever_train.jsonl", corpus, query_input, passage_input)
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ..corpus import Corpus
+from ..jsonl import DataFormatError, iter_jsonl, require_field
+
+__all__ = ["TrainingExample", "read_training_examples"]
+
+#: (query, question or None, earlier queries) -> the retriever input, composed and prefixed.
+QueryInput = Callable[[str, str | None, Sequence[str]], str]
+
+
+@dataclass(frozen=True)
+class TrainingExample:
+    """One contrastive example: the retriever input of the query, its positive and its negatives (texts as
+    the encoder sees them, prefixes included)."""
+
+    query: str
+    positive: str
+    negatives: tuple[str, ...]
+
+
+def read_training_examples(path: str | os.PathLike, corpus: Corpus | None, query_input: QueryInput,
+                           passage_input: Callable[[str], str], num_negatives: int | None = None,
+                           skip_bad_rows: bool = False) -> tuple[list[TrainingExample], dict[str, int]]:
+    """Read the examples of `path`; return them with counts (rows, examples, skipped per reason).
+
+    `num_negatives` None takes the first row's count. `corpus` is needed for rows with passage ids.
+    """
+    examples: list[TrainingExample] = []
+    counts: Counter[str] = Counter()
+    for line, row in iter_jsonl(path):
+        counts["rows"] += 1
+        try:
+            if "passage_ids" in row:
+                counts["format_agentic_r"] += 1
+                query, positives, negatives = _agentic_r_row(path, line, row, corpus, query_input)
+            elif "query" in row and "pos" in row:
+                counts["format_flag_embedding"] += 1
+                query, positives, negatives = _flag_embedding_row(path, line, row, query_input)
+            else:
+                raise DataFormatError(path, line, "neither an Agentic-R row (passage_ids) nor a FlagEmbedding row "
+                                                  "(query, pos, neg)", field="passage_ids")
+            if num_negatives is None:
+                num_negatives = len(negatives)
+                if num_negatives < 1:
+                    raise DataFormatError(path, line, "the first row has no negative passage", field="neg")
+            if len(negatives) < num_negatives:
+                raise DataFormatError(path, line, f"{len(negatives)} negatives, {num_negatives} needed",
+                                      field="passage_ids" if "passage_ids" in row else "neg")
+        except DataFormatError as error:
+            if not skip_bad_rows:
+                raise
+            counts[f"skipped_{_reason(error)}"] += 1
+            continue
+        negative_inputs = tuple(passage_input(text) for text in negatives[:num_negatives])
+        for positive in positives:
+            examples.append(TrainingExample(query, passage_input(positive), negative_inputs))
+    counts["examples"] = len(examples)
+    return examples, dict(counts)
+
+
+def _agentic_r_row(path, line: int, row: dict, corpus: Corpus | None, query_input: QueryInput):
+    if corpus is None:
+        raise DataFormatError(path, line, "rows with passage ids need the corpus (--corpus)", field="passage_ids")
+    ids = require_field(path, line, row, "passage_ids", list)
+    if not ids or not all(isinstance(i, str | int) and not isinstance(i, bool) for i in ids):
+        raise DataFormatError(path, line, "expected a non-empty list of passage ids", field="passage_ids")
+    ids = [str(i) for i in ids]
+    try:
+        rows = corpus.rows_of(ids)
+    except KeyError:
+        missing = next(i for i in ids if not _in_corpus(corpus, i))
+        raise DataFormatError(path, line, f"passage id {missing!r} is not in the corpus {corpus.source}",
+                              field="passage_ids") from None
+    texts = [p.contents for p in corpus.passages_at(rows)]
+    question = row.get("question")
+    if question is not None and not isinstance(question, str):
+        raise DataFormatError(path, line, f"expected str, got {type(question).__name__}", field="question")
+    history = row.get("history_queries") or []
+    if not isinstance(history, list) or not all(isinstance(q, str) for q in history):
+        raise DataFormatError(path, line, "expected a list of strings", field="history_queries")
+    query = query_input(require_field(path, line, row, "query_text", str), question, history)
+    return query, texts[:1], texts[1:]
+
+
+def _flag_embedding_row(path, line: int, row: dict, query_input: QueryInput):
+    query = require_field(path, line, row, "query", str)
+    lists = {}
+    for name in ("pos", "neg"):
+        value = require_field(path, line, row, name, list)
+        if not all(isinstance(t, str) for t in value):
+            raise DataFormatError(path, line, "expected a list of passage texts", field=name)
+        lists[name] = value
+    if not lists["pos"]:
+        raise DataFormatError(path, line, "no positive passage", field="pos")
+    return query_input(query, None, ()), lists["pos"], lists["neg"]
+
+
+def _in_corpus(corpus: Corpus, passage_id: str) -> bool:
+    try:
+        corpus.rows_of([passage_id])
+    except KeyError:
+        return False
+    return True
+
+
+def _reason(error: DataFormatError) -> str:
+    if "not in the corpus" in error.problem:
+        return "missing_passage"
+    if "negatives," in error.problem:
+        return "too_few_negatives"
+    return "malformed"

@@ -1,0 +1,299 @@
+"""Contrastive retriever training: data, the Eq. 5 loss, cross-device equivalence, resume, export."""
+
+import json
+import math
+import os
+import socket
+
+import numpy as np
+import pytest
+import torch
+
+from agentic_retriever.corpus import Corpus
+from agentic_retriever.encoder import Encoder, EncoderConfig
+from agentic_retriever.jsonl import DataFormatError
+from agentic_retriever.training.data import read_training_examples
+from agentic_retriever.training.losses import build_infonce_loss, in_batch_accuracy
+
+# ------------------------------------------------------------------------------------------------ data
+
+PASSAGES = [f"Passage number {i} about topic {i % 7} and some words {i * 13 % 11}." for i in range(40)]
+
+
+@pytest.fixture()
+def corpus_path(tmp_path):
+    path = tmp_path / "corpus.jsonl"
+    path.write_text("".join(json.dumps({"id": str(i), "contents": f'"Title {i}"\n{t}'}) + "\n"
+                            for i, t in enumerate(PASSAGES)))
+    return path
+
+
+def agentic_row(query_id: int, pos: int, negs: list[int], question: str = "Q?") -> dict:
+    return {"dataset": "t", "query_id": str(query_id), "question": question, "round_index": 1, "history_queries": [],
+            "query_text": f"topic {pos % 7} words", "passage_ids": [str(pos), *map(str, negs)],
+            "scores": [{"em": 1, "local_utility": 0.9}] + [{"em": 0, "local_utility": 0.1}] * len(negs)}
+
+
+def write_rows(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def compose(q, question, history):
+    return f"query: {question} [SEP] {q}" if question else f"query: {q}"
+
+
+def test_agentic_r_rows_become_composed_examples(tmp_path, corpus_path):
+    data = write_rows(tmp_path / "rows.jsonl", [agentic_row(1, 3, [4, 5, 6]), agentic_row(2, 7, [8, 9, 10, 11])])
+    examples, counts = read_training_examples(data, Corpus.open(corpus_path), compose, lambda t: "passage: " + t)
+    assert counts["rows"] == 2 and counts["examples"] == 2
+    assert examples[0].query == "query: Q? [SEP] topic 3 words"
+    assert examples[0].positive == f'passage: "Title 3"\n{PASSAGES[3]}'
+    assert len(examples[0].negatives) == 3 and len(examples[1].negatives) == 3  # the first row's count, first ones
+    assert examples[1].negatives[-1].endswith(PASSAGES[10])
+
+
+def test_an_unknown_passage_id_names_file_line_and_id_or_is_skipped(tmp_path, corpus_path):
+    data = write_rows(tmp_path / "rows.jsonl", [agentic_row(1, 3, [4, 5]), agentic_row(2, 7, [999, 9])])
+    corpus = Corpus.open(corpus_path)
+    with pytest.raises(DataFormatError, match=r"rows.jsonl:2: field 'passage_ids': passage id '999' is not in"):
+        read_training_examples(data, corpus, compose, str)
+    examples, counts = read_training_examples(data, corpus, compose, str, skip_bad_rows=True)
+    assert len(examples) == 1 and counts["skipped_missing_passage"] == 1
+
+
+def test_too_few_negatives_and_malformed_rows_are_errors(tmp_path, corpus_path):
+    corpus = Corpus.open(corpus_path)
+    data = write_rows(tmp_path / "few.jsonl", [agentic_row(1, 3, [4, 5, 6]), agentic_row(2, 7, [8])])
+    with pytest.raises(DataFormatError, match=r"few.jsonl:2: .*1 negatives, 3 needed"):
+        read_training_examples(data, corpus, compose, str)
+    bad = write_rows(tmp_path / "bad.jsonl", [{"query_text": "x"}])
+    with pytest.raises(DataFormatError, match=r"bad.jsonl:1: .*neither an Agentic-R row"):
+        read_training_examples(bad, corpus, compose, str)
+    with pytest.raises(DataFormatError, match="need the corpus"):
+        read_training_examples(data, None, compose, str)
+
+
+def test_flag_embedding_rows_give_one_example_per_positive(tmp_path):
+    data = write_rows(tmp_path / "fe.jsonl", [{"query": "who", "pos": ["a", "b"], "neg": ["n1", "n2", "n3"]}])
+    examples, counts = read_training_examples(data, None, compose, lambda t: "p: " + t, num_negatives=2)
+    assert [e.positive for e in examples] == ["p: a", "p: b"]
+    assert examples[0].query == "query: who" and examples[0].negatives == ("p: n1", "p: n2")
+    assert counts["format_flag_embedding"] == 1
+
+
+# ------------------------------------------------------------------------------------------------ loss
+
+
+class _Dummy(torch.nn.Module):
+    pass
+
+
+def test_infonce_matches_a_hand_computed_value():
+    """Two queries, one hard negative each, temperature 0.5: logits are cos/tau over all 4 passages."""
+    q = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    pos = torch.tensor([[1.0, 1.0], [0.0, 1.0]])
+    neg = torch.tensor([[1.0, -1.0], [1.0, 0.0]])
+    loss = build_infonce_loss(_Dummy(), temperature=0.5, gather_across_devices=False)
+    value = loss.compute_loss_from_embeddings([q, pos, neg], None).item()
+    c = 1 / math.sqrt(2)
+    # query 0 vs [pos0, pos1, neg0, neg1] = [c, 0, c, 1]; query 1 vs them = [c, 1, -c, 0]
+    l0 = -(c / 0.5) + math.log(sum(math.exp(s / 0.5) for s in (c, 0, c, 1)))
+    l1 = -(1 / 0.5) + math.log(sum(math.exp(s / 0.5) for s in (c, 1, -c, 0)))
+    assert value == pytest.approx((l0 + l1) / 2, rel=1e-6)
+    assert loss.accuracy.pop() == 0.5  # query 0's best is neg1 (1 > c), query 1's is its positive
+    assert loss.accuracy.pop() is None  # reset after pop
+
+
+def test_lower_temperature_sharpens_and_in_batch_negatives_count():
+    torch.manual_seed(0)
+    q, pos, neg = torch.randn(4, 8), torch.randn(4, 8), torch.randn(4, 8)
+    values = [build_infonce_loss(_Dummy(), t, False).compute_loss_from_embeddings([q, pos, neg], None).item()
+              for t in (1.0, 0.01)]
+    assert values[0] != pytest.approx(values[1])
+    logits = torch.nn.functional.normalize(q, dim=-1) @ torch.nn.functional.normalize(torch.cat([pos, neg]), dim=-1).T
+    expected = torch.nn.functional.cross_entropy(logits / 1.0, torch.arange(4)).item()
+    assert values[0] == pytest.approx(expected, rel=1e-6)  # 2B - 1 negatives per query: in-batch + hard
+
+
+def test_in_batch_accuracy_counts_the_own_positive_as_the_best():
+    q = torch.eye(3)
+    assert in_batch_accuracy(q, [torch.eye(3)]) == (3, 3)
+    assert in_batch_accuracy(q, [torch.eye(3)[[1, 0, 2]]]) == (1, 3)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_worker(rank: int, world: int, port: int, weights: torch.Tensor, inputs: torch.Tensor, out: str) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        encoder = torch.nn.Linear(inputs.shape[-1], 4, bias=False)
+        encoder.weight.data.copy_(weights)
+        batch = inputs.shape[1] // world
+        local = inputs[:, rank * batch:(rank + 1) * batch]  # columns: query, positive, negative
+        loss = build_infonce_loss(_Dummy(), 0.05, gather_across_devices=True)
+        value = loss.compute_loss_from_embeddings([encoder(x) for x in local], None)
+        value.backward()
+        grad = encoder.weight.grad.clone()
+        dist.all_reduce(grad)  # what DDP does: average the gradients
+        torch.save({"loss": value.item(), "grad": grad / world}, f"{out}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_gloo_processes_equal_one_process_over_the_concatenated_batch(tmp_path):
+    """Eq. 5 across devices: same loss (mean over ranks) and same averaged gradients as one big batch.
+    Misaligned anchors (query j of rank 1 scored against rank 0's positive j) would change both."""
+    import torch.multiprocessing as mp
+
+    torch.manual_seed(0)
+    weights = torch.randn(4, 6)
+    inputs = torch.randn(3, 6, 6)  # (query/positive/negative, 6 queries, 6 features)
+    mp.start_processes(_rank_worker, args=(2, _free_port(), weights, inputs, str(tmp_path)), nprocs=2,
+                       start_method="spawn")
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+
+    encoder = torch.nn.Linear(6, 4, bias=False)
+    encoder.weight.data.copy_(weights)
+    loss = build_infonce_loss(_Dummy(), 0.05, gather_across_devices=False)
+    reference = loss.compute_loss_from_embeddings([encoder(x) for x in inputs], None)
+    reference.backward()
+    assert np.mean([r["loss"] for r in ranks]) == pytest.approx(reference.item(), rel=1e-5)
+    for r in ranks:
+        torch.testing.assert_close(r["grad"], encoder.weight.grad, rtol=1e-4, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------ trainer
+
+
+@pytest.fixture()
+def train_rows(tmp_path, corpus_path):
+    rows = [agentic_row(i, pos=i, negs=[(i + k) % 40 for k in range(5, 8)], question=f"Question {i}?")
+            for i in range(12)]
+    return write_rows(tmp_path / "retriever_train.jsonl", rows)
+
+
+def _config(tiny_model_dir, data, corpus, out, **overrides):
+    from agentic_retriever.training.config import RetrieverTrainConfig
+
+    settings = dict(data=str(data), corpus=str(corpus), out=str(out), per_device_batch_size=4, num_negatives=3,
+                    learning_rate=5e-4, epochs=2, temperature=0.05, warmup_ratio=0.0, save_steps=3, logging_steps=1,
+                    progress=False, encoder=EncoderConfig(model=tiny_model_dir, composition="question_sep_query",
+                                                          query_prefix="query: ", passage_prefix="passage: "))
+    return RetrieverTrainConfig(**(settings | overrides))
+
+
+def _fixed_batch_loss(model_path: str, data, corpus) -> float:
+    from agentic_retriever.training.trainer import examples_dataset
+
+    encoder = Encoder(EncoderConfig(model=model_path, composition="question_sep_query", query_prefix="query: ",
+                                    passage_prefix="passage: "))
+    examples, _ = read_training_examples(data, Corpus.open(corpus), lambda q, qu, h: encoder.compose([q], [qu])[0],
+                                         lambda t: encoder.settings.passage_prefix + t, 3)
+    dataset = examples_dataset(examples)
+    embeddings = [torch.from_numpy(encoder._encode(dataset[column], False)) for column in dataset.column_names]
+    return build_infonce_loss(encoder.model, 0.05, False).compute_loss_from_embeddings(embeddings, None).item()
+
+
+def test_training_lowers_the_loss_and_exports_a_drop_in_encoder(tmp_path, tiny_model_dir, train_rows, corpus_path):
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoModel
+
+    from agentic_retriever.training.trainer import train_retriever
+
+    before = _fixed_batch_loss(tiny_model_dir, train_rows, corpus_path)
+    out = train_retriever(_config(tiny_model_dir, train_rows, corpus_path, tmp_path / "retriever"))
+    after = _fixed_batch_loss(str(out), train_rows, corpus_path)
+    assert after < before - 0.1, (before, after)
+
+    manifest = json.loads((out / "train_manifest.json").read_text())
+    assert manifest["updates"] == 6 and manifest["passages_per_query"] == 4 and manifest["data"]["examples"] == 12
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    assert any("in_batch_accuracy" in m for m in metrics) and (out / "training_curves.png").stat().st_size > 0
+    card = (out / "README.md").read_text()
+    assert "library_name: sentence-transformers" in card and "Q [SEP] q" in card
+    assert not (tmp_path / "retriever.checkpoints").exists()
+
+    # loads without our code, encodes the same as our Encoder, and keeps the composition for our tools
+    plain = SentenceTransformer(str(out), device="cpu")
+    ours = Encoder(EncoderConfig(model=str(out)))
+    assert ours.settings.composition == "question_sep_query" and ours.settings.query_prefix == "query: "
+    assert ours.compose(["capital"], ["Where is X?"]) == ["query: Where is X? [SEP] capital"]
+    np.testing.assert_allclose(plain.encode_query(["Where is X? [SEP] capital"], normalize_embeddings=True),
+                               ours.encode_queries(["capital"], ["Where is X?"]), atol=1e-5)
+    assert AutoModel.from_pretrained(str(out)).config.hidden_size == 32
+
+    # the same data and settings: the finished folder is reused, not retrained
+    stamp = (out / "model.safetensors").stat().st_mtime_ns
+    assert train_retriever(_config(tiny_model_dir, train_rows, corpus_path, out)) == out
+    assert (out / "model.safetensors").stat().st_mtime_ns == stamp
+
+
+def test_a_killed_run_resumes_on_the_same_schedule(tmp_path, tiny_model_dir, train_rows, corpus_path, monkeypatch):
+    from transformers import Trainer
+
+    from agentic_retriever.training.trainer import train_retriever
+
+    uninterrupted = train_retriever(_config(tiny_model_dir, train_rows, corpus_path, tmp_path / "a"))
+    original_save = Trainer._save_checkpoint
+    saved_at = []
+
+    def killed_after_first_checkpoint(self, *args, **kwargs):
+        original_save(self, *args, **kwargs)
+        saved_at.append(self.state.global_step)
+        if len(saved_at) == 1:
+            raise KeyboardInterrupt  # the process dies right after writing checkpoint-3
+
+    monkeypatch.setattr(Trainer, "_save_checkpoint", killed_after_first_checkpoint)
+    with pytest.raises(KeyboardInterrupt):
+        train_retriever(_config(tiny_model_dir, train_rows, corpus_path, tmp_path / "b"))
+    assert not (tmp_path / "b").exists(), "an interrupted run leaves no model folder"
+    resumed = train_retriever(_config(tiny_model_dir, train_rows, corpus_path, tmp_path / "b"))
+    assert saved_at == [3, 6]  # the rerun went on from step 3
+    from safetensors.torch import load_file
+
+    a, b = load_file(uninterrupted / "model.safetensors"), load_file(resumed / "model.safetensors")
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5)
+
+
+def test_the_cached_loss_gives_the_same_loss_and_gradients(tiny_model_dir):
+    from sentence_transformers import SentenceTransformer
+
+    def loss_and_grads(cached: bool):
+        torch.manual_seed(0)
+        model = SentenceTransformer(tiny_model_dir, device="cpu")
+        model.eval()  # no dropout: both passes see the same network
+        texts = [[f"query {i}" for i in range(6)], [f"positive passage {i}" for i in range(6)],
+                 [f"negative passage {i} words" for i in range(6)]]
+        features = [model.tokenize(column) for column in texts]
+        loss = build_infonce_loss(model, 0.05, False, cached=cached, mini_batch_size=2)
+        value = loss(features, None)
+        value.backward()
+        return value.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    plain_loss, plain_grads = loss_and_grads(False)
+    cached_loss, cached_grads = loss_and_grads(True)
+    assert cached_loss == pytest.approx(plain_loss, rel=1e-5)
+    assert plain_grads.keys() == cached_grads.keys()
+    for name in plain_grads:
+        torch.testing.assert_close(cached_grads[name], plain_grads[name], rtol=1e-3, atol=1e-6)
+
+
+def test_deepspeed_without_the_extra_names_it(tmp_path, tiny_model_dir, train_rows, corpus_path):
+    from agentic_retriever.training.trainer import train_retriever
+
+    try:
+        import deepspeed  # noqa: F401
+        pytest.skip("deepspeed is installed here")
+    except ImportError:
+        pass
+    with pytest.raises(ImportError, match=r"agentic-retriever\[deepspeed\]"):
+        train_retriever(_config(tiny_model_dir, train_rows, corpus_path, tmp_path / "r", deepspeed="configs/x.json"))
