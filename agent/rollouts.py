@@ -18,10 +18,10 @@ from agentic_retriever.llm import LLMConfig
 from agentic_retriever.llm.base import LLM
 
 from .env import EnvConfig, Rollout, rollout
-from .qa_data import QARow, as_qa_rows
+from .qa_data import QARow, as_qa_rows, read_qa_rows
 from .trajectory import Trajectory, TrajectoryWriter
 
-__all__ = ["RolloutConfig", "RolloutRunSummary", "make_trajectory", "run_rollouts"]
+__all__ = ["RolloutConfig", "RolloutRunSummary", "make_trajectory", "run_rollout_job", "run_rollouts"]
 
 log = logging.getLogger(__name__)
 
@@ -90,3 +90,14 @@ def run_rollouts(qa_rows: Sequence[QARow | dict[str, Any]] | str | os.PathLike, 
                 bar.update(len(batch))
     log.info("wrote %d trajectories to %s", len(todo), out_path)
     return RolloutRunSummary(str(out_path), len(rows), skipped, len(todo))
+
+
+def run_rollout_job(config: RolloutConfig) -> RolloutRunSummary:
+    """`agentic-retriever agent rollout`: load the LLM, open the retriever, roll out `config.qa` into `config.out`."""
+    from agentic_retriever.llm import load_llm
+
+    from .warm_start import open_retrieval_client
+
+    rows = read_qa_rows(config.qa)[: config.limit]
+    return run_rollouts(rows, load_llm(config.llm), open_retrieval_client(config.index, config.url), config.env,
+                        config.out, batch_size=config.batch_size, retriever_id=config.index or config.url)

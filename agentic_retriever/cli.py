@@ -139,20 +139,12 @@ def _agent_sft(args) -> None:
 
 
 def _agent_rollout(args) -> None:
-    from agent.qa_data import read_qa_rows
-    from agent.rollouts import RolloutConfig, run_rollouts
-    from agent.warm_start import open_retrieval_client
-
-    from .llm import load_llm
+    from agent.rollouts import RolloutConfig, run_rollout_job
 
     config = build_config(RolloutConfig, "agent_rollout", args, args.config)
     if not config.qa or not config.out:
         raise SystemExit("error: --qa and --out are required")
-    rows = read_qa_rows(config.qa)[: config.limit]
-    client = open_retrieval_client(config.index, config.url)
-    summary = run_rollouts(rows, load_llm(config.llm), client, config.env, config.out, batch_size=config.batch_size,
-                           retriever_id=config.index or config.url)
-    print(json.dumps(dataclasses.asdict(summary), indent=2))
+    print(json.dumps(dataclasses.asdict(run_rollout_job(config)), indent=2))
 
 
 def _agent_eval(args) -> None:
@@ -171,38 +163,18 @@ def _agent_eval(args) -> None:
 
 
 @dataclass
-class MineCommandConfig:
-    trajectories: str = field(default="", metadata={"help": "trajectory file written by agent rollout"})
-    index: str = field(default="", metadata={"help": "index folder of the current retriever R_{i-1}"})
-    url: str = field(default="", metadata={"help": "or its retrieval service URL"})
-    out: str = field(default="", metadata={"help": "mining output folder"})
-    shard: str = field(default="0/1", metadata={"help": "i/n: mine the i-th of n slices of the trajectories"})
-    agent: LLMConfig = field(default_factory=LLMConfig)
-    scorer: LLMConfig = field(default_factory=LLMConfig)
-    mining: MiningConfig = field(default_factory=MiningConfig)
-
-
-@dataclass
 class MergeCommandConfig:
     out: str = field(default="", metadata={"help": "mining output folder holding the shard folders"})
     shards: int = field(default=1, metadata={"help": "number of shards n"})
 
 
 def _mine(args) -> None:
-    from agent.warm_start import open_retrieval_client
+    from .mining.job import MineJobConfig, run_mine_job
 
-    from .llm import load_llm
-    from .mining import mine, parse_shard
-
-    config = build_config(MineCommandConfig, "mine", args, args.config)
+    config = build_config(MineJobConfig, "mine", args, args.config)
     if not config.trajectories or not config.out:
         raise SystemExit("error: --trajectories and --out are required")
-    selection = config.mining.selection
-    agent = load_llm(config.agent) if selection.use_gac else None
-    same_model = dataclasses.asdict(config.scorer) == dataclasses.asdict(config.agent)
-    scorer = (agent if same_model and agent is not None else load_llm(config.scorer)) if selection.use_lr else None
-    result = mine(config.trajectories, open_retrieval_client(config.index, config.url), agent, scorer, config.mining,
-                  config.out, parse_shard(config.shard))
+    result = run_mine_job(config)
     print(json.dumps(result.stats, indent=2, default=str))
     print(f"wrote {result.rows_path} and {result.stats_path}")
 
@@ -226,9 +198,23 @@ def _retriever_train(args) -> None:
 
 
 def _demo(args) -> None:
-    from .demo import DemoConfig, run_demo
+    from agent.rollouts import RolloutConfig
+    from agent.warm_start import WarmStartConfig
 
-    run_demo(build_config(DemoConfig, "demo", args, args.config))
+    from .config import load_yaml_section
+    from .demo import DemoConfig, MainJob, run_demo
+    from .mining.job import MineJobConfig
+    from .training.config import RetrieverTrainConfig
+
+    def section(cls, name: str):
+        """A step's settings from its section of the same config file; None when the file has no such section."""
+        if not args.config or not load_yaml_section(args.config, name):
+            return None
+        return build_config(cls, name, argparse.Namespace(), args.config)
+
+    run_demo(MainJob(build_config(DemoConfig, "demo", args, args.config), section(WarmStartConfig, "agent_sft"),
+                     section(RolloutConfig, "demo_rollout"), section(MineJobConfig, "mine"),
+                     section(RetrieverTrainConfig, "train_retriever")))
 
 
 def _add(subparsers, name: str, handler, config_cls, help_text: str, section: str) -> None:
@@ -246,6 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .demo import DemoConfig
     from .eval.retrieval import RetrievalEvalConfig
     from .index import IndexBuildConfig
+    from .mining.job import MineJobConfig
     from .training.config import RetrieverTrainConfig
 
     parser = argparse.ArgumentParser(prog="agentic-retriever", description=__doc__,
@@ -263,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add(agent, "sft", _agent_sft, WarmStartConfig, "warm-start the agent on synthesised search trajectories", "agent_sft")
     _add(agent, "rollout", _agent_rollout, RolloutConfig, "run the agent over a QA file into trajectories", "agent_rollout")
     _add(agent, "eval", _agent_eval, AgentEvalConfig, "EM, F1, contains-EM, searches and evidence recall", "agent_eval")
-    _add(commands, "mine", _mine, MineCommandConfig, "mine retriever training rows from agent trajectories", "mine")
+    _add(commands, "mine", _mine, MineJobConfig, "mine retriever training rows from agent trajectories", "mine")
     _add(commands, "mine-merge", _mine_merge, MergeCommandConfig, "join the outputs of mining shards", "mine_merge")
     retriever = commands.add_parser("retriever", help="the retriever").add_subparsers(dest="subcommand", required=True)
     _add(retriever, "train", _retriever_train, RetrieverTrainConfig,

@@ -1,16 +1,32 @@
-"""The main job on the embedded default stack (`make demo`).
+"""The main job (`make demo`): one Agentic-R iteration on the embedded default stack (agentic_r.txt, Algorithm 1,
+retriever half), then base vs trained retriever on the FanOutQA dev questions.
 
-For now (retriever core): prepare the default corpus and FanOutQA splits, build the MiniLM Flat and HNSW
-indexes and the BM25 index, and evaluate each on the FanOutQA leaf dev questions whose evidence page is
-in the corpus. Every step resumes: a finished artifact is reused, an interrupted index build continues.
+Steps, each reusing its artifact when it is already there (so a second run only re-evaluates):
+
+1. prepare the default corpus and FanOutQA splits;
+2. index the corpus with the base MiniLM (Flat and HNSW, plus BM25 as a reference);
+3. the warm-started default agent (`agent sft`, cached by its inputs);
+4. agent rollouts on the train questions set aside for mining, with the base retriever;
+5. utility mining of those trajectories (`mine`);
+6. contrastive training of the retriever on the mined rows (`retriever train`);
+7. a Flat index of the corpus with the trained encoder;
+8. evaluation of both retrievers: retrieval on the leaf dev questions (Recall@k, MRR) and evidence recall on
+   the multi-hop dev questions; the agent (EM, F1, searches per question) on the leaf dev questions.
+
+Each step takes its settings from its own section of the config file (``agent_sft``, ``agent_rollout``,
+``mine``, ``train_retriever``); the ``demo`` section holds the paths and the sizes of the run. The report
+(``report.md``, ``report.json``, ``report.png``) goes into the work folder and the table is printed.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .data.prepare import PrepareConfig, prepare_defaults
 from .encoder import EncoderConfig
@@ -18,6 +34,7 @@ from .eval.report import plot_metrics, render_table
 from .eval.retrieval import evaluate_retrieval, load_judged_questions
 from .index import BM25Params, DenseParams, IndexBuildConfig, build_index, open_index
 from .jsonl import write_json
+from .mining.store import stable_hash
 
 log = logging.getLogger(__name__)
 
@@ -26,52 +43,181 @@ log = logging.getLogger(__name__)
 class DemoConfig:
     workdir: str = field(default="runs/quickstart", metadata={"help": "folder for every artifact of the run"})
     dev_fraction: float = field(default=0.3, metadata={"help": "share of FanOutQA top-level questions in dev"})
+    mining_fraction: float = field(default=0.5, metadata={"help": "share of train answerable leaves for mining"})
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
-    dense_types: list[str] = field(default_factory=lambda: ["flat", "hnsw"], metadata={"help": "dense index types to build"})
+    dense_types: list[str] = field(default_factory=lambda: ["flat", "hnsw"], metadata={"help": "base dense indexes"})
     dense: DenseParams = field(default_factory=DenseParams)
     with_bm25: bool = field(default=True, metadata={"help": "also build and evaluate BM25"})
     bm25: BM25Params = field(default_factory=BM25Params)
     ks: list[int] = field(default_factory=lambda: [1, 5, 20], metadata={"help": "Recall@k cut-offs"})
     mrr_k: int = field(default=10, metadata={"help": "MRR cut-off"})
     ndcg_k: int = field(default=10, metadata={"help": "nDCG cut-off"})
+    agent_eval_questions: int = field(default=64, metadata={
+        "help": "leaf dev questions (in corpus) the agent answers with each retriever; 0: skip the agent"})
+
+
+@dataclass
+class MainJob:
+    """The demo's settings plus the sections of the steps it runs (None: that step is left out)."""
+
+    demo: DemoConfig
+    warm_start: Any = None      # agent.warm_start.WarmStartConfig
+    rollout: Any = None         # agent.rollouts.RolloutConfig
+    mine: Any = None            # mining.job.MineJobConfig
+    train: Any = None           # training.config.RetrieverTrainConfig
 
 
 def encoder_short_name(model: str) -> str:
     return "minilm" if model == "default" else Path(model.rstrip("/")).name
 
 
-def run_demo(config: DemoConfig) -> dict:
-    work = Path(config.workdir)
-    data = work / "data"
-    summary = prepare_defaults(PrepareConfig(out=str(data), dev_fraction=config.dev_fraction))
-    print(f"prepared {summary['corpus_passages']} passages; leaf questions with their evidence page in the corpus: "
+class _Steps:
+    """Numbered, timed steps with a line each on the console."""
+
+    def __init__(self, total: int):
+        self.total, self.done, self.seconds = total, 0, {}
+
+    def run(self, name: str, fn: Callable[[], Any]) -> Any:
+        self.done += 1
+        print(f"\n[{self.done}/{self.total}] {name}", flush=True)
+        started = time.perf_counter()
+        result = fn()
+        self.seconds[name] = round(time.perf_counter() - started, 1)
+        print(f"[{self.done}/{self.total}] {name}: done in {self.seconds[name]:.0f} s", flush=True)
+        return result
+
+
+def _dense_build(config: DemoConfig, corpus: str, out: Path, encoder: EncoderConfig, kind: str) -> IndexBuildConfig:
+    return IndexBuildConfig(corpus=corpus, out=str(out), backend="dense", encoder=encoder,
+                            dense=dataclasses.replace(config.dense, type=kind, keep_embeddings=True,
+                                                      embeddings_dir=str(out.parent.parent / "embeddings")))
+
+
+def _retrieval_reports(config: DemoConfig, indexes: dict[str, str], qa: Path) -> dict[str, dict]:
+    questions = load_judged_questions(str(qa))
+    return {name: evaluate_retrieval(open_index(path), questions, config.ks, config.mrr_k, config.ndcg_k)
+            for name, path in indexes.items()}
+
+
+def run_demo(job: MainJob | DemoConfig) -> dict:
+    """Run the main job; return the report (also written to the work folder)."""
+    job = job if isinstance(job, MainJob) else MainJob(job)
+    config = job.demo
+    full = all(part is not None for part in (job.warm_start, job.rollout, job.mine, job.train))
+    steps = _Steps(8 if full else 2)
+    work, data = Path(config.workdir), Path(config.workdir) / "data"
+    corpus = str(data / "corpus.jsonl")
+
+    summary = steps.run("prepare the default corpus and FanOutQA splits", lambda: prepare_defaults(
+        PrepareConfig(out=str(data), dev_fraction=config.dev_fraction, mining_fraction=config.mining_fraction)))
+    print(f"{summary['corpus_passages']} passages; leaf questions with their evidence page in the corpus: "
           f"{sum(summary['leaf_questions_with_evidence_in_corpus'].values())} "
-          f"(dev {summary['leaf_questions_with_evidence_in_corpus']['dev']}); the others stay out of retrieval evaluation")
-    builds = [
-        IndexBuildConfig(corpus=str(data / "corpus.jsonl"), out=str(work / "index" / f"{encoder_short_name(config.encoder.model)}-{kind}"),
-                         backend="dense", encoder=config.encoder,
-                         dense=dataclasses.replace(config.dense, type=kind, keep_embeddings=True,
-                                                   embeddings_dir=str(work / "embeddings")))
-        for kind in config.dense_types
-    ]
-    if config.with_bm25:
-        builds.append(IndexBuildConfig(corpus=str(data / "corpus.jsonl"), out=str(work / "index" / "bm25"),
-                                       backend="bm25", bm25=config.bm25))
-    questions = load_judged_questions(str(data / "fanoutqa_leaf_dev.jsonl"))
+          f"(dev {summary['leaf_questions_with_evidence_in_corpus']['dev']}); set aside for mining: "
+          f"{summary['leaf_questions_for_mining']}")
+    base_name = encoder_short_name(config.encoder.model)
+    indexes = {f"{base_name}-{kind}": str(work / "index" / f"{base_name}-{kind}") for kind in config.dense_types}
+
+    def build_base() -> None:
+        for kind in config.dense_types:
+            build_index(_dense_build(config, corpus, work / "index" / f"{base_name}-{kind}", config.encoder, kind))
+        if config.with_bm25:
+            build_index(IndexBuildConfig(corpus=corpus, out=str(work / "index" / "bm25"), backend="bm25",
+                                         bm25=config.bm25))
+            indexes["bm25"] = str(work / "index" / "bm25")
+
+    steps.run("index the corpus with the base encoder", build_base)
+    report: dict[str, Any] = {"prepare": summary}
+    if full:
+        trained_index = _agentic_r_iteration(job, steps, work, corpus, report)
+        indexes[f"agentic-r-{base_name}-flat"] = trained_index
+    report |= _evaluate(job, steps, work, data, indexes, report.get("agent_model"))
+    report["step_seconds"] = steps.seconds
+    write_json(work / "report.json", report)
+    return report
+
+
+def _agentic_r_iteration(job: MainJob, steps: _Steps, work: Path, corpus: str, report: dict) -> str:
+    """Steps 3-7: warm start, rollouts, mining, training, re-indexing; returns the trained index folder."""
+    from agent.rollouts import run_rollout_job
+    from agent.warm_start import warm_start_agent
+
+    from .mining.job import run_mine_job
+    from .training.trainer import train_retriever
+
+    config = job.demo
+    agent_path = steps.run("warm-start the default agent (cached after the first run)",
+                           lambda: warm_start_agent(job.warm_start))
+    rollout = dataclasses.replace(job.rollout, llm=dataclasses.replace(job.rollout.llm, model=str(agent_path)))
+    report["rollouts"] = dataclasses.asdict(steps.run("agent rollouts on the mining questions",
+                                                      lambda: run_rollout_job(rollout)))
+    mine = dataclasses.replace(job.mine, trajectories=rollout.out,
+                               agent=dataclasses.replace(job.mine.agent, model=str(agent_path)))
+    mined = steps.run("utility mining (candidates, local relevance, answer correctness, selection)",
+                      lambda: run_mine_job(mine))
+    report["mining"] = {k: mined.stats[k] for k in ("rounds", "rows", "gac", "local_relevance", "lr_scorer",
+                                                     "gac_mode") if k in mined.stats}
+    if not mined.stats.get("rows"):
+        raise RuntimeError(f"mining produced no training row (see {mined.stats_path}); the retriever cannot be "
+                           "trained. Mine more trajectories or relax the quickstart thresholds (README, Utility mining)")
+    train = dataclasses.replace(job.train, data=str(mined.rows_path), corpus=corpus)
+    trained = steps.run("contrastive training of the retriever", lambda: train_retriever(train))
+    report["training"] = {"model": str(trained)}
+    out = work / "index" / f"agentic-r-{encoder_short_name(config.encoder.model)}-flat"
+    steps.run("index the corpus with the trained encoder",
+              lambda: build_index(_dense_build(config, corpus, out, EncoderConfig(model=str(trained)), "flat")))
+    report["agent_model"] = str(agent_path)
+    return str(out)
+
+
+def _evaluate(job: MainJob, steps: _Steps, work: Path, data: Path, indexes: dict[str, str],
+              agent_model: str | None) -> dict:
+    config = job.demo
+    full = agent_model is not None
+
+    def evaluate() -> dict:
+        leaf = _retrieval_reports(config, indexes, data / "fanoutqa_leaf_dev.jsonl")
+        multihop = _retrieval_reports(config, indexes, data / "fanoutqa_multihop_dev.jsonl")
+        agent = _agent_reports(job, work, data, indexes, agent_model) if full and config.agent_eval_questions else {}
+        return {"leaf": leaf, "multihop": multihop, "agent": agent}
+
+    results = steps.run("evaluate the retrievers (and the agent with each)" if full else "evaluate the retrievers",
+                        evaluate)
+    table_rows: dict[str, dict[str, float]] = {}
+    for name in indexes:
+        row = dict(results["leaf"][name]["metrics"])
+        row |= {f"multihop_{k}": v for k, v in results["multihop"][name]["metrics"].items() if k.startswith("recall")}
+        row |= {f"agent_{k}": v for k, v in results["agent"].get(name, {}).items()}
+        table_rows[name] = row
+    table = render_table(table_rows)
+    counts = (f"{next(iter(results['leaf'].values()))['questions_evaluated']} leaf dev questions, "
+              f"{next(iter(results['multihop'].values()))['questions_evaluated']} multi-hop dev questions"
+              + (f", agent on {config.agent_eval_questions} leaf dev questions" if results["agent"] else ""))
+    (work / "report.md").write_text(f"FanOutQA dev ({counts}), default corpus\n\n{table}\n")
+    plot_metrics(table_rows, work / "report.png", title=f"FanOutQA dev ({counts})")
+    print(f"\nFanOutQA dev ({counts}):\n\n{table}\n\nwrote {work / 'report.md'}, {work / 'report.png'}, "
+          f"{work / 'report.json'}")
+    return {"table": table_rows, "questions": counts,
+            "retrieval_per_index": {n: {k: v for k, v in r.items() if k != "per_question"}
+                                    for n, r in results["leaf"].items()}}
+
+
+def _agent_reports(job: MainJob, work: Path, data: Path, indexes: dict[str, str], agent_model: str) -> dict[str, dict]:
+    """EM, F1 and searches per question of the warm-started agent with each dense retriever. Trajectory files
+    are named by a hash of the agent, the index manifest and the env, so a retrained retriever is rolled out anew."""
+    from agent.evaluate import evaluate_trajectories
+    from agent.rollouts import run_rollout_job
+
+    qa = data / "fanoutqa_leaf_dev_in_corpus.jsonl"
     reports = {}
-    for build in builds:
-        manifest = build_index(build)
-        index = open_index(build.out)
-        report = evaluate_retrieval(index, questions, config.ks, config.mrr_k, config.ndcg_k)
-        report["build_seconds"] = manifest.build_seconds
-        reports[Path(build.out).name] = report
-    write_json(work / "retrieval_eval.json", {name: {k: v for k, v in r.items() if k != "per_question"}
-                                              for name, r in reports.items()})
-    table = render_table({name: r["metrics"] for name, r in reports.items()})
-    (work / "retrieval_eval.md").write_text(table + "\n")
-    plot_metrics({name: r["metrics"] for name, r in reports.items()}, work / "retrieval_eval.png",
-                 title=f"FanOutQA leaf dev questions ({next(iter(reports.values()))['questions_evaluated']}), default corpus")
-    print(f"\nretrieval on {next(iter(reports.values()))['questions_evaluated']} FanOutQA leaf dev questions:\n")
-    print(table)
-    print(f"\nwrote {work / 'retrieval_eval.json'}, {work / 'retrieval_eval.md'}, {work / 'retrieval_eval.png'}")
+    for name, index in indexes.items():
+        if name == "bm25":
+            continue
+        key = stable_hash([agent_model, (Path(index) / "manifest.json").read_text(), dataclasses.asdict(job.rollout.env),
+                           job.demo.agent_eval_questions])[:12]
+        out = work / "agent" / f"trajectories_dev_{name}_{key}.jsonl"
+        run_rollout_job(dataclasses.replace(job.rollout, qa=str(qa), index=index, url="", out=str(out),
+                                            limit=job.demo.agent_eval_questions,
+                                            llm=dataclasses.replace(job.rollout.llm, model=agent_model)))
+        metrics = evaluate_trajectories(out, str(qa))
+        reports[name] = {"em": metrics["em"], "f1": metrics["f1"], "searches": metrics["avg_searches"]}
     return reports

@@ -86,3 +86,34 @@ def test_cli_rolls_out_evaluates_and_mines_with_a_tiny_agent(tmp_path, corpus_fi
                  "--mining.lr-scorer", "pointwise", "--no-mining.plot", "--no-mining.progress"]) == 0
     stats = json.loads((tmp_path / "mined" / "mining_stats.json").read_text())
     assert stats["trajectories"] == 3 and stats["rows"] == sum(1 for _ in open(tmp_path / "mined" / "retriever_train.jsonl"))
+
+
+
+@pytest.mark.parametrize("config_file", ["configs/quickstart.yaml", "configs/agentic_r.yaml"])
+def test_every_section_of_the_shipped_configs_builds_its_command_config(config_file):
+    """A typo in a shipped config (an unknown field, a bad nesting) fails here, not on a user's GPU machine."""
+    from pathlib import Path
+
+    import yaml
+
+    from agent.rollouts import RolloutConfig
+    from agent.warm_start import WarmStartConfig
+    from agentic_retriever.cli import AgentEvalConfig, ServeConfig
+    from agentic_retriever.data.prepare import PrepareConfig
+    from agentic_retriever.demo import DemoConfig
+    from agentic_retriever.eval.retrieval import RetrievalEvalConfig
+    from agentic_retriever.mining.job import MineJobConfig
+    from agentic_retriever.training.config import RetrieverTrainConfig
+
+    classes = {"prepare": PrepareConfig, "index": IndexBuildConfig, "eval_retrieval": RetrievalEvalConfig,
+               "serve": ServeConfig, "demo": DemoConfig, "agent_sft": WarmStartConfig, "agent_rollout": RolloutConfig,
+               "demo_rollout": RolloutConfig, "agent_eval": AgentEvalConfig, "mine": MineJobConfig,
+               "train_retriever": RetrieverTrainConfig}
+    path = Path(__file__).resolve().parent.parent / config_file
+    sections = yaml.safe_load(path.read_text())
+    assert sections, f"{config_file} is empty"
+    for section in sections:
+        assert section in classes, f"{config_file}: no command reads section {section!r}"
+        config = build_config(classes[section], section, None, str(path))  # raises on unknown fields
+        if hasattr(config, "validate") and section == "train_retriever":
+            config.validate()
