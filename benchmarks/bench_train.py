@@ -1,0 +1,145 @@
+"""Retriever training: our trainer against a plain sentence-transformers run, and the cached (GradCache) loss.
+
+1. Throughput: `train_retriever` (our data reading, Eq. 5 loss with the in-batch accuracy, curves, export)
+   against a plain `SentenceTransformerTrainer` + `MultipleNegativesRankingLoss` with the same model, data,
+   batch, temperature and number of updates. Each run is its own process (so its peak memory is its own),
+   alternating ours / plain. Reported: queries/s of the training loop (the trainer's own ``train_runtime``)
+   and peak RSS. Target: ours / plain >= 0.9x.
+2. Memory of one update at growing global batches with and without the cached loss: the largest batch under
+   ``--budget-mib`` of peak RSS growth for each.
+
+Rows are built from the quickstart corpus: the query is a passage's first words, its positive the passage,
+its negatives random other passages.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import REPO_ROOT, base_parser, describe_device, device_line, load_passages, write_json
+
+
+def _rows(path: Path, queries: int, negatives: int, corpus: str | None) -> None:
+    passages, _ = load_passages(queries * 4, corpus)
+    rng = random.Random(0)
+    with path.open("w") as handle:
+        for i in range(queries):
+            others = rng.sample([p for j, p in enumerate(passages) if j != i], negatives)
+            handle.write(json.dumps({"query": " ".join(passages[i].split()[:12]), "pos": [passages[i]], "neg": others})
+                         + "\n")
+
+
+def _worker(kind: str, data: str, batch: int, steps: int, negatives: int, max_length: int, cached: bool) -> dict:
+    """One training run in this process; returns its loop time and peak memory."""
+    import torch
+
+    from agentic_retriever.encoder import EncoderConfig
+
+    torch.manual_seed(0)
+    start_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with tempfile.TemporaryDirectory() as tmp:
+        if kind == "ours":
+            from agentic_retriever.training.config import RetrieverTrainConfig
+            from agentic_retriever.training.trainer import train_retriever
+
+            out = train_retriever(RetrieverTrainConfig(
+                data=data, out=f"{tmp}/model", encoder=EncoderConfig(max_length=max_length, composition="query"),
+                per_device_batch_size=batch, max_steps=steps, num_negatives=negatives, cached=cached,
+                mini_batch_size=8, save_steps=10_000, logging_steps=1, progress=False))
+            history = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+        else:
+            from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer
+            from sentence_transformers import SentenceTransformerTrainingArguments
+            from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+
+            from agentic_retriever.defaults import minilm_model_dir
+            from agentic_retriever.training.data import read_training_examples
+            from agentic_retriever.training.trainer import examples_dataset
+
+            model = SentenceTransformer(str(minilm_model_dir()), device="cpu" if not torch.cuda.is_available() else None)
+            model.max_seq_length = max_length
+            examples, _ = read_training_examples(data, None, lambda q, *_: q, lambda t: t, negatives)
+            args = SentenceTransformerTrainingArguments(
+                output_dir=f"{tmp}/ckpt", per_device_train_batch_size=batch, max_steps=steps, learning_rate=2e-5,
+                warmup_steps=0.1, weight_decay=0.01, logging_steps=1, save_steps=10_000, report_to=[],
+                disable_tqdm=True, seed=0, data_seed=0, use_cpu=not torch.cuda.is_available(),
+                fp16=torch.cuda.is_available())
+            trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=examples_dataset(examples),
+                                                 loss=MultipleNegativesRankingLoss(model, scale=100.0))
+            trainer.train()
+            history = trainer.state.log_history
+    runtime = next(h["train_runtime"] for h in history if "train_runtime" in h)
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"queries_per_s": batch * steps / runtime, "train_runtime": runtime, "peak_rss_mib": peak_mib,
+            "rss_growth_mib": peak_mib - start_rss / 1024}
+
+
+def _spawn(*args: str) -> dict:
+    done = subprocess.run([sys.executable, __file__, "--worker", *args], capture_output=True, text=True,
+                          cwd=str(REPO_ROOT / "benchmarks"))
+    if done.returncode != 0:
+        raise RuntimeError(f"worker {args} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        kind, data, batch, steps, negatives, max_length, cached = sys.argv[2:9]
+        print(json.dumps(_worker(kind, data, int(batch), int(steps), int(negatives), int(max_length), cached == "1")))
+        return
+    parser = base_parser(__doc__)
+    parser.add_argument("--batch", type=int, default=16, help="queries per step")
+    parser.add_argument("--steps", type=int, default=8, help="updates per run")
+    parser.add_argument("--negatives", type=int, default=7, help="negatives per query (N - 1)")
+    parser.add_argument("--max-length", type=int, default=128, help="tokens per text")
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each trainer, alternating")
+    parser.add_argument("--memory-batches", type=int, nargs="*", default=[8, 16, 32, 64],
+                        help="global batches for the cached-loss memory sweep (empty: skip it)")
+    parser.add_argument("--budget-mib", type=float, default=1024.0, help="memory budget of the sweep")
+    parser.add_argument("--corpus", help="corpus to build rows from (default: the quickstart corpus)")
+    args = parser.parse_args()
+
+    device = describe_device()
+    print(device_line(device))
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "rows.jsonl"
+        _rows(data, args.batch * args.steps, args.negatives, args.corpus)
+        common = (str(data), str(args.batch), str(args.steps), str(args.negatives), str(args.max_length))
+        runs: dict[str, list[dict]] = {"ours": [], "sentence-transformers": []}
+        for _ in range(args.repeats):
+            runs["ours"].append(_spawn("ours", *common, "0"))
+            runs["sentence-transformers"].append(_spawn("st", *common, "0"))
+        best = {name: max(r["queries_per_s"] for r in results) for name, results in runs.items()}
+        peak = {name: max(r["peak_rss_mib"] for r in results) for name, results in runs.items()}
+        ratio = best["ours"] / best["sentence-transformers"]
+        print(f"throughput, {args.batch} queries x {1 + args.negatives} passages per step, {args.steps} steps: "
+              f"ours {best['ours']:.2f} q/s, sentence-transformers {best['sentence-transformers']:.2f} q/s "
+              f"-> ratio {ratio:.3f}x (target >= 0.9x); peak RSS ours {peak['ours']:.0f} MiB, "
+              f"sentence-transformers {peak['sentence-transformers']:.0f} MiB")
+        sweep: dict[str, dict[int, float]] = {"plain": {}, "cached": {}}
+        for batch in args.memory_batches:
+            _rows(data, batch, args.negatives, args.corpus)
+            for name, flag in (("plain", "0"), ("cached", "1")):
+                started = time.perf_counter()
+                result = _spawn("ours", str(data), str(batch), "1", str(args.negatives), str(args.max_length), flag)
+                sweep[name][batch] = result["rss_growth_mib"]
+                print(f"  one update, global batch {batch:4d}, {name:6s}: peak RSS growth "
+                      f"{result['rss_growth_mib']:.0f} MiB ({time.perf_counter() - started:.0f} s)")
+        largest = {name: max([b for b, mib in values.items() if mib <= args.budget_mib], default=0)
+                   for name, values in sweep.items()}
+        if args.memory_batches:
+            print(f"largest global batch under {args.budget_mib:.0f} MiB: plain {largest['plain']}, "
+                  f"cached {largest['cached']}")
+    write_json(args.json, "train", args, device, {"runs": runs, "ratio": ratio, "peak_rss_mib": peak,
+                                                   "memory_sweep_mib": sweep, "largest_batch_under_budget": largest})
+
+
+if __name__ == "__main__":
+    main()
