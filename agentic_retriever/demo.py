@@ -202,7 +202,8 @@ def _evaluate(job: MainJob, steps: _Steps, work: Path, data: Path, indexes: dict
 
 
 def _agent_reports(job: MainJob, work: Path, data: Path, indexes: dict[str, str], agent_model: str) -> dict[str, dict]:
-    """EM, F1 and searches per question of the warm-started agent with each dense retriever. Trajectory files
+    """EM, F1 and searches per question of the warm-started agent with each Flat retriever (base and trained;
+    HNSW approximates the base Flat, and BM25 is a reference for retrieval only). Trajectory files
     are named by a hash of the agent, the index manifest and the env, so a retrained retriever is rolled out anew."""
     from agent.evaluate import evaluate_trajectories
     from agent.rollouts import run_rollout_job
@@ -210,7 +211,7 @@ def _agent_reports(job: MainJob, work: Path, data: Path, indexes: dict[str, str]
     qa = data / "fanoutqa_leaf_dev_in_corpus.jsonl"
     reports = {}
     for name, index in indexes.items():
-        if name == "bm25":
+        if not name.endswith("-flat"):
             continue
         key = stable_hash([agent_model, (Path(index) / "manifest.json").read_text(), dataclasses.asdict(job.rollout.env),
                            job.demo.agent_eval_questions])[:12]
