@@ -57,3 +57,12 @@ def test_a_row_without_relevance_labels_is_an_error_naming_line_and_field(tmp_pa
     ])
     with pytest.raises(DataFormatError, match=r"qa\.jsonl:2: field 'supporting_titles'"):
         load_judged_questions(str(qa))
+
+
+def test_report_table_marks_metrics_a_system_lacks():
+    from agentic_retriever.eval.report import render_table
+
+    table = render_table({"dense": {"recall@5": 0.5, "agent_em": 0.25}, "bm25": {"recall@5": 0.25}})
+    lines = table.splitlines()
+    assert lines[0] == "| index | Recall@5 | agent_em |"
+    assert lines[2] == "| dense | 0.500 | 0.250 |" and lines[3] == "| bm25 | 0.250 | – |"

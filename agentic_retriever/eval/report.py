@@ -6,12 +6,19 @@ from pathlib import Path
 
 
 def render_table(results: dict[str, dict[str, float]]) -> str:
-    """Markdown table, one row per system, one column per metric (values to 3 decimals)."""
-    metrics = list(next(iter(results.values())))
+    """Markdown table, one row per system, one column per metric (values to 3 decimals; "–" where a system
+    has no value for a metric)."""
+    metrics = _metrics(results)
     lines = ["| index | " + " | ".join(_label(m) for m in metrics) + " |",
              "|---|" + "---:|" * len(metrics)]
-    lines += [f"| {name} | " + " | ".join(f"{values[m]:.3f}" for m in metrics) + " |" for name, values in results.items()]
+    lines += [f"| {name} | " + " | ".join(f"{values[m]:.3f}" if m in values else "–" for m in metrics) + " |"
+              for name, values in results.items()]
     return "\n".join(lines)
+
+
+def _metrics(results: dict[str, dict[str, float]]) -> list[str]:
+    """Every metric of any system, in first-seen order."""
+    return list(dict.fromkeys(m for values in results.values() for m in values))
 
 
 def _label(metric: str) -> str:
@@ -26,12 +33,12 @@ def plot_metrics(results: dict[str, dict[str, float]], path: str | Path, title: 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    metrics = list(next(iter(results.values())))
+    metrics = _metrics(results)
     width = 0.8 / len(results)
     fig, ax = plt.subplots(figsize=(1.6 * len(metrics) + 2, 4))
     for i, (name, values) in enumerate(results.items()):
         xs = [m + i * width - 0.4 + width / 2 for m in range(len(metrics))]
-        bars = ax.bar(xs, [values[m] for m in metrics], width, label=name)
+        bars = ax.bar(xs, [values.get(m, float("nan")) for m in metrics], width, label=name)
         ax.bar_label(bars, fmt="%.2f", fontsize=7)
     ax.set_xticks(range(len(metrics)), [_label(m) for m in metrics])
     ax.set_ylim(0, 1.05)
