@@ -11,6 +11,7 @@ override single fields. Run ``agentic-retriever COMMAND --help`` for the fields.
     agent sft               [agent_sft]        warm-start the search agent on synthesised trajectories
     agent rollout           [agent_rollout]    run the agent over a QA file into a trajectory file
     agent eval              [agent_eval]       EM / F1 / contains-EM / searches / evidence recall of trajectories
+    agent train             [agent_train]      RL of the agent (PPO or GRPO/DAPO) against a fixed retriever
     mine                    [mine]             utility mining: trajectories -> Agentic-R retriever training rows
     mine-merge              [mine_merge]       join the outputs of mining shards
     retriever train         [train_retriever]  contrastive training on mined rows -> sentence-transformers folder
@@ -147,6 +148,13 @@ def _agent_rollout(args) -> None:
     print(json.dumps(dataclasses.asdict(run_rollout_job(config)), indent=2))
 
 
+def _agent_train(args) -> None:
+    from agent.rl import RLConfig, run_rl_job
+
+    path = run_rl_job(build_config(RLConfig, "agent_train", args, args.config))
+    print(f"trained agent: {path}")
+
+
 def _agent_eval(args) -> None:
     from agent.evaluate import evaluate_trajectories
 
@@ -225,6 +233,7 @@ def _add(subparsers, name: str, handler, config_cls, help_text: str, section: st
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from agent.rl.config import RLConfig
     from agent.rollouts import RolloutConfig
     from agent.warm_start import WarmStartConfig
 
@@ -250,6 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add(agent, "sft", _agent_sft, WarmStartConfig, "warm-start the agent on synthesised search trajectories", "agent_sft")
     _add(agent, "rollout", _agent_rollout, RolloutConfig, "run the agent over a QA file into trajectories", "agent_rollout")
     _add(agent, "eval", _agent_eval, AgentEvalConfig, "EM, F1, contains-EM, searches and evidence recall", "agent_eval")
+    _add(agent, "train", _agent_train, RLConfig, "RL of the agent (PPO or GRPO/DAPO) against a fixed retriever",
+         "agent_train")
     _add(commands, "mine", _mine, MineJobConfig, "mine retriever training rows from agent trajectories", "mine")
     _add(commands, "mine-merge", _mine_merge, MergeCommandConfig, "join the outputs of mining shards", "mine_merge")
     retriever = commands.add_parser("retriever", help="the retriever").add_subparsers(dest="subcommand", required=True)

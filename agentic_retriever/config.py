@@ -1,7 +1,7 @@
 """Typed configs: dataclasses filled from a YAML section, then from command-line flags.
 
 Every dataclass field is both a YAML key and a flag: ``--out``, nested ``--encoder.model``,
-``--dense.ef-search``; booleans get ``--flag/--no-flag``; ``none`` on the command line sets an optional
+``--dense.ef-search``; booleans get ``--flag/--no-flag``; mappings take a JSON object; ``none`` on the command line sets an optional
 field to None. Unknown YAML keys are errors naming the file and the key (no silently ignored typo).
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import types
 import typing
 from pathlib import Path
@@ -37,6 +38,17 @@ def _scalar(kind, optional: bool):
     return convert
 
 
+def _json_mapping(text: str) -> dict:
+    """A mapping flag's value, written as a JSON object (``--reward-options '{"lambda_f": 0.4}'``)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r} ({error})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
+
+
 def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, prefix: str = "") -> None:
     """Add one flag per (nested) field of `cls`; defaults stay unset so only given flags override."""
     hints = typing.get_type_hints(cls)
@@ -55,6 +67,8 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, prefix: 
         elif typing.get_origin(hint) is Literal:
             choices = list(typing.get_args(hint)) + (["none"] if optional else [])
             parser.add_argument(flag, choices=choices, type=_scalar(str, optional), **common)
+        elif typing.get_origin(hint) is dict:
+            parser.add_argument(flag, type=_json_mapping, metavar="JSON", **common)
         elif typing.get_origin(hint) is list:
             (item,) = typing.get_args(hint)
             parser.add_argument(flag, nargs="+", type=item, metavar=item.__name__.upper(), **common)

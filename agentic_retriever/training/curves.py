@@ -1,7 +1,8 @@
 """Training curves of a Hugging Face `Trainer` run: its log history as ``metrics.jsonl`` and a PNG.
 
-Shared by the retriever trainer and the agent's warm start: one panel per logged metric (loss, learning
-rate, and whatever else the run logs, such as the retriever's in-batch accuracy), against the update step.
+Shared by the retriever trainer, the agent's warm start and the agent's RL trainer: one panel per logged
+metric (loss, learning rate, and whatever else the run logs, such as the retriever's in-batch accuracy or
+the agent's reward), against the step, at most four panels per row.
 """
 
 from __future__ import annotations
@@ -14,12 +15,15 @@ from ..jsonl import atomic_write
 __all__ = ["write_training_curves"]
 
 #: Keys of Trainer log entries that are bookkeeping, not curves.
+_MAX_COLUMNS = 4  # panels per row of the figure
+
 _NOT_CURVES = {"step", "epoch", "total_flos", "train_runtime", "train_samples_per_second", "train_steps_per_second",
                "train_loss", "grad_norm"}
 
 
 def write_training_curves(history: list[dict], folder: str | Path, title: str,
-                          metrics_file: str = "metrics.jsonl", plot_file: str = "training_curves.png") -> list[str]:
+                          metrics_file: str = "metrics.jsonl", plot_file: str = "training_curves.png",
+                          xlabel: str = "update") -> list[str]:
     """Write the step-wise entries of `history` to `folder/metrics_file` and plot each metric; return the
     plotted metric names."""
     import matplotlib
@@ -34,11 +38,15 @@ def write_training_curves(history: list[dict], folder: str | Path, title: str,
             handle.write(json.dumps(entry) + "\n")
     names = sorted({k for h in entries for k, v in h.items() if k not in _NOT_CURVES and isinstance(v, int | float)},
                    key=lambda k: (k != "loss", k))
-    fig, axes = plt.subplots(1, max(1, len(names)), figsize=(4.2 * max(1, len(names)), 3.4), squeeze=False)
-    for ax, name in zip(axes[0], names):
+    columns = min(_MAX_COLUMNS, max(1, len(names)))
+    rows = max(1, -(-len(names) // columns))
+    fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.2 * rows + 0.4), squeeze=False)
+    for ax in axes.flat[len(names):]:
+        ax.set_visible(False)
+    for ax, name in zip(axes.flat, names):
         points = [(h["step"], h[name]) for h in entries if isinstance(h.get(name), int | float)]
         ax.plot(*zip(*points), marker="o", markersize=3)
-        ax.set_xlabel("update")
+        ax.set_xlabel(xlabel)
         ax.set_title(name)
         ax.grid(alpha=0.3)
     fig.suptitle(title)

@@ -1,0 +1,16 @@
+"""The embedded RL trainer of the search agent (Algorithm 1's agent half, agentic_r.txt section 4.2).
+
+PPO (GAE with a critic, KL in the reward) and GRPO/DAPO (group-normalised outcomes, KL in the loss,
+decoupled clipping, token-level aggregation, dynamic sampling) over rollouts of `agent.env`, with any
+registered reward (`agent.rewards`) and Search-R1's state masking: only the tokens the agent generated are
+trained on. At cluster scale use verl, which our retrieval service and reward functions already speak.
+
+    from agent.rl import RLConfig, run_rl_job
+    run_rl_job(RLConfig(qa="train.jsonl", index="runs/quickstart/index/minilm-flat", out="runs/rl", algorithm="grpo"))
+"""
+
+from .config import RLConfig
+from .job import run_rl_job
+from .trainer import RLTrainer
+
+__all__ = ["RLConfig", "RLTrainer", "run_rl_job"]

@@ -1,0 +1,111 @@
+"""Settings of the embedded RL trainer (`agentic-retriever agent train`, the ``agent_train`` config section).
+
+Defaults are Search-R1's release (IMPLEMENTATION_NOTES.md "RL [R]"): clip 0.2, entropy 0.001, gradient clip
+1.0, one epoch over each batch, KL 0.001; PPO with GAE gamma = lambda = 1, the k1 KL in the reward and a
+value clip of 0.5; GRPO with the low-variance (k3) KL in the loss and (r - mean) / (std + 1e-6) advantages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ..env import EnvConfig
+from .core import KLEstimator, LossAggregation
+
+__all__ = ["RLConfig"]
+
+
+@dataclass
+class RLConfig:
+    # -------------------------------------------------------------------- data, retriever, output
+    qa: str = field(default="", metadata={"help": "training questions (JSONL: id, question, golden_answers)"})
+    limit: int | None = field(default=None, metadata={"help": "only the first N questions"})
+    index: str = field(default="", metadata={"help": "index folder searched in process"})
+    url: str = field(default="", metadata={"help": "or a retrieval service URL (Search-R1 /retrieve API)"})
+    out: str = field(default="", metadata={"help": "run folder: checkpoints, metrics, curves, the trained policy"})
+    # -------------------------------------------------------------------- models
+    model: str = field(default="default", metadata={"help": "initial policy (hub name, HF folder, or 'default')"})
+    critic_model: str = field(default="", metadata={"help": "critic initialisation for PPO (empty: the policy's)"})
+    lora: bool = field(default=False, metadata={"help": "train LoRA adapters (peft); the reference is the base"})
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank"})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA scaling numerator"})
+    gradient_checkpointing: bool = field(default=False, metadata={"help": "recompute activations to save memory"})
+    device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:N or auto"})
+    # -------------------------------------------------------------------- algorithm
+    algorithm: Literal["ppo", "grpo"] = field(default="grpo", metadata={
+        "help": "ppo: GAE with a critic; grpo: group-normalised outcome over samples_per_prompt samples"})
+    steps: int = field(default=20, metadata={"help": "RL steps (rollout + update) to run"})
+    prompts_per_step: int = field(default=8, metadata={"help": "questions per step"})
+    samples_per_prompt: int = field(default=5, metadata={"help": "rollouts per question (GRPO's group size n)"})
+    mini_batch_size: int | None = field(default=None, metadata={
+        "help": "sequences per optimiser update (None: all of the step's)"})
+    micro_batch_size: int = field(default=4, metadata={"help": "sequences per forward/backward pass"})
+    ppo_epochs: int = field(default=1, metadata={"help": "passes over each step's rollouts"})
+    actor_lr: float = field(default=1e-6, metadata={"help": "policy learning rate"})
+    critic_lr: float = field(default=1e-5, metadata={"help": "critic learning rate (PPO)"})
+    warmup_steps: int = field(default=0, metadata={"help": "updates of linear learning-rate warm-up"})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
+    grad_clip: float = field(default=1.0, metadata={"help": "gradient norm clip (0: none)"})
+    gamma: float = field(default=1.0, metadata={"help": "GAE discount"})
+    lam: float = field(default=1.0, metadata={"help": "GAE lambda"})
+    whiten_advantages: bool = field(default=True, metadata={"help": "PPO: whiten GAE advantages over the batch"})
+    grpo_normalize_std: bool = field(default=True, metadata={"help": "GRPO: divide by the group's std"})
+    clip_low: float = field(default=0.2, metadata={"help": "ratio clip below 1 (eps_low)"})
+    clip_high: float = field(default=0.2, metadata={"help": "ratio clip above 1 (eps_high; DAPO: 0.28)"})
+    value_clip: float | None = field(default=0.5, metadata={"help": "PPO value clip (none: unclipped)"})
+    loss_aggregation: LossAggregation = field(default="token-mean", metadata={
+        "help": "token-mean (DAPO), seq-mean-token-mean (GRPO paper) or seq-mean-token-sum"})
+    entropy_coef: float = field(default=0.001, metadata={"help": "entropy bonus weight"})
+    kl_coef: float = field(default=0.001, metadata={"help": "KL-to-reference weight (0: no reference model)"})
+    kl_placement: Literal["auto", "reward", "loss"] = field(default="auto", metadata={
+        "help": "reward: -kl_coef * KL per token in the reward (PPO); loss: added to the loss (GRPO); auto: by algorithm"})
+    kl_estimator: Literal["auto", "k1", "k2", "k3", "low_var_kl"] = field(default="auto", metadata={
+        "help": "auto: k1 in the reward, low_var_kl in the loss"})
+    dynamic_sampling: bool = field(default=False, metadata={
+        "help": "DAPO: drop groups whose rewards are all equal and sample more prompts to refill the step"})
+    dynamic_sampling_max_batches: int = field(default=3, metadata={"help": "prompt batches tried per step"})
+    # -------------------------------------------------------------------- reward and environment
+    reward: str = field(default="search_r1_em", metadata={"help": "registered reward name (agent.rewards)"})
+    reward_options: dict[str, Any] = field(default_factory=dict, metadata={"help": "the reward's options"})
+    env: EnvConfig = field(default_factory=lambda: EnvConfig(temperature=1.0))
+    generation_batch_size: int = field(default=16, metadata={"help": "sequences generated together"})
+    # -------------------------------------------------------------------- run
+    save_steps: int = field(default=10, metadata={"help": "checkpoint every N steps (resume continues from the last)"})
+    seed: int = field(default=0, metadata={"help": "seed of question order, sampling and initialisation"})
+    progress: bool = field(default=True, metadata={"help": "progress bars"})
+
+    def validate(self) -> None:
+        """Raise ValueError on settings that cannot work together (the trainer calls it after every override)."""
+        for name in ("steps", "prompts_per_step", "samples_per_prompt", "micro_batch_size", "ppo_epochs",
+                     "save_steps", "generation_batch_size", "dynamic_sampling_max_batches"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"RLConfig.{name} must be at least 1, got {getattr(self, name)}")
+        if self.mini_batch_size is not None and self.mini_batch_size < 1:
+            raise ValueError(f"RLConfig.mini_batch_size must be at least 1, got {self.mini_batch_size}")
+        if self.algorithm == "grpo" and self.samples_per_prompt < 2:
+            raise ValueError("GRPO compares the samples of a prompt: samples_per_prompt must be at least 2")
+        if self.dynamic_sampling and self.samples_per_prompt < 2:
+            raise ValueError("dynamic sampling drops groups of equal rewards: samples_per_prompt must be at least 2")
+        if not 0 <= self.clip_low < 1 or self.clip_high < 0:
+            raise ValueError(f"clip_low must be in [0, 1) and clip_high >= 0, got {self.clip_low}, {self.clip_high}")
+
+    @property
+    def uses_critic(self) -> bool:
+        return self.algorithm == "ppo"
+
+    @property
+    def kl_in_reward(self) -> bool:
+        if self.kl_placement == "auto":
+            return self.algorithm == "ppo"
+        return self.kl_placement == "reward"
+
+    @property
+    def kl_kind(self) -> KLEstimator:
+        if self.kl_estimator != "auto":
+            return self.kl_estimator
+        return "k1" if self.kl_in_reward else "low_var_kl"
+
+    @property
+    def uses_reference(self) -> bool:
+        return self.kl_coef > 0

@@ -1,0 +1,386 @@
+"""The embedded RL trainer of the search agent: PPO (GAE + critic) and GRPO/DAPO (group advantages).
+
+One step (agentic_r.txt section 4.2 trains the agent this way against a fixed retriever; the recipe is
+Search-R1's, IMPLEMENTATION_NOTES.md "RL [R]"):
+
+1. rollouts: ``prompts_per_step`` questions x ``samples_per_prompt`` samples through `agent.env.rollout`, with
+   the current policy as the LLM and the fixed retriever; each response is scored by the configured reward
+   (`agent.rewards`). With dynamic sampling (DAPO), groups whose rewards are all equal are dropped and more
+   questions are rolled out, up to ``dynamic_sampling_max_batches`` batches;
+2. log-prob passes without gradients: the rollout policy's log-probabilities (PPO's "old" policy), the
+   reference model's (for the KL) and, for PPO, the critic's values;
+3. advantages: GAE over token rewards (the score on the last generated token, minus ``kl_coef`` x k1 on every
+   generated token when the KL sits in the reward), or GRPO's group-normalised score on every token;
+4. ``ppo_epochs`` passes of mini-batch updates: the clipped policy loss, minus the entropy bonus, plus the KL
+   loss when the KL sits in the loss; the critic's clipped value loss; gradient clipping.
+
+Every loss, KL and advantage covers the generated tokens only (`agent.rl.core`): retrieved passages and
+invalid-action messages are state, not actions. Metrics go to ``OUT/metrics.jsonl`` and
+``OUT/training_curves.png`` after every step; checkpoints every ``save_steps`` (`agent.rl.checkpoint`); the
+trained policy is saved as an HF model folder ``OUT/policy`` (LoRA merged) that the rollout CLI and vLLM load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import random
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from agentic_retriever.client import RetrievalClient
+from agentic_retriever.eval.qa import qa_scores
+from agentic_retriever.llm.transformers import TransformersLLM, resolve_device
+from agentic_retriever.training.curves import write_training_curves
+
+from ..env import Rollout, rollout
+from ..qa_data import QARow
+from ..rewards import get_reward, gold_in_information, is_valid_sequence
+from .batch import Collated, Sample, collate, token_logprobs, token_values
+from .checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
+from .config import RLConfig
+from .core import (aggregate, gae_advantages, group_advantages, kl_estimate, masked_mean, masked_whiten,
+                   policy_loss, value_loss)
+from .models import ValueModel, frozen_copy, load_policy, reference_context
+
+__all__ = ["RLTrainer", "questions_at"]
+
+log = logging.getLogger(__name__)
+
+RewardFn = Callable[[str, Sequence[str]], float]
+
+
+def questions_at(rows: Sequence[QARow], seed: int, start: int, count: int) -> list[QARow]:
+    """Questions `start` .. `start + count` of an endless stream: epoch e is `rows` shuffled with seed
+    (seed, e). A function of its arguments only, so a resumed run draws what the uninterrupted one would."""
+    out = []
+    for position in range(start, start + count):
+        epoch, index = divmod(position, len(rows))
+        order = list(range(len(rows)))
+        random.Random(f"{seed}:{epoch}").shuffle(order)
+        out.append(rows[order[index]])
+    return out
+
+
+class RLTrainer:
+    """PPO or GRPO on one machine. ``RLTrainer(config, client, rows).train()`` runs (or resumes) the whole run."""
+
+    def __init__(self, config: RLConfig, client: RetrievalClient, rows: Sequence[QARow],
+                 reward_fn: RewardFn | None = None):
+        from transformers import AutoTokenizer
+
+        from agentic_retriever.defaults import resolve_llm_name
+
+        config.validate()
+        if not rows:
+            raise ValueError("RL needs at least one training question")
+        if not config.out:
+            raise ValueError("RLConfig.out: give the run folder")
+        self.config, self.client, self.rows = config, client, list(rows)
+        self.out = Path(config.out)
+        self.reward_fn = reward_fn or get_reward(config.reward, **config.reward_options)
+        self.device = resolve_device(config.device)
+        torch.manual_seed(config.seed)
+        path = resolve_llm_name(config.model)
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.policy = load_policy(path, self.device, config.lora, config.lora_r, config.lora_alpha,
+                                  config.gradient_checkpointing)
+        self.reference = frozen_copy(self.policy) if config.uses_reference and not config.lora else None
+        self.critic = None
+        if config.uses_critic:
+            critic_path = resolve_llm_name(config.critic_model) if config.critic_model else path
+            self.critic = ValueModel.from_pretrained(critic_path, self.device, config.lora, config.lora_r,
+                                                     config.lora_alpha, config.gradient_checkpointing)
+        self.llm = TransformersLLM(self.policy, self.tokenizer, name=config.model,
+                                   max_batch_size=config.generation_batch_size)
+        self.actor_opt, self.actor_sched = self._optimizer(self.policy, config.actor_lr)
+        self.critic_opt, self.critic_sched = (self._optimizer(self.critic, config.critic_lr) if self.critic
+                                              else (None, None))
+        self.state = TrainerState(history=[])
+
+    # ------------------------------------------------------------------------------------------ run
+    def _optimizer(self, model: torch.nn.Module, lr: float):
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=self.config.weight_decay)
+        warmup = self.config.warmup_steps
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda n: min(1.0, (n + 1) / warmup) if warmup else 1.0)
+        return optimizer, schedule
+
+    def _modules(self) -> dict:
+        return {"policy": self.policy, "critic": self.critic, "actor_opt": self.actor_opt,
+                "actor_sched": self.actor_sched, "critic_opt": self.critic_opt, "critic_sched": self.critic_sched}
+
+    def resume(self) -> bool:
+        """Load the newest checkpoint of ``OUT/checkpoints`` if there is one."""
+        last = latest_checkpoint(self.out / "checkpoints")
+        if last is None:
+            return False
+        self.state = load_checkpoint(last, self._modules())
+        log.info("resumed from %s (step %d)", last, self.state.step)
+        return True
+
+    def train(self) -> Path:
+        """Run (or resume) ``config.steps`` steps and save the policy; returns the policy folder."""
+        if (self.out / "policy" / "rl_manifest.json").is_file():
+            log.info("%s already holds the trained policy", self.out / "policy")
+            return self.out / "policy"
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.resume()
+        with tqdm(total=self.config.steps, initial=self.state.step, desc=f"{self.config.algorithm} steps",
+                  unit=" step", disable=not self.config.progress) as bar:
+            while self.state.step < self.config.steps:
+                metrics = self.step()
+                bar.update(1)
+                bar.set_postfix(reward=f"{metrics['reward']:.3f}")
+                if self.state.step % self.config.save_steps == 0 and self.state.step < self.config.steps:
+                    save_checkpoint(self.out / "checkpoints", self.state, self._modules())
+        return self.export()
+
+    def step(self) -> dict[str, float]:
+        """One RL step; appends its metrics to the history and the metrics file and returns them."""
+        timer = time.perf_counter()
+        samples, kept_groups = self.collect()
+        seconds_generate = time.perf_counter() - timer
+        timer = time.perf_counter()
+        self.score(samples)
+        self.advantages(samples)
+        seconds_logprobs = time.perf_counter() - timer
+        timer = time.perf_counter()
+        update = self.update(samples)
+        seconds_update = time.perf_counter() - timer
+        self.state.step += 1
+        metrics = {"step": self.state.step, **self.rollout_metrics(samples), **update, "groups_kept": kept_groups,
+                   "seconds_generate": seconds_generate, "seconds_logprobs": seconds_logprobs,
+                   "seconds_update": seconds_update}
+        self.state.history.append(metrics)
+        write_training_curves(self.state.history, self.out, f"agent RL ({self.config.algorithm}, reward "
+                              f"{self.config.reward})", xlabel="RL step")
+        return metrics
+
+    # ------------------------------------------------------------------------------------------ 1. rollouts
+    def collect(self) -> tuple[list[Sample], int]:
+        """Roll out the step's questions; with dynamic sampling keep only groups with different rewards."""
+        config = self.config
+        kept: list[Sample] = []
+        kept_groups = 0
+        for attempt in range(config.dynamic_sampling_max_batches if config.dynamic_sampling else 1):
+            rows = questions_at(self.rows, config.seed, self.state.cursor, config.prompts_per_step)
+            self.state.cursor += len(rows)
+            samples = self.rollout_samples(rows, seed_offset=attempt, first_group=attempt * config.prompts_per_step)
+            if not config.dynamic_sampling:
+                return samples, len(rows)
+            for group in sorted({s.group for s in samples}):
+                members = [s for s in samples if s.group == group]
+                if len({s.score for s in members}) > 1 and kept_groups < config.prompts_per_step:
+                    kept.extend(members)
+                    kept_groups += 1
+            if kept_groups >= config.prompts_per_step:
+                break
+        if not kept:
+            log.warning("step %d: every group had equal rewards; the step updates nothing", self.state.step + 1)
+        return kept, kept_groups
+
+    def rollout_samples(self, rows: Sequence[QARow], seed_offset: int = 0, first_group: int = 0) -> list[Sample]:
+        """`samples_per_prompt` rollouts of each question with the current policy, scored."""
+        config = self.config
+        n = config.samples_per_prompt
+        env = config.env
+        if env.seed is not None:  # a different, reproducible draw at every step
+            env = dataclasses.replace(env, seed=env.seed + 1_000_003 * self.state.step + 7_919 * seed_offset)
+        questions = [row.question for row in rows for _ in range(n)]
+        self.policy.eval()
+        try:
+            results = rollout(questions, self.llm, self.client, env)
+        finally:
+            self.policy.train()
+        samples = []
+        for index, result in enumerate(results):
+            row = rows[index // n]
+            if not any(result.response_mask):
+                continue
+            samples.append(Sample(result.prompt_ids, result.response_ids, result.response_mask,
+                                  group=first_group + index // n, score=float(self.reward_fn(result, row.golden_answers)),
+                                  components=self.components(result, row), num_searches=result.num_searches))
+        return samples
+
+    def components(self, result: Rollout, row: QARow) -> dict[str, float]:
+        """Diagnostics logged next to the reward: EM of the answer and, for the Search-R1 dialect, the valid
+        format (Eq. 3's f_format) and a gold answer in the retrieved text (Eq. 4's f_ret)."""
+        parts = {"em": qa_scores(result.answer, list(row.golden_answers)).em}
+        if self.config.env.dialect == "search_r1":
+            parts["valid_format"] = float(is_valid_sequence(result.response_text).valid)
+            parts["retrieval_hit"] = float(gold_in_information(result.response_text, row.golden_answers))
+        return parts
+
+    # ------------------------------------------------------------------------------------------ 2. passes
+    def _micro_batches(self, samples: Sequence[Sample]) -> list[list[Sample]]:
+        size = self.config.micro_batch_size
+        return [list(samples[i:i + size]) for i in range(0, len(samples), size)]
+
+    def _collate(self, samples: Sequence[Sample]) -> Collated:
+        return collate(samples, self.device, self.llm.pad_id)
+
+    @torch.no_grad()
+    def score(self, samples: Sequence[Sample]) -> None:
+        """Attach the rollout policy's log-probabilities, the reference's and the critic's values."""
+        temperature = self._temperature
+        for micro in self._micro_batches(samples):
+            batch = self._collate(micro)
+            old, _ = token_logprobs(self.policy, batch, temperature)
+            ref = None
+            if self.config.uses_reference:
+                with reference_context(self.policy, self.reference) as reference:
+                    ref, _ = token_logprobs(reference, batch, temperature)
+            values = token_values(self.critic, batch) if self.critic is not None else None
+            for row, sample in enumerate(micro):
+                n = len(sample.response_ids)
+                sample.old_logprobs = old[row, -n:].cpu()
+                sample.ref_logprobs = ref[row, -n:].cpu() if ref is not None else None
+                sample.values = values[row, -n:].float().cpu() if values is not None else None
+
+    @property
+    def _temperature(self) -> float:
+        return self.config.env.temperature if self.config.env.temperature > 0 else 1.0
+
+    # ------------------------------------------------------------------------------------------ 3. advantages
+    def advantages(self, samples: Sequence[Sample]) -> None:
+        config = self.config
+        if not samples:
+            return
+        if config.algorithm == "grpo":
+            scores = torch.tensor([s.score for s in samples])
+            groups = torch.tensor([s.group for s in samples])
+            per_sequence = group_advantages(scores, groups, config.grpo_normalize_std)
+            for sample, advantage in zip(samples, per_sequence.tolist()):
+                mask = torch.tensor(sample.mask, dtype=torch.float)
+                sample.advantages = advantage * mask
+            return
+        batch = collate(samples, "cpu")  # token rewards, values and masks, right-aligned
+        rewards = torch.zeros_like(batch.mask)
+        if config.kl_in_reward and config.uses_reference:
+            kl = kl_estimate(batch.tokens["old_logprobs"], batch.tokens["ref_logprobs"], config.kl_kind)
+            rewards -= config.kl_coef * kl * batch.mask
+        width = batch.response_width
+        for row, sample in enumerate(samples):
+            rewards[row, width - len(sample.response_ids) + sample.last_generated] += sample.score
+        advantages, returns = gae_advantages(rewards, batch.tokens["values"], batch.mask, config.gamma, config.lam)
+        if config.whiten_advantages:
+            advantages = masked_whiten(advantages, batch.mask)
+        for row, sample in enumerate(samples):
+            n = len(sample.response_ids)
+            sample.advantages, sample.returns = advantages[row, -n:], returns[row, -n:]
+
+    # ------------------------------------------------------------------------------------------ 4. update
+    def update(self, samples: Sequence[Sample]) -> dict[str, float]:
+        """`ppo_epochs` passes of mini-batch updates of the policy (and the critic); averaged statistics."""
+        config = self.config
+        totals: dict[str, float] = {}
+        weights: dict[str, float] = {}
+
+        def record(name: str, value: float, weight: float = 1.0) -> None:
+            totals[name] = totals.get(name, 0.0) + value * weight
+            weights[name] = weights.get(name, 0.0) + weight
+
+        if samples:
+            size = config.mini_batch_size or len(samples)
+            generator = torch.Generator().manual_seed(config.seed * 7_919 + self.state.step)
+            for _ in range(config.ppo_epochs):
+                order = torch.randperm(len(samples), generator=generator).tolist()
+                for start in range(0, len(order), size):
+                    mini = [samples[i] for i in order[start:start + size]]
+                    self._update_policy(mini, record)
+                    if self.critic is not None:
+                        self._update_critic(mini, record)
+        stats = {name: totals[name] / weights[name] for name in totals if weights[name]}
+        stats["actor_lr"] = self.actor_sched.get_last_lr()[0]
+        return stats
+
+    def _normalisers(self, mini: Sequence[Sample]) -> tuple[float, float]:
+        return float(max(1, sum(s.generated_tokens for s in mini))), float(len(mini))
+
+    def _update_policy(self, mini: Sequence[Sample], record) -> None:
+        config = self.config
+        tokens, sequences = self._normalisers(mini)
+        self.actor_opt.zero_grad(set_to_none=True)
+        for micro in self._micro_batches(mini):
+            batch = self._collate(micro)
+            logprobs, entropy = token_logprobs(self.policy, batch, self._temperature, with_entropy=True)
+            mask, old = batch.mask, batch.tokens["old_logprobs"]
+            loss, stats = policy_loss(logprobs, old, batch.tokens["advantages"], mask, config.clip_low,
+                                      config.clip_high, config.loss_aggregation, tokens, sequences)
+            share = float(mask.sum()) / tokens
+            record("pg_loss", loss.item(), 1.0)
+            if config.entropy_coef:
+                loss = loss - config.entropy_coef * aggregate(entropy, mask, config.loss_aggregation, tokens, sequences)
+            if config.uses_reference:
+                kl = kl_estimate(logprobs, batch.tokens["ref_logprobs"], config.kl_kind)
+                if not config.kl_in_reward:
+                    loss = loss + config.kl_coef * aggregate(kl, mask, config.loss_aggregation, tokens, sequences)
+                record("kl", masked_mean(kl.detach(), mask).item(), share)
+            loss.backward()
+            record("entropy", masked_mean(entropy.detach(), mask).item(), share)
+            for name, value in stats.items():
+                record(name, value, share)
+        record("grad_norm", self._step(self.policy, self.actor_opt, self.actor_sched))
+
+    def _update_critic(self, mini: Sequence[Sample], record) -> None:
+        config = self.config
+        tokens, sequences = self._normalisers(mini)
+        self.critic_opt.zero_grad(set_to_none=True)
+        for micro in self._micro_batches(mini):
+            batch = self._collate(micro)
+            values = token_values(self.critic, batch)
+            loss, stats = value_loss(values, batch.tokens["values"], batch.tokens["returns"], batch.mask,
+                                     config.value_clip, config.loss_aggregation, tokens, sequences)
+            loss.backward()
+            record("value_loss", loss.item(), 1.0)
+            record("vf_clip_frac", stats["vf_clip_frac"], float(batch.mask.sum()) / tokens)
+        record("critic_grad_norm", self._step(self.critic, self.critic_opt, self.critic_sched))
+
+    def _step(self, model: torch.nn.Module, optimizer, schedule) -> float:
+        params = [p for p in model.parameters() if p.requires_grad]
+        norm = torch.nn.utils.clip_grad_norm_(params, self.config.grad_clip if self.config.grad_clip > 0 else float("inf"))
+        optimizer.step()
+        schedule.step()
+        return float(norm)
+
+    # ------------------------------------------------------------------------------------------ metrics, export
+    def rollout_metrics(self, samples: Sequence[Sample]) -> dict[str, float]:
+        if not samples:
+            return {"reward": float("nan")}
+
+        def mean(values) -> float:
+            values = list(values)
+            return sum(values) / len(values)
+        scores = torch.tensor([s.score for s in samples])
+        metrics = {"reward": scores.mean().item(), "reward_std": scores.std().item() if len(samples) > 1 else 0.0}
+        for name in samples[0].components:
+            metrics[name] = mean(s.components[name] for s in samples)
+        metrics["response_tokens"] = mean(len(s.response_ids) for s in samples)
+        metrics["generated_tokens"] = mean(s.generated_tokens for s in samples)
+        metrics["masked_share"] = 1 - sum(s.generated_tokens for s in samples) / sum(len(s.response_ids) for s in samples)
+        metrics["searches"] = mean(s.num_searches for s in samples)
+        return metrics
+
+    def export(self) -> Path:
+        """Save the policy as an HF model folder (LoRA merged into the weights), atomically."""
+        final = self.out / "policy"
+        tmp = self.out / ".policy.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        model = self.policy.merge_and_unload() if self.config.lora else self.policy
+        model.save_pretrained(tmp)
+        self.tokenizer.save_pretrained(tmp)
+        last = self.state.history[-1] if self.state.history else {}
+        manifest = {"settings": dataclasses.asdict(self.config), "steps": self.state.step,
+                    "questions_seen": self.state.cursor, "last_step": last}
+        (tmp / "rl_manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        log.info("wrote the trained policy to %s (%d steps)", final, self.state.step)
+        return final
