@@ -89,7 +89,8 @@ def test_cli_rolls_out_evaluates_and_mines_with_a_tiny_agent(tmp_path, corpus_fi
 
 
 
-@pytest.mark.parametrize("config_file", ["configs/quickstart.yaml", "configs/agentic_r.yaml"])
+@pytest.mark.parametrize("config_file", ["configs/quickstart.yaml", "configs/agentic_r.yaml", "configs/search_r1_ppo.yaml",
+                                         "configs/search_r1_grpo.yaml", "configs/search_r1_quickstart.yaml"])
 def test_every_section_of_the_shipped_configs_builds_its_command_config(config_file):
     """A typo in a shipped config (an unknown field, a bad nesting) fails here, not on a user's GPU machine."""
     from pathlib import Path
@@ -97,6 +98,7 @@ def test_every_section_of_the_shipped_configs_builds_its_command_config(config_f
     import yaml
 
     from agent.rollouts import RolloutConfig
+    from agent.rl.config import RLConfig
     from agent.warm_start import WarmStartConfig
     from agentic_retriever.cli import AgentEvalConfig, ServeConfig
     from agentic_retriever.data.prepare import PrepareConfig
@@ -108,12 +110,12 @@ def test_every_section_of_the_shipped_configs_builds_its_command_config(config_f
     classes = {"prepare": PrepareConfig, "index": IndexBuildConfig, "eval_retrieval": RetrievalEvalConfig,
                "serve": ServeConfig, "demo": DemoConfig, "agent_sft": WarmStartConfig, "agent_rollout": RolloutConfig,
                "demo_rollout": RolloutConfig, "agent_eval": AgentEvalConfig, "mine": MineJobConfig,
-               "train_retriever": RetrieverTrainConfig}
+               "train_retriever": RetrieverTrainConfig, "agent_train": RLConfig}
     path = Path(__file__).resolve().parent.parent / config_file
     sections = yaml.safe_load(path.read_text())
     assert sections, f"{config_file} is empty"
     for section in sections:
         assert section in classes, f"{config_file}: no command reads section {section!r}"
         config = build_config(classes[section], section, None, str(path))  # raises on unknown fields
-        if hasattr(config, "validate") and section == "train_retriever":
+        if hasattr(config, "validate") and section in ("train_retriever", "agent_train"):
             config.validate()

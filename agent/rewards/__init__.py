@@ -15,6 +15,7 @@ Registered (search_r1_empirical_study.txt; IMPLEMENTATION_NOTES.md "Search-R1 an
 ``search_r1_format_paper``     Eq. 3, paper variant (1, 1-lambda_f, lambda_f, 0)
 ``search_r1_retrieval``        Eq. 4, release variant (Eq. 3 + lambda_r for a retrieved gold)
 ``search_r1_retrieval_paper``  Eq. 4, paper variant
+``constant``                   the same value for every response (a control for RL runs)
 =============================  ===================================================================
 
     from agent.rewards import get_reward
@@ -33,7 +34,7 @@ from .format_reward import (
     retrieval_reward_paper,
     shaped_reward,
 )
-from .outcome import em_reward, extract_answer
+from .outcome import constant_reward, em_reward, extract_answer
 from .registry import REWARDS, get_reward, register, reward_options
 from .retrieval import gold_in_information, information_blocks, retrieval_hit_reward
 from .sequence import (
@@ -43,7 +44,8 @@ from .sequence import (
     valid_format_reward,
 )
 
-__all__ = ["QWEN_ASSISTANT_MARKER", "REWARDS", "Response", "SearchR1Judgement", "SequenceCheck", "em_reward",
+__all__ = ["QWEN_ASSISTANT_MARKER", "REWARDS", "Response", "SearchR1Judgement", "SequenceCheck", "constant_reward",
+           "em_reward",
            "extract_answer", "format_reward", "format_reward_paper", "get_reward", "gold_in_information",
            "information_blocks", "is_valid_sequence", "judge", "register", "response_text", "retrieval_hit_reward",
            "retrieval_reward", "retrieval_reward_paper", "reward_options", "shaped_reward", "valid_format_reward"]

@@ -21,7 +21,7 @@ from agentic_retriever.eval.qa import Golden, exact_match
 from .base import Response, response_text
 from .registry import register
 
-__all__ = ["em_reward", "extract_answer"]
+__all__ = ["constant_reward", "em_reward", "extract_answer"]
 
 _DIALECT = SearchR1Dialect()
 
@@ -35,3 +35,11 @@ def extract_answer(response: Response) -> str | None:
 def em_reward(response: Response, golden: Golden) -> float:
     """Eq. 2: 1.0 when the extracted answer exactly matches a golden answer after normalisation, else 0.0."""
     return exact_match(extract_answer(response), golden)
+
+
+@register("constant")
+def constant_reward(response: Response, golden: Golden, *, value: float = 1.0) -> float:
+    """The same `value` for every response: a control run (with it, group advantages are 0 and the policy
+    moves only as its KL and entropy terms push it; see README, "Reinforcement learning of the agent")."""
+    response_text(response)  # the same type check as every reward
+    return float(value)

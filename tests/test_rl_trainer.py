@@ -1,0 +1,169 @@
+"""The RL trainer (agent/rl) on a tiny random-weight Llama and a fake retriever: log-prob passes, steps of
+PPO and GRPO, dynamic sampling, the constant-reward control, checkpoint resume, export, the CLI."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+import torch
+
+from agent.env import EnvConfig
+from agent.qa_data import QARow
+from agent.rl import RLConfig, RLTrainer
+from agent.rl.batch import Sample, collate, token_logprobs
+from agent.rl.trainer import questions_at
+from test_agent_env import FakeClient
+
+ROWS = [QARow(str(i), f"which city is number {i}?", (f"city {i}",)) for i in range(6)]
+
+
+def config(tmp_path, tiny_causal_lm_dir, **overrides) -> RLConfig:
+    settings = dict(model=tiny_causal_lm_dir, out=str(tmp_path / "run"), algorithm="grpo", steps=2,
+                    prompts_per_step=2, samples_per_prompt=2, micro_batch_size=2, actor_lr=1e-3,
+                    env=EnvConfig(max_turns=2, max_new_tokens_per_turn=12, temperature=1.0, max_context_tokens=400),
+                    progress=False, reward="search_r1_format")
+    settings.update(overrides)
+    return RLConfig(**settings)
+
+
+def weights(model) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def test_left_padded_batches_give_each_sequence_its_own_log_probs(tiny_causal_lm_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_causal_lm_dir).eval()
+    samples = [Sample([5, 6, 7, 8, 9], [10, 11, 12], [1, 0, 1], group=0),
+               Sample([5, 6], [20, 21, 22, 23, 24, 25], [1, 1, 0, 0, 1, 1], group=1)]
+    with torch.no_grad():
+        batched, _ = token_logprobs(model, collate(samples), temperature=0.7)
+        for row, sample in enumerate(samples):
+            ids = torch.tensor([sample.prompt_ids + sample.response_ids])
+            logits = model(input_ids=ids).logits[0, len(sample.prompt_ids) - 1:-1].float() / 0.7
+            alone = logits.log_softmax(-1).gather(1, torch.tensor(sample.response_ids)[:, None]).squeeze(1)
+            n = len(sample.response_ids)
+            assert torch.allclose(batched[row, -n:], alone, atol=1e-4)
+
+
+def test_collate_right_aligns_responses_and_masks():
+    samples = [Sample([1, 2], [3], [1], group=0), Sample([1], [4, 5, 6], [1, 0, 1], group=0)]
+    batch = collate(samples, pad_id=0)
+    assert batch.input_ids.tolist() == [[0, 1, 2, 3], [1, 4, 5, 6]]
+    assert batch.attention_mask.tolist() == [[0, 1, 1, 1], [1, 1, 1, 1]]
+    assert batch.position_ids.tolist() == [[0, 0, 1, 2], [0, 1, 2, 3]]
+    assert batch.response_ids.tolist() == [[0, 0, 3], [4, 5, 6]]
+    assert batch.mask.tolist() == [[0, 0, 1], [1, 0, 1]]
+    with pytest.raises(ValueError, match="mask has 1 entries for 2"):
+        Sample([1], [2, 3], [1], group=0)
+
+
+def test_question_stream_is_a_seeded_shuffle_per_epoch_and_a_function_of_its_position():
+    first = questions_at(ROWS, 0, 0, 6)
+    assert sorted(r.id for r in first) == sorted(r.id for r in ROWS)
+    assert questions_at(ROWS, 0, 4, 4) == first[4:] + questions_at(ROWS, 0, 6, 2)
+    assert [r.id for r in questions_at(ROWS, 1, 0, 6)] != [r.id for r in first]
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_a_step_updates_the_policy_and_logs_every_metric(tmp_path, tiny_causal_lm_dir, algorithm):
+    trainer = RLTrainer(config(tmp_path, tiny_causal_lm_dir, algorithm=algorithm,
+                               samples_per_prompt=2 if algorithm == "grpo" else 1),
+                        FakeClient(), ROWS, reward_fn=lambda r, gold: float(len(r.response_ids) % 3))
+    before = weights(trainer.policy)
+    metrics = trainer.step()
+    assert any(not torch.equal(before[n], p) for n, p in trainer.policy.named_parameters())
+    expected = {"reward", "em", "valid_format", "retrieval_hit", "kl", "entropy", "clip_frac", "pg_loss",
+                "response_tokens", "generated_tokens", "masked_share", "searches", "seconds_generate",
+                "seconds_logprobs", "seconds_update"}
+    if algorithm == "ppo":
+        expected |= {"value_loss", "vf_clip_frac", "critic_grad_norm"}
+    assert expected <= set(metrics)
+    assert 0 < metrics["masked_share"] < 1  # the fake retriever's observations are masked
+    assert metrics["kl"] == pytest.approx(0.0, abs=1e-6)  # the first update starts at the reference
+    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert logged[0]["step"] == 1 and (tmp_path / "run" / "training_curves.png").stat().st_size > 0
+
+
+def test_with_a_constant_reward_grpo_leaves_the_policy_where_kl_and_entropy_do(tmp_path, tiny_causal_lm_dir):
+    """Group advantages of equal rewards are 0: with no entropy bonus (the KL to the reference is 0 at the
+    start) the weights do not move at all; the entropy bonus alone moves them."""
+    still = RLTrainer(config(tmp_path / "a", tiny_causal_lm_dir, reward="constant", entropy_coef=0.0),
+                      FakeClient(), ROWS)
+    before = weights(still.policy)
+    still.step()
+    assert all(torch.equal(before[n], p) for n, p in still.policy.named_parameters())
+    pushed = RLTrainer(config(tmp_path / "b", tiny_causal_lm_dir, reward="constant", entropy_coef=0.01),
+                       FakeClient(), ROWS)
+    pushed.step()
+    assert any(not torch.equal(before[n], p) for n, p in pushed.policy.named_parameters())
+
+
+def test_dynamic_sampling_keeps_only_groups_whose_rewards_differ(tmp_path, tiny_causal_lm_dir):
+    alternate = itertools.cycle([0.0, 1.0])
+
+    def reward(response, golden):  # questions 0-2 always score 0; the others alternate within their group
+        return 0.0 if golden[0] in ("city 0", "city 1", "city 2") else next(alternate)
+
+    trainer = RLTrainer(config(tmp_path, tiny_causal_lm_dir, dynamic_sampling=True, dynamic_sampling_max_batches=3,
+                               prompts_per_step=2), FakeClient(), ROWS, reward_fn=reward)
+    samples, kept = trainer.collect()
+    assert kept == len({s.group for s in samples}) == 2  # 3 of the 6 questions qualify
+    for group in {s.group for s in samples}:
+        assert len({s.score for s in samples if s.group == group}) == 2
+    assert trainer.state.cursor in (2, 4, 6)  # one to three batches of two questions
+
+
+def test_resume_after_a_kill_gives_the_same_next_step(tmp_path, tiny_causal_lm_dir):
+    whole = RLTrainer(config(tmp_path / "whole", tiny_causal_lm_dir, save_steps=1), FakeClient(), ROWS)
+    whole.train()
+    first = RLTrainer(config(tmp_path / "cut", tiny_causal_lm_dir, save_steps=1, steps=2), FakeClient(), ROWS)
+    first.step()  # the run is killed after step 1's checkpoint
+    from agent.rl.checkpoint import save_checkpoint
+
+    save_checkpoint(first.out / "checkpoints", first.state, first._modules())
+    resumed = RLTrainer(config(tmp_path / "cut", tiny_causal_lm_dir, save_steps=1, steps=2), FakeClient(), ROWS)
+    assert resumed.resume() and resumed.state.step == 1
+    resumed.step()
+    for (name, a), b in zip(whole.policy.named_parameters(), resumed.policy.parameters()):
+        assert torch.allclose(a, b, atol=1e-6), name
+    assert whole.state.history[1]["reward"] == resumed.state.history[1]["reward"]
+    assert whole.state.cursor == resumed.state.cursor
+
+
+def test_lora_trains_adapters_against_the_base_and_exports_a_merged_model(tmp_path, tiny_causal_lm_dir):
+    from transformers import AutoModelForCausalLM
+
+    trainer = RLTrainer(config(tmp_path, tiny_causal_lm_dir, lora=True, steps=1, lora_r=4), FakeClient(), ROWS,
+                        reward_fn=lambda r, gold: float(len(r.response_ids) % 2))
+    assert trainer.reference is None  # the reference is the policy with its adapters off
+    path = trainer.train()
+    model = AutoModelForCausalLM.from_pretrained(path)
+    assert not any("lora" in name for name, _ in model.named_parameters())
+    manifest = json.loads((path / "rl_manifest.json").read_text())
+    assert manifest["steps"] == 1 and manifest["settings"]["lora"] is True
+    assert trainer.train() == path  # a finished run is not trained again
+
+
+def test_settings_that_cannot_work_are_refused(tmp_path, tiny_causal_lm_dir):
+    with pytest.raises(ValueError, match="samples_per_prompt must be at least 2"):
+        RLTrainer(config(tmp_path, tiny_causal_lm_dir, samples_per_prompt=1), FakeClient(), ROWS)
+    with pytest.raises(ValueError, match="at least one training question"):
+        RLTrainer(config(tmp_path, tiny_causal_lm_dir), FakeClient(), [])
+
+
+def test_agent_train_cli_runs_ppo_from_a_config_file(tmp_path, tiny_causal_lm_dir, monkeypatch):
+    from agentic_retriever.cli import main
+
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text("".join(json.dumps({"id": r.id, "question": r.question, "golden_answers": list(r.golden_answers)})
+                          + "\n" for r in ROWS))
+    monkeypatch.setattr("agent.warm_start.open_retrieval_client", lambda index, url: FakeClient())
+    code = main(["agent", "train", "--config", "configs/search_r1_quickstart.yaml", "--qa", str(qa),
+                 "--model", tiny_causal_lm_dir, "--out", str(tmp_path / "ppo"), "--algorithm", "ppo",
+                 "--steps", "1", "--prompts-per-step", "2", "--samples-per-prompt", "1",
+                 "--env.max-new-tokens-per-turn", "8", "--no-progress"])
+    assert code == 0
+    assert (tmp_path / "ppo" / "policy" / "rl_manifest.json").is_file()
