@@ -167,3 +167,14 @@ def test_agent_train_cli_runs_ppo_from_a_config_file(tmp_path, tiny_causal_lm_di
                  "--env.max-new-tokens-per-turn", "8", "--no-progress"])
     assert code == 0
     assert (tmp_path / "ppo" / "policy" / "rl_manifest.json").is_file()
+
+
+def test_evaluate_is_seeded_and_does_not_train(tmp_path, tiny_causal_lm_dir):
+    trainer = RLTrainer(config(tmp_path, tiny_causal_lm_dir), FakeClient(), ROWS,
+                        reward_fn=lambda r, gold: float(sum(r.response_ids) % 997))
+    before = weights(trainer.policy)
+    first = trainer.evaluate(ROWS[:2], samples_per_prompt=2, seed=3)
+    assert first == trainer.evaluate(ROWS[:2], samples_per_prompt=2, seed=3)
+    assert first != trainer.evaluate(ROWS[:2], samples_per_prompt=2, seed=4)
+    assert all(torch.equal(before[n], p) for n, p in trainer.policy.named_parameters())
+    assert trainer.state.step == 0 and trainer.state.cursor == 0

@@ -98,11 +98,12 @@ def collate(samples: Sequence[Sample], device: torch.device | str = "cpu", pad_i
                     mask.to(device), {k: v.to(device) for k, v in tokens.items()})
 
 
-def token_logprobs(model, batch: Collated, temperature: float = 1.0,
-                   with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def token_logprobs(model, batch: Collated, temperature: float = 1.0, with_entropy: bool = False,
+                   entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probability of every response token under `model` (logits divided by the sampling `temperature`,
-    as the tokens were drawn) and, when asked, the entropy of each next-token distribution; [rows, R] each,
-    right-aligned like `batch.response_ids` (values at padding are meaningless; mask them)."""
+    as the tokens were drawn) and, when asked, the entropy of each next-token distribution (without a graph
+    unless `entropy_grad`: a metric only); [rows, R] each, right-aligned like `batch.response_ids` (values at
+    padding are meaningless; mask them). One log-sum-exp over the vocabulary serves both."""
     width = batch.response_width
     out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
                 use_cache=False, logits_to_keep=width + 1)
@@ -110,8 +111,12 @@ def token_logprobs(model, batch: Collated, temperature: float = 1.0,
     if temperature != 1.0:
         logits = logits / temperature
     picked = logits.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
-    logprobs = picked - torch.logsumexp(logits, dim=-1)
-    entropy = entropy_from_logits(logits) if with_entropy else None
+    log_normaliser = torch.logsumexp(logits, dim=-1)
+    logprobs = picked - log_normaliser
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = entropy_from_logits(logits, log_normaliser)
     return logprobs, entropy
 
 

@@ -158,8 +158,11 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
     return 0.5 * aggregate(losses, mask, mode, tokens, sequences), {"vf_clip_frac": clip_frac}
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of the next-token distribution at every position: logsumexp(z) - sum softmax(z) * z."""
+def entropy_from_logits(logits: torch.Tensor, log_normaliser: torch.Tensor | None = None) -> torch.Tensor:
+    """Entropy of the next-token distribution at every position: logsumexp(z) - sum softmax(z) * z
+    (`log_normaliser`: logsumexp(z) when the caller has it already)."""
     logits = logits.float()
-    probs = torch.softmax(logits, dim=-1)
-    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
+    if log_normaliser is None:
+        log_normaliser = torch.logsumexp(logits, dim=-1)
+    probs = torch.exp(logits - log_normaliser.unsqueeze(-1))
+    return log_normaliser - (probs * logits).sum(dim=-1)

@@ -172,7 +172,8 @@ class RLTrainer:
         for attempt in range(config.dynamic_sampling_max_batches if config.dynamic_sampling else 1):
             rows = questions_at(self.rows, config.seed, self.state.cursor, config.prompts_per_step)
             self.state.cursor += len(rows)
-            samples = self.rollout_samples(rows, seed_offset=attempt, first_group=attempt * config.prompts_per_step)
+            seed = None if config.env.seed is None else config.env.seed + 1_000_003 * self.state.step + 7_919 * attempt
+            samples = self.rollout_samples(rows, config.samples_per_prompt, seed, attempt * config.prompts_per_step)
             if not config.dynamic_sampling:
                 return samples, len(rows)
             for group in sorted({s.group for s in samples}):
@@ -186,13 +187,12 @@ class RLTrainer:
             log.warning("step %d: every group had equal rewards; the step updates nothing", self.state.step + 1)
         return kept, kept_groups
 
-    def rollout_samples(self, rows: Sequence[QARow], seed_offset: int = 0, first_group: int = 0) -> list[Sample]:
-        """`samples_per_prompt` rollouts of each question with the current policy, scored."""
-        config = self.config
-        n = config.samples_per_prompt
-        env = config.env
-        if env.seed is not None:  # a different, reproducible draw at every step
-            env = dataclasses.replace(env, seed=env.seed + 1_000_003 * self.state.step + 7_919 * seed_offset)
+    def rollout_samples(self, rows: Sequence[QARow], samples_per_prompt: int, seed: int | None,
+                        first_group: int = 0) -> list[Sample]:
+        """`samples_per_prompt` rollouts of each question with the current policy (sampling seeded by `seed`),
+        scored; the samples of ``rows[i]`` form group ``first_group + i``."""
+        n = samples_per_prompt
+        env = dataclasses.replace(self.config.env, seed=seed)
         questions = [row.question for row in rows for _ in range(n)]
         self.policy.eval()
         try:
@@ -208,6 +208,11 @@ class RLTrainer:
                                   group=first_group + index // n, score=float(self.reward_fn(result, row.golden_answers)),
                                   components=self.components(result, row), num_searches=result.num_searches))
         return samples
+
+    def evaluate(self, rows: Sequence[QARow], samples_per_prompt: int = 1, seed: int = 0) -> dict[str, float]:
+        """Mean reward and diagnostics of the current policy on `rows` (the configured sampling, seeded:
+        the same `seed` draws the same samples from the same policy), without training."""
+        return self.rollout_metrics(self.rollout_samples(rows, samples_per_prompt, seed))
 
     def components(self, result: Rollout, row: QARow) -> dict[str, float]:
         """Diagnostics logged next to the reward: EM of the answer and, for the Search-R1 dialect, the valid
@@ -310,7 +315,8 @@ class RLTrainer:
         self.actor_opt.zero_grad(set_to_none=True)
         for micro in self._micro_batches(mini):
             batch = self._collate(micro)
-            logprobs, entropy = token_logprobs(self.policy, batch, self._temperature, with_entropy=True)
+            logprobs, entropy = token_logprobs(self.policy, batch, self._temperature, with_entropy=True,
+                                               entropy_grad=config.entropy_coef != 0)
             mask, old = batch.mask, batch.tokens["old_logprobs"]
             loss, stats = policy_loss(logprobs, old, batch.tokens["advantages"], mask, config.clip_low,
                                       config.clip_high, config.loss_aggregation, tokens, sequences)
