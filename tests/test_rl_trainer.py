@@ -164,7 +164,7 @@ def test_agent_train_cli_runs_ppo_from_a_config_file(tmp_path, tiny_causal_lm_di
     code = main(["agent", "train", "--config", "configs/search_r1_quickstart.yaml", "--qa", str(qa),
                  "--model", tiny_causal_lm_dir, "--out", str(tmp_path / "ppo"), "--algorithm", "ppo",
                  "--steps", "1", "--prompts-per-step", "2", "--samples-per-prompt", "1",
-                 "--env.max-new-tokens-per-turn", "8", "--no-progress"])
+                 "--env.max-new-tokens-per-turn", "8", "--gradient-checkpointing", "--no-progress"])
     assert code == 0
     assert (tmp_path / "ppo" / "policy" / "rl_manifest.json").is_file()
 
@@ -178,3 +178,22 @@ def test_evaluate_is_seeded_and_does_not_train(tmp_path, tiny_causal_lm_dir):
     assert first != trainer.evaluate(ROWS[:2], samples_per_prompt=2, seed=4)
     assert all(torch.equal(before[n], p) for n, p in trainer.policy.named_parameters())
     assert trainer.state.step == 0 and trainer.state.cursor == 0
+
+
+def test_micro_batches_accumulate_to_the_same_update_as_one_pass(tmp_path, tiny_causal_lm_dir):
+    def reward(response, golden):
+        return float(sum(response.response_ids) % 5)
+
+    updated = []
+    for micro in (1, 4):
+        trainer = RLTrainer(config(tmp_path / str(micro), tiny_causal_lm_dir, micro_batch_size=micro,
+                                   loss_aggregation="seq-mean-token-mean"), FakeClient(), ROWS, reward_fn=reward)
+        metrics = trainer.step()
+        gradients = {name: p.grad.clone() for name, p in trainer.policy.named_parameters() if p.grad is not None}
+        updated.append((gradients, metrics))
+    (one, m1), (four, m4) = updated
+    assert one.keys() == four.keys() and len(one) > 0
+    for name in one:
+        assert torch.allclose(one[name], four[name], atol=1e-7, rtol=1e-4), name
+    assert any(g.abs().sum() > 0 for g in one.values())
+    assert m1["pg_loss"] == pytest.approx(m4["pg_loss"], abs=1e-6)

@@ -313,6 +313,7 @@ class RLTrainer:
         config = self.config
         tokens, sequences = self._normalisers(mini)
         self.actor_opt.zero_grad(set_to_none=True)
+        pg_total = 0.0  # the micro-batches' losses add up to the mini-batch's
         for micro in self._micro_batches(mini):
             batch = self._collate(micro)
             logprobs, entropy = token_logprobs(self.policy, batch, self._temperature, with_entropy=True,
@@ -321,7 +322,7 @@ class RLTrainer:
             loss, stats = policy_loss(logprobs, old, batch.tokens["advantages"], mask, config.clip_low,
                                       config.clip_high, config.loss_aggregation, tokens, sequences)
             share = float(mask.sum()) / tokens
-            record("pg_loss", loss.item(), 1.0)
+            pg_total += loss.item()
             if config.entropy_coef:
                 loss = loss - config.entropy_coef * aggregate(entropy, mask, config.loss_aggregation, tokens, sequences)
             if config.uses_reference:
@@ -333,20 +334,23 @@ class RLTrainer:
             record("entropy", masked_mean(entropy.detach(), mask).item(), share)
             for name, value in stats.items():
                 record(name, value, share)
+        record("pg_loss", pg_total)
         record("grad_norm", self._step(self.policy, self.actor_opt, self.actor_sched))
 
     def _update_critic(self, mini: Sequence[Sample], record) -> None:
         config = self.config
         tokens, sequences = self._normalisers(mini)
         self.critic_opt.zero_grad(set_to_none=True)
+        value_total = 0.0
         for micro in self._micro_batches(mini):
             batch = self._collate(micro)
             values = token_values(self.critic, batch)
             loss, stats = value_loss(values, batch.tokens["values"], batch.tokens["returns"], batch.mask,
                                      config.value_clip, config.loss_aggregation, tokens, sequences)
             loss.backward()
-            record("value_loss", loss.item(), 1.0)
+            value_total += loss.item()
             record("vf_clip_frac", stats["vf_clip_frac"], float(batch.mask.sum()) / tokens)
+        record("value_loss", value_total)
         record("critic_grad_norm", self._step(self.critic, self.critic_opt, self.critic_sched))
 
     def _step(self, model: torch.nn.Module, optimizer, schedule) -> float:
