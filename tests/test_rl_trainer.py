@@ -133,15 +133,21 @@ def test_resume_after_a_kill_gives_the_same_next_step(tmp_path, tiny_causal_lm_d
     assert whole.state.cursor == resumed.state.cursor
 
 
-def test_lora_trains_adapters_against_the_base_and_exports_a_merged_model(tmp_path, tiny_causal_lm_dir):
+@pytest.mark.parametrize(("algorithm", "precision"), [("grpo", "fp32"), ("ppo", "bf16")])
+def test_lora_trains_adapters_against_the_base_and_exports_a_merged_model(tmp_path, tiny_causal_lm_dir, algorithm,
+                                                                         precision):
     from transformers import AutoModelForCausalLM
 
-    trainer = RLTrainer(config(tmp_path, tiny_causal_lm_dir, lora=True, steps=1, lora_r=4), FakeClient(), ROWS,
-                        reward_fn=lambda r, gold: float(len(r.response_ids) % 2))
+    trainer = RLTrainer(config(tmp_path, tiny_causal_lm_dir, lora=True, steps=1, lora_r=4, algorithm=algorithm,
+                               precision=precision, samples_per_prompt=2), FakeClient(), ROWS,
+                        reward_fn=lambda r, gold: float(sum(r.response_ids) % 2))
+    assert trainer.bf16 == (precision == "bf16")
     assert trainer.reference is None  # the reference is the policy with its adapters off
     path = trainer.train()
     model = AutoModelForCausalLM.from_pretrained(path)
     assert not any("lora" in name for name, _ in model.named_parameters())
+    initial = dict(AutoModelForCausalLM.from_pretrained(tiny_causal_lm_dir).named_parameters())
+    assert any(not torch.equal(p, initial[name]) for name, p in model.named_parameters())  # adapters merged in
     manifest = json.loads((path / "rl_manifest.json").read_text())
     assert manifest["steps"] == 1 and manifest["settings"]["lora"] is True
     assert trainer.train() == path  # a finished run is not trained again

@@ -32,6 +32,9 @@ class RLConfig:
     lora_alpha: int = field(default=32, metadata={"help": "LoRA scaling numerator"})
     gradient_checkpointing: bool = field(default=False, metadata={"help": "recompute activations to save memory"})
     device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:N or auto"})
+    precision: Literal["auto", "fp32", "bf16"] = field(default="auto", metadata={
+        "help": "bf16: forward passes under bfloat16 autocast (float32 master weights); auto: bf16 on a GPU "
+                "that has it, else fp32"})
     # -------------------------------------------------------------------- algorithm
     algorithm: Literal["ppo", "grpo"] = field(default="grpo", metadata={
         "help": "ppo: GAE with a critic; grpo: group-normalised outcome over samples_per_prompt samples"})

@@ -22,6 +22,7 @@ trained policy is saved as an HF model folder ``OUT/policy`` (LoRA merged) that 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -103,8 +104,14 @@ class RLTrainer:
         self.critic_opt, self.critic_sched = (self._optimizer(self.critic, config.critic_lr) if self.critic
                                               else (None, None))
         self.state = TrainerState(history=[])
+        self.bf16 = config.precision == "bf16" or (config.precision == "auto" and self.device.type == "cuda"
+                                                    and torch.cuda.is_bf16_supported())
 
     # ------------------------------------------------------------------------------------------ run
+    def _autocast(self):
+        """The context of every log-prob and value pass: bfloat16 autocast, or nothing (float32)."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16) if self.bf16 else contextlib.nullcontext()
+
     def _optimizer(self, model: torch.nn.Module, lr: float):
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=self.config.weight_decay)
@@ -237,12 +244,13 @@ class RLTrainer:
         temperature = self._temperature
         for micro in self._micro_batches(samples):
             batch = self._collate(micro)
-            old, _ = token_logprobs(self.policy, batch, temperature)
-            ref = None
-            if self.config.uses_reference:
-                with reference_context(self.policy, self.reference) as reference:
-                    ref, _ = token_logprobs(reference, batch, temperature)
-            values = token_values(self.critic, batch) if self.critic is not None else None
+            with self._autocast():
+                old, _ = token_logprobs(self.policy, batch, temperature)
+                ref = None
+                if self.config.uses_reference:
+                    with reference_context(self.policy, self.reference) as reference:
+                        ref, _ = token_logprobs(reference, batch, temperature)
+                values = token_values(self.critic, batch) if self.critic is not None else None
             for row, sample in enumerate(micro):
                 n = len(sample.response_ids)
                 sample.old_logprobs = old[row, -n:].cpu()
@@ -316,8 +324,9 @@ class RLTrainer:
         pg_total = 0.0  # the micro-batches' losses add up to the mini-batch's
         for micro in self._micro_batches(mini):
             batch = self._collate(micro)
-            logprobs, entropy = token_logprobs(self.policy, batch, self._temperature, with_entropy=True,
-                                               entropy_grad=config.entropy_coef != 0)
+            with self._autocast():
+                logprobs, entropy = token_logprobs(self.policy, batch, self._temperature, with_entropy=True,
+                                                   entropy_grad=config.entropy_coef != 0)
             mask, old = batch.mask, batch.tokens["old_logprobs"]
             loss, stats = policy_loss(logprobs, old, batch.tokens["advantages"], mask, config.clip_low,
                                       config.clip_high, config.loss_aggregation, tokens, sequences)
@@ -344,7 +353,8 @@ class RLTrainer:
         value_total = 0.0
         for micro in self._micro_batches(mini):
             batch = self._collate(micro)
-            values = token_values(self.critic, batch)
+            with self._autocast():
+                values = token_values(self.critic, batch).float()
             loss, stats = value_loss(values, batch.tokens["values"], batch.tokens["returns"], batch.mask,
                                      config.value_clip, config.loss_aggregation, tokens, sequences)
             loss.backward()
