@@ -44,8 +44,10 @@ def _worker(name: str, args: dict) -> dict:
     from agentic_retriever.config import build_config
 
     config = build_config(RLConfig, "agent_train", None, args["config"])
+    overrides = {key: args[key] for key in ("actor_lr", "critic_lr", "prompts_per_step") if args[key] is not None}
     for key, value in {**RUNS[name], "model": args["model"], "qa": args["qa"], "index": args["index"],
-                       "out": args["out"], "steps": args["steps"], "limit": args["limit"], "progress": False}.items():
+                       "out": args["out"], "steps": args["steps"], "limit": args["limit"], "progress": False,
+                       **overrides}.items():
         setattr(config, key, value)
     rows = read_qa_rows(config.qa)[: config.limit]
     trainer = RLTrainer(config, open_retrieval_client(config.index, ""), rows)
@@ -100,6 +102,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8, help="RL steps per run")
     parser.add_argument("--eval-samples", type=int, default=4, help="seeded samples per question in evaluation")
     parser.add_argument("--eval-seed", type=int, default=12345)
+    parser.add_argument("--actor-lr", type=float, help="override the config's policy learning rate")
+    parser.add_argument("--critic-lr", type=float, help="override the config's critic learning rate")
+    parser.add_argument("--prompts-per-step", type=int, help="override the config's questions per step")
     parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
     parser.add_argument("--figures", default=str(REPO_ROOT / "benchmarks" / "figures"),
                         help="folder the training curves are copied to")
@@ -118,6 +123,8 @@ def main() -> None:
             started = time.perf_counter()
             result = _spawn(name, {"config": args.config, "model": args.model, "qa": args.qa, "index": args.index,
                                    "out": f"{tmp}/{name}", "steps": args.steps, "limit": args.limit,
+                                   "actor_lr": args.actor_lr, "critic_lr": args.critic_lr,
+                                   "prompts_per_step": args.prompts_per_step,
                                    "eval_samples": args.eval_samples, "eval_seed": args.eval_seed})
             Path(args.figures).mkdir(parents=True, exist_ok=True)
             shutil.copy(f"{tmp}/{name}/training_curves.png", Path(args.figures) / f"rl_{name}_curves.png")
