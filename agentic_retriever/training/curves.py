@@ -50,7 +50,7 @@ def write_training_curves(history: list[dict], folder: str | Path, title: str,
         ax.set_title(name)
         ax.grid(alpha=0.3)
     fig.suptitle(title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.45 / fig.get_figheight()))  # keep the title clear of the top row
     with atomic_write(folder / plot_file, "wb") as handle:
         fig.savefig(handle, format="png", dpi=110)
     plt.close(fig)
