@@ -50,6 +50,17 @@ def test_shared_leaves_appear_once_and_never_in_train_when_dev_has_them():
                                                   {r["id"] for r in multihop["train"]}}
 
 
+def test_train_leaves_that_dev_has_after_qa_normalisation_are_left_out():
+    def tree(qid, leaf_id, text):
+        return {"id": qid, "question": f"{qid}?", "answer": "x", "decomposition": [
+            {"id": leaf_id, "question": text, "answer": "Washington, D.C.", "decomposition": []}]}
+
+    questions = [tree(f"q{i}", f"l{i}", "What is the capital of the United States?" if i % 2 else
+                      "What is the capital of United States") for i in range(40)]
+    leaves, _ = fanoutqa_rows(questions, {}, 0.5)
+    assert leaves["dev"] and not leaves["train"]  # articles and punctuation do not make a new question
+
+
 def test_answer_in_evidence_matches_on_word_boundaries_only():
     tree = {"id": "q", "question": "q?", "answer": "x", "decomposition": [
         {"id": "q-a", "question": "a?", "answer": "4", "decomposition": [], "evidence": {"title": "T"}}]}
@@ -71,6 +82,12 @@ def test_prepare_defaults_writes_the_embedded_corpus_and_fanoutqa_splits(tmp_pat
     mining = [json.loads(line) for line in (tmp_path / "fanoutqa_leaf_train_mining.jsonl").open()]
     assert 0 < len(mining) == summary["leaf_questions_for_mining"] < len(rows)
     assert {r["id"] for r in mining} <= {r["id"] for r in rows}
+    heldout = [json.loads(line) for line in (tmp_path / "fanoutqa_leaf_train_heldout.jsonl").open()]
+    mining_all = [json.loads(line) for line in (tmp_path / "fanoutqa_leaf_train_mining_in_corpus.jsonl").open()]
+    assert len(heldout) == summary["leaf_questions_heldout"] > 30 and len(mining_all) > 5 * len(mining)
+    assert len(heldout) + len(mining_all) == summary["leaf_questions_with_evidence_in_corpus"]["train"]
+    # the held-out slice is whole top-level questions, none of which is mined
+    assert not {r["parent_id"] for r in heldout} & {r["parent_id"] for r in mining_all}
     first = json.loads((tmp_path / "corpus.jsonl").open().readline())
     assert set(first) == {"id", "contents"} and first["id"] == "0" and first["contents"].startswith('"')
     assert len(Corpus.open(tmp_path / "corpus.jsonl")) == 10033

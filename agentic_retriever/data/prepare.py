@@ -13,6 +13,11 @@ Writes, into one folder:
 * ``fanoutqa_leaf_train_mining.jsonl``: a share (``mining_fraction``, by a hash of the leaf id) of the train
   answerable leaves, for agent rollouts and utility mining; the quickstart warm start holds them out, so GAC
   measures the passage, not an answer the agent memorised during its warm start;
+* ``fanoutqa_leaf_train_heldout.jsonl``: the in-corpus train leaves of a share (``heldout_fraction``, by a hash
+  of the top-level question id) of the train questions: the slice that chooses retriever training settings
+  and checkpoints (it reads evidence labels), never mined or trained on;
+* ``fanoutqa_leaf_train_mining_in_corpus.jsonl``: every other in-corpus train leaf, the larger mining input
+  (mining reads their questions and gold answers only);
 * ``fanoutqa_multihop_{train,dev}.jsonl``: the top-level questions with the evidence titles of all
   their leaves (for evidence recall of whole trajectories);
 * ``prepare_summary.json``: counts, including how many leaves have their evidence page in the corpus.
@@ -30,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..defaults import fanoutqa_dev_path, wiki_summaries_path
-from ..eval.qa import contains_match
+from ..eval.qa import contains_match, normalize_answer
 from ..jsonl import atomic_write, write_json
 
 
@@ -40,10 +45,12 @@ class PrepareConfig:
     dev_fraction: float = field(default=0.3, metadata={"help": "share of top-level FanOutQA questions in dev"})
     mining_fraction: float = field(default=0.5, metadata={
         "help": "share of the train answerable leaves set aside for mining (held out of the warm start)"})
+    heldout_fraction: float = field(default=0.3, metadata={
+        "help": "share of train top-level questions whose leaves choose training settings (never mined)"})
 
 
 #: Bump when the set of files written changes, so an older prepared folder is rewritten.
-FILES_VERSION = 5
+FILES_VERSION = 6
 
 
 def answer_strings(answer) -> list[str]:
@@ -67,6 +74,11 @@ def is_dev(question_id: str, dev_fraction: float) -> bool:
     """Deterministic split by hash of the top-level question id."""
     bucket = int(hashlib.sha256(question_id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
     return bucket < dev_fraction
+
+
+def is_heldout(question_id: str, heldout_fraction: float) -> bool:
+    """Deterministic held-out slice of the train questions, by a hash independent of the dev split's."""
+    return is_dev(f"heldout:{question_id}", heldout_fraction)
 
 
 def _leaves(node: dict) -> Iterator[dict]:
@@ -122,7 +134,9 @@ def fanoutqa_rows(questions: list[dict], corpus_text: dict[str, str], dev_fracti
 
 
 def _leaf_keys(row: dict) -> set[str]:
-    return {f"id:{row['id']}", f"q:{' '.join(row['question'].lower().split())}"}
+    """A leaf's id and its question under the QA normaliser ("What is the capital of the United States?" and
+    "What is the capital of United States?" are one question)."""
+    return {f"id:{row['id']}", f"q:{normalize_answer(row['question'])}"}
 
 
 def _first_of_each_id(rows: list[dict]) -> list[dict]:
@@ -142,15 +156,16 @@ def _write_if_changed(path: Path, rows: list[dict]) -> None:
 
 def prepare_defaults(config: PrepareConfig) -> dict:
     """Write the default corpus and FanOutQA splits to `config.out`; return the summary counts."""
-    for name in ("dev_fraction", "mining_fraction"):
+    for name in ("dev_fraction", "mining_fraction", "heldout_fraction"):
         if not 0.0 < getattr(config, name) < 1.0:
             raise ValueError(f"{name} must be between 0 and 1, got {getattr(config, name)}")
     out = Path(config.out)
     summary_path = out / "prepare_summary.json"
     if summary_path.is_file():  # written last: the folder is complete; keep file dates (caches)
         done = json.loads(summary_path.read_text())
-        if (done.get("dev_fraction"), done.get("mining_fraction"), done.get("files_version")) == (
-                config.dev_fraction, config.mining_fraction, FILES_VERSION):
+        if (done.get("dev_fraction"), done.get("mining_fraction"), done.get("heldout_fraction"),
+                done.get("files_version")) == (config.dev_fraction, config.mining_fraction, config.heldout_fraction,
+                                               FILES_VERSION):
             return done
     summaries = json.loads(wiki_summaries_path().read_text(encoding="utf-8"))
     corpus = corpus_rows(summaries)
@@ -167,15 +182,23 @@ def prepare_defaults(config: PrepareConfig) -> dict:
         _write_if_changed(out / f"fanoutqa_multihop_{split}.jsonl", multihop[split])
     mining = [r for r in leaves["train"] if r["answer_in_evidence"] and is_dev(r["id"], config.mining_fraction)]
     _write_if_changed(out / "fanoutqa_leaf_train_mining.jsonl", mining)
+    in_corpus = [r for r in leaves["train"] if r["evidence_in_corpus"]]
+    heldout = [r for r in in_corpus if is_heldout(r["parent_id"], config.heldout_fraction)]
+    _write_if_changed(out / "fanoutqa_leaf_train_heldout.jsonl", heldout)
+    _write_if_changed(out / "fanoutqa_leaf_train_mining_in_corpus.jsonl",
+                      [r for r in in_corpus if not is_heldout(r["parent_id"], config.heldout_fraction)])
     summary = {
         "corpus_passages": len(corpus),
         "leaf_questions": {s: len(leaves[s]) for s in leaves},
         "leaf_questions_with_evidence_in_corpus": {s: sum(r["evidence_in_corpus"] for r in leaves[s]) for s in leaves},
         "leaf_questions_with_answer_in_evidence": {s: sum(r["answer_in_evidence"] for r in leaves[s]) for s in leaves},
         "leaf_questions_for_mining": len(mining),
+        "leaf_questions_heldout": len(heldout),
+        "leaf_questions_for_mining_in_corpus": len(in_corpus) - len(heldout),
         "multihop_questions": {s: len(multihop[s]) for s in multihop},
         "dev_fraction": config.dev_fraction,
         "mining_fraction": config.mining_fraction,
+        "heldout_fraction": config.heldout_fraction,
         "files_version": FILES_VERSION,
     }
     write_json(summary_path, summary)
