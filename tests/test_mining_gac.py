@@ -3,10 +3,12 @@ answer-likelihood option."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from agent.env import EnvConfig
-from agentic_retriever.mining.gac import GACRequest, answer_likelihood_gac, rollout_gac
+from agentic_retriever.mining.gac import GACRequest, answer_likelihood_gac, gac_value, rollout_gac
 from agentic_retriever.mining.rounds import extract_rounds
 from test_mining_fakes import FakeAgent, answer_turn, last_information, make_trajectory, make_world, search_turn
 
@@ -63,9 +65,24 @@ def test_contains_match_on_word_boundaries():
         rollout_gac(requests(), FakeAgent(), WORLD, EnvConfig(), metric="f1")
 
 
-def test_answer_likelihood_scores_the_gold_after_the_candidate():
+def test_answer_likelihood_scores_the_gold_after_each_candidate_and_after_no_passage():
     agent = FakeAgent()
     first, second = answer_likelihood_gac(requests(), agent, EnvConfig(max_turns=5))
-    assert first["gac"] == pytest.approx([0.9, 0.1, 0.1, 0.1]) and second["gac"] == pytest.approx([0.9, 0.1])
-    assert len(agent.calls) == 1 and len(agent.calls[0]) == 6  # one score call, one pair per gold
+    assert gac_value(first, "sequence") == pytest.approx([0.9, 0.1, 0.1, 0.1], abs=1e-4)
+    assert gac_value(second, "sequence") == pytest.approx([0.9, 0.1], abs=1e-4)
+    assert first["baseline_logprobs"] == [pytest.approx(math.log(0.1), abs=1e-4)]  # no passage: no answer in it
+    assert len(agent.calls) == 1 and len(agent.calls[0]) == 8  # one score call: (1 baseline + candidates) per gold
     assert all(p.endswith("</information>\n\n<answer>") for p in agent.calls[0])
+    assert agent.calls[0][0].endswith("<information></information>\n\n<answer>")
+
+
+def test_gac_criteria_are_length_robust_or_relative_to_no_passage():
+    # two golds: a 1-token one and a 5-token one whose every token has probability 0.8
+    record = {"answer_logprobs": [[math.log(0.3), 5 * math.log(0.8)], [math.log(0.2), 5 * math.log(0.5)]],
+              "answer_tokens": [1, 5], "baseline_logprobs": [math.log(0.3), 5 * math.log(0.4)]}
+    assert gac_value(record, "sequence") == pytest.approx([0.8 ** 5, 0.2], abs=1e-6)  # the long gold is penalised
+    assert gac_value(record, "per_token") == pytest.approx([0.8, 0.5], abs=1e-6)
+    # gain: per-token log-prob over no passage, best gold; the second candidate lowers the short gold's
+    assert gac_value(record, "gain") == pytest.approx([math.log(2), math.log(1.25)], abs=1e-5)
+    with pytest.raises(ValueError, match="criterion"):
+        gac_value(record, "max")

@@ -27,9 +27,10 @@ def test_scores_are_read_from_common_output_shapes(text, expected):
     assert parsed.ok and parsed.scores == expected and parsed.status == "ok"
 
 
-def test_too_many_numbers_take_the_first_ones_as_the_release_does():
-    parsed = parse_scores("68 42 97 12", 3)
-    assert parsed.scores == [68, 42, 97] and parsed.status == "extra_numbers" and parsed.found == 4
+@pytest.mark.parametrize("text", ["68 42 97 12", "1: 68 2: 42 3: 97"])
+def test_more_numbers_than_passages_fail_the_window_so_it_is_asked_again(text):
+    parsed = parse_scores(text, 3)  # taking the first three would read the second as [1, 68, 2]
+    assert not parsed.ok and parsed.scores is None and parsed.status == "extra_numbers" and parsed.found > 3
 
 
 @pytest.mark.parametrize("text", ["68 42", "", "I cannot judge these passages.", "high medium low", "v2 3rd 68a"])

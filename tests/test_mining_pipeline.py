@@ -85,12 +85,12 @@ def test_end_to_end_rows_are_in_the_released_format_with_existing_passages(traje
         assert len(row["passage_ids"]) == 16 == len(set(row["passage_ids"])) == len(row["scores"])
         assert all(pid in WORLD.corpus for pid in row["passage_ids"])
         assert row["scores"][0]["em"] == 1 and row["scores"][0]["local_utility"] >= 0.6
-        assert all(set(s) == {"em", "local_utility"} and s["em"] in (0, 1) and 0 <= s["local_utility"] <= 1
+        assert all(set(s) == {"em", "local_utility", "gac"} and s["em"] in (0, 1) and 0 <= s["local_utility"] <= 1
                    for s in row["scores"])
         assert row["dataset"] == "trajectories"
     first = rows[0]
     assert first["question"] == "Who founded the honky tonk of Urban Cowboy?" and first["history_queries"] == []
-    assert first["query_text"] == "urban cowboy club" and first["scores"][0] == {"em": 1, "local_utility": 0.9}
+    assert first["query_text"] == "urban cowboy club" and first["scores"][0] == {"em": 1, "local_utility": 0.9, "gac": 1.0}
     assert rows[1]["history_queries"] == ["urban cowboy club"]
     assert "gilleys_club_founder-0" not in rows[2]["passage_ids"][1:]  # a positive is never its own negative
     assert result.plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -102,7 +102,7 @@ def test_statistics_say_what_went_in_was_dropped_and_cost(trajectory_file, tmp_p
     assert stats == json.loads(json.dumps(result.stats))
     assert stats["trajectories"] == 4 and stats["rows"] == 4
     assert stats["rounds"] == {"in": 9, "mined": 3, "dropped_total": 6, "dropped": {
-        "best_gac_below": 2, "lr_below_threshold": 1, "lr_parse_failed": 1, "round_index_limit": 1,
+        "no_gac_pass": 2, "lr_below_threshold": 1, "lr_parse_failed": 1, "round_index_limit": 1,
         "too_few_candidates": 1}}
     assert stats["positives_per_round"] == {"1": 2, "2": 1}
     assert stats["sub_answers"]["trajectories"] == 3 and stats["sub_answers"]["given"] == 7
@@ -218,8 +218,8 @@ def test_without_lr_ablation_needs_no_scorer_and_ranks_by_gac(trajectory_file, t
 
 
 def test_pointwise_scorer_and_answer_likelihood_gac(trajectory_file, tmp_path):
-    result, agent, scorer = run(trajectory_file, tmp_path, cfg=config(lr_scorer="pointwise",
-                                                                      gac_mode="answer_likelihood"))
+    result, agent, scorer = run(trajectory_file, tmp_path, cfg=config(lr_scorer="pointwise", gac_mode="answer_likelihood",
+                                                                      gac_criterion="sequence"))
     rows = rows_of(result)
     assert [r["passage_ids"][0] for r in rows][:3] == ["urban_cowboy_club-0", "gilleys_club_founder-0",
                                                        "gilleys_club_founder-1"]
@@ -230,7 +230,7 @@ def test_pointwise_scorer_and_answer_likelihood_gac(trajectory_file, tmp_path):
     assert not lr_prompts(scorer)  # no listwise prompt
     stats = result.stats
     assert stats["lr_scorer"] == "pointwise judgement" and stats["local_relevance"]["parse_rate"] is None
-    assert stats["gac_mode"] == "answer_likelihood" and stats["selection"]["gac_threshold"] == 0.5
+    assert stats["gac_mode"] == "answer_likelihood (sequence)" and stats["selection"]["gac_threshold"] == 0.5
 
 
 def test_bad_inputs_are_refused_with_the_reason(trajectory_file, tmp_path):
@@ -260,14 +260,74 @@ def test_real_transformers_backend_runs_the_likelihood_scorers_and_rollouts(tmp_
     path = tmp_path / "one.jsonl"
     path.write_text(json.dumps(trajectories()[0].to_json()) + "\n")  # 2 rounds
     llm = TransformersLLM.load(tiny_causal_lm_dir, device="cpu")
-    small = {"num_candidates": 4, "sub_answer_max_new_tokens": 4, "selection": SelectionConfig(num_negatives=3, lr_threshold=0, gac_threshold=0.0),
+    small = {"num_candidates": 4, "sub_answer_max_new_tokens": 4,
              "env": EnvConfig(max_turns=2, max_new_tokens_per_turn=4, observation_max_tokens=48)}
     for gac_mode in ("answer_likelihood", "rollout"):
-        result = mine(path, WORLD, llm, llm, config(lr_scorer="pointwise", gac_mode=gac_mode, **small),
-                      tmp_path / gac_mode)
+        def mine_with(threshold: float):
+            selection = SelectionConfig(num_negatives=1, lr_threshold=0, gac_threshold=threshold)
+            return mine(path, WORLD, llm, llm, config(lr_scorer="pointwise", gac_mode=gac_mode,
+                                                      gac_criterion="per_token", selection=selection, **small),
+                        tmp_path / gac_mode)
+
+        result = mine_with(0.0)
+        records = [json.loads(line) for line in (result.out_dir / "rounds.jsonl").read_text().splitlines()]
+        assert len(records) == 2 and all(len(r["candidates"]) == 4 for r in records)
+        assert all(c["gac"] is not None and 0 <= c["lr"] <= 100 for r in records for c in r["candidates"])
+        # every candidate passes a threshold of 0, and a passing candidate is never a negative: no rows
+        assert result.rows == 0 and {r["drop_reason"] for r in records} == {"too_few_negatives"}
+        assert result.stats["gac"]["candidates"] == 8
+        if gac_mode == "rollout":  # the random model answers nothing right: every GAC is 0
+            continue
+        # the lower of the rounds' best values: at least one round gets a row (selection alone reruns, stores reused)
+        result = mine_with(min(max(c["gac"] for c in r["candidates"]) for r in records))
+        assert result.stats["this_run"]["gac"]["computed"] == 0
         rows = rows_of(result)
-        assert len(rows) >= 2 and all(len(r["passage_ids"]) == 4 for r in rows)
+        assert rows and all(len(r["passage_ids"]) == 2 for r in rows)
         assert all(p in WORLD.corpus for r in rows for p in r["passage_ids"])
         assert all(0 <= s["local_utility"] <= 1 for r in rows for s in r["scores"])
         assert result.stats["cost"]["local_relevance"]["prompt_tokens"] > 0
-        assert result.stats["gac"]["candidates"] == 8
+
+
+def test_mining_reads_no_evidence_labels(trajectory_file, tmp_path):
+    """Evidence fields (here pointing at wrong pages) change nothing: mining reads questions and gold answers."""
+    labelled = tmp_path / "labelled.jsonl"
+    rows = [json.loads(line) for line in trajectory_file.read_text().splitlines()]
+    labelled.write_text("".join(json.dumps({**row, "supporting_titles": ["misc facts 0"], "supporting_ids": ["misc_facts-0"],
+                                            "evidence": {"title": "misc facts 1"}}) + "\n" for row in rows))
+    plain, _, _ = run(trajectory_file, tmp_path / "plain", cfg=config(dataset="d"))
+    with_labels, _, _ = run(labelled, tmp_path / "labelled", cfg=config(dataset="d"))
+    assert "supporting_titles" not in trajectory_file.read_text()
+    assert plain.rows_path.read_text() == with_labels.rows_path.read_text() != ""
+    assert (plain.out_dir / "rounds.jsonl").read_text() == (with_labels.out_dir / "rounds.jsonl").read_text()
+
+
+def test_rounds_file_records_every_candidate_role(trajectory_file, tmp_path):
+    result, _, _ = run(trajectory_file, tmp_path)
+    records = {r["round_id"]: r for r in map(json.loads, (tmp_path / "rounds.jsonl").read_text().splitlines())}
+    first = records["t1#1"]
+    assert first["status"] == "mined" and [c["rank"] for c in first["candidates"]] == list(range(1, 21))
+    roles = [c["role"] for c in first["candidates"]]
+    assert roles.count("positive") == 1 and roles.count("negative") == 15
+    positive = next(c for c in first["candidates"] if c["role"] == "positive")
+    assert positive["id"] == "urban_cowboy_club-0" and positive["gac_pass"] and positive["lr"] >= 60
+    # passing GAC but not chosen: excluded, never a negative
+    assert all(c["role"] == "excluded" for c in first["candidates"] if c["gac_pass"] and c["role"] != "positive")
+    assert records["t2#1"]["status"] == "dropped" and records["t2#1"]["drop_reason"] == "lr_below_threshold"
+
+
+def test_lr_from_the_retriever_or_none_needs_no_scorer(trajectory_file, tmp_path):
+    result = mine(trajectory_file, WORLD, FakeAgent(), None,
+                  config(lr_scorer="retriever", selection=SelectionConfig(lr_threshold=97)), tmp_path / "r")
+    records = [json.loads(line) for line in (tmp_path / "r" / "rounds.jsonl").read_text().splitlines()]
+    assert all(c["lr"] == pytest.approx(100 * (1 - (c["rank"] - 1) / 100)) for r in records for c in r["candidates"])
+    assert result.stats["lr_scorer"] == "retriever score" and result.rows > 0
+    none = mine(trajectory_file, WORLD, FakeAgent(), None, config(lr_scorer="none"), tmp_path / "n")
+    assert none.stats["selection"]["use_lr"] is False and none.stats["lr_scorer"] is None and none.rows > 0
+
+
+def test_rounds_without_an_answer_candidate_skip_lr_and_gac_when_positives_need_the_answer(trajectory_file, tmp_path):
+    # the fake passages say "ANSWER=x": no gold on word boundaries, so no round can give a positive
+    result, agent, scorer = run(trajectory_file, tmp_path, cfg=config(
+        selection=SelectionConfig(require_answer_in_positive=True)))
+    assert result.rows == 0 and not agent.calls and not lr_prompts(scorer)
+    assert result.stats["rounds"]["dropped"]["no_answer_candidate"] == 7

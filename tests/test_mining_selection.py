@@ -2,125 +2,145 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 from agentic_retriever.mining.selection import Candidate, SelectionConfig, select_passages
 
 
-def table(*rows: tuple[float, float], n: int = 20, filler: tuple[float, float] = (0, 10)) -> list[Candidate]:
-    """Candidates p0.. in retriever order: the given (gac, lr) first, then `filler` up to n."""
+def table(*rows: tuple, n: int = 20, filler: tuple = (0, 10)) -> list[Candidate]:
+    """Candidates p0.. in retriever order: the given (gac, lr[, contains_answer]) first, then `filler` up to n."""
     rows = list(rows) + [filler] * (n - len(rows))
-    return [Candidate(f"p{i}", lr=lr, gac=gac) for i, (gac, lr) in enumerate(rows)]
+    return [Candidate(f"p{i}", lr=row[1], gac=row[0], rank=i + 1, contains_answer=row[2] if len(row) > 2 else False)
+            for i, row in enumerate(rows)]
 
 
 def ids(candidates) -> list[str]:
     return [c.passage_id for c in candidates]
 
 
-def test_ranks_by_gac_then_lr_and_takes_the_best_as_positive():
-    cands = table((0, 95), (1, 70), (1, 85), (0, 99))
-    result = select_passages(cands, SelectionConfig(), "q#1")
+def select(cands, **settings):
+    return select_passages(cands, SelectionConfig(**{"gac_threshold": 1.0, **settings}), "q#1")
+
+
+def test_passing_candidates_are_ranked_by_lr_and_the_best_is_the_positive():
+    result = select(table((0, 95), (1, 70), (1, 85), (0, 99)))
     assert result.drop_reason is None
-    assert ids(result.ranked[:4]) == ["p2", "p1", "p3", "p0"]  # GAC first: a correct answer beats any LR
+    [example] = result.examples
+    assert example.positive.passage_id == "p2"  # passes GAC and has the highest LR among those that pass
+    assert len(example.negatives) == 15 == len(set(ids(example.negatives)))
+    assert "p2" not in ids(example.negatives)
+
+
+def test_candidates_that_pass_gac_are_never_negatives():
+    result = select(table((1, 70), (1, 85), (1, 90), (1, 65), (1, 61), n=21))
     [example] = result.examples
     assert example.positive.passage_id == "p2"
-    assert len(example.negatives) == 15 and "p2" not in ids(example.negatives)
-    assert len(set(ids(example.negatives))) == 15
+    assert not {"p0", "p1", "p3", "p4"} & set(ids(example.negatives))
+    assert {result.roles[p] for p in ("p0", "p1", "p3", "p4")} == {"excluded"}
 
 
-def test_equal_keys_keep_the_retriever_order():
-    result = select_passages(table((0, 50), (0, 50), (0, 50)), SelectionConfig(use_gac=False, lr_threshold=0), "k")
-    assert ids(result.ranked[:3]) == ["p0", "p1", "p2"]
+def test_graded_gac_is_thresholded_first_then_lr_decides():
+    # a high answer likelihood alone does not make the positive: among passing candidates LR decides
+    cands = table((0.99, 61), (0.6, 90), (0.4, 100), filler=(0.1, 10))
+    result = select(cands, gac_threshold=0.5)
+    assert result.examples[0].positive.passage_id == "p1"
+    assert result.roles["p0"] == "excluded"  # passed GAC, not chosen: not a negative either
+    assert select(cands, gac_threshold=0.995).drop_reason == "no_gac_pass"
+
+
+def test_equal_lr_among_passing_candidates_keeps_the_retriever_order():
+    result = select(table((0, 50), (0, 50), (0, 50), n=21), use_gac=False, lr_threshold=40, positives="first")
+    assert result.examples[0].positive.passage_id == "p0"
 
 
 @pytest.mark.parametrize("rows, reason", [
-    (((0, 100),), "best_gac_below"),      # nothing leads to the right answer
-    (((1, 59), (0, 100)), "best_lr_below"),  # the correct candidate is not relevant enough
+    (((0, 100),), "no_gac_pass"),          # nothing leads to the right answer
+    (((1, 59), (0, 100)), "no_lr_pass"),  # the correct candidate is not relevant enough
 ])
-def test_the_round_is_dropped_unless_the_best_has_gac_1_and_lr_60(rows, reason):
-    result = select_passages(table(*rows), SelectionConfig(), "k")
+def test_the_round_is_dropped_without_a_candidate_passing_both(rows, reason):
+    result = select(table(*rows))
     assert result.examples == () and result.drop_reason == reason
 
 
+def test_the_lr_threshold_is_checked_on_every_passing_candidate_not_only_the_first():
+    # the old rule sorted by GAC value and checked the thresholds on the top candidate only
+    cands = table((0.9, 20), (0.6, 70), filler=(0.1, 10))
+    result = select(cands, gac_threshold=0.5)
+    assert result.examples[0].positive.passage_id == "p1"
+
+
 def test_lr_exactly_at_the_threshold_is_enough():
-    assert select_passages(table((1, 60)), SelectionConfig(), "k").drop_reason is None
+    assert select(table((1, 60))).examples[0].positive.passage_id == "p0"
 
 
 def test_ties_with_the_best_are_positives_at_most_three_one_row_each():
-    cands = table((1, 80), (1, 90), (1, 90), (1, 90), (1, 90))
-    result = select_passages(cands, SelectionConfig(), "k")
-    assert [e.positive.passage_id for e in result.examples] == ["p1", "p2", "p3"]
-    for example in result.examples:
-        assert example.positive.passage_id not in ids(example.negatives)
-        assert not {"p1", "p2", "p3"} & set(ids(example.negatives))
-    # the fourth tie is in "the rest" (paper, release) unless ties are kept out of the negatives:
-    # 17 non-positives, 17 negatives asked -> every one of them is drawn
-    loose = select_passages(cands, SelectionConfig(num_negatives=17), "k")
-    assert all("p4" in ids(e.negatives) for e in loose.examples)
-    strict = select_passages(cands, SelectionConfig(num_negatives=16, exclude_ties_from_negatives=True), "k")
-    assert strict.drop_reason is None and all("p4" not in ids(e.negatives) for e in strict.examples)
+    result = select(table((1, 80), (1, 80), (0, 80), (1, 80), (1, 80), (1, 70), n=25))
+    assert ids(e.positive for e in result.examples) == ["p0", "p1", "p3"]
+    for example in result.examples:  # no positive of the round, and no passing candidate, is a negative
+        assert not {"p0", "p1", "p3", "p4", "p5"} & set(ids(example.negatives))
 
 
 def test_first_switch_takes_only_the_best():
-    result = select_passages(table((1, 90), (1, 90)), SelectionConfig(positives="first"), "k")
-    assert [e.positive.passage_id for e in result.examples] == ["p0"]
+    result = select(table((1, 80), (1, 80), n=21), positives="first")
+    assert ids(e.positive for e in result.examples) == ["p0"]
+
+
+def test_false_negative_filter_keeps_answer_containing_candidates_out_of_the_negatives():
+    cands = table((1, 80), (0, 10, True), (0, 10, True), n=22)
+    result = select(cands)
+    assert not {"p1", "p2"} & set(ids(result.examples[0].negatives))
+    assert result.roles["p1"] == result.roles["p2"] == "excluded"
+    unfiltered = select(cands, false_negative_filter=False, num_negatives=21)
+    assert {"p1", "p2"} <= set(ids(unfiltered.examples[0].negatives))
+
+
+def test_require_answer_in_positive():
+    cands = table((1, 90), (1, 70, True), n=21)
+    assert select(cands).examples[0].positive.passage_id == "p0"
+    assert select(cands, require_answer_in_positive=True).examples[0].positive.passage_id == "p1"
+    assert select(table((1, 90)), require_answer_in_positive=True).drop_reason == "no_answer_in_passing"
 
 
 def test_fewer_than_15_negatives_drop_the_round():
-    assert select_passages(table((1, 90), n=15), SelectionConfig(), "k").drop_reason == "too_few_negatives"
-    assert select_passages(table((1, 90), n=16), SelectionConfig(), "k").drop_reason is None
-    # ties kept out of the negatives can leave too few
-    cands = table(*[(1, 90)] * 6, n=20)
-    assert select_passages(cands, SelectionConfig(), "k").drop_reason is None
-    assert select_passages(cands, SelectionConfig(exclude_ties_from_negatives=True), "k").drop_reason \
-        == "too_few_negatives"
+    assert select(table((1, 80), n=15)).drop_reason == "too_few_negatives"
+    assert select(table((1, 80), n=16)).drop_reason is None
+    # excluded candidates do not count towards the negatives
+    assert select(table((1, 80), (1, 70), n=16)).drop_reason == "too_few_negatives"
 
 
 def test_negative_sampling_is_seeded_by_round_and_positive():
-    cands = table((1, 90), (1, 90), n=20)
-    first = select_passages(cands, SelectionConfig(), "q1#1")
-    assert first == select_passages(cands, SelectionConfig(), "q1#1")
-    other_round = select_passages(cands, SelectionConfig(), "q1#2")
-    other_seed = select_passages(cands, SelectionConfig(seed=1), "q1#1")
-    negatives = lambda r: [ids(e.negatives) for e in r.examples]
-    assert negatives(first) != negatives(other_round) and negatives(first) != negatives(other_seed)
-    assert negatives(first)[0] != negatives(first)[1]  # each row draws its own negatives
+    cands = table((1, 80), n=20)
+    config = SelectionConfig(gac_threshold=1.0)
+    first = select_passages(cands, config, "q#1").examples[0].negatives
+    assert first == select_passages(list(cands), config, "q#1").examples[0].negatives
+    assert first != select_passages(cands, config, "q#2").examples[0].negatives
 
 
-def test_without_gac_ranks_and_thresholds_by_lr_only():
-    cands = table((0, 95), (1, 70))
-    config = SelectionConfig(use_gac=False)
-    result = select_passages(cands, config, "k")
-    assert result.examples[0].positive.passage_id == "p0"  # GAC ignored
-    assert select_passages(table((1, 59)), config, "k").drop_reason == "best_lr_below"
-    no_gac = [replace(c, gac=None) for c in cands]  # GAC need not exist at all
-    assert select_passages(no_gac, config, "k").examples[0].positive.passage_id == "p0"
+def test_without_gac_lr_alone_thresholds_and_ranks():
+    cands = table((0, 70), (0, 90), (0, 50))
+    result = select(cands, use_gac=False)
+    assert result.examples[0].positive.passage_id == "p1"
+    assert result.roles["p0"] == "excluded"  # passes the LR threshold: not a negative under "w/o GAC"
+    assert select(table((0, 50)), use_gac=False).drop_reason == "lr_below"
 
 
-def test_without_lr_ranks_by_gac_only_with_no_lr_tie_break():
-    cands = table((0, 99), (1, 20), (1, 95), (1, 90), (1, 80))
-    result = select_passages(cands, SelectionConfig(use_lr=False), "k")
-    # GAC=1 candidates all tie: the first three in retriever order, LR ignored (and no LR threshold)
-    assert [e.positive.passage_id for e in result.examples] == ["p1", "p2", "p3"]
-    no_lr = [replace(c, lr=None) for c in cands]
-    assert select_passages(no_lr, SelectionConfig(use_lr=False, positives="first"), "k").examples[0].positive \
-        .passage_id == "p1"
-    assert select_passages(table((0, 99)), SelectionConfig(use_lr=False), "k").drop_reason == "best_gac_below"
-
-
-def test_soft_gac_uses_the_threshold():
-    cands = [Candidate("a", lr=90, gac=0.7), Candidate("b", lr=95, gac=0.4)] + table(n=18)
-    assert select_passages(cands, SelectionConfig(gac_threshold=0.5), "k").examples[0].positive.passage_id == "a"
-    assert select_passages(cands, SelectionConfig(gac_threshold=0.8), "k").drop_reason == "best_gac_below"
+def test_without_lr_passing_candidates_are_ranked_by_gac_value_then_retriever_rank():
+    cands = table((0.6, 10), (0.8, 5), (0.8, 99), filler=(0.1, 10))
+    result = select(cands, use_lr=False, gac_threshold=0.5, positives="first")
+    assert result.examples[0].positive.passage_id == "p1"  # p1 and p2 tie on GAC; p1 ranks higher
+    ties = select(cands, use_lr=False, gac_threshold=0.5)
+    assert ids(e.positive for e in ties.examples) == ["p1", "p2"]
 
 
 def test_missing_scores_and_bad_settings_are_errors():
+    with pytest.raises(ValueError, match="no GAC"):
+        select([Candidate("p", lr=80)] * 20)
     with pytest.raises(ValueError, match="no LR"):
-        select_passages([Candidate("a", lr=None, gac=1)], SelectionConfig(), "k")
+        select([Candidate("p", gac=1)] * 20)
     with pytest.raises(ValueError, match="GAC, LR or both"):
-        select_passages(table(), SelectionConfig(use_gac=False, use_lr=False), "k")
-    with pytest.raises(ValueError):
-        select_passages(table(), SelectionConfig(positives="all"), "k")
-    assert select_passages([], SelectionConfig(), "k").drop_reason == "no_candidates"
+        select(table((1, 80)), use_gac=False, use_lr=False)
+    with pytest.raises(ValueError, match="gac_threshold"):
+        select_passages(table((1, 80)), SelectionConfig(), "k")
+    with pytest.raises(ValueError, match="positives"):
+        select(table((1, 80)), positives="all")
+    assert select([]).drop_reason == "no_candidates"

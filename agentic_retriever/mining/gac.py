@@ -8,12 +8,24 @@ transformers backend computes a prefix shared by a batch's rows once). Each cont
 of further searches and finish reason are kept. ``metric="contains"`` uses QAgent's contains-match (a gold
 occurring in the answer on word boundaries) instead of EM.
 
-`answer_likelihood_gac` is an option, not the paper's: REPLUG-style (Shi et al., 2024), the probability the
-agent gives a gold answer right after the candidate: the same context and observation, then the dialect's
-answer tag, then the gold (log-probabilities from `LLM.score`, transformers backend). GAC = max over gold
-answers of p(gold) = exp(sum of token log-probs), in (0, 1]: soft, one forward pass per pair instead of a
-multi-turn rollout, and blind to what later searches would have found. A candidate counts as leading to
-the right answer when GAC >= the selection's ``gac_threshold`` (0.5 by default for this mode).
+`answer_likelihood_gac` is an option, not the paper's: REPLUG-style (Shi et al., "REPLUG: Retrieval-Augmented
+Black-Box Language Models", arXiv:2301.12652), the log-probability the agent gives a gold answer right after
+the candidate: the same context and observation, then the dialect's answer tag, then the gold (`LLM.score`,
+transformers backend). One forward pass per pair instead of a multi-turn rollout, blind to what later
+searches would have found. The record keeps, per candidate and gold, the summed log-probability and the
+number of gold tokens, and per round the same for the **no-passage baseline** (the context, an empty
+observation, the answer tag, the gold), so the graded GAC value is computed from the record by a criterion
+(`gac_value`) and changing the criterion recomputes nothing:
+
+* ``sequence``: p(gold) = exp(sum of token log-probs) (max over golds). A multi-token gold (a year is 5
+  tokens for SmolLM2) gets a small probability even when every token is likely, so a fixed cutoff drops
+  exactly the rounds with long answers;
+* ``per_token``: exp(mean token log-prob), the geometric-mean token probability: length-robust;
+* ``gain``: mean token log-prob with the candidate minus without any passage (max over golds): how much
+  the passage raises the agent's belief in the gold. Robust to length and to answers the agent already
+  knows (memorised answers are likely with or without a passage).
+
+The default criterion and its threshold were chosen by measurement (README, "Utility mining").
 """
 
 from __future__ import annotations
@@ -31,7 +43,7 @@ from ..eval.qa import contains_match, exact_match
 from ..index.base import ScoredPassage
 from .rounds import Round
 
-__all__ = ["GACRequest", "answer_likelihood_gac", "rollout_gac"]
+__all__ = ["DEFAULT_GAC_THRESHOLDS", "GAC_CRITERIA", "GACRequest", "answer_likelihood_gac", "gac_value", "rollout_gac"]
 
 _METRICS: dict[str, Callable] = {"em": exact_match, "contains": contains_match}
 
@@ -71,14 +83,19 @@ def rollout_gac(requests: Sequence[GACRequest], llm, client: RetrievalClient, en
     return records
 
 
+GAC_CRITERIA = ("sequence", "per_token", "gain")
+#: Threshold of a candidate passing GAC, per criterion, when the selection does not set one.
+DEFAULT_GAC_THRESHOLDS = {"rollout": 1.0, "sequence": 0.5, "per_token": 0.5, "gain": 0.5}
+
+
 def answer_likelihood_gac(requests: Sequence[GACRequest], llm, env: EnvConfig, answer_lead: str = "<answer>"
                           ) -> list[dict]:
-    """p(gold answer | context, candidate as the observation, `answer_lead`) per (round, candidate).
+    """Log-probabilities of each gold answer after each candidate (and after no passage), per round.
 
     Tokens are laid out as the environment lays them out (prompt, context and observation encoded apart, the
     observation cut to ``env.observation_max_tokens``); each gold answer is scored as ``" " + gold``.
-    Record per request: ``gac`` (max over golds of p(gold), 6 decimals) and ``answer_logprobs`` (per passage,
-    the summed log-probability of each gold).
+    Record per request: ``answer_logprobs`` (per passage, the summed log-probability of each gold),
+    ``answer_tokens`` (tokens of each gold) and ``baseline_logprobs`` (each gold with an empty observation).
     """
     dialect = get_dialect(env.dialect)
     tokenizer = llm.tokenizer
@@ -86,25 +103,44 @@ def answer_likelihood_gac(requests: Sequence[GACRequest], llm, env: EnvConfig, a
     def encode(text: str) -> list[int]:
         return tokenizer.encode(text, add_special_tokens=False)
 
-    prompts, continuations, owners = [], [], []
+    prompts, continuations, tokens = [], [], []
     lead = encode(answer_lead)
-    for r, request in enumerate(requests):
+    empty = encode(dialect.format_observation([[]]))
+    for request in requests:
         rnd = request.round
+        golds = [encode(" " + gold) for gold in rnd.golden_answers]
+        tokens.append([len(gold) for gold in golds])
         head = encode(llm.chat_prompt(dialect.build_prompt(rnd.question))) + encode(rnd.context)
-        for passage in request.passages:
-            _, observation = cut_to_tokens(tokenizer, dialect.format_observation([[passage]]),
-                                           env.observation_max_tokens)
-            context = head + observation + lead
-            for gold in rnd.golden_answers:
-                prompts.append(context)
-                continuations.append(encode(" " + gold))
-            owners.append((r, len(rnd.golden_answers)))
-    logprobs = llm.score(prompts, continuations) if prompts else []
-    records = [{"gac": [], "answer_logprobs": []} for _ in requests]
-    position = 0
-    for r, count in owners:
-        sums = [sum(values) for values in logprobs[position:position + count]]
-        position += count
-        records[r]["answer_logprobs"].append([round(s, 4) for s in sums])
-        records[r]["gac"].append(round(math.exp(max(sums)), 6) if sums else 0.0)
+        observations = [cut_to_tokens(tokenizer, dialect.format_observation([[passage]]),
+                                      env.observation_max_tokens)[1] for passage in request.passages]
+        for observation in [empty, *observations]:
+            prompts.extend(head + observation + lead for _ in golds)
+            continuations.extend(golds)
+    logprobs = iter(llm.score(prompts, continuations) if prompts else [])
+    records = []
+    for request, counts in zip(requests, tokens):
+        def sums() -> list[float]:
+            return [round(sum(next(logprobs)), 4) for _ in counts]
+
+        baseline = sums()
+        records.append({"baseline_logprobs": baseline, "answer_logprobs": [sums() for _ in request.passages],
+                        "answer_tokens": counts})
     return records
+
+
+def gac_value(record: dict, criterion: str) -> list[float]:
+    """The graded GAC of each candidate of a stored answer-likelihood record, by `criterion` (see module)."""
+    if criterion not in GAC_CRITERIA:
+        raise ValueError(f"unknown GAC criterion {criterion!r} ({', '.join(GAC_CRITERIA)})")
+    tokens = [max(1, n) for n in record["answer_tokens"]]
+    values = []
+    for sums in record["answer_logprobs"]:
+        if not sums:
+            values.append(0.0)
+        elif criterion == "sequence":
+            values.append(round(math.exp(max(sums)), 6))
+        elif criterion == "per_token":
+            values.append(round(math.exp(max(s / n for s, n in zip(sums, tokens))), 6))
+        else:
+            values.append(round(max((s - b) / n for s, b, n in zip(sums, record["baseline_logprobs"], tokens)), 6))
+    return values

@@ -35,9 +35,10 @@ def run_mine_job(config: MineJobConfig) -> MiningResult:
 
     from ..llm import load_llm
 
-    selection = config.mining.selection
+    selection = config.mining.resolved_selection()
     agent = load_llm(config.agent) if selection.use_gac else None
     same_model = dataclasses.asdict(config.scorer) == dataclasses.asdict(config.agent)
-    scorer = (agent if same_model and agent is not None else load_llm(config.scorer)) if selection.use_lr else None
+    scorer = ((agent if same_model and agent is not None else load_llm(config.scorer))
+              if config.mining.needs_scorer_llm else None)
     return mine(config.trajectories, open_retrieval_client(config.index, config.url), agent, scorer, config.mining,
                 config.out, parse_shard(config.shard))

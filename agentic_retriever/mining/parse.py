@@ -12,8 +12,9 @@ the window), clamping to 0..100; anything else fails the window. Here the same o
 and common deviations are read too: words around the numbers ("Scores: 68 42 97."), commas or newlines
 between them, passage labels (``[3]``, ``Passage 3:``), line enumerations counting 1, 2, 3 (``1. 68``), the
 scale (``68/100``, "out of 100"), decimals (rounded half up), negative or > 100 values (clamped), and a
-hyphen between digits as a separator (``68-42-97``). Too many numbers: the first n are taken, as [R] does (status
-``extra_numbers``); too few fail (status ``too_few``).
+hyphen between digits as a separator (``68-42-97``). More numbers than passages fail (status
+``extra_numbers``), as [R]'s parse fails them: "1: 68 2: 42 3: 97" would otherwise read as [1, 68, 2], so the
+window is asked again instead. Too few fail too (status ``too_few``).
 """
 
 from __future__ import annotations
@@ -98,5 +99,6 @@ def parse_scores(text: str, expected: int) -> ScoreParse:
     numbers = [float(m) for m in _NUMBER.findall(_RANGE_HYPHEN.sub(" ", cleaned))]
     if len(numbers) < expected:
         return ScoreParse(None, "too_few", len(numbers))
-    status = "ok" if len(numbers) == expected else "extra_numbers"
-    return ScoreParse([_clamp(v) for v in numbers[:expected]], status, len(numbers))
+    if len(numbers) > expected:
+        return ScoreParse(None, "extra_numbers", len(numbers))
+    return ScoreParse([_clamp(v) for v in numbers], "ok", len(numbers))

@@ -7,8 +7,15 @@
 4. local relevance (`scorers`): listwise LR (Figures 6/7, windows, one retry) or the pointwise likelihood
    scorer (a deviation, for small scorers);
 5. global answer correctness (`gac`): the agent continued from each round with each candidate (Eqs. 2-3), or
-   the answer-likelihood option;
-6. selection (`selection`): (GAC desc, LR desc), positive needs GAC = 1 and LR >= 60, 15 sampled negatives.
+   the answer-likelihood option, graded by a criterion (`gac.gac_value`);
+6. selection (`selection`): candidates passing the GAC and LR thresholds, ranked by LR then retriever rank; 15
+   sampled negatives that neither pass GAC nor (with the false-negative filter) contain a gold answer.
+
+Mining reads the trajectories' questions and gold answers, never evidence labels (a QA file's
+``supporting_titles``): `tests/test_mining_pipeline.py` mines rows whose evidence fields are absent. Besides
+the rows it writes ``rounds.jsonl``: per round its candidates with retriever rank and score, LR, graded GAC,
+whether each passed GAC, contains a gold answer, and its role (positive, negative, excluded), which the
+audit (`audit`, evaluation side) joins with evidence labels.
 
 Stages 2-5 keep their per-item results in `store.StageStore` files under ``<out>/stages/``, keyed by a hash of
 each item's inputs and of the settings that change it. A run computes only what is missing: a killed run
@@ -26,9 +33,11 @@ into ``<out>/`` in file order, which gives the same rows as one unsharded run (n
 per round, not per run).
 
 Cost control beyond the paper: rounds with fewer candidates than 1 + ``num_negatives`` are dropped before
-scoring (``too_few_candidates``: selection would drop them), and with ``skip_hopeless_gac`` rounds whose best
+scoring (``too_few_candidates``: selection would drop them); with ``skip_hopeless_gac`` rounds whose best
 LR is below the threshold get no GAC rollouts (``lr_below_threshold``: no candidate could be a positive, so
-the rows are the same; only the GAC statistics then cover the rounds that were rolled out).
+the rows are the same; only the GAC statistics then cover the rounds that were rolled out); with
+``selection.require_answer_in_positive`` rounds where no candidate contains a gold answer get neither LR nor
+GAC (``no_answer_candidate``: they could give no positive).
 
     result = mine("runs/x/iter_1/trajectories.jsonl", client, agent_llm, scorer_llm, MiningConfig(),
                   "runs/x/iter_1/mining")
@@ -53,7 +62,8 @@ from agent.trajectory import Trajectory
 from ..client import RetrievalClient
 from ..jsonl import DataFormatError, iter_jsonl, read_json, write_json
 from .candidates import passage_from_record, passage_record, retrieve_candidates
-from .gac import GACRequest, answer_likelihood_gac, rollout_gac
+from ..eval.qa import contains_match
+from .gac import DEFAULT_GAC_THRESHOLDS, GACRequest, answer_likelihood_gac, gac_value, rollout_gac
 from .prompts import PROMPT_VERSION, passage_text
 from .rounds import Round, extract_rounds, search_queries
 from .scorers import ListwiseScorer, PointwiseLikelihoodScorer, RelevanceRequest
@@ -68,8 +78,9 @@ __all__ = ["MiningConfig", "MiningResult", "merge_shards", "mine", "parse_shard"
 log = logging.getLogger(__name__)
 
 ROWS_FILE, STATS_FILE, PLOT_FILE = "retriever_train.jsonl", "mining_stats.json", "mining_stats.png"
+ROUNDS_FILE = "rounds.jsonl"
 #: Bumped when a stage's computation changes, so stored results of the old code are not reused.
-STAGE_VERSIONS = {"candidates": 1, "sub_answers": 1, "local_relevance": 1, "gac": 1}
+STAGE_VERSIONS = {"candidates": 1, "sub_answers": 1, "local_relevance": 2, "gac": 2}
 
 
 def _agentic_r_env() -> EnvConfig:
@@ -89,8 +100,9 @@ class MiningConfig:
     use_sub_answers: bool = field(default=True, metadata={
         "help": "generate sub-answers (Figure 8) and score with Figure 6 where one exists"})
     sub_answer_max_new_tokens: int = field(default=256, metadata={"help": "tokens of a sub-answer generation"})
-    lr_scorer: Literal["listwise", "pointwise"] = field(default="listwise", metadata={
-        "help": "listwise: Figures 6/7 (paper); pointwise: likelihood scorer for small models (deviation)"})
+    lr_scorer: Literal["listwise", "pointwise", "retriever", "none"] = field(default="listwise", metadata={
+        "help": "listwise: Figures 6/7 (paper); pointwise: likelihood scorer for small models (deviation); "
+                "retriever: 100 x the retriever's cosine (a baseline); none: no LR (the 'w/o LR' ablation)"})
     lr_window: int = field(default=10, metadata={"help": "passages per listwise prompt (release 10; paper text 20)"})
     lr_retries: int = field(default=1, metadata={"help": "new tries of a listwise window that does not parse"})
     lr_retry_temperature: float = field(default=0.7, metadata={"help": "sampling temperature of a retry"})
@@ -103,6 +115,9 @@ class MiningConfig:
     gac_metric: Literal["em", "contains"] = field(default="em", metadata={
         "help": "rollout GAC: exact match (paper) or contains-match on word boundaries"})
     answer_lead: str = field(default="<answer>", metadata={"help": "answer_likelihood: text before the gold"})
+    gac_criterion: Literal["sequence", "per_token", "gain"] = field(default="gain", metadata={
+        "help": "answer_likelihood: graded GAC = p(gold), its per-token geometric mean, or the per-token "
+                "log-prob gain over no passage (see mining/gac.py)"})
     gac_batch_pairs: int = field(default=1024, metadata={"help": "(round, candidate) continuations per rollout call"})
     skip_hopeless_gac: bool = field(default=True, metadata={
         "help": "no GAC for rounds whose best LR is below the threshold (same rows, less compute)"})
@@ -118,17 +133,29 @@ class MiningConfig:
                 raise ValueError(f"MiningConfig.{name} must be at least 1, got {getattr(self, name)}")
         if self.lr_retries < 0:
             raise ValueError(f"MiningConfig.lr_retries must be >= 0, got {self.lr_retries}")
-        for name, choices in (("lr_scorer", ("listwise", "pointwise")), ("gac_mode", ("rollout", "answer_likelihood")),
+        for name, choices in (("lr_scorer", ("listwise", "pointwise", "retriever", "none")),
+                              ("gac_mode", ("rollout", "answer_likelihood")),
+                              ("gac_criterion", ("sequence", "per_token", "gain")),
                               ("gac_metric", ("em", "contains")), ("pointwise_mode", ("judgement", "query_likelihood"))):
             if getattr(self, name) not in choices:
                 raise ValueError(f"MiningConfig.{name} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
-        self.selection.validate()
+        self.resolved_selection().validate()
 
     def resolved_selection(self) -> SelectionConfig:
-        """The selection settings with the GAC threshold of the GAC mode filled in."""
-        if self.selection.gac_threshold is not None:
-            return self.selection
-        return replace(self.selection, gac_threshold=1.0 if self.gac_mode == "rollout" else 0.5)
+        """The selection settings with the GAC threshold of the GAC criterion filled in, and LR off when
+        ``lr_scorer`` is ``none``."""
+        selection = self.selection
+        if self.lr_scorer == "none":
+            selection = replace(selection, use_lr=False)
+        if selection.gac_threshold is None:
+            criterion = "rollout" if self.gac_mode == "rollout" else self.gac_criterion
+            selection = replace(selection, gac_threshold=DEFAULT_GAC_THRESHOLDS[criterion])
+        return selection
+
+    @property
+    def needs_scorer_llm(self) -> bool:
+        """Whether LR (or the sub-answers) needs the scorer LLM."""
+        return self.resolved_selection().use_lr and self.lr_scorer in ("listwise", "pointwise")
 
 
 @dataclass
@@ -292,13 +319,20 @@ class _Miner:
             record = self._record("candidates", self.candidates_key(rnd))
             if len(record["passages"]) < needed:
                 self._drop(rnd.id, "too_few_candidates")
+            elif self.selection.require_answer_in_positive and not any(self.contains_answer(rnd)):
+                self._drop(rnd.id, "no_answer_candidate")
             else:
                 kept.append(rnd)
         return kept
 
+    def contains_answer(self, rnd: Round) -> list[bool]:
+        """Per candidate: does it hold a gold answer (normalised, word-bounded; title and text)?"""
+        passages = self.stores["candidates"].get(self.candidates_key(rnd))["passages"]
+        return [bool(contains_match(f"{p['title']}\n{p['text']}", list(rnd.golden_answers))) for p in passages]
+
     def sub_answers(self, trajectories: Sequence[Trajectory], rounds: list[Round]) -> dict[str, str | None]:
         """Round id -> its sub-answer (None: "Not Sure", unparsable, or sub-answers off)."""
-        if not (self.selection.use_lr and self.config.use_sub_answers):
+        if not (self.config.needs_scorer_llm and self.config.use_sub_answers):
             return {r.id: None for r in rounds}
         generator = SubAnswerGenerator(self.scorer, self.config.sub_answer_max_new_tokens)
         wanted = {r.question_id for r in rounds}
@@ -326,6 +360,8 @@ class _Miner:
         """Score every round's candidates (or reuse the scores); the rounds with scores go on."""
         if not self.selection.use_lr:
             return rounds, None
+        if self.config.lr_scorer == "retriever":
+            return rounds, _RetrieverScores()
         scorer = self._scorer()
         k = self.config.num_candidates
         per_round = -(-k // self.config.lr_window) if scorer.kind == "listwise" else 2 * k
@@ -373,22 +409,29 @@ class _Miner:
     # selection and outputs ------------------------------------------------------------------------------------
 
     def select(self, trajectories: Sequence[Trajectory], rounds: list[Round], sub_answers: dict[str, str | None],
-               scorer, dataset: str) -> list[dict]:
-        """Rows of the rounds that have candidates, in trajectory and round order; statistics of every stage."""
+               scorer, dataset: str) -> tuple[list[dict], list[dict]]:
+        """(rows, round records) of the rounds that have candidates, in trajectory and round order; statistics of
+        every stage."""
         self._sub_answer_stats(trajectories, rounds)
-        rows = []
+        rows, records = [], []
+        threshold = self.selection.gac_threshold
         for rnd in rounds:
             candidates = self._record("candidates", self.candidates_key(rnd))["passages"]
             lr = gac = None
-            if scorer is not None:
+            if isinstance(scorer, _RetrieverScores):
+                lr = scorer.scores(candidates)
+            elif scorer is not None:
                 lr = self._lr_stats(self._record("local_relevance", self.lr_key(rnd, sub_answers[rnd.id], scorer)))
-            if rnd.id in self.dropped:  # by local relevance
-                continue
-            if self.selection.use_gac:
+            if self.selection.use_gac and rnd.id not in self.dropped:
                 gac = self._gac_stats(self._record("gac", self.gac_key(rnd)))
-            table = [Candidate(p["id"], lr[j] if lr is not None else None, gac[j] if gac is not None else None)
-                     for j, p in enumerate(candidates)]
+            answers = self.contains_answer(rnd)
+            table = [Candidate(p["id"], lr[j] if lr is not None else None, gac[j] if gac is not None else None,
+                               j + 1, answers[j]) for j, p in enumerate(candidates)]
+            if rnd.id in self.dropped:  # by local relevance
+                records.append(_round_record(rnd, candidates, table, threshold, {}, self.dropped[rnd.id]))
+                continue
             result = select_passages(table, self.selection, rnd.id)
+            records.append(_round_record(rnd, candidates, table, threshold, result.roles, result.drop_reason))
             if result.drop_reason is not None:
                 self._drop(rnd.id, result.drop_reason)
                 continue
@@ -398,21 +441,23 @@ class _Miner:
             for example in result.examples:
                 rows.append(self._row(rnd, dataset, [example.positive, *example.negatives]))
         self.counters["rows"] = len(rows)
-        return rows
+        return rows, records
 
     def _row(self, rnd: Round, dataset: str, passages: list[Candidate]) -> dict:
-        """One training row in Agentic-R's released format (ARCHITECTURE.md "File formats")."""
+        """One training row in Agentic-R's released format (ARCHITECTURE.md "File formats"), plus each passage's
+        graded GAC value (``gac``) for soft-label training."""
         threshold = self.selection.gac_threshold
         return {
             "dataset": dataset, "query_id": rnd.question_id, "question": rnd.question, "round_index": rnd.round_index,
             "history_queries": list(rnd.history_queries), "query_text": rnd.query,
             "passage_ids": [c.passage_id for c in passages],
             "scores": [{"em": None if c.gac is None else int(c.gac >= threshold),
-                        "local_utility": None if c.lr is None else round(c.lr / 100, 4)} for c in passages],
+                        "local_utility": None if c.lr is None else round(c.lr / 100, 4),
+                        "gac": c.gac} for c in passages],
         }
 
     def _sub_answer_stats(self, trajectories: Sequence[Trajectory], rounds: list[Round]) -> None:
-        if not (self.selection.use_lr and self.config.use_sub_answers):
+        if not (self.config.needs_scorer_llm and self.config.use_sub_answers):
             return
         generator = SubAnswerGenerator(self.scorer, self.config.sub_answer_max_new_tokens)
         wanted = {r.question_id for r in rounds}
@@ -432,7 +477,7 @@ class _Miner:
         counts["with_sub_answer" if record["template"] == "with_sub_answer" else "without_sub_answer"] += 1
         for window in record.get("windows", []):
             counts["windows"] += 1
-            if window["status"] == "too_few":
+            if window["status"] != "ok":
                 counts["windows_failed"] += 1
             elif len(window["outputs"]) == 1:
                 counts["windows_first_try"] += 1
@@ -442,16 +487,47 @@ class _Miner:
             counts["histogram"][lr_bin(score)] += 1
         return record["scores"]
 
+    def gac_values(self, record: dict) -> list[float]:
+        """Graded GAC per candidate: the rollout's score, or the answer likelihood by the configured criterion."""
+        return record["gac"] if self.config.gac_mode == "rollout" else gac_value(record, self.config.gac_criterion)
+
     def _gac_stats(self, record: dict) -> list[float]:
         counts, threshold = self.counters["gac"], self.selection.gac_threshold
-        correct = [value >= threshold for value in record["gac"]]
+        values = self.gac_values(record)
+        correct = [value >= threshold for value in values]
         counts["rounds"] += 1
         counts["candidates"] += len(correct)
         counts["correct"] += sum(correct)
         counts["rounds_with_correct"] += int(any(correct))
         counts["further_searches"] += sum(record.get("further_searches", []))
         counts["no_answer"] += sum(a is None for a in record.get("answers", []))
-        return record["gac"]
+        return values
+
+
+class _RetrieverScores:
+    """LR from the candidate retriever itself: 100 x its score, clamped to 0..100 (cosine for dense indexes).
+    A baseline for the audit: it can only agree with the ranking mining starts from."""
+
+    name = "retriever score"
+
+    @staticmethod
+    def scores(passages: list[dict]) -> list[float]:
+        return [round(min(100.0, max(0.0, 100.0 * p["score"])), 2) for p in passages]
+
+
+def _round_record(rnd: Round, passages: list[dict], table: list[Candidate], gac_threshold: float | None,
+                  roles: dict[str, str], drop_reason: str | None) -> dict:
+    """One line of ``rounds.jsonl``: the round's candidate table with each candidate's role."""
+    return {
+        "round_id": rnd.id, "question_id": rnd.question_id, "question": rnd.question,
+        "round_index": rnd.round_index, "query": rnd.query,
+        "status": "dropped" if drop_reason else "mined", "drop_reason": drop_reason,
+        "candidates": [{"id": c.passage_id, "title": p["title"], "rank": c.rank, "score": round(p["score"], 6),
+                        "lr": c.lr, "gac": c.gac,
+                        "gac_pass": None if c.gac is None or gac_threshold is None else c.gac >= gac_threshold,
+                        "contains_answer": c.contains_answer, "role": roles.get(c.passage_id)}
+                       for c, p in zip(table, passages)],
+    }
 
 
 def _open_stores(folder: Path) -> dict[str, StageStore]:
@@ -483,8 +559,9 @@ def mine(trajectories_path: str | os.PathLike, client: RetrievalClient | None, a
         raise ValueError("mining needs a retrieval client (the candidates come from the current retriever)")
     if selection.use_gac and agent_llm is None:
         raise ValueError("GAC needs the agent LLM (or turn it off: selection.use_gac=False, the 'w/o GAC' ablation)")
-    if selection.use_lr and scorer_llm is None:
-        raise ValueError("LR needs a scorer LLM (or turn it off: selection.use_lr=False, the 'w/o LR' ablation)")
+    if config.needs_scorer_llm and scorer_llm is None:
+        raise ValueError(f"{config.lr_scorer} LR needs a scorer LLM (or use lr_scorer 'retriever', or 'none': "
+                         "the 'w/o LR' ablation)")
     agent = CountingLLM(agent_llm) if agent_llm is not None else None
     scorer = CountingLLM(scorer_llm) if scorer_llm is not None else None
     if selection.use_lr and config.lr_scorer == "pointwise" and not scorer.can_score:
@@ -504,13 +581,13 @@ def mine(trajectories_path: str | os.PathLike, client: RetrievalClient | None, a
         sub_answers = miner.sub_answers(trajectories, with_candidates)
         scored, scorer_used = miner.local_relevance(with_candidates, sub_answers)
         miner.gac(scored)
-        rows = miner.select(trajectories, with_candidates, sub_answers, scorer_used,
-                            config.dataset or Path(trajectories_path).stem)
+        rows, round_records = miner.select(trajectories, with_candidates, sub_answers, scorer_used,
+                                           config.dataset or Path(trajectories_path).stem)
     finally:
         for store in stores.values():
             store.close()
     info = _info(config, selection, scorer_used, agent, scorer, shard, total, time.perf_counter() - started)
-    return _write_outputs(work, rows, summarize(miner.counters, info), config.plot)
+    return _write_outputs(work, rows, round_records, summarize(miner.counters, info), config.plot)
 
 
 def _info(config: MiningConfig, selection: SelectionConfig, scorer_used, agent, scorer, shard, total: int,
@@ -520,8 +597,8 @@ def _info(config: MiningConfig, selection: SelectionConfig, scorer_used, agent, 
         "lr_scorer": scorer_used.name if scorer_used is not None else None,
         "scorer_model": scorer.name if scorer is not None else None,
         "agent_model": agent.name if agent is not None else None,
-        "gac_mode": (f"{config.gac_mode} ({config.gac_metric})" if config.gac_mode == "rollout" else config.gac_mode)
-        if selection.use_gac else None,
+        "gac_mode": (f"{config.gac_mode} ({config.gac_metric})" if config.gac_mode == "rollout"
+                     else f"{config.gac_mode} ({config.gac_criterion})") if selection.use_gac else None,
         "selection": asdict(selection),
         "shard": list(shard),
         "trajectories_in_file": total,
@@ -530,11 +607,12 @@ def _info(config: MiningConfig, selection: SelectionConfig, scorer_used, agent, 
     }
 
 
-def _write_outputs(work: Path, rows: list[dict], stats: dict, plot: bool) -> MiningResult:
+def _write_outputs(work: Path, rows: list[dict], round_records: list[dict], stats: dict, plot: bool) -> MiningResult:
     from ..jsonl import write_jsonl
 
     rows_path, stats_path = work / ROWS_FILE, work / STATS_FILE
     write_jsonl(rows_path, rows)
+    write_jsonl(work / ROUNDS_FILE, round_records)
     write_json(stats_path, stats)
     plot_path = None
     if plot:
@@ -563,7 +641,7 @@ def merge_shards(out_dir: str | os.PathLike, num_shards: int, plot: bool = True)
     missing = [str(f) for f in folders if not (f / ROWS_FILE).exists() or not (f / STATS_FILE).exists()]
     if missing:
         raise FileNotFoundError(f"shards not finished (no {ROWS_FILE} / {STATS_FILE}): {', '.join(missing)}")
-    rows, counters, first, seconds = [], new_counters(), None, 0.0
+    rows, round_records, counters, first, seconds = [], [], new_counters(), None, 0.0
     for folder in folders:
         stats = read_json(folder / STATS_FILE)
         first = first or stats
@@ -571,9 +649,11 @@ def merge_shards(out_dir: str | os.PathLike, num_shards: int, plot: bool = True)
             if _settings(stats.get(name)) != _settings(first.get(name)):
                 raise ValueError(f"{folder} was mined with another {name} than {folders[0]}: not merging")
         rows.extend(row for _, row in iter_jsonl(folder / ROWS_FILE))
+        if (folder / ROUNDS_FILE).is_file():
+            round_records.extend(record for _, record in iter_jsonl(folder / ROUNDS_FILE))
         add_counters(counters, stats["counters"])
         seconds += stats.get("wall_seconds", 0.0)
     info = {k: v for k, v in first.items() if k in ("prompt_version", "lr_scorer", "scorer_model", "agent_model",
                                                       "gac_mode", "selection", "trajectories_in_file", "config")}
     info.update(shard=[0, num_shards], merged_shards=num_shards, wall_seconds=round(seconds, 3))
-    return _write_outputs(Path(out_dir), rows, summarize(counters, info), plot)
+    return _write_outputs(Path(out_dir), rows, round_records, summarize(counters, info), plot)

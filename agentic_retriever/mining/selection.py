@@ -1,21 +1,32 @@
 """Stage 6: positive and negative passages of a round (agentic_r.txt section 4.1.1, "Positive and Negative
 Passages Selection"; notes "Selection [P/R]"). A pure function of the round's candidate table.
 
-1. Rank the candidates by (GAC desc, LR desc); equal keys keep the retriever's order (a stable sort).
-2. Keep the round only if the best has GAC >= ``gac_threshold`` (1, i.e. a correct final answer) and
-   LR >= ``lr_threshold`` (60); otherwise drop it (``best_gac_below`` / ``best_lr_below``).
-3. Positives: ``positives="ties"`` ([R]) takes every candidate whose keys equal the best's, at most
-   ``max_positives`` (3), one training example each; ``"first"`` takes the best only (the paper's text).
-4. Negatives: ``num_negatives`` (15) sampled without replacement from the rest (every candidate that is
-   not a positive: "passages ranked below are sampled as negatives"), separately for each example; fewer
-   than that: the round is dropped (``too_few_negatives``). With ``exclude_ties_from_negatives`` the
-   candidates tied with the best that are not positives (beyond ``max_positives``, or all of them with
-   ``positives="first"``) are kept out of the negatives too (equally good by the ranking keys; more rounds
-   are dropped, mostly under "w/o LR" where every GAC=1 candidate ties). Sampling is seeded by (seed, round id, positive id): the same round gives the same rows whichever
-   shard, batch or resumed run computes it. N = 1 + num_negatives = 16 passages per example.
+The paper sorts by (GAC desc, LR desc) and keeps the round when the best has GAC = 1 and LR >= 60. Its GAC is
+binary (EM of a continuation), so sorting by it is the same as thresholding it first. With a graded GAC (an
+answer likelihood, see `gac`) sorting on the raw value would let GAC alone decide and never let LR break a
+tie; so selection thresholds first, then ranks, which is the paper's rule for binary GAC and the meaningful
+one for graded GAC:
 
-Ablations (Table 5): ``use_gac=False`` ("w/o GAC") ranks and thresholds by LR only; ``use_lr=False``
-("w/o LR") by GAC only, the LR tie-break removed (ties among GAC=1 candidates keep the retriever's order).
+1. A candidate **passes** when GAC >= ``gac_threshold`` (when GAC is used) and LR >= ``lr_threshold`` (when
+   LR is used). No passing candidate: the round is dropped (``no_gac_pass`` when no candidate passes GAC,
+   ``no_lr_pass`` when some pass GAC but none of those reaches the LR threshold, ``lr_below`` under "w/o GAC").
+   With ``require_answer_in_positive`` a passing candidate must also contain a gold answer
+   (``no_answer_in_passing`` otherwise).
+2. Passing candidates are **ranked** by LR desc (by GAC desc under "w/o LR"), then by the retriever's rank.
+3. **Positives**: ``positives="ties"`` ([R]) takes the passing candidates whose ranking value equals the
+   best's, at most ``max_positives`` (3), one training example each; ``"first"`` takes the best only.
+4. **Negatives**: ``num_negatives`` (15) sampled without replacement, separately for each example, from the
+   candidates that are not *useful*: a useful candidate passes GAC (or, under "w/o GAC", passes LR), so a
+   passage after which the agent answers correctly is never a negative (the paper samples from every
+   candidate ranked below the positive, GAC = 1 ones included: with tau = 0.01 such false negatives push
+   useful pages down). With ``false_negative_filter`` a
+   candidate containing a gold answer (normalised, on word boundaries; computed from gold answers, never
+   from evidence labels) is never a negative either. Fewer than ``num_negatives`` left: the round is dropped
+   (``too_few_negatives``). Sampling is seeded by (seed, round id, positive id): the same round gives the
+   same rows whichever shard, batch or resumed run computes it. N = 1 + num_negatives = 16 passages.
+
+Ablations (Table 5): ``use_gac=False`` ("w/o GAC") thresholds and ranks by LR only; ``use_lr=False`` ("w/o
+LR") by GAC only (passing candidates ranked by GAC value, then by retriever rank).
 
     result = select_passages([Candidate("p1", lr=80, gac=1), ...], SelectionConfig(), key="q1#1")
     result.examples[0].positive.passage_id, [n.passage_id for n in result.examples[0].negatives]
@@ -35,28 +46,33 @@ __all__ = ["Candidate", "Example", "SelectionConfig", "SelectionResult", "select
 
 @dataclass(frozen=True)
 class Candidate:
-    """One candidate passage of a round: its id, LR in 0..100 and GAC (None when that stage did not run)."""
+    """One candidate passage of a round: its id, LR in 0..100 and graded GAC (None when that stage did not run),
+    its 1-based retriever rank and whether it contains a gold answer (None: not known)."""
 
     passage_id: str
     lr: float | None = None
     gac: float | None = None
+    rank: int = 0
+    contains_answer: bool | None = None
 
 
 @dataclass
 class SelectionConfig:
-    """How positives and negatives are chosen (defaults: the paper and [R])."""
+    """How positives and negatives are chosen (defaults: the paper and [R], plus the false-negative filter)."""
 
-    use_gac: bool = field(default=True, metadata={"help": "rank by global answer correctness (off: 'w/o GAC')"})
-    use_lr: bool = field(default=True, metadata={"help": "rank by local relevance (off: 'w/o LR')"})
-    lr_threshold: float = field(default=60.0, metadata={"help": "the best candidate needs LR >= this"})
+    use_gac: bool = field(default=True, metadata={"help": "select by global answer correctness (off: 'w/o GAC')"})
+    use_lr: bool = field(default=True, metadata={"help": "select by local relevance (off: 'w/o LR')"})
+    lr_threshold: float = field(default=60.0, metadata={"help": "a positive needs LR >= this"})
     gac_threshold: float | None = field(default=None, metadata={
-        "help": "the best candidate needs GAC >= this; none: 1 for rollout GAC, 0.5 for answer likelihood"})
+        "help": "a candidate passes GAC when its value >= this; none: the GAC criterion's default"})
     positives: Literal["ties", "first"] = field(default="ties", metadata={
-        "help": "ties: every candidate tied with the best (release); first: the best only (paper text)"})
+        "help": "ties: every passing candidate tied with the best (release); first: the best only (paper text)"})
     max_positives: int = field(default=3, metadata={"help": "at most this many tied positives (one row each)"})
     num_negatives: int = field(default=15, metadata={"help": "sampled negatives per row (N = 1 + this)"})
-    exclude_ties_from_negatives: bool = field(default=False, metadata={
-        "help": "never sample a candidate tied with the best as a negative (paper and release: off)"})
+    false_negative_filter: bool = field(default=True, metadata={
+        "help": "never sample a candidate that contains a gold answer as a negative"})
+    require_answer_in_positive: bool = field(default=False, metadata={
+        "help": "a positive must contain a gold answer (rounds without such a candidate then skip GAC)"})
     seed: int = field(default=0, metadata={"help": "seed of the negative sampling"})
 
     def validate(self) -> None:
@@ -80,48 +96,75 @@ class Example:
 
 @dataclass(frozen=True)
 class SelectionResult:
-    """The round's examples (empty when dropped), the drop reason, and the ranked candidates."""
+    """The round's examples (empty when dropped), the drop reason, and each candidate's role.
+
+    ``roles`` maps a passage id to ``positive``, ``negative`` (sampled for some example), ``excluded`` (kept
+    out of the negatives: useful, or containing a gold answer) or is missing (unused)."""
 
     examples: tuple[Example, ...]
     drop_reason: str | None
-    ranked: tuple[Candidate, ...]
+    roles: dict[str, str] = field(default_factory=dict)
 
 
-def _keys(candidate: Candidate, config: SelectionConfig) -> tuple[float, ...]:
-    keys = []
-    if config.use_gac:
-        if candidate.gac is None:
-            raise ValueError(f"candidate {candidate.passage_id} has no GAC but selection ranks by it")
-        keys.append(candidate.gac)
-    if config.use_lr:
-        if candidate.lr is None:
-            raise ValueError(f"candidate {candidate.passage_id} has no LR but selection ranks by it")
-        keys.append(candidate.lr)
-    return tuple(keys)
+def _value(candidate: Candidate, name: str) -> float:
+    value = getattr(candidate, name)
+    if value is None:
+        raise ValueError(f"candidate {candidate.passage_id} has no {name.upper()} but selection uses it")
+    return value
 
 
-def select_passages(candidates: Sequence[Candidate], config: SelectionConfig, key: str) -> SelectionResult:
-    """Positives and negatives of one round (see the module docstring); `key` (the round id) seeds sampling."""
+def _passes(candidate: Candidate, config: SelectionConfig, gac_threshold: float) -> tuple[bool, bool]:
+    """(passes GAC, passes LR); a signal that is off passes."""
+    gac_ok = not config.use_gac or _value(candidate, "gac") >= gac_threshold
+    lr_ok = not config.use_lr or _value(candidate, "lr") >= config.lr_threshold
+    return gac_ok, lr_ok
+
+
+def select_passages(candidates: Sequence[Candidate], config: SelectionConfig, key: str,
+                    gac_threshold: float | None = None) -> SelectionResult:
+    """Positives and negatives of one round (see the module docstring); `key` (the round id) seeds sampling.
+
+    `gac_threshold` overrides ``config.gac_threshold`` (the caller resolves the criterion's default); one of
+    the two must be set when GAC is used."""
     config.validate()
-    gac_threshold = 1.0 if config.gac_threshold is None else config.gac_threshold
-    ranked = tuple(sorted(candidates, key=lambda c: tuple(-k for k in _keys(c, config))))
-    if not ranked:
-        return SelectionResult((), "no_candidates", ranked)
-    best = ranked[0]
-    if config.use_gac and best.gac < gac_threshold:
-        return SelectionResult((), "best_gac_below", ranked)
-    if config.use_lr and best.lr < config.lr_threshold:
-        return SelectionResult((), "best_lr_below", ranked)
-    best_keys = _keys(best, config)
-    tied = [c for c in ranked if _keys(c, config) == best_keys]
+    threshold = config.gac_threshold if gac_threshold is None else gac_threshold
+    if config.use_gac and threshold is None:
+        raise ValueError("selection by GAC needs a gac_threshold")
+    if not candidates:
+        return SelectionResult((), "no_candidates")
+    checks = [_passes(c, config, threshold) for c in candidates]
+    passing = [c for c, (g, l) in zip(candidates, checks) if g and l]
+    if config.require_answer_in_positive:
+        passing = [c for c in passing if c.contains_answer]
+    if not passing:
+        if config.use_gac and not any(g for g, _ in checks):
+            reason = "no_gac_pass"
+        elif not any(g and l for g, l in checks):
+            reason = "no_lr_pass" if config.use_gac else "lr_below"
+        else:
+            reason = "no_answer_in_passing"
+        return SelectionResult((), reason)
+    sort_by = "lr" if config.use_lr else "gac"
+    ranked = sorted(passing, key=lambda c: (-_value(c, sort_by), c.rank))
+    best = _value(ranked[0], sort_by)
+    tied = [c for c in ranked if _value(c, sort_by) == best]
     positives = tied[:config.max_positives] if config.positives == "ties" else tied[:1]
-    chosen = {id(c) for c in positives}
-    pool = [c for c in ranked if id(c) not in chosen
-            and not (config.exclude_ties_from_negatives and _keys(c, config) == best_keys)]
+    useful = {c.passage_id for c, (g, l) in zip(candidates, checks) if (g if config.use_gac else l)}
+    roles: dict[str, str] = {c.passage_id: "positive" for c in positives}
+    pool = []
+    for candidate in candidates:
+        if candidate.passage_id in roles:
+            continue
+        if candidate.passage_id in useful or (config.false_negative_filter and candidate.contains_answer):
+            roles[candidate.passage_id] = "excluded"
+        else:
+            pool.append(candidate)
     if len(pool) < config.num_negatives:
-        return SelectionResult((), "too_few_negatives", ranked)
+        return SelectionResult((), "too_few_negatives", roles)
     examples = []
     for positive in positives:
         rng = random.Random(int(stable_hash([config.seed, key, positive.passage_id]), 16))
-        examples.append(Example(positive, tuple(rng.sample(pool, config.num_negatives))))
-    return SelectionResult(tuple(examples), None, ranked)
+        negatives = tuple(rng.sample(pool, config.num_negatives))
+        roles.update((n.passage_id, "negative") for n in negatives)
+        examples.append(Example(positive, negatives))
+    return SelectionResult(tuple(examples), None, roles)
