@@ -13,6 +13,7 @@ override single fields. Run ``agentic-retriever COMMAND --help`` for the fields.
     agent eval              [agent_eval]       EM / F1 / contains-EM / searches / evidence recall of trajectories
     agent train             [agent_train]      RL of the agent (PPO or GRPO/DAPO) against a fixed retriever
     mine                    [mine]             utility mining: trajectories -> Agentic-R retriever training rows
+    mine audit RUN --qa F   [mine_audit]       where the evidence went in a mining run (reads evidence labels)
     mine-merge              [mine_merge]       join the outputs of mining shards
     retriever train         [train_retriever]  contrastive training on mined rows -> sentence-transformers folder
     demo                    [demo]             the main job on the embedded default stack
@@ -103,23 +104,37 @@ def _serve(args) -> None:
 
 
 def _eval_retrieval(args) -> None:
+    from .eval.bootstrap import compare_reports
     from .eval.report import render_table
     from .eval.retrieval import (
         RetrievalEvalConfig,
+        composition_questions,
         evaluate_retrieval,
         load_judged_questions,
     )
-    from .jsonl import write_json
+    from .jsonl import read_json, write_json
 
     config = build_config(RetrievalEvalConfig, "eval_retrieval", args, args.config)
     if not config.qa:
         raise SystemExit("error: --qa is required")
+    baseline = read_json(config.compare_to) if config.compare_to else None
     index = _open(config.index)
-    report = evaluate_retrieval(index, load_judged_questions(config.qa, config.relevance), config.ks,
-                                config.mrr_k, config.ndcg_k, config.batch_size)
+    questions = load_judged_questions(config.qa, config.relevance)
+    composed = composition_questions(questions, config.compose_with, config.parent_qa)
+    if config.compose_with != "none" and index.composition == "query":
+        print(f"note: the index does not compose queries; --compose-with {config.compose_with} changes nothing")
+    report = evaluate_retrieval(index, questions, config.ks, config.mrr_k, config.ndcg_k, config.batch_size, composed)
+    report |= {"index": config.index, "qa": config.qa, "compose_with": config.compose_with}
     print(render_table({config.index: report["metrics"]}))
     print(f"{report['questions_evaluated']} questions evaluated, "
-          f"{report['questions_skipped_no_relevant_in_corpus']} skipped (no relevant passage in the corpus)")
+          f"{report['questions_skipped_no_relevant_in_corpus']} skipped (no relevant passage in the corpus); "
+          f"answer recall over the {report['questions_with_answers']} with golden answers")
+    if baseline is not None:
+        report["comparison"] = {"to": config.compare_to, "results": compare_reports(baseline, report)}
+        print(f"difference to {config.compare_to} (this minus that, paired bootstrap, 95% CI):")
+        for metric, r in report["comparison"]["results"].items():
+            print(f"  {metric}: {r['mean_a']:.3f} -> {r['mean_b']:.3f}  diff {r['diff']:+.3f} "
+                  f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]  p={r['p_value']:.4f}  n={r['n']}")
     if config.out:
         write_json(config.out, report)
         print(f"wrote {config.out}")
@@ -187,6 +202,24 @@ def _mine(args) -> None:
     print(f"wrote {result.rows_path} and {result.stats_path}")
 
 
+@dataclass
+class MineAuditConfig:
+    run: str = field(default="", metadata={"help": "mining run folder holding rounds.jsonl (also the positional RUN)"})
+    qa: str = field(default="", metadata={"help": "QA JSONL with supporting_titles: the evidence labels"})
+    out: str = field(default="", metadata={"help": "folder for audit.{json,md,png} (default: the run folder)"})
+
+
+def _mine_audit(args) -> None:
+    from .mining.audit import audit_mining, render_markdown
+
+    config = build_config(MineAuditConfig, "mine_audit", args, args.config)
+    if not config.run or not config.qa:
+        raise SystemExit("error: give the run folder and --qa (agentic-retriever mine audit RUN --qa FILE)")
+    report = audit_mining(config.run, config.qa, config.out or None)
+    print(render_markdown(report))
+    print(f"wrote audit.json, audit.md and audit.png to {config.out or config.run}")
+
+
 def _mine_merge(args) -> None:
     from .mining import merge_shards
 
@@ -225,11 +258,12 @@ def _demo(args) -> None:
                      section(RetrieverTrainConfig, "train_retriever")))
 
 
-def _add(subparsers, name: str, handler, config_cls, help_text: str, section: str) -> None:
+def _add(subparsers, name: str, handler, config_cls, help_text: str, section: str) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(name, help=help_text, description=f"{help_text} (config section: {section})")
     parser.add_argument("--config", help=f"YAML config file; its '{section}' section is read", default=None)
     add_dataclass_arguments(parser, config_cls)
     parser.set_defaults(handler=handler)
+    return parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -261,7 +295,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add(agent, "eval", _agent_eval, AgentEvalConfig, "EM, F1, contains-EM, searches and evidence recall", "agent_eval")
     _add(agent, "train", _agent_train, RLConfig, "RL of the agent (PPO or GRPO/DAPO) against a fixed retriever",
          "agent_train")
-    _add(commands, "mine", _mine, MineJobConfig, "mine retriever training rows from agent trajectories", "mine")
+    mine = _add(commands, "mine", _mine, MineJobConfig, "mine retriever training rows from agent trajectories", "mine")
+    # `mine --...` mines; `mine audit RUN --qa FILE` audits a run (an optional sub-command of the same parser)
+    mine_commands = mine.add_subparsers(dest="subcommand", required=False, metavar="{audit}")
+    audit = _add(mine_commands, "audit", _mine_audit, MineAuditConfig,
+                 "audit a mining run against evidence labels: audit.{json,md,png}", "mine_audit")
+    audit.add_argument("run", nargs="?", default=argparse.SUPPRESS, metavar="RUN", help="mining run folder")
     _add(commands, "mine-merge", _mine_merge, MergeCommandConfig, "join the outputs of mining shards", "mine_merge")
     retriever = commands.add_parser("retriever", help="the retriever").add_subparsers(dest="subcommand", required=True)
     _add(retriever, "train", _retriever_train, RetrieverTrainConfig,

@@ -66,3 +66,125 @@ def test_report_table_marks_metrics_a_system_lacks():
     lines = table.splitlines()
     assert lines[0] == "| index | Recall@5 | agent_em |"
     assert lines[2] == "| dense | 0.500 | 0.250 |" and lines[3] == "| bm25 | 0.250 | – |"
+
+
+def _answer_corpus(tmp_path):
+    corpus = write_jsonl(tmp_path / "c.jsonl", [
+        {"id": "p0", "contents": '"Abacus"\nThe abacus sold 1234 units in its first year.'},
+        {"id": "p1", "contents": '"Dice"\nA die has 6 faces; some games roll 4 dice at once.'},
+        {"id": "p2", "contents": '"Volcano"\nA volcano is a rupture in the crust where lava escapes.'},
+    ])
+    build_index(IndexBuildConfig(corpus=str(corpus), out=str(tmp_path / "bm25"), backend="bm25"))
+    return open_index(tmp_path / "bm25")
+
+
+def test_answer_recall_matches_gold_on_word_boundaries_only():
+    from agentic_retriever.eval.retrieval import answer_recall_at_k, first_answer_rank
+
+    passages = ['"Abacus"\nThe abacus sold 1234 units.', '"Dice"\nPlayers roll 4 dice.']
+    assert answer_recall_at_k(passages, ["4"], 1) == 0.0
+    assert answer_recall_at_k(passages, ["4"], 2) == 1.0
+    assert first_answer_rank(passages, ["4"], 2) == 2
+    assert answer_recall_at_k(passages, ["The ABACUS!"], 1) == 1.0  # normalised: case, punctuation, articles
+    assert answer_recall_at_k(passages, [["123", "dice"]], 2) == 1.0  # nested alternatives
+
+
+def test_answer_recall_counts_only_rows_with_golden_answers(tmp_path):
+    index = _answer_corpus(tmp_path)
+    qa = write_jsonl(tmp_path / "qa.jsonl", [
+        {"id": "a", "question": "abacus units sold first year", "golden_answers": ["4"], "supporting_titles": ["Abacus"]},
+        {"id": "b", "question": "how many dice games roll", "golden_answers": ["4"], "supporting_titles": ["Dice"]},
+        {"id": "c", "question": "lava crust rupture", "supporting_titles": ["Volcano"]},
+        {"id": "d", "question": "lava crust rupture", "golden_answers": [], "supporting_titles": ["Volcano"]},
+    ])
+    report = evaluate_retrieval(index, load_judged_questions(str(qa)), ks=[1, 3])
+    assert report["questions_evaluated"] == 4 and report["questions_with_answers"] == 2
+    per = {p["id"]: p for p in report["per_question"]}
+    assert per["a"]["answer_recall@1"] == 0.0  # "1234" in the top passage is not the answer "4"
+    assert per["a"]["answer_recall@3"] == 1.0 and per["a"]["first_answer_rank"] > 1
+    assert per["b"]["answer_recall@1"] == 1.0 and per["b"]["first_answer_rank"] == 1
+    assert per["c"]["answer_recall@1"] is None and per["d"]["answer_recall@3"] is None
+    assert report["metrics"]["answer_recall@1"] == pytest.approx(0.5)
+    assert report["metrics"]["answer_recall@3"] == 1.0
+    assert all("recall@1" in p and "mrr@10" in p and "ndcg@10" in p for p in report["per_question"])
+
+
+class _RecordingIndex:
+    """Wraps a real index and records the `questions` every search call received."""
+
+    def __init__(self, inner):
+        self.inner, self.corpus, self.received = inner, inner.corpus, []
+
+    def search(self, queries, k, questions=None):
+        self.received.append(questions)
+        return self.inner.search(queries, k, questions)
+
+
+def _leaf_and_parents(tmp_path, parent_of_second="P2"):
+    leaves = write_jsonl(tmp_path / "leaf.jsonl", [
+        {"id": "l1", "question": "how many dice games roll", "golden_answers": ["4"], "supporting_titles": ["Dice"],
+         "parent_id": "P1"},
+        {"id": "l2", "question": "lava crust rupture", "golden_answers": ["lava"], "supporting_titles": ["Volcano"],
+         "parent_id": parent_of_second},
+        {"id": "l3", "question": "not in corpus", "golden_answers": ["x"], "supporting_titles": ["Nowhere"],
+         "parent_id": "P1"},
+    ])
+    parents = write_jsonl(tmp_path / "multihop.jsonl", [
+        {"id": "P1", "question": "parent one?", "golden_answers": ["x"]},
+        {"id": "P2", "question": "parent two?", "golden_answers": ["y"]},
+    ])
+    return leaves, parents
+
+
+def test_composition_passes_parent_questions_to_the_index_per_judged_question(tmp_path):
+    from agentic_retriever.eval.retrieval import composition_questions
+
+    index = _RecordingIndex(_answer_corpus(tmp_path))
+    leaves, parents = _leaf_and_parents(tmp_path)
+    questions = load_judged_questions(str(leaves))
+    composed = composition_questions(questions, "parent", str(parents))
+    assert composed == ["parent one?", "parent two?", "parent one?"]
+    report = evaluate_retrieval(index, questions, ks=[1], batch_size=1, search_questions=composed)
+    assert report["questions_evaluated"] == 2  # l3 is skipped, and so is its parent question
+    assert index.received == [["parent one?"], ["parent two?"]]
+    assert composition_questions(questions, "self") == [q.question for q in questions]
+    assert composition_questions(questions, "none") is None
+    evaluate_retrieval(index, questions, ks=[1])
+    assert index.received[-1] is None
+
+
+def test_a_leaf_whose_parent_is_missing_is_an_error_naming_file_line_and_field(tmp_path):
+    from agentic_retriever.eval.retrieval import composition_questions
+
+    leaves, parents = _leaf_and_parents(tmp_path, parent_of_second="P9")
+    questions = load_judged_questions(str(leaves))
+    with pytest.raises(DataFormatError, match=r"leaf\.jsonl:2: field 'parent_id': parent id 'P9' is not in .*multihop\.jsonl"):
+        composition_questions(questions, "parent", str(parents))
+    no_parent = write_jsonl(tmp_path / "plain.jsonl", [{"id": "1", "question": "q", "supporting_titles": ["Dice"]}])
+    with pytest.raises(DataFormatError, match=r"plain\.jsonl:1: field 'parent_id': missing"):
+        composition_questions(load_judged_questions(str(no_parent)), "parent", str(parents))
+
+
+def test_bm25_ignores_the_composition_questions(tmp_path):
+    index = _answer_corpus(tmp_path)
+    queries = ["dice games", "lava"]
+    plain = index.search(queries, 3)
+    composed = index.search(queries, 3, questions=["volcano abacus", "abacus dice"])
+    assert plain.ids == composed.ids and plain.scores == composed.scores
+
+
+def test_cli_compares_two_reports_question_by_question(tmp_path, capsys):
+    from agentic_retriever.cli import main
+
+    _answer_corpus(tmp_path)
+    leaves, parents = _leaf_and_parents(tmp_path)
+    base_args = ["eval", "retrieval", "--index", str(tmp_path / "bm25"), "--qa", str(leaves), "--ks", "1", "3"]
+    assert main([*base_args, "--out", str(tmp_path / "base.json")]) == 0
+    assert main([*base_args, "--compose-with", "parent", "--parent-qa", str(parents),
+                 "--compare-to", str(tmp_path / "base.json"), "--out", str(tmp_path / "other.json")]) == 0
+    out = capsys.readouterr().out
+    assert "answer_recall@3" in out and "answer recall over the 2 with golden answers" in out
+    assert "recall@1: " in out and "diff +0.000" in out  # BM25 ignores the parent questions
+    import json
+    other = json.loads((tmp_path / "other.json").read_text())
+    assert other["compose_with"] == "parent" and other["comparison"]["results"]["answer_recall@3"]["n"] == 2

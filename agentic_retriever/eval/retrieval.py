@@ -1,12 +1,31 @@
-"""Retrieval evaluation: Recall@k, MRR@k and nDCG@k with binary relevance by corpus id or by title.
+"""Retrieval evaluation: evidence metrics (Recall@k, MRR@k, nDCG@k) and answer recall@k, per question.
 
-Relevance by title is what a QA set with Wikipedia evidence gives (FanOutQA's ``supporting_titles``).
-Several passages may share a title (wiki-18 has ~100-word chunks), so a relevant title counts once:
-at the rank of its first passage. Ranks are passage ranks.
+Evidence metrics use binary relevance by corpus id or by title. Relevance by title is what a QA set with
+Wikipedia evidence gives (FanOutQA's ``supporting_titles``). Several passages may share a title (wiki-18 has
+~100-word chunks), so a relevant title counts once: at the rank of its first passage. Ranks are passage ranks.
 
-* Recall@k = |relevant keys among the top-k| / |relevant keys|
-* MRR@k    = 1 / rank of the first relevant passage within k (0 if none)
-* nDCG@k   = sum over first hits of 1/log2(rank+1), divided by the ideal sum for min(|relevant|, k) hits
+* Recall@k        = |relevant keys among the top-k| / |relevant keys|
+* MRR@k           = 1 / rank of the first relevant passage within k (0 if none)
+* nDCG@k          = sum over first hits of 1/log2(rank+1), divided by the ideal sum for min(|relevant|, k) hits
+* answer_recall@k = 1 if a top-k passage's ``contents`` (``"Title"\\ntext``) contains a golden answer, normalised
+                    and on word boundaries (`eval.qa.contains_match`), else 0: the top-k retrieval accuracy of
+                    DPR (Karpukhin et al. 2020, "Dense Passage Retrieval for Open-Domain Question Answering",
+                    arXiv:2004.04906) and FlashRAG. It needs no evidence labels, so it is what an agent gets
+                    even where the labelled page is not the only one that answers. Counted only over the
+                    evaluated rows that have ``golden_answers``.
+
+Query composition: an encoder trained on ``Q [SEP] q`` (``encoder.compose_query``) is evaluated as trained by
+passing the Q of every question to ``Index.search(questions=...)`` (`composition_questions`): FanOutQA leaf rows
+name their multi-hop question by ``parent_id``. An index whose encoder does not compose (composition ``query``,
+and BM25) ignores the questions, so the same call evaluates every index.
+
+Every metric is also kept per question (``per_question``), so that two systems can be compared question by
+question with `eval.bootstrap.compare_reports`.
+
+    questions = load_judged_questions("leaf_dev.jsonl")
+    parents = composition_questions(questions, "parent", "multihop_dev.jsonl")
+    report = evaluate_retrieval(open_index("index/trained"), questions, ks=[1, 5, 20], search_questions=parents)
+    report["metrics"]["answer_recall@5"], report["questions_with_answers"]
 """
 
 from __future__ import annotations
@@ -14,7 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -23,9 +42,13 @@ from tqdm.auto import tqdm
 
 from ..corpus import Corpus
 from ..jsonl import DataFormatError, iter_jsonl
+from .qa import contains_match, golden_strings
 
 ID_FIELDS = ("supporting_ids", "positive_ids")
 TITLE_FIELD = "supporting_titles"
+ANSWER_FIELD = "golden_answers"
+PARENT_FIELD = "parent_id"
+COMPOSE_WITH = ("none", "parent", "self")
 
 
 def _first_hit_ranks(retrieved: Sequence[str], relevant: set[str], k: int) -> list[int]:
@@ -56,16 +79,36 @@ def ndcg_at_k(retrieved: Sequence[str], relevant: set[str], k: int) -> float:
     return dcg / ideal
 
 
+def first_answer_rank(passages: Sequence[str], golden: Any, k: int) -> int | None:
+    """1-based rank of the first of the top-k passage texts that contains a golden answer (`contains_match`)."""
+    for rank, text in enumerate(passages[:k], start=1):
+        if contains_match(text, golden):
+            return rank
+    return None
+
+
+def answer_recall_at_k(passages: Sequence[str], golden: Any, k: int) -> float:
+    """1.0 if any of the top-k passage texts contains a golden answer on word boundaries, else 0.0."""
+    return float(first_answer_rank(passages, golden, k) is not None)
+
+
 @dataclass
 class RetrievalEvalConfig:
     index: str = field(default="", metadata={"help": "index folder"})
-    qa: str = field(default="", metadata={"help": "QA JSONL with supporting_ids or supporting_titles"})
-    ks: list[int] = field(default_factory=lambda: [1, 5, 20], metadata={"help": "cut-offs for Recall@k"})
+    qa: str = field(default="", metadata={"help": "QA JSONL with supporting_ids or supporting_titles (golden_answers optional)"})
+    ks: list[int] = field(default_factory=lambda: [1, 5, 20], metadata={"help": "cut-offs for Recall@k and answer_recall@k"})
     mrr_k: int = field(default=10, metadata={"help": "cut-off for MRR"})
     ndcg_k: int = field(default=10, metadata={"help": "cut-off for nDCG"})
     relevance: Literal["auto", "id", "title"] = field(default="auto", metadata={"help": "judge hits by corpus id or title"})
+    compose_with: Literal["none", "parent", "self"] = field(default="none", metadata={
+        "help": "the Q of a composing encoder's 'Q [SEP] q': none (bare question), parent (the row's parent_id "
+                "question from parent_qa), self (the row's own question)"})
+    parent_qa: str = field(default="", metadata={"help": "QA JSONL of the parent questions ({id, question}) for compose_with parent"})
     batch_size: int = field(default=64, metadata={"help": "queries per search call"})
-    out: str | None = field(default=None, metadata={"help": "write the report (with per-question ranks) here"})
+    out: str | None = field(default=None, metadata={"help": "write the report (with per-question metrics) here"})
+    compare_to: str | None = field(default=None, metadata={
+        "help": "an earlier report (--out) on the same QA file: print each metric's difference with its 95 percent "
+                "confidence interval (paired bootstrap)"})
 
 
 @dataclass
@@ -74,10 +117,17 @@ class _Judged:
     question: str
     relevant: set[str]
     by: str
+    golden_answers: Any = None
+    parent_id: str | None = None
+    path: str = ""
+    line: int = 0
 
 
 def load_judged_questions(path: str, relevance: str = "auto") -> list[_Judged]:
-    """QA rows with their relevant keys; `auto` uses ids when a row has them, titles otherwise."""
+    """QA rows with their relevant keys; `auto` uses ids when a row has them, titles otherwise.
+
+    Also kept: ``golden_answers`` (for answer recall; None when the row has none) and ``parent_id``.
+    """
     rows = []
     for line, row in iter_jsonl(path):
         for needed in ("id", "question"):
@@ -89,8 +139,54 @@ def load_judged_questions(path: str, relevance: str = "auto") -> list[_Judged]:
         keys = row.get(fld)
         if not isinstance(keys, list) or not all(isinstance(k, (str, int)) for k in keys):
             raise DataFormatError(path, line, "missing or not a list of strings (needed to judge relevance)", field=fld)
-        rows.append(_Judged(str(row["id"]), str(row["question"]), {str(k) for k in keys}, by))
+        golden = row.get(ANSWER_FIELD)
+        try:
+            has_answers = golden is not None and bool(golden_strings(golden))
+        except TypeError as error:
+            raise DataFormatError(path, line, str(error), field=ANSWER_FIELD) from None
+        parent = row.get(PARENT_FIELD)
+        rows.append(_Judged(str(row["id"]), str(row["question"]), {str(k) for k in keys}, by,
+                            golden if has_answers else None, None if parent is None else str(parent), str(path), line))
     return rows
+
+
+def load_parent_questions(path: str) -> dict[str, str]:
+    """Parent id -> question text, from a QA JSONL of ``{"id", "question", ...}`` rows (FanOutQA multi-hop)."""
+    parents: dict[str, str] = {}
+    for line, row in iter_jsonl(path):
+        for needed in ("id", "question"):
+            if needed not in row:
+                raise DataFormatError(path, line, "missing", field=needed)
+        if not isinstance(row["question"], str):
+            raise DataFormatError(path, line, f"expected a string, got {type(row['question']).__name__}", field="question")
+        parents[str(row["id"])] = row["question"]
+    return parents
+
+
+def composition_questions(questions: Sequence[_Judged], compose_with: str,
+                          parent_qa: str | None = None) -> list[str] | None:
+    """The Q to compose each question's search with, parallel to `questions` (None for ``none``).
+
+    ``parent``: the question of the row's ``parent_id`` in `parent_qa`; ``self``: the row's own question.
+    A row without ``parent_id``, or whose parent is not in `parent_qa`, is an error naming file, line and field.
+    """
+    if compose_with not in COMPOSE_WITH:
+        raise ValueError(f"unknown compose_with {compose_with!r}; choose one of {', '.join(COMPOSE_WITH)}")
+    if compose_with == "none":
+        return None
+    if compose_with == "self":
+        return [q.question for q in questions]
+    if not parent_qa:
+        raise ValueError("compose_with 'parent' needs parent_qa (the QA file of the parent questions)")
+    parents = load_parent_questions(parent_qa)
+    out = []
+    for q in questions:
+        if q.parent_id is None:
+            raise DataFormatError(q.path, q.line, "missing (needed for compose_with 'parent')", field=PARENT_FIELD)
+        if q.parent_id not in parents:
+            raise DataFormatError(q.path, q.line, f"parent id {q.parent_id!r} is not in {parent_qa}", field=PARENT_FIELD)
+        out.append(parents[q.parent_id])
+    return out
 
 
 def keys_in_corpus(corpus: Corpus, keys: set[str], by: str) -> set[str]:
@@ -104,17 +200,31 @@ def keys_in_corpus(corpus: Corpus, keys: set[str], by: str) -> set[str]:
 
 
 def evaluate_retrieval(index, questions: list[_Judged], ks: Sequence[int] = (1, 5, 20), mrr_k: int = 10,
-                       ndcg_k: int = 10, batch_size: int = 64) -> dict:
-    """Mean metrics over the questions whose relevant passages exist in the index's corpus."""
+                       ndcg_k: int = 10, batch_size: int = 64,
+                       search_questions: Sequence[str | None] | None = None) -> dict:
+    """Mean and per-question metrics over the questions whose relevant passages exist in the index's corpus.
+
+    `search_questions` (parallel to `questions`, e.g. from `composition_questions`) is passed to
+    ``index.search(questions=...)``: the Q of a composing encoder's ``Q [SEP] q``; non-composing indexes ignore it.
+    ``answer_recall@k`` is averaged over the evaluated questions with golden answers (``questions_with_answers``)
+    and is None in the per-question records of the others.
+    """
+    if search_questions is not None and len(search_questions) != len(questions):
+        raise ValueError(f"search_questions has {len(search_questions)} entries for {len(questions)} questions")
     all_keys = {by: set().union(*(q.relevant for q in questions if q.by == by)) for by in ("id", "title")}
     present = {by: keys_in_corpus(index.corpus, keys, by) for by, keys in all_keys.items()}
-    judged = [q for q in questions if q.relevant & present[q.by]]
+    keep = [i for i, q in enumerate(questions) if q.relevant & present[q.by]]
+    judged = [questions[i] for i in keep]
+    composed = [search_questions[i] for i in keep] if search_questions is not None else None
     depth = max([*ks, mrr_k, ndcg_k])
+    answer_names = [f"answer_recall@{k}" for k in ks]
     per_question = []
     for start in tqdm(range(0, len(judged), batch_size), desc="evaluating retrieval", unit=" batches"):
         batch = judged[start:start + batch_size]
-        result = index.search([q.question for q in batch], depth)
-        titles = _titles_of(index.corpus, result.rows) if any(q.by == "title" for q in batch) else None
+        result = index.search([q.question for q in batch], depth,
+                              questions=composed[start:start + batch_size] if composed is not None else None)
+        needs_text = any(q.golden_answers is not None for q in batch)
+        titles, contents = _passage_fields(index.corpus, result.rows, any(q.by == "title" for q in batch), needs_text)
         for i, q in enumerate(batch):
             retrieved = titles[i] if q.by == "title" else result.ids[i]
             relevant = q.relevant & present[q.by]
@@ -122,21 +232,41 @@ def evaluate_retrieval(index, questions: list[_Judged], ks: Sequence[int] = (1, 
             metrics = {f"recall@{k}": recall_at_k(retrieved, relevant, k) for k in ks}
             metrics[f"mrr@{mrr_k}"] = mrr_at_k(retrieved, relevant, mrr_k)
             metrics[f"ndcg@{ndcg_k}"] = ndcg_at_k(retrieved, relevant, ndcg_k)
-            per_question.append({"id": q.id, "first_relevant_rank": ranks[0] if ranks else None, **metrics})
+            answer_rank = None
+            if q.golden_answers is not None:
+                answer_rank = first_answer_rank(contents[i], q.golden_answers, depth)
+                metrics |= {name: float(answer_rank is not None and answer_rank <= k) for name, k in zip(answer_names, ks)}
+            else:
+                metrics |= dict.fromkeys(answer_names)
+            per_question.append({"id": q.id, "first_relevant_rank": ranks[0] if ranks else None,
+                                 "first_answer_rank": answer_rank, **metrics})
     names = [*(f"recall@{k}" for k in ks), f"mrr@{mrr_k}", f"ndcg@{ndcg_k}"]
     means = {n: (sum(p[n] for p in per_question) / len(per_question) if per_question else 0.0) for n in names}
+    answered = [p for p in per_question if p[answer_names[0]] is not None] if answer_names else []
+    if answered:
+        means |= {n: sum(p[n] for p in answered) / len(answered) for n in answer_names}
     return {
         "metrics": means, "questions_evaluated": len(judged),
-        "questions_skipped_no_relevant_in_corpus": len(questions) - len(judged), "per_question": per_question,
+        "questions_skipped_no_relevant_in_corpus": len(questions) - len(judged),
+        "questions_with_answers": len(answered), "per_question": per_question,
     }
 
 
-
-def _titles_of(corpus: Corpus, rows: list) -> list[list[str]]:
-    """Titles of ragged per-query row arrays, fetched in one Arrow take."""
-    titles = corpus.titles_at(np.concatenate(rows)) if rows else []
+def _split(flat: list, rows: list) -> list[list]:
     out, start = [], 0
     for r in rows:
-        out.append(titles[start:start + len(r)])
+        out.append(flat[start:start + len(r)])
         start += len(r)
     return out
+
+
+def _passage_fields(corpus: Corpus, rows: list, titles: bool, contents: bool) -> tuple[list | None, list | None]:
+    """Per query, the titles and/or Search-R1 ``contents`` of its ragged row array, fetched in one Arrow take."""
+    if not rows or not (titles or contents):
+        return None, None
+    flat = np.concatenate(rows)
+    if not contents:
+        return _split(corpus.titles_at(flat), rows), None
+    passages = corpus.passages_at(flat)
+    return (_split([p.title for p in passages], rows) if titles else None), _split([p.contents for p in passages], rows)
+
