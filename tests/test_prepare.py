@@ -87,7 +87,7 @@ def test_prepare_defaults_writes_the_embedded_corpus_and_fanoutqa_splits(tmp_pat
     assert len(heldout) == summary["leaf_questions_heldout"] > 30 and len(mining_all) > 5 * len(mining)
     assert len(heldout) + len(mining_all) == summary["leaf_questions_with_evidence_in_corpus"]["train"]
     # the held-out slice is whole top-level questions, none of which is mined
-    assert not {r["parent_id"] for r in heldout} & {r["parent_id"] for r in mining_all}
+    assert not {r["parent_id"] for r in heldout} & {r["parent_id"] for r in mining_all + mining}
     first = json.loads((tmp_path / "corpus.jsonl").open().readline())
     assert set(first) == {"id", "contents"} and first["id"] == "0" and first["contents"].startswith('"')
     assert len(Corpus.open(tmp_path / "corpus.jsonl")) == 10033

@@ -11,7 +11,7 @@ Writes, into one folder:
   evidence passage (normalised, on word boundaries): the ones where the right passage alone lets a reader
   answer, so answer correctness after a passage (mining's GAC) measures that passage;
 * ``fanoutqa_leaf_train_mining.jsonl``: a share (``mining_fraction``, by a hash of the leaf id) of the train
-  answerable leaves, for agent rollouts and utility mining; the quickstart warm start holds them out, so GAC
+  answerable leaves outside the held-out slice, for agent rollouts and utility mining; the quickstart warm start holds them out, so GAC
   measures the passage, not an answer the agent memorised during its warm start;
 * ``fanoutqa_leaf_train_heldout.jsonl``: the in-corpus train leaves of a share (``heldout_fraction``, by a hash
   of the top-level question id) of the train questions: the slice that chooses retriever training settings
@@ -50,7 +50,7 @@ class PrepareConfig:
 
 
 #: Bump when the set of files written changes, so an older prepared folder is rewritten.
-FILES_VERSION = 6
+FILES_VERSION = 7
 
 
 def answer_strings(answer) -> list[str]:
@@ -180,7 +180,8 @@ def prepare_defaults(config: PrepareConfig) -> dict:
         _write_if_changed(out / f"fanoutqa_leaf_{split}_answerable.jsonl",
                           [r for r in leaves[split] if r["answer_in_evidence"]])
         _write_if_changed(out / f"fanoutqa_multihop_{split}.jsonl", multihop[split])
-    mining = [r for r in leaves["train"] if r["answer_in_evidence"] and is_dev(r["id"], config.mining_fraction)]
+    mining = [r for r in leaves["train"] if r["answer_in_evidence"] and is_dev(r["id"], config.mining_fraction)
+              and not is_heldout(r["parent_id"], config.heldout_fraction)]
     _write_if_changed(out / "fanoutqa_leaf_train_mining.jsonl", mining)
     in_corpus = [r for r in leaves["train"] if r["evidence_in_corpus"]]
     heldout = [r for r in in_corpus if is_heldout(r["parent_id"], config.heldout_fraction)]
