@@ -1,4 +1,5 @@
-"""Contrastive retriever training: data, the Eq. 5 loss, cross-device equivalence, resume, export."""
+"""Contrastive retriever training: data, the Eq. 5 and soft-label losses, cross-device equivalence, the
+warm-up schedule, no-duplicate batches, resume, export (held-out selection: test_training_selection.py)."""
 
 import json
 import math
@@ -12,12 +13,12 @@ import torch
 from agentic_retriever.corpus import Corpus
 from agentic_retriever.encoder import Encoder, EncoderConfig
 from agentic_retriever.jsonl import DataFormatError
-from agentic_retriever.training.data import read_training_examples
-from agentic_retriever.training.losses import build_infonce_loss, in_batch_accuracy
+from agentic_retriever.training.data import passage_utility, read_training_examples
+from agentic_retriever.training.losses import build_infonce_loss, build_loss, in_batch_accuracy, soft_label_kl
 
 # ------------------------------------------------------------------------------------------------ data
 
-PASSAGES = [f"Passage number {i} about topic {i % 7} and some words {i * 13 % 11}." for i in range(40)]
+PASSAGES = [f"Passage number {i} about topic {i % 7} and some words {i * 13 % 11}." for i in range(60)]
 
 
 @pytest.fixture()
@@ -82,6 +83,58 @@ def test_flag_embedding_rows_give_one_example_per_positive(tmp_path):
     assert counts["format_flag_embedding"] == 1
 
 
+def test_exact_duplicate_examples_are_dropped_and_counted(tmp_path, corpus_path):
+    rows = [agentic_row(1, 3, [4, 5, 6]), agentic_row(1, 3, [4, 5, 6]),  # the same round mined twice
+            agentic_row(2, 3, [4, 5, 7]),                                  # same query and positive, other negatives
+            agentic_row(3, 3, [4, 5, 6], question="Other?")]               # same passages, other query input
+    data = write_rows(tmp_path / "rows.jsonl", rows)
+    examples, counts = read_training_examples(data, Corpus.open(corpus_path), compose, str)
+    assert counts["rows"] == 4 and counts["examples"] == 3 and counts["duplicates_removed"] == 1
+    assert len({(e.query, e.positive, e.negatives) for e in examples}) == 3
+    _, counts = read_training_examples(write_rows(tmp_path / "one.jsonl", rows[:1]), Corpus.open(corpus_path),
+                                       compose, str)
+    assert counts["duplicates_removed"] == 0
+
+
+def test_utilities_come_from_gac_with_em_fallback_local_utility_or_their_sum(tmp_path, corpus_path):
+    assert passage_utility({"em": 1, "local_utility": 0.25, "gac": 0.5}, "gac") == 0.5
+    assert passage_utility({"em": 1, "local_utility": 0.25}, "gac") == 1.0  # older files: no gac
+    assert passage_utility({"em": 0, "local_utility": 0.25, "gac": None}, "gac") == 0.0
+    assert passage_utility({"em": 1, "local_utility": 0.25, "gac": 0.5}, "local_utility") == 0.25
+    assert passage_utility({"em": 1, "local_utility": 0.25, "gac": 0.5}, "gac+lr") == 0.75
+    row = agentic_row(1, 3, [4, 5, 6, 7])
+    row["scores"] = [{"em": 1, "local_utility": 0.9, "gac": 0.8}, {"em": 0, "local_utility": 0.5},
+                     {"em": 0, "local_utility": 0.1, "gac": 0.3}, {"em": 1, "local_utility": 0.0, "gac": None},
+                     {"em": 0, "local_utility": 0.7, "gac": 0.9}]
+    data = write_rows(tmp_path / "rows.jsonl", [row])
+    examples, _ = read_training_examples(data, Corpus.open(corpus_path), compose, str, num_negatives=3,
+                                         soft_label_key="gac+lr")
+    assert examples[0].utilities == pytest.approx((1.7, 0.5, 0.4, 1.0))  # positive first; the 4th negative cut
+    examples, _ = read_training_examples(data, Corpus.open(corpus_path), compose, str)
+    assert examples[0].utilities is None  # read only for the soft-label loss
+
+
+def test_soft_labels_without_per_passage_scores_are_clear_errors(tmp_path, corpus_path):
+    corpus = Corpus.open(corpus_path)
+    flag = write_rows(tmp_path / "fe.jsonl", [{"query": "who", "pos": ["a"], "neg": ["n1", "n2"]}])
+    with pytest.raises(DataFormatError, match=r"fe.jsonl:1: field 'scores': the soft-label loss needs .*FlagEmbedding"):
+        read_training_examples(flag, None, compose, str, soft_label_key="gac")
+    row = agentic_row(1, 3, [4, 5])
+    del row["scores"]
+    with pytest.raises(DataFormatError, match=r"noscores.jsonl:1: field 'scores': .*one score per passage"):
+        read_training_examples(write_rows(tmp_path / "noscores.jsonl", [row]), corpus, compose, str,
+                               soft_label_key="gac")
+    row = agentic_row(1, 3, [4, 5])
+    row["scores"][2] = {"local_utility": 0.1}
+    with pytest.raises(DataFormatError, match=r"scores\[2\] has no 'gac' or 'em'"):
+        read_training_examples(write_rows(tmp_path / "nogac.jsonl", [row]), corpus, compose, str,
+                               soft_label_key="gac")
+    from agentic_retriever.training.config import RetrieverTrainConfig
+
+    with pytest.raises(ValueError, match="KL term alone"):
+        RetrieverTrainConfig(data="d", out="o", loss="soft_label", soft_label_weight=0.5).validate()
+
+
 # ------------------------------------------------------------------------------------------------ loss
 
 
@@ -120,6 +173,78 @@ def test_in_batch_accuracy_counts_the_own_positive_as_the_best():
     q = torch.eye(3)
     assert in_batch_accuracy(q, [torch.eye(3)]) == (3, 3)
     assert in_batch_accuracy(q, [torch.eye(3)[[1, 0, 2]]]) == (1, 3)
+
+
+def test_soft_label_kl_matches_a_hand_computed_value():
+    """REPLUG's KL(Q || P_R) for 1 query and 3 passages, tau 0.5, label temperature 0.25."""
+    q = torch.tensor([[1.0, 0.0]])
+    passages = [torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 1.0]]), torch.tensor([[1.0, 1.0]])]
+    utilities = torch.tensor([[1.0, 0.0, 0.5]])
+    c = 1 / math.sqrt(2)
+    p = [math.exp(s / 0.5) for s in (1.0, 0.0, c)]
+    p = [v / sum(p) for v in p]
+    target = [math.exp(u / 0.25) for u in (1.0, 0.0, 0.5)]
+    target = [v / sum(target) for v in target]
+    expected = sum(t * (math.log(t) - math.log(r)) for t, r in zip(target, p))
+    value = soft_label_kl(q, passages, utilities, 0.5, 0.25).item()
+    assert value == pytest.approx(expected, rel=1e-6)
+
+    embeddings = [q, *passages]
+    pure = build_loss(_Dummy(), "soft_label", temperature=0.5, label_temperature=0.25, gather_across_devices=False)
+    assert pure.compute_loss_from_embeddings(embeddings, utilities).item() == pytest.approx(expected, rel=1e-6)
+    assert pure.kl.pop() == pytest.approx(expected, rel=1e-6) and pure.accuracy.pop() == 1.0
+    infonce = build_infonce_loss(_Dummy(), 0.5, False).compute_loss_from_embeddings(embeddings, None).item()
+    mixed = build_loss(_Dummy(), "infonce", 0.5, soft_label_weight=0.3, label_temperature=0.25,
+                       gather_across_devices=False)
+    assert mixed.compute_loss_from_embeddings(embeddings, utilities).item() == pytest.approx(infonce + 0.3 * expected)
+    assert soft_label_kl(q, passages, torch.tensor([[5.0, 0.0, 0.0]]), 0.5, 1e-3).item() == pytest.approx(
+        -math.log(p[0]), rel=1e-5)  # a one-hot target: the row's N-way InfoNCE
+    with pytest.raises(ValueError, match="per-passage utilities"):
+        pure.compute_loss_from_embeddings(embeddings, None)
+
+
+def test_soft_label_gradients_reach_the_encoder_and_follow_the_target():
+    torch.manual_seed(0)
+    encoder = torch.nn.Linear(6, 4, bias=False)
+    inputs = torch.randn(4, 3, 6)  # (query + 3 passages, 3 queries, features)
+    utilities = torch.tensor([[1.0, 0.2, 0.0], [0.0, 1.0, 0.5], [0.3, 0.3, 0.9]], requires_grad=True)
+    loss = build_loss(_Dummy(), "soft_label", temperature=0.1, label_temperature=0.1, gather_across_devices=False)
+
+    def kl():
+        return loss.compute_loss_from_embeddings([encoder(x) for x in inputs], utilities)
+
+    value = kl()
+    value.backward()
+    assert encoder.weight.grad is not None and encoder.weight.grad.abs().sum() > 0
+    assert utilities.grad is None  # the target is a constant
+    with torch.no_grad():
+        encoder.weight -= 0.5 * encoder.weight.grad
+    assert kl().item() < value.item()  # a gradient step moves P_R towards Q
+
+
+@pytest.mark.parametrize("loss_name, weight", [("soft_label", 0.0), ("infonce", 0.5)])
+def test_the_cached_soft_label_loss_gives_the_same_loss_and_gradients(tiny_model_dir, loss_name, weight):
+    from sentence_transformers import SentenceTransformer
+
+    labels = torch.tensor([[1.0, 0.1, 0.4], [0.2, 0.9, 0.0], [0.5, 0.5, 1.0], [0.0, 0.3, 0.8]])
+
+    def loss_and_grads(cached: bool):
+        torch.manual_seed(0)
+        model = SentenceTransformer(tiny_model_dir, device="cpu")
+        model.eval()
+        texts = [[f"query {i}" for i in range(4)], [f"positive passage {i}" for i in range(4)],
+                 [f"negative passage {i} words" for i in range(4)], [f"other {i} text" for i in range(4)]]
+        loss = build_loss(model, loss_name, 0.05, weight, 0.2, False, cached=cached, mini_batch_size=2)
+        value = loss([model.tokenize(column) for column in texts], labels)
+        value.backward()
+        return value.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    plain_loss, plain_grads = loss_and_grads(False)
+    cached_loss, cached_grads = loss_and_grads(True)
+    assert cached_loss == pytest.approx(plain_loss, rel=1e-5)
+    assert plain_grads.keys() == cached_grads.keys() and plain_grads
+    for name in plain_grads:
+        torch.testing.assert_close(cached_grads[name], plain_grads[name], rtol=1e-3, atol=1e-6)
 
 
 def _free_port() -> int:
@@ -175,7 +300,8 @@ def test_two_gloo_processes_equal_one_process_over_the_concatenated_batch(tmp_pa
 
 @pytest.fixture()
 def train_rows(tmp_path, corpus_path):
-    rows = [agentic_row(i, pos=i, negs=[(i + k) % 40 for k in range(5, 8)], question=f"Question {i}?")
+    """12 rows that share no passage (so 3 batches of 4 per epoch; shared passages: the sampler test)."""
+    rows = [agentic_row(i, pos=i, negs=[12 + 3 * i + k for k in range(3)], question=f"Question {i}?")
             for i in range(12)]
     return write_rows(tmp_path / "retriever_train.jsonl", rows)
 
@@ -297,3 +423,79 @@ def test_deepspeed_without_the_extra_names_it(tmp_path, tiny_model_dir, train_ro
         pass
     with pytest.raises(ImportError, match=r"agentic-retriever\[deepspeed\]"):
         train_retriever(_config(tiny_model_dir, train_rows, corpus_path, tmp_path / "r", deepspeed="configs/x.json"))
+
+
+def test_the_first_warmup_update_already_learns(tmp_path, tiny_model_dir, train_rows, corpus_path):
+    """4 updates, warmup_ratio 0.1: ceil(0.4) = 1 warm-up update at half the peak (Hugging Face's schedule, which
+    transformers 5 reads a float warmup_steps < 1 for as a ratio, runs it at 0), the peak, then linear decay."""
+    from transformers import TrainingArguments
+    from transformers.optimization import _get_linear_schedule_with_warmup_lr_lambda as hf_linear
+
+    from agentic_retriever.training.trainer import train_retriever
+
+    hf_warmup = TrainingArguments(output_dir=str(tmp_path / "hf"), warmup_steps=0.1).get_warmup_steps(4)
+    assert hf_warmup == 1 and hf_linear(0, num_warmup_steps=1, num_training_steps=4) == 0.0  # the bug we avoid
+    out = train_retriever(_config(tiny_model_dir, train_rows, corpus_path, tmp_path / "r", max_steps=4,
+                                  warmup_ratio=0.1, learning_rate=1e-3))
+    rates = [m["learning_rate"] for m in map(json.loads, (out / "metrics.jsonl").open()) if "learning_rate" in m]
+    assert rates == pytest.approx([1e-3 / 2, 1e-3, 1e-3 * 2 / 3, 1e-3 / 3])  # the rate each update ran at
+
+
+def test_rows_sharing_a_passage_never_share_a_batch_and_every_row_trains_each_epoch(
+        tmp_path, tiny_model_dir, corpus_path, monkeypatch):
+    """Three questions of four rounds each; a question's rounds share their positive. With the default
+    no-duplicates sampler they never meet in a batch (each would be the other's false in-batch negative), so a
+    batch of 4 holds at most 3 rows and a pass needs 4 batches, not ceil(12 / 4) = 3: every epoch takes them
+    all (sentence-transformers' own length, 3, would leave rows out of every epoch)."""
+    from sentence_transformers.base.sampler import NoDuplicatesBatchSampler
+
+    from agentic_retriever.training.trainer import train_retriever
+
+    rows = []
+    for question in range(3):
+        for round_index in range(4):
+            row = agentic_row(4 * question + round_index, 10 + question, [20 + 4 * question + round_index],
+                              question=f"Question {question}?")
+            row["query_text"] = f"round {round_index} query"
+            rows.append(row)
+    data = write_rows(tmp_path / "rows.jsonl", rows)
+    batches = []
+    original = NoDuplicatesBatchSampler.__iter__
+
+    def recording(self):
+        counting = getattr(self, "_length", None) == 0  # the sampler measuring its passes, not training
+        for batch in original(self):
+            if not counting:
+                batches.append((self.epoch, [self.dataset[i]["anchor"] + self.dataset[i]["negative_1"] for i in batch],
+                                [text for i in batch for text in self.dataset[i].values()]))
+            yield batch
+
+    monkeypatch.setattr(NoDuplicatesBatchSampler, "__iter__", recording)
+    out = train_retriever(_config(tiny_model_dir, data, corpus_path, tmp_path / "r", num_negatives=1, epochs=2))
+    updates_per_epoch = json.loads((out / "train_manifest.json").read_text())["updates"] // 2
+    assert updates_per_epoch >= 4
+    for _, _, texts in batches:
+        assert len(texts) == len(set(texts))
+    for epoch in (0, 1):
+        trained = [batch for e, batch, _ in batches if e == epoch][:updates_per_epoch]
+        assert sorted(key for batch in trained for key in batch) == sorted(
+            f"query: {r['question']} [SEP] {r['query_text']}passage: \"Title {r['passage_ids'][1]}\"\n"
+            f"{PASSAGES[int(r['passage_ids'][1])]}" for r in rows)  # each row exactly once
+
+
+def test_soft_label_training_logs_the_kl_and_names_the_loss(tmp_path, tiny_model_dir, corpus_path):
+    from agentic_retriever.training.trainer import train_retriever
+
+    rows = [agentic_row(i, pos=i, negs=[12 + 3 * i + k for k in range(3)], question=f"Question {i}?")
+            for i in range(8)]
+    for row in rows:
+        row["scores"] = [{"em": 1, "local_utility": 0.9, "gac": 0.7}, {"em": 0, "local_utility": 0.6, "gac": 0.4},
+                         {"em": 0, "local_utility": 0.2}, {"em": 0, "local_utility": 0.0, "gac": 0.1}]
+    data = write_rows(tmp_path / "rows.jsonl", rows)
+    out = train_retriever(_config(tiny_model_dir, data, corpus_path, tmp_path / "r", loss="infonce",
+                                  soft_label_weight=0.5, soft_label_key="gac+lr", epochs=1))
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    assert any(m.get("soft_label_kl", 0) > 0 for m in metrics)
+    manifest = json.loads((out / "train_manifest.json").read_text())
+    assert manifest["settings"]["soft_label_weight"] == 0.5 and manifest["selection"] is None
+    assert "0.5 x KL to softmax(gac+lr utility / 0.1)" in (out / "README.md").read_text()

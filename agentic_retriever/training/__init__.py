@@ -1,10 +1,12 @@
-"""Contrastive retriever training (agentic_r.txt section 4.1.2): mined rows -> a drop-in encoder folder.
+"""Retriever training (agentic_r.txt section 4.1.2): mined rows -> a drop-in encoder folder.
 
-Modules: `data` (rows -> examples), `losses` (Eq. 5 on sentence-transformers' losses), `trainer`
-(`train_retriever`), `export` (the sentence-transformers folder with settings and model card), `curves`.
-Import `trainer` / `losses` lazily: they pull in sentence-transformers and torch.
+Modules: `data` (rows -> examples, duplicates dropped, utilities for soft labels), `losses` (Eq. 5 on
+sentence-transformers' losses, plus REPLUG's soft-label KL), `schedule` (warm-up and decay), `selection`
+(held-out model selection: base or best epoch), `trainer` (`train_retriever`), `settings_search`
+(`choose_training_settings`), `export` (the sentence-transformers folder with settings and model card),
+`curves`. Import `trainer` / `losses` / `selection` lazily: they pull in sentence-transformers and torch.
 """
 
-from .data import TrainingExample, read_training_examples
+from .data import TrainingExample, passage_utility, read_training_examples
 
-__all__ = ["TrainingExample", "read_training_examples"]
+__all__ = ["TrainingExample", "passage_utility", "read_training_examples"]

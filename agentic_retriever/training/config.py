@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
 from ..encoder import EncoderConfig
 
-__all__ = ["RetrieverTrainConfig"]
+__all__ = ["LOSSES", "SELECT_METRIC_PATTERN", "SOFT_LABEL_KEYS", "RetrieverTrainConfig"]
+
+LOSSES = ("infonce", "soft_label")
+#: Per-passage utilities a soft-label target can be built from (see `data.passage_utility`).
+SOFT_LABEL_KEYS = ("gac", "local_utility", "gac+lr")
+#: Held-out metrics model selection can maximise: mrr@k, recall@k or ndcg@k (eval.retrieval's definitions).
+SELECT_METRIC_PATTERN = re.compile(r"^(mrr|recall|ndcg)@([1-9][0-9]*)$")
 
 
 def _paper_encoder() -> EncoderConfig:
@@ -17,19 +24,34 @@ def _paper_encoder() -> EncoderConfig:
 @dataclass
 class RetrieverTrainConfig:
     """Settings of `agentic-retriever retriever train` (defaults: the paper's, section 5.1; see
-    configs/agentic_r.yaml for the full recipe and configs/quickstart.yaml for the CPU one)."""
+    configs/agentic_r.yaml for the full recipe and configs/quickstart.yaml for the CPU one).
+
+    The objective: ``loss`` infonce is Eq. 5 (agentic_r.txt), plus ``soft_label_weight`` x the REPLUG KL
+    term when that weight is positive; ``loss`` soft_label is the KL term alone (see `losses`). Model
+    selection (``select_on``) keeps the base or the epoch that scores best on held-out training questions
+    (see `selection`)."""
 
     data: str = field(default="", metadata={"help": "training rows: Agentic-R (mine output) or FlagEmbedding JSONL"})
     corpus: str = field(default="", metadata={"help": "corpus the rows' passage ids refer to"})
     out: str = field(default="", metadata={"help": "folder of the trained encoder (checkpoints go to OUT.checkpoints)"})
     encoder: EncoderConfig = field(default_factory=_paper_encoder)
-    temperature: float = field(default=0.01, metadata={"help": "InfoNCE temperature tau (Eq. 5)"})
+    loss: Literal["infonce", "soft_label"] = field(default="infonce", metadata={
+        "help": "infonce: Eq. 5 (+ soft_label_weight x KL); soft_label: the REPLUG KL to the rows' utilities alone"})
+    soft_label_weight: float = field(default=0.0, metadata={
+        "help": "with loss infonce: weight w of the KL term added to Eq. 5 (0: Eq. 5 alone)"})
+    soft_label_key: Literal["gac", "local_utility", "gac+lr"] = field(default="gac", metadata={
+        "help": "per-passage utility of the KL target: gac (em where gac is missing), local_utility, or their sum"})
+    label_temperature: float = field(default=0.1, metadata={
+        "help": "temperature of the KL target softmax(utility / label_temperature)"})
+    temperature: float = field(default=0.01, metadata={
+        "help": "InfoNCE temperature tau (Eq. 5), also the KL's retriever side"})
     learning_rate: float = field(default=2e-5, metadata={"help": "peak learning rate (AdamW)"})
     epochs: float = field(default=2.0, metadata={"help": "passes over the examples"})
     max_steps: int = field(default=-1, metadata={"help": "stop after this many updates (-1: epochs decide)"})
     per_device_batch_size: int = field(default=32, metadata={"help": "queries per device and step (B)"})
     num_negatives: int | None = field(default=15, metadata={"help": "sampled negatives per query (N - 1); none: the data's"})
-    warmup_ratio: float = field(default=0.1, metadata={"help": "share of updates with a linear warm-up"})
+    warmup_ratio: float = field(default=0.1, metadata={
+        "help": "linear warm-up over ceil(ratio x updates) updates, the first one already at a non-zero rate"})
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
     precision: Literal["auto", "fp32", "fp16", "bf16"] = field(default="auto", metadata={
         "help": "mixed precision; auto: fp16 on GPU (the paper), fp32 on CPU"})
@@ -37,14 +59,26 @@ class RetrieverTrainConfig:
     cached: bool = field(default=False, metadata={"help": "GradCache loss: big global batches in bounded memory"})
     mini_batch_size: int = field(default=32, metadata={"help": "texts per forward pass of the cached loss"})
     gather_across_devices: bool = field(default=True, metadata={"help": "cross-device negatives (Eq. 5)"})
-    batch_sampler: Literal["default", "no_duplicates"] = field(default="default", metadata={
+    batch_sampler: Literal["default", "no_duplicates"] = field(default="no_duplicates", metadata={
         "help": "no_duplicates keeps a text from appearing twice in a batch (no false in-batch negatives)"})
+    select_on: str = field(default="", metadata={
+        "help": "held-out QA JSONL (supporting_titles) to keep the best of base and epochs on; never the dev set"})
+    select_index: str = field(default="", metadata={
+        "help": "index folder built with the base encoder; its top-select_pool passages form the re-ranking pool"})
+    select_metric: str = field(default="mrr@10", metadata={
+        "help": "held-out metric to maximise: mrr@k, recall@k, ndcg@k"})
+    select_pool: int = field(default=50, metadata={"help": "base-encoder passages per held-out question in the pool"})
     deepspeed: str = field(default="", metadata={"help": "DeepSpeed JSON config (extra [deepspeed]); e.g. configs/deepspeed_zero2.json"})
     skip_bad_rows: bool = field(default=False, metadata={"help": "skip and count rows with unknown passage ids or too few negatives"})
     save_steps: int = field(default=100, metadata={"help": "checkpoint every N updates (a rerun resumes from the last)"})
     logging_steps: int = field(default=5, metadata={"help": "log loss, learning rate and in-batch accuracy every N updates"})
     seed: int = field(default=0, metadata={"help": "seed of shuffling and initialisation"})
     progress: bool = field(default=True, metadata={"help": "progress bar"})
+
+    @property
+    def uses_soft_labels(self) -> bool:
+        """Whether the objective has the KL term (and so needs per-passage utilities in the rows)."""
+        return self.loss == "soft_label" or self.soft_label_weight > 0
 
     def validate(self) -> None:
         for name in ("data", "out"):
@@ -60,3 +94,22 @@ class RetrieverTrainConfig:
             raise ValueError(f"precision must be auto, fp32, fp16 or bf16, got {self.precision!r}")
         if self.batch_sampler not in ("default", "no_duplicates"):
             raise ValueError(f"batch_sampler must be default or no_duplicates, got {self.batch_sampler!r}")
+        if not 0 <= self.warmup_ratio <= 1:
+            raise ValueError(f"warmup_ratio must be in [0, 1], got {self.warmup_ratio}")
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
+        if self.soft_label_weight < 0:
+            raise ValueError(f"soft_label_weight must be at least 0, got {self.soft_label_weight}")
+        if self.loss == "soft_label" and self.soft_label_weight:
+            raise ValueError("loss soft_label is the KL term alone; to mix it with Eq. 5 use loss infonce with "
+                             f"soft_label_weight {self.soft_label_weight}")
+        if self.soft_label_key not in SOFT_LABEL_KEYS:
+            raise ValueError(f"soft_label_key must be one of {', '.join(SOFT_LABEL_KEYS)}, got {self.soft_label_key!r}")
+        if not self.label_temperature > 0:
+            raise ValueError(f"label_temperature must be positive, got {self.label_temperature}")
+        if self.select_on and not self.select_index:
+            raise ValueError("--select-on needs --select-index (an index built with the base encoder: the pool)")
+        if not SELECT_METRIC_PATTERN.match(self.select_metric):
+            raise ValueError(f"select_metric must be mrr@k, recall@k or ndcg@k, got {self.select_metric!r}")
+        if self.select_pool < 1:
+            raise ValueError(f"select_pool must be at least 1, got {self.select_pool}")

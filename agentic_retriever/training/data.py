@@ -3,16 +3,20 @@
 Two row formats are read, told apart by their fields:
 
 * Agentic-R's released format (what `mine` writes; ARCHITECTURE.md "File formats"):
-  ``{"query_text", "question", "history_queries", "passage_ids": [pos, neg1, ..]}``. Passage ids refer to
-  the corpus; the query is composed with the encoder's mode (``Q [SEP] q`` for the Agentic-R retriever,
-  Eq. 4) and prefix.
+  ``{"query_text", "question", "history_queries", "passage_ids": [pos, neg1, ..], "scores": [{..}, ..]}``.
+  Passage ids refer to the corpus; the query is composed with the encoder's mode (``Q [SEP] q`` for the
+  Agentic-R retriever, Eq. 4) and prefix. ``scores`` is parallel to ``passage_ids`` and only read for the
+  soft-label loss (`passage_utility`).
 * FlagEmbedding's format for users bringing their own data: ``{"query", "pos": [text, ..], "neg": [text, ..]}``
-  with passage texts inline; one example per positive; the query is used as given (plus the prefix).
+  with passage texts inline; one example per positive; the query is used as given (plus the prefix). It has
+  no per-passage scores, so it cannot feed the soft-label loss.
 
 Every example has 1 positive and ``num_negatives`` negatives (N = 1 + num_negatives passages; the paper's
 N = 16). Rows with more negatives keep their first ``num_negatives`` (mined rows are already a seeded sample);
 rows with fewer are an error, as is a passage id missing from the corpus; both name the file, line and field.
-With ``skip_bad_rows`` such rows are skipped and counted instead.
+With ``skip_bad_rows`` such rows are skipped and counted instead. Exact duplicates (the same query input,
+positive and negatives; e.g. a round mined twice) are kept once and counted as ``duplicates_removed``: a
+duplicate would be its twin's false in-batch negative and would count twice in the loss.
 
     examples, counts = read_training_examples("retriever_train.jsonl", corpus, query_input, passage_input)
 """
@@ -26,8 +30,9 @@ from dataclasses import dataclass
 
 from ..corpus import Corpus
 from ..jsonl import DataFormatError, iter_jsonl, require_field
+from .config import SOFT_LABEL_KEYS
 
-__all__ = ["TrainingExample", "read_training_examples"]
+__all__ = ["TrainingExample", "passage_utility", "read_training_examples"]
 
 #: (query, question or None, earlier queries) -> the retriever input, composed and prefixed.
 QueryInput = Callable[[str, str | None, Sequence[str]], str]
@@ -36,30 +41,67 @@ QueryInput = Callable[[str, str | None, Sequence[str]], str]
 @dataclass(frozen=True)
 class TrainingExample:
     """One contrastive example: the retriever input of the query, its positive and its negatives (texts as
-    the encoder sees them, prefixes included)."""
+    the encoder sees them, prefixes included), and, for the soft-label loss, one utility per passage
+    (positive first, then the negatives in order)."""
 
     query: str
     positive: str
     negatives: tuple[str, ...]
+    utilities: tuple[float, ...] | None = None
+
+
+def passage_utility(score: dict, key: str) -> float:
+    """The utility u_i of one passage from its ``scores`` entry: ``gac`` (the graded global answer
+    correctness, falling back to the binary ``em`` where the row has no ``gac`` or it is null),
+    ``local_utility`` (the LLM's local relevance in 0..1), or ``gac+lr``, their sum.
+    Raises KeyError naming the missing key, ValueError for a non-number."""
+    if key not in SOFT_LABEL_KEYS:
+        raise ValueError(f"unknown soft-label key {key!r}; choose one of {', '.join(SOFT_LABEL_KEYS)}")
+    parts = []
+    if key in ("gac", "gac+lr"):
+        name = "gac" if score.get("gac") is not None else "em"
+        parts.append((name, score.get(name)))
+    if key in ("local_utility", "gac+lr"):
+        parts.append(("local_utility", score.get("local_utility")))
+    total = 0.0
+    for name, value in parts:
+        if value is None:
+            raise KeyError("'gac' or 'em'" if name == "em" else f"'{name}'")
+        if not isinstance(value, int | float):
+            raise ValueError(f"'{name}' is {type(value).__name__}, not a number")
+        total += float(value)
+    return total
 
 
 def read_training_examples(path: str | os.PathLike, corpus: Corpus | None, query_input: QueryInput,
                            passage_input: Callable[[str], str], num_negatives: int | None = None,
-                           skip_bad_rows: bool = False) -> tuple[list[TrainingExample], dict[str, int]]:
-    """Read the examples of `path`; return them with counts (rows, examples, skipped per reason).
+                           skip_bad_rows: bool = False,
+                           soft_label_key: str | None = None) -> tuple[list[TrainingExample], dict[str, int]]:
+    """Read the examples of `path`; return them with counts (rows, examples, duplicates_removed, skipped per
+    reason).
 
-    `num_negatives` None takes the first row's count. `corpus` is needed for rows with passage ids.
+    `num_negatives` None takes the first row's count. `corpus` is needed for rows with passage ids. With
+    `soft_label_key` (one of ``gac``, ``local_utility``, ``gac+lr``) every example carries the utilities of
+    its N passages (`passage_utility`); a row without per-passage ``scores`` is then an error.
     """
     examples: list[TrainingExample] = []
-    counts: Counter[str] = Counter()
+    seen: set[tuple] = set()
+    counts: Counter[str] = Counter(duplicates_removed=0)
     for line, row in iter_jsonl(path):
         counts["rows"] += 1
         try:
+            utilities = None
             if "passage_ids" in row:
                 counts["format_agentic_r"] += 1
                 query, positives, negatives = _agentic_r_row(path, line, row, corpus, query_input)
+                if soft_label_key:
+                    utilities = _row_utilities(path, line, row, soft_label_key)
             elif "query" in row and "pos" in row:
                 counts["format_flag_embedding"] += 1
+                if soft_label_key:
+                    raise DataFormatError(path, line, "the soft-label loss needs per-passage utilities, and "
+                                                      "FlagEmbedding rows (query, pos, neg) have none; use "
+                                                      "Agentic-R rows with scores or loss infonce", field="scores")
                 query, positives, negatives = _flag_embedding_row(path, line, row, query_input)
             else:
                 raise DataFormatError(path, line, "neither an Agentic-R row (passage_ids) nor a FlagEmbedding row "
@@ -77,8 +119,15 @@ def read_training_examples(path: str | os.PathLike, corpus: Corpus | None, query
             counts[f"skipped_{_reason(error)}"] += 1
             continue
         negative_inputs = tuple(passage_input(text) for text in negatives[:num_negatives])
+        kept_utilities = tuple(utilities[:1 + num_negatives]) if utilities is not None else None
         for positive in positives:
-            examples.append(TrainingExample(query, passage_input(positive), negative_inputs))
+            example = TrainingExample(query, passage_input(positive), negative_inputs, kept_utilities)
+            key = (example.query, example.positive, example.negatives)
+            if key in seen:
+                counts["duplicates_removed"] += 1
+                continue
+            seen.add(key)
+            examples.append(example)
     counts["examples"] = len(examples)
     return examples, dict(counts)
 
@@ -105,6 +154,26 @@ def _agentic_r_row(path, line: int, row: dict, corpus: Corpus | None, query_inpu
         raise DataFormatError(path, line, "expected a list of strings", field="history_queries")
     query = query_input(require_field(path, line, row, "query_text", str), question, history)
     return query, texts[:1], texts[1:]
+
+
+def _row_utilities(path, line: int, row: dict, key: str) -> list[float]:
+    scores = row.get("scores")
+    if not isinstance(scores, list) or len(scores) != len(row["passage_ids"]):
+        raise DataFormatError(path, line, "the soft-label loss needs one score per passage id "
+                                          f"(got {len(scores) if isinstance(scores, list) else 'none'} for "
+                                          f"{len(row['passage_ids'])} passages)", field="scores")
+    utilities = []
+    for i, score in enumerate(scores):
+        if not isinstance(score, dict):
+            raise DataFormatError(path, line, f"scores[{i}] is not an object", field="scores")
+        try:
+            utilities.append(passage_utility(score, key))
+        except KeyError as missing:
+            raise DataFormatError(path, line, f"scores[{i}] has no {missing.args[0]} (soft_label_key {key})",
+                                  field="scores") from None
+        except ValueError as error:
+            raise DataFormatError(path, line, f"scores[{i}]: {error}", field="scores") from None
+    return utilities
 
 
 def _flag_embedding_row(path, line: int, row: dict, query_input: QueryInput):

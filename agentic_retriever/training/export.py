@@ -8,7 +8,8 @@ Beside the weights it holds:
   them) and in ``agentic_retriever.json`` with the query composition mode, which our index builder, server
   and agent read and apply (``Q [SEP] q`` for an Agentic-R retriever);
 * ``README.md``, a model card: base model, data statistics, training settings, how to compose queries;
-* ``train_manifest.json`` (everything about the run) and the training curves.
+* ``train_manifest.json`` (everything about the run, with the held-out ``selection``: metric, pool, the
+  score per checkpoint and which was kept, ``base`` or ``epoch-k``) and the training curves.
 
 The folder is written to a temporary sibling and renamed, so it is complete or absent.
 """
@@ -52,7 +53,24 @@ def save_trained_encoder(model, settings: EncoderSettings, out: str | Path, mani
 def _loss_text(run: dict) -> str:
     cross = " + cross-device" if run.get("gather_across_devices") else ""
     cached = " (GradCache)" if run.get("cached") else ""
-    return f"InfoNCE, temperature {run.get('temperature')}, in-batch{cross} negatives{cached}"
+    infonce = f"InfoNCE, temperature {run.get('temperature')}, in-batch{cross} negatives{cached}"
+    kl = (f"KL to softmax({run.get('soft_label_key')} utility / {run.get('label_temperature')}) over each query's "
+          f"own passages (REPLUG, arXiv:2301.12652)")
+    if run.get("loss") == "soft_label":
+        return kl + f", retriever temperature {run.get('temperature')}"
+    if run.get("soft_label_weight"):
+        return f"{infonce} + {run.get('soft_label_weight')} x {kl}"
+    return infonce
+
+
+def _selection_text(selection: dict | None) -> str:
+    if not selection:
+        return "none (the last update is exported)"
+    scores = ", ".join(f"{name} {score:.4f}" for name, score in selection.get("per_checkpoint", {}).items())
+    kept = selection.get("kept")
+    verdict = "**the base encoder, unchanged** (no epoch beat it)" if kept == "base" else f"`{kept}`"
+    return (f"held-out {selection.get('metric')} on {selection.get('questions_judged', '?')} training questions "
+            f"never trained on (pool {selection.get('pool')}/question): {scores}; kept {verdict}")
 
 
 def model_card(settings: EncoderSettings, manifest: dict) -> str:
@@ -84,6 +102,7 @@ def model_card(settings: EncoderSettings, manifest: dict) -> str:
         ("global batch (queries)", str(manifest.get("global_batch_queries", "?"))),
         ("learning rate, epochs, updates", f"{run.get('learning_rate')}, {run.get('epochs')}, {manifest.get('updates')}"),
         ("final training loss", f"{manifest.get('train_loss', float('nan')):.4f}"),
+        ("model selection", _selection_text(manifest.get("selection"))),
         ("device", str(manifest.get("device", "?"))),
     ]
     table = "\n".join(["| setting | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])

@@ -1,10 +1,15 @@
 """Contrastive retriever training (agentic_r.txt section 4.1.2): mined rows -> a drop-in encoder folder.
 
-Built on `SentenceTransformerTrainer` (a Hugging Face `Trainer`: schedule, checkpoints, resume, mixed
-precision, gradient checkpointing, DDP under ``torchrun``, DeepSpeed through ``--deepspeed CONFIG``) and the
-Eq. 5 loss of `losses`. What this module adds: reading mined rows with the encoder's query composition and
-prefixes (`data`), the in-batch accuracy in the logs, the metrics file and curves PNG (`curves`), the
-exported folder with its settings and model card (`export`), and a result cache keyed by data and settings.
+Built on `SentenceTransformerTrainer` (a Hugging Face `Trainer`: checkpoints, resume, mixed precision,
+gradient checkpointing, DDP under ``torchrun``, DeepSpeed through ``--deepspeed CONFIG``) and the objectives
+of `losses` (Eq. 5, optionally with REPLUG's soft-label KL). What this module adds: reading mined rows with
+the encoder's query composition and prefixes, without exact duplicates (`data`); batches in which no text
+appears twice (the default; `sampler`: two rounds of one question share passages, which would otherwise be
+each other's false in-batch negatives); a warm-up whose first
+update already learns (`schedule`); model selection on held-out training questions that exports the base
+unchanged when training does not help (`selection`); the in-batch accuracy and KL in the logs, the metrics
+file and curves PNG (`curves`); the exported folder with its settings and model card (`export`); and a
+result cache keyed by data and settings.
 
 One process, or several under ``torchrun --nproc_per_node G`` (gloo on CPU, NCCL on GPU): each process takes
 ``per_device_batch_size`` queries per step and the loss sees the passages of all G processes.
@@ -20,6 +25,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import time
@@ -34,6 +40,7 @@ from .config import RetrieverTrainConfig
 from .curves import write_training_curves
 from .data import TrainingExample, read_training_examples
 from .export import MANIFEST_FILE, save_trained_encoder
+from .schedule import warmup_linear_schedule
 
 __all__ = ["RetrieverTrainConfig", "examples_dataset", "train_retriever"]
 
@@ -41,7 +48,9 @@ log = logging.getLogger(__name__)
 
 
 def examples_dataset(examples: list[TrainingExample]):
-    """A `datasets.Dataset` in sentence-transformers' column layout: anchor, positive, negative_1..negative_k."""
+    """A `datasets.Dataset` in sentence-transformers' column layout: anchor, positive, negative_1..negative_k,
+    and, when the examples carry utilities, ``label`` (N numbers per row; the collator hands it to the loss
+    as ``labels``, and the no-duplicates sampler ignores it)."""
     from datasets import Dataset
 
     if not examples:
@@ -49,6 +58,8 @@ def examples_dataset(examples: list[TrainingExample]):
     columns = {"anchor": [e.query for e in examples], "positive": [e.positive for e in examples]}
     for k in range(len(examples[0].negatives)):
         columns[f"negative_{k + 1}"] = [e.negatives[k] for e in examples]
+    if examples[0].utilities is not None:
+        columns["label"] = [list(e.utilities) for e in examples]
     return Dataset.from_dict(columns)
 
 
@@ -57,7 +68,9 @@ def _fingerprint(config: RetrieverTrainConfig, examples: list[TrainingExample]) 
     settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("out", "progress", "save_steps")}
     digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
     for example in examples:
-        digest.update(json.dumps([example.query, example.positive, example.negatives]).encode())
+        digest.update(json.dumps([example.query, example.positive, example.negatives, example.utilities]).encode())
+    if config.select_on:  # the held-out questions, not only their path
+        digest.update(Path(config.select_on).read_bytes())
     return digest.hexdigest()[:32]
 
 
@@ -86,14 +99,16 @@ def train_retriever(config: RetrieverTrainConfig) -> Path:
 
     A finished folder for the same data and settings is reused as is. Otherwise checkpoints go to
     ``OUT.checkpoints/`` every `save_steps` updates and a rerun after a kill resumes from the last one, on the
-    same schedule. The export is written to a temporary sibling and renamed (only by the main process).
+    same schedule. With `select_on`, the base and every epoch are scored on the held-out questions and the
+    best is exported (the base weights unchanged when it wins; `selection`). The export is written to a
+    temporary sibling and renamed (only by the main process).
     """
     import torch
     from sentence_transformers import SentenceTransformerTrainingArguments
     from sentence_transformers.base.sampler import BatchSamplers
     from transformers.trainer_utils import get_last_checkpoint
 
-    from .losses import build_infonce_loss
+    from .losses import build_loss
 
     config.validate()
     started = time.perf_counter()
@@ -102,9 +117,12 @@ def train_retriever(config: RetrieverTrainConfig) -> Path:
     corpus = Corpus.open(config.corpus) if config.corpus else None
     examples, counts = read_training_examples(
         config.data, corpus, lambda q, question, history: encoder.compose([q], [question], [list(history)])[0],
-        lambda text: settings.passage_prefix + text, config.num_negatives, config.skip_bad_rows)
+        lambda text: settings.passage_prefix + text, config.num_negatives, config.skip_bad_rows,
+        soft_label_key=config.soft_label_key if config.uses_soft_labels else None)
     if not examples:
         raise ValueError(f"no training example in {config.data} ({counts})")
+    if counts["duplicates_removed"]:
+        log.info("dropped %d exact duplicate examples of %s", counts["duplicates_removed"], config.data)
     out = Path(config.out)
     fingerprint = _fingerprint(config, examples)
     if (out / MANIFEST_FILE).is_file() and read_json(out / MANIFEST_FILE).get("fingerprint") == fingerprint:
@@ -117,7 +135,7 @@ def train_retriever(config: RetrieverTrainConfig) -> Path:
     args = SentenceTransformerTrainingArguments(
         output_dir=str(checkpoints), num_train_epochs=config.epochs, max_steps=config.max_steps,
         per_device_train_batch_size=config.per_device_batch_size, learning_rate=config.learning_rate,
-        warmup_steps=config.warmup_ratio, weight_decay=config.weight_decay, lr_scheduler_type="linear",
+        warmup_steps=0, weight_decay=config.weight_decay,  # the schedule is `schedule`'s (_Trainer.create_scheduler)
         gradient_checkpointing=config.gradient_checkpointing, deepspeed=_deepspeed(config),
         logging_steps=config.logging_steps, save_steps=config.save_steps, save_total_limit=2, seed=config.seed,
         data_seed=config.seed, use_cpu=not on_gpu, report_to=[], disable_tqdm=not config.progress,
@@ -126,15 +144,22 @@ def train_retriever(config: RetrieverTrainConfig) -> Path:
         batch_sampler=BatchSamplers.NO_DUPLICATES if config.batch_sampler == "no_duplicates" else BatchSamplers.BATCH_SAMPLER,
         **_precision(config, on_gpu))
     model = encoder.model
-    loss = build_infonce_loss(model, config.temperature, config.gather_across_devices and world_size > 1,
-                              config.cached, config.mini_batch_size)
-    trainer = _Trainer(model=model, args=args, train_dataset=examples_dataset(examples), loss=loss)
+    loss = build_loss(model, config.loss, config.temperature, config.soft_label_weight, config.label_temperature,
+                      config.gather_across_devices and world_size > 1, config.cached, config.mini_batch_size)
+    record, callbacks = _held_out_selection(config, encoder, checkpoints)
+    trainer = _Trainer(model=model, args=args, train_dataset=examples_dataset(examples), loss=loss,
+                       callbacks=callbacks, warmup_ratio=config.warmup_ratio)
     last = get_last_checkpoint(str(checkpoints)) if checkpoints.is_dir() else None
     if last:
         log.info("resuming retriever training from %s", last)
     result = trainer.train(resume_from_checkpoint=last)
     if not trainer.is_world_process_zero():
         return out
+    exported, history = model, list(trainer.state.log_history)
+    if record is not None:
+        exported = _selected_model(config, record)
+        history = sorted([*(h for h in history if f"heldout_{config.select_metric}" not in h), *record.history()],
+                         key=lambda h: h.get("step", 0))
     manifest = {
         "fingerprint": fingerprint, "base_model": config.encoder.model, "settings": dataclasses.asdict(config),
         "encoder_settings": dataclasses.asdict(settings), "data": counts, "world_size": world_size,
@@ -142,21 +167,83 @@ def train_retriever(config: RetrieverTrainConfig) -> Path:
         "passages_per_query": 1 + len(examples[0].negatives), "updates": trainer.state.global_step,
         "train_loss": result.training_loss, "seconds": round(time.perf_counter() - started, 1),
         "device": torch.cuda.get_device_name() if on_gpu else "cpu",
+        "selection": record.summary(config.select_on, config.select_pool) if record is not None else None,
     }
-    save_trained_encoder(model, settings, out, manifest,
-                         lambda folder: write_training_curves(trainer.state.log_history, folder, "retriever training"))
+    save_trained_encoder(exported, settings, out, manifest,
+                         lambda folder: write_training_curves(history, folder, "retriever training"))
     shutil.rmtree(checkpoints, ignore_errors=True)
     log.info("wrote the trained retriever to %s (%d updates, train loss %.4f)", out, trainer.state.global_step,
              result.training_loss)
     return out
 
 
+def _held_out_selection(config: RetrieverTrainConfig, encoder: Encoder, checkpoints: Path):
+    """(record, callbacks) of held-out model selection: the pool is built and the base scored before
+    training (the record keeps scores across a resume); (None, []) without `select_on`, and on all but the main
+    process (the others wait for its evaluations at their next gradient exchange)."""
+    if not config.select_on or int(os.environ.get("RANK", "0")) != 0:
+        return None, []
+    from .selection import SelectionRecord, build_heldout_pool, evaluate_on_pool, heldout_callback
+
+    # the slice has no agent query: the question is both Q and q of "Q [SEP] q" (module docstring of selection)
+    pool = build_heldout_pool(config.select_on, config.select_index, config.select_pool,
+                              lambda question: encoder.compose([question], [question])[0],
+                              lambda text: encoder.settings.passage_prefix + text)
+    record = SelectionRecord(checkpoints, config.select_metric, pool)
+    if "base" not in record.per_checkpoint:
+        record.add("base", evaluate_on_pool(encoder.model, pool, config.select_metric, config.encoder.batch_size), 0)
+    log.info("held-out %s of the base encoder: %.4f (%d questions of %s, pool of %d passages)", config.select_metric,
+             record.per_checkpoint["base"], pool.counts["questions_judged"], config.select_on,
+             pool.counts["pool_passages"])
+    return record, [heldout_callback(encoder.model, pool, record, config.encoder.batch_size)]
+
+
+def _selected_model(config: RetrieverTrainConfig, record):
+    """The model to export: the best epoch's saved weights, or the base's, loaded afresh (unchanged)."""
+    from sentence_transformers import SentenceTransformer
+
+    scores = ", ".join(f"{name} {score:.4f}" for name, score in record.per_checkpoint.items())
+    if record.best == "base":
+        log.warning("HELD-OUT SELECTION KEPT THE BASE ENCODER: no epoch beat it on %s (%s); exporting the base "
+                    "weights of %s unchanged", config.select_metric, scores, config.encoder.model)
+        return Encoder(dataclasses.replace(config.encoder, dtype="float32", device="cpu")).model
+    log.info("held-out selection kept %s (%s: %s)", record.best, config.select_metric, scores)
+    return SentenceTransformer(str(record.weights_of(record.best)), device="cpu")
+
+
 class _Trainer(SentenceTransformerTrainer):
-    """Adds the loss's in-batch accuracy (since the last log) to every log entry that has the loss."""
+    """Our batches (`sampler`: no text twice in a batch, every example every epoch), our schedule (`schedule`:
+    the warm-up's first update already learns), and the loss's in-batch accuracy and KL term (since the last
+    log) in every log entry that has the loss."""
+
+    def __init__(self, *args, warmup_ratio: float = 0.0, **kwargs):
+        self.warmup_ratio = warmup_ratio
+        super().__init__(*args, **kwargs)
+
+    def get_batch_sampler(self, dataset, batch_size: int, drop_last: bool, valid_label_columns=None, generator=None,
+                          seed: int = 0):
+        from sentence_transformers.base.sampler import BatchSamplers
+
+        from .sampler import CoveringNoDuplicatesBatchSampler
+
+        if self.args.batch_sampler != BatchSamplers.NO_DUPLICATES:
+            return super().get_batch_sampler(dataset, batch_size, drop_last, valid_label_columns, generator, seed)
+        return CoveringNoDuplicatesBatchSampler(dataset, batch_size=batch_size, drop_last=drop_last,
+                                                valid_label_columns=valid_label_columns, generator=generator,
+                                                seed=seed, epochs=math.ceil(self.args.num_train_epochs))
+
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        if self.lr_scheduler is None:
+            self.lr_scheduler = warmup_linear_schedule(optimizer or self.optimizer, self.warmup_ratio,
+                                                       num_training_steps)
+            self._created_lr_scheduler = True
+        return self.lr_scheduler
 
     def log(self, logs: dict, *args, **kwargs) -> None:
-        if "loss" in logs and hasattr(self.loss, "accuracy"):
-            accuracy = self.loss.accuracy.pop()
-            if accuracy is not None:
-                logs["in_batch_accuracy"] = round(accuracy, 4)
+        if "loss" in logs:
+            for name, meter in (("in_batch_accuracy", getattr(self.loss, "accuracy", None)),
+                                ("soft_label_kl", getattr(self.loss, "kl", None))):
+                value = meter.pop() if meter is not None else None
+                if value is not None:
+                    logs[name] = round(value, 4)
         super().log(logs, *args, **kwargs)

@@ -1,0 +1,203 @@
+"""Model selection on held-out training questions: keep the base encoder or the epoch that ranks evidence best.
+
+A few hundred mined rows can make a strong base encoder worse (the CPU quickstart: all-MiniLM-L6-v2 at
+leaf-question Recall@1 0.725 before training, lower after). So the trainer scores the base (step 0) and the
+model after every epoch on a held-out slice of the *training* questions, keeps the best, and exports the base
+weights unchanged when no epoch beats them. This reads evidence labels (the slice's ``supporting_titles``):
+it is model selection on questions training never sees, and must never be the dev set the results are
+reported on.
+
+The score of an encoder is a fixed re-ranking task, so every candidate is judged on the same passages:
+
+* the pool: the union, over the held-out questions, of the base index's top-``select_pool`` passages
+  (retrieved once, with the index's own encoder over the full corpus; `build_heldout_pool`);
+* each question ranks the whole pool by cosine similarity under the candidate encoder, and the ranking is
+  judged by title (a passage is relevant when its title is in the row's ``supporting_titles``; ranks, MRR@k,
+  Recall@k and nDCG@k as in `agentic_retriever.eval.retrieval`, a relevant title counting once);
+* questions with no relevant passage in the pool cannot tell encoders apart and are left out (counted).
+
+The held-out rows have no agent query, so the query input is composed like a training query with the
+question in both places: ``Q [SEP] q`` with Q = q = the question (with the encoder's prefix).
+
+    pool = build_heldout_pool("heldout.jsonl", "index/minilm-flat", 50, query_input, passage_input)
+    score = evaluate_on_pool(model, pool, "mrr@10")
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..eval.retrieval import keys_in_corpus, load_judged_questions, mrr_at_k, ndcg_at_k, recall_at_k
+from ..jsonl import read_json, write_json
+from .config import SELECT_METRIC_PATTERN
+
+__all__ = ["HeldOutPool", "SelectionRecord", "build_heldout_pool", "evaluate_on_pool", "heldout_callback",
+           "metric_at_k"]
+
+log = logging.getLogger(__name__)
+
+_METRICS = {"mrr": mrr_at_k, "recall": recall_at_k, "ndcg": ndcg_at_k}
+RECORD_FILE = "selection.json"
+
+
+def metric_at_k(name: str) -> tuple[Callable[[list[str], set[str], int], float], int]:
+    """(metric function, k) of a name such as ``mrr@10``, ``recall@5`` or ``ndcg@10``."""
+    match = SELECT_METRIC_PATTERN.match(name)
+    if not match:
+        raise ValueError(f"unknown selection metric {name!r}; use mrr@k, recall@k or ndcg@k")
+    return _METRICS[match.group(1)], int(match.group(2))
+
+
+@dataclass(frozen=True)
+class HeldOutPool:
+    """The fixed re-ranking task: per judged question its query input and relevant titles; the pool's
+    passage inputs (prefixed) and titles; and counts (questions, judged, skipped, pool passages)."""
+
+    question_ids: list[str]
+    queries: list[str]
+    relevant: list[set[str]]
+    passages: list[str]
+    titles: list[str]
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def fingerprint(self) -> str:
+        """Hash of the task: a saved selection record of another task is not reused."""
+        content = [self.queries, [sorted(r) for r in self.relevant], self.passages, self.titles]
+        return hashlib.sha256(json.dumps(content).encode()).hexdigest()[:16]
+
+
+def build_heldout_pool(qa_path: str, index_dir: str, pool_size: int, query_input: Callable[[str], str],
+                       passage_input: Callable[[str], str]) -> HeldOutPool:
+    """Retrieve each held-out question's top-`pool_size` passages with the index (its own encoder and
+    composition, the question as both query and original question) and return the union as the pool,
+    with the questions that have a relevant title in it. `query_input(question)` is the candidate
+    encoders' input (``Q [SEP] q`` with Q = q), `passage_input(contents)` their passage input."""
+    from ..index import open_index
+
+    questions = load_judged_questions(qa_path, relevance="title")
+    if not questions:
+        raise ValueError(f"no held-out question in {qa_path}")
+    index = open_index(index_dir)
+    texts = [q.question for q in questions]
+    result = index.search(texts, pool_size, questions=texts)
+    rows = np.unique(np.concatenate(result.rows)) if result.rows else np.zeros(0, dtype=np.int64)
+    passages = index.corpus.passages_at(rows) if len(rows) else []
+    in_corpus = keys_in_corpus(index.corpus, set().union(*(q.relevant for q in questions)), "title")
+    pool_titles = {p.title for p in passages}
+    judged = [(q, q.relevant & in_corpus) for q in questions if q.relevant & pool_titles]
+    counts = {"questions": len(questions), "questions_judged": len(judged),
+              "questions_skipped_no_relevant_in_pool": len(questions) - len(judged), "pool_passages": len(passages)}
+    if not judged:
+        raise ValueError(f"no held-out question of {qa_path} has a relevant passage among the top-{pool_size} of "
+                         f"{index_dir}: the held-out score could not tell encoders apart")
+    del index
+    return HeldOutPool([q.id for q, _ in judged], [query_input(q.question) for q, _ in judged],
+                       [relevant for _, relevant in judged], [passage_input(p.contents) for p in passages],
+                       [p.title for p in passages], counts)
+
+
+def evaluate_on_pool(model, pool: HeldOutPool, metric: str, batch_size: int = 64) -> float:
+    """Mean `metric` over the pool's questions when `model` (anything with sentence-transformers'
+    ``encode``) ranks the whole pool by cosine similarity; the model's train/eval mode is kept."""
+    function, k = metric_at_k(metric)
+    was_training = getattr(model, "training", False)
+    try:
+        encode = dict(batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
+        queries = np.asarray(model.encode(pool.queries, **encode), dtype=np.float32)
+        passages = np.asarray(model.encode(pool.passages, **encode), dtype=np.float32)
+    finally:
+        if hasattr(model, "train"):
+            model.train(was_training)
+    scores = queries @ passages.T
+    top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    values = [function([pool.titles[j] for j in ranked], relevant, k) for ranked, relevant in zip(top, pool.relevant)]
+    return float(np.mean(values))
+
+
+class SelectionRecord:
+    """The held-out scores so far and the best checkpoint, persisted in ``FOLDER/selection.json`` with the
+    best epoch's weights in ``FOLDER/selected-epoch-k/`` (a rerun after a kill keeps what was measured).
+
+    ``per_checkpoint`` maps ``base`` and ``epoch-k`` to their scores, ``steps`` to the update they were
+    taken at; ``best`` is the first checkpoint with the highest score (the base wins ties)."""
+
+    def __init__(self, folder: str | Path, metric: str, pool: HeldOutPool):
+        self.folder, self.metric, self.pool = Path(folder), metric, pool
+        self.per_checkpoint: dict[str, float] = {}
+        self.steps: dict[str, int] = {}
+        self.best: str | None = None
+        path = self.folder / RECORD_FILE
+        if path.is_file():
+            saved = read_json(path)
+            if saved.get("metric") == metric and saved.get("pool_fingerprint") == pool.fingerprint:
+                self.per_checkpoint, self.steps, self.best = saved["per_checkpoint"], saved["steps"], saved["best"]
+
+    def weights_of(self, name: str) -> Path:
+        return self.folder / f"selected-{name}"
+
+    def add(self, name: str, score: float, step: int, model=None) -> bool:
+        """Record `name`'s score; when it beats the best so far, save `model` as the new best (before the
+        record names it, so a named best always has its weights). Return whether it is the new best."""
+        better = self.best is None or score > self.per_checkpoint[self.best]
+        if better and model is not None:
+            tmp = self.folder / f".selected-{name}.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            model.save(str(tmp), create_model_card=False)
+            shutil.rmtree(self.weights_of(name), ignore_errors=True)
+            tmp.rename(self.weights_of(name))
+        self.per_checkpoint[name], self.steps[name] = score, step
+        previous, self.best = self.best, (name if better else self.best)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        write_json(self.folder / RECORD_FILE, {"metric": self.metric, "pool_fingerprint": self.pool.fingerprint,
+                                               "per_checkpoint": self.per_checkpoint, "steps": self.steps,
+                                               "best": self.best})
+        if better and previous not in (None, "base", name):
+            shutil.rmtree(self.weights_of(previous), ignore_errors=True)
+        return better
+
+    def history(self) -> list[dict]:
+        """Log entries ``{"step", "heldout_<metric>"}`` for the training curves."""
+        return [{"step": self.steps[name], f"heldout_{self.metric}": score}
+                for name, score in sorted(self.per_checkpoint.items(), key=lambda item: self.steps[item[0]])]
+
+    def summary(self, select_on: str, pool_size: int) -> dict:
+        """The manifest's ``selection`` field."""
+        return {"metric": self.metric, "pool": pool_size, "select_on": select_on, **self.pool.counts,
+                "per_checkpoint": self.per_checkpoint, "kept": self.best}
+
+
+def heldout_callback(model, pool: HeldOutPool, record: SelectionRecord, batch_size: int = 64):
+    """A `TrainerCallback` that scores `model` on the pool after every epoch (on the main process) and
+    records it as ``epoch-k`` (k the epoch count, fractional when max_steps stops mid-epoch)."""
+    from transformers import TrainerCallback
+
+    def score(state) -> None:
+        name = f"epoch-{round(state.epoch, 3):g}"
+        value = evaluate_on_pool(model, pool, record.metric, batch_size)
+        better = record.add(name, value, state.global_step, model)
+        log.info("held-out %s after %s (update %d): %.4f%s", record.metric, name, state.global_step, value,
+                 " (best so far)" if better else f" (best: {record.best})")
+
+    class _HeldOutSelection(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            # a run killed between an epoch's last checkpoint and its evaluation resumes from that
+            # checkpoint, i.e. from the epoch's final weights: score them now
+            epoch = round(state.epoch or 0.0, 3)
+            if (state.is_world_process_zero and state.global_step > 0 and epoch == int(epoch)
+                    and f"epoch-{epoch:g}" not in record.per_checkpoint):
+                score(state)
+
+        def on_epoch_end(self, args, state, control, **kwargs):
+            if state.is_world_process_zero:
+                score(state)
+
+    return _HeldOutSelection()
