@@ -331,3 +331,20 @@ def test_rounds_without_an_answer_candidate_skip_lr_and_gac_when_positives_need_
         selection=SelectionConfig(require_answer_in_positive=True)))
     assert result.rows == 0 and not agent.calls and not lr_prompts(scorer)
     assert result.stats["rounds"]["dropped"]["no_answer_candidate"] == 7
+
+
+def test_round_posterior_lr_is_p_passage_given_query_over_the_round(trajectory_file, tmp_path):
+    from agentic_retriever.mining.pipeline import ROUNDS_FILE
+
+    cfg = config(lr_scorer="pointwise", pointwise_mode="query_likelihood", lr_scale="round_posterior",
+                 gac_mode="answer_likelihood", gac_criterion="sequence",
+                 selection=SelectionConfig(lr_threshold=50))
+    result, _, _ = run(trajectory_file, tmp_path, cfg=cfg)
+    records = [json.loads(line) for line in (tmp_path / ROUNDS_FILE).read_text().splitlines()]
+    for record in records:
+        lr = [c["lr"] for c in record["candidates"]]
+        if None not in lr:
+            assert sum(lr) == pytest.approx(100, abs=0.01)  # a distribution over the round's candidates
+    with pytest.raises(ValueError, match="query_likelihood"):
+        run(trajectory_file, tmp_path / "judge", cfg=config(lr_scorer="pointwise", lr_scale="round_posterior",
+                                                             gac_mode="answer_likelihood", gac_criterion="sequence"))

@@ -144,3 +144,10 @@ def test_missing_scores_and_bad_settings_are_errors():
     with pytest.raises(ValueError, match="positives"):
         select(table((1, 80)), positives="all")
     assert select([]).drop_reason == "no_candidates"
+
+
+def test_a_candidate_the_judge_finds_relevant_is_not_a_negative_even_when_it_fails_gac():
+    # the evidence page (p1: LR 95) does not raise the agent's answer likelihood; it must not be trained away
+    result = select(table((1, 70), (0, 95), n=21))
+    assert result.examples[0].positive.passage_id == "p0"
+    assert result.roles["p1"] == "excluded" and "p1" not in ids(result.examples[0].negatives)

@@ -47,6 +47,7 @@ GAC (``no_answer_candidate``: they could give no positive).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -109,6 +110,9 @@ class MiningConfig:
     lr_max_new_tokens: int = field(default=128, metadata={"help": "tokens of one listwise answer"})
     pointwise_mode: Literal["judgement", "query_likelihood"] = field(default="judgement", metadata={
         "help": "pointwise LR: p(Yes) of a relevance judgement, or the query's likelihood given the passage"})
+    lr_scale: Literal["absolute", "round_posterior"] = field(default="absolute", metadata={
+        "help": "query_likelihood LR: 100 exp(mean log p(q|d)) (absolute), or 100 p(d | q) over the round's "
+                "candidates with a uniform prior (round_posterior: calibrated, so a threshold means something)"})
     scorer_batch_prompts: int = field(default=512, metadata={"help": "scorer prompts per generate/score call"})
     gac_mode: Literal["rollout", "answer_likelihood"] = field(default="rollout", metadata={
         "help": "rollout: continue the agent, EM of its answer (paper); answer_likelihood: p(gold) (REPLUG-style)"})
@@ -136,6 +140,7 @@ class MiningConfig:
         for name, choices in (("lr_scorer", ("listwise", "pointwise", "retriever", "none")),
                               ("gac_mode", ("rollout", "answer_likelihood")),
                               ("gac_criterion", ("sequence", "per_token", "gain")),
+                              ("lr_scale", ("absolute", "round_posterior")),
                               ("gac_metric", ("em", "contains")), ("pointwise_mode", ("judgement", "query_likelihood"))):
             if getattr(self, name) not in choices:
                 raise ValueError(f"MiningConfig.{name} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
@@ -422,6 +427,9 @@ class _Miner:
                 lr = scorer.scores(candidates)
             elif scorer is not None:
                 lr = self._lr_stats(self._record("local_relevance", self.lr_key(rnd, sub_answers[rnd.id], scorer)))
+                if lr is not None and self.config.lr_scale == "round_posterior":
+                    lr = self.round_posterior(rnd, self._record("local_relevance",
+                                                                self.lr_key(rnd, sub_answers[rnd.id], scorer)))
             if self.selection.use_gac and rnd.id not in self.dropped:
                 gac = self._gac_stats(self._record("gac", self.gac_key(rnd)))
             answers = self.contains_answer(rnd)
@@ -486,6 +494,17 @@ class _Miner:
         for score in record["scores"] or []:
             counts["histogram"][lr_bin(score)] += 1
         return record["scores"]
+
+    def round_posterior(self, rnd: Round, record: dict) -> list[float]:
+        """UPR's re-ranking as a calibrated LR: 100 x p(d | q) = 100 p(q | d) / sum over the round's candidates
+        of p(q | d') (a uniform prior), from the stored mean token log-probabilities and the query's length."""
+        if record.get("template") != "pointwise:query_likelihood":
+            raise ValueError("lr_scale round_posterior needs the query_likelihood LR scorer")
+        tokens = len(self.scorer.tokenizer.encode(rnd.query, add_special_tokens=False))
+        totals = [mean * tokens for (mean,) in record["logprobs"]]
+        top = max(totals)
+        weights = [math.exp(t - top) for t in totals]
+        return [round(100.0 * w / sum(weights), 4) for w in weights]
 
     def gac_values(self, record: dict) -> list[float]:
         """Graded GAC per candidate: the rollout's score, or the answer likelihood by the configured criterion."""

@@ -16,8 +16,8 @@ one for graded GAC:
 3. **Positives**: ``positives="ties"`` ([R]) takes the passing candidates whose ranking value equals the
    best's, at most ``max_positives`` (3), one training example each; ``"first"`` takes the best only.
 4. **Negatives**: ``num_negatives`` (15) sampled without replacement, separately for each example, from the
-   candidates that are not *useful*: a useful candidate passes GAC (or, under "w/o GAC", passes LR), so a
-   passage after which the agent answers correctly is never a negative (the paper samples from every
+   candidates that are not *useful*: a useful candidate passes GAC or passes LR, so neither a passage after
+   which the agent answers correctly nor one the judge finds relevant is a negative (the paper samples from every
    candidate ranked below the positive, GAC = 1 ones included: with tau = 0.01 such false negatives push
    useful pages down). With ``false_negative_filter`` a
    candidate containing a gold answer (normalised, on word boundaries; computed from gold answers, never
@@ -149,7 +149,8 @@ def select_passages(candidates: Sequence[Candidate], config: SelectionConfig, ke
     best = _value(ranked[0], sort_by)
     tied = [c for c in ranked if _value(c, sort_by) == best]
     positives = tied[:config.max_positives] if config.positives == "ties" else tied[:1]
-    useful = {c.passage_id for c, (g, l) in zip(candidates, checks) if (g if config.use_gac else l)}
+    useful = {c.passage_id for c, (g, l) in zip(candidates, checks)
+              if (config.use_gac and g) or (config.use_lr and l)}
     roles: dict[str, str] = {c.passage_id: "positive" for c in positives}
     pool = []
     for candidate in candidates:
