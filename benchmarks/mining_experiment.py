@@ -1,0 +1,350 @@
+"""Does mining point at useful passages? The CPU-scale Agentic-R experiment with its ablations (issue 12).
+
+One command runs it, every step reusing its artifact when it is there (a rerun only redoes what changed):
+
+    .venv/bin/python benchmarks/mining_experiment.py --config configs/mining_experiment.yaml
+
+1. the warm-started default agent (the quickstart's, cached) rolls out on the in-corpus train leaves outside the
+   held-out slice (`fanoutqa_leaf_train_mining_in_corpus.jsonl`, questions and gold answers only);
+2. utility mining of those trajectories with the base MiniLM (`mine`), the full method; its ablations re-select
+   from the same stage stores (nothing is rescored): w/o GAC, w/o LR, the false-negative filter off;
+3. `mine audit` of the full method (evaluation side: it reads the mining questions' evidence titles);
+4. retriever training of each variant (InfoNCE; the full method also with the soft-label loss), every run
+   choosing its checkpoint (base or an epoch) on the held-out train slice, with the training settings
+   (learning rate x temperature) chosen on that slice for the full method first and used for all rows;
+5. a reference row, labelled as a diagnostic upper bound and never shipped: the same rounds and the same
+   training with each train leaf's evidence page as the positive;
+6. every retriever re-indexes the corpus (Flat) and is evaluated on the leaf dev questions (evidence Recall@k,
+   MRR@10, answer recall@k: a gold answer in the top k), bare and composed with the parent question, each
+   against the base with paired-bootstrap 95% confidence intervals; the agent (its own queries) answers the
+   multi-hop dev questions with the base and with the full method's retriever: evidence recall of its
+   searches, answer recall over its retrieved passages, EM, F1.
+
+Writes ``results.json``, ``results.md`` (the README table) and ``results.png`` into the work folder.
+Evaluation labels: only steps 3, 4 (held-out slice) and 6 (dev) read evidence titles; the reference row reads
+train evidence titles and is a diagnostic. Dev questions never enter training (the split is by top-level
+question, deduplicated by the QA normaliser).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import describe_device  # noqa: E402
+
+from agent.rollouts import RolloutConfig, run_rollout_job  # noqa: E402
+from agent.trajectory import read_trajectories  # noqa: E402
+from agent.warm_start import WarmStartConfig, warm_start_agent  # noqa: E402
+from agentic_retriever.config import build_config  # noqa: E402
+from agentic_retriever.corpus import Corpus  # noqa: E402
+from agentic_retriever.encoder import EncoderConfig  # noqa: E402
+from agentic_retriever.eval.bootstrap import compare_reports, paired_bootstrap  # noqa: E402
+from agentic_retriever.eval.qa import contains_match, qa_scores  # noqa: E402
+from agentic_retriever.eval.retrieval import (composition_questions, evaluate_retrieval,  # noqa: E402
+                                              load_judged_questions)
+from agentic_retriever.index import DenseParams, IndexBuildConfig, build_index, open_index  # noqa: E402
+from agentic_retriever.jsonl import iter_jsonl, read_json, write_json, write_jsonl  # noqa: E402
+from agentic_retriever.mining.audit import audit_mining  # noqa: E402
+from agentic_retriever.mining.job import MineJobConfig, run_mine_job  # noqa: E402
+from agentic_retriever.mining.store import stable_hash  # noqa: E402
+from agentic_retriever.training.config import RetrieverTrainConfig  # noqa: E402
+from agentic_retriever.training.settings_search import choose_training_settings  # noqa: E402
+from agentic_retriever.training.trainer import train_retriever  # noqa: E402
+
+LEAF_METRICS = ["answer_recall@1", "answer_recall@5", "answer_recall@20", "recall@1", "recall@5", "recall@20",
+                "mrr@10"]
+AGENT_METRICS = ["evidence_recall", "answer_recall", "em", "f1"]
+
+
+@dataclass
+class ExperimentConfig:
+    """The `experiment` section: where things are and how big the run is."""
+
+    workdir: str = "runs/mining_experiment"
+    data: str = "runs/quickstart/data"
+    base_index: str = "runs/quickstart/index/minilm-flat"
+    mining_qa: str = "fanoutqa_leaf_train_mining_in_corpus.jsonl"
+    mining_questions: int | None = None
+    heldout_qa: str = "fanoutqa_leaf_train_heldout.jsonl"
+    dev_qa: str = "fanoutqa_leaf_dev.jsonl"
+    dev_parents: str = "fanoutqa_multihop_dev.jsonl"
+    agent_eval_questions: int = 98
+    settings_grid: dict = field(default_factory=lambda: {"learning_rate": [1e-5, 3e-5], "temperature": [0.01, 0.05]})
+    bootstrap_samples: int = 10000
+    reference: bool = True
+    soft_label: bool = True
+
+
+ABLATIONS = {  # mining variant -> (MiningConfig overrides, SelectionConfig overrides)
+    "full": ({}, {}),
+    "w/o GAC": ({}, {"use_gac": False}),
+    "w/o LR": ({"lr_scorer": "none"}, {}),
+    "no false-negative filter": ({}, {"false_negative_filter": False}),
+}
+
+
+def _slug(name: str) -> str:
+    return "".join(ch if ch.isalnum() else "-" for ch in name.lower()).strip("-")
+
+
+class _Steps:
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    def run(self, name: str, fn):
+        print(f"\n== {name}", flush=True)
+        started = time.perf_counter()
+        result = fn()
+        self.seconds[name] = round(time.perf_counter() - started, 1)
+        print(f"== {name}: {self.seconds[name]:.0f} s", flush=True)
+        return result
+
+
+def mine_variants(job: MineJobConfig, work: Path) -> dict[str, Path]:
+    """The full method, then each ablation re-selected from a copy of the full run's stage stores."""
+    full = dataclasses.replace(job, out=str(work / "mining" / "full"))
+    run_mine_job(full)
+    rows = {"full": Path(full.out) / "retriever_train.jsonl"}
+    for name, (mining, selection) in ABLATIONS.items():
+        if name == "full":
+            continue
+        out = work / "mining" / _slug(name)
+        if not (out / "stages").is_dir():
+            shutil.copytree(Path(full.out) / "stages", out / "stages")
+        config = dataclasses.replace(job.mining, **mining,
+                                     selection=dataclasses.replace(job.mining.selection, **selection))
+        result = run_mine_job(dataclasses.replace(job, out=str(out), mining=config))
+        if result.stats["this_run"]["gac"]["computed"] or result.stats["this_run"]["local_relevance"]["computed"]:
+            raise RuntimeError(f"ablation {name!r} rescored candidates: its settings differ beyond selection")
+        rows[name] = result.rows_path
+    return rows
+
+
+def reference_rows(mining_dir: Path, qa_path: Path, corpus: Corpus, out: Path, num_negatives: int = 15,
+                   seed: int = 0) -> Path:
+    """DIAGNOSTIC (reads train evidence titles; never shipped): every mined round with its evidence page as the
+    positive and negatives sampled from its candidates that are neither evidence nor contain a gold answer."""
+    evidence = {row["id"]: set(row.get("supporting_titles") or []) for _, row in iter_jsonl(qa_path)}
+    title_to_id: dict[str, str] = {}
+    for title, passage_id in zip(corpus.titles.to_pylist(), corpus.id_column.to_pylist()):
+        title_to_id.setdefault(title, passage_id)  # the first passage of a title
+    rows = []
+    for _, record in iter_jsonl(mining_dir / "rounds.jsonl"):
+        titles = evidence.get(record["question_id"], set())
+        ids = [title_to_id[t] for t in sorted(titles) if t in title_to_id]
+        if not ids:
+            continue
+        pool = [c["id"] for c in record["candidates"] if c["title"] not in titles and not c["contains_answer"]]
+        if len(pool) < num_negatives:
+            continue
+        rng = random.Random(int(stable_hash([seed, record["round_id"]]), 16))
+        rows.append({"dataset": "reference-evidence", "query_id": record["question_id"], "question": record["question"],
+                     "round_index": record["round_index"], "history_queries": [], "query_text": record["query"],
+                     "passage_ids": [ids[0], *rng.sample(pool, num_negatives)],
+                     "scores": [{"em": int(i == 0), "local_utility": None, "gac": None} for i in range(num_negatives + 1)]})
+    write_jsonl(out, rows)
+    return out
+
+
+def leaf_reports(index_dir: str, config: ExperimentConfig, data: Path, cache: Path) -> dict[str, dict]:
+    """Leaf dev retrieval of one index, bare and composed with the parent question (cached by index manifest)."""
+    key = stable_hash([(Path(index_dir) / "manifest.json").read_text(), config.dev_qa, config.dev_parents])[:16]
+    path = cache / f"leaf_{key}.json"
+    if path.is_file():
+        return read_json(path)
+    questions = load_judged_questions(str(data / config.dev_qa))
+    index = open_index(index_dir)
+    reports = {mode: evaluate_retrieval(index, questions, (1, 5, 20), 10, 10, search_questions=composition_questions(
+        questions, mode, str(data / config.dev_parents))) for mode in ("none", "parent")}
+    write_json(path, reports)
+    return reports
+
+
+def agent_report(index_dir: str, agent_model: str, rollout: RolloutConfig, config: ExperimentConfig, data: Path,
+                 work: Path) -> dict:
+    """The agent on the multi-hop dev questions with this retriever: per question evidence recall of its searches,
+    answer recall over its retrieved passages, EM, F1."""
+    key = stable_hash([agent_model, (Path(index_dir) / "manifest.json").read_text(),
+                       dataclasses.asdict(rollout.env), config.agent_eval_questions])[:12]
+    out = work / "agent" / f"multihop_dev_{key}.jsonl"
+    qa = data / config.dev_parents
+    run_rollout_job(dataclasses.replace(rollout, qa=str(qa), index=index_dir, url="", out=str(out),
+                                        limit=config.agent_eval_questions,
+                                        llm=dataclasses.replace(rollout.llm, model=agent_model)))
+    evidence = {row["id"]: set(row["supporting_titles"]) for _, row in iter_jsonl(qa)}
+    per_question = []
+    for t in read_trajectories(out):
+        titles = evidence.get(t.question_id) or set()
+        observed = "\n".join(turn.observation or "" for turn in t.turns)
+        scores = qa_scores(t.answer, t.golden_answers)
+        per_question.append({"id": t.question_id,
+                             "evidence_recall": len(titles & set(t.retrieved_titles)) / len(titles) if titles else None,
+                             "answer_recall": contains_match(observed, t.golden_answers), "em": scores.em,
+                             "f1": scores.f1, "searches": t.num_searches})
+    means = {m: _mean([q[m] for q in per_question]) for m in [*AGENT_METRICS, "searches"]}
+    return {"metrics": means, "questions": len(per_question), "per_question": per_question}
+
+
+def _without_per_question(report: dict, key: str = "per_question") -> dict:
+    return {k: v for k, v in report.items() if k != key}
+
+
+def _mean(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _ci_cell(comparison: dict | None, value: float) -> str:
+    if not comparison:
+        return f"{value:.3f}"
+    return f"{value:.3f} ({comparison['diff']:+.3f} [{comparison['ci_low']:+.3f}, {comparison['ci_high']:+.3f}])"
+
+
+def render(results: dict) -> str:
+    """Markdown tables: leaf dev retrieval (bare and composed), then the agent."""
+    lines = []
+    for mode, title in (("none", "bare leaf question"), ("parent", "composed with the parent question")):
+        lines += [f"Leaf dev questions ({results['leaf_questions']}), {title}; each cell: value (trained minus base "
+                  "[95% CI])", "", "| retriever | kept | " + " | ".join(LEAF_METRICS) + " |",
+                  "|---|---|" + "---:|" * len(LEAF_METRICS)]
+        for name, system in results["systems"].items():
+            metrics = system["leaf"][mode]["metrics"]
+            comparisons = system.get("vs_base", {}).get(mode, {})
+            cells = [_ci_cell(comparisons.get(m), metrics[m]) for m in LEAF_METRICS]
+            lines.append(f"| {name} | {system.get('kept', '-')} | " + " | ".join(cells) + " |")
+        lines.append("")
+    agents = {n: s["agent"] for n, s in results["systems"].items() if s.get("agent")}
+    if agents:
+        first = next(iter(agents.values()))
+        lines += [f"Agent on the multi-hop dev questions ({first['questions']}), its own queries; value (minus base "
+                  "[95% CI])", "", "| retriever | " + " | ".join(AGENT_METRICS) + " | searches/q |",
+                  "|---|" + "---:|" * (len(AGENT_METRICS) + 1)]
+        for name, report in agents.items():
+            comparisons = results["systems"][name].get("agent_vs_base", {})
+            cells = [_ci_cell(comparisons.get(m), report["metrics"][m]) for m in AGENT_METRICS]
+            lines.append(f"| {name} | " + " | ".join(cells) + f" | {report['metrics']['searches']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n in results["systems"] if n != "base"]
+    metrics = ["answer_recall@5", "mrr@10", "recall@1"]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 0.5 * len(names) + 2), squeeze=False)
+    for ax, metric in zip(axes[0], metrics):
+        for y, name in enumerate(names):
+            c = results["systems"][name]["vs_base"]["parent"][metric]
+            ax.errorbar(c["diff"], y, xerr=[[c["diff"] - c["ci_low"]], [c["ci_high"] - c["diff"]]], fmt="o", capsize=4)
+        ax.axvline(0, color="grey", lw=1)
+        ax.set_yticks(range(len(names)), names)
+        ax.set_title(f"{metric}: trained minus base (95% CI)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="configs/mining_experiment.yaml")
+    args = parser.parse_args()
+    config = build_config(ExperimentConfig, "experiment", None, args.config)
+    warm = build_config(WarmStartConfig, "agent_sft", None, args.config)
+    rollout = build_config(RolloutConfig, "agent_rollout", None, args.config)
+    mine = build_config(MineJobConfig, "mine", None, args.config)
+    train = build_config(RetrieverTrainConfig, "train_retriever", None, args.config)
+    work, data = Path(config.workdir), Path(config.data)
+    cache = work / "eval"
+    cache.mkdir(parents=True, exist_ok=True)
+    steps = _Steps()
+    corpus_path = str(data / "corpus.jsonl")
+
+    agent_model = str(steps.run("warm-started agent", lambda: warm_start_agent(warm)))
+    trajectories = work / "trajectories_mining.jsonl"
+    mining_rollout = dataclasses.replace(rollout, qa=str(data / config.mining_qa), index=config.base_index, url="",
+                                         out=str(trajectories), limit=config.mining_questions,
+                                         llm=dataclasses.replace(rollout.llm, model=agent_model))
+    steps.run("agent rollouts on the mining questions", lambda: run_rollout_job(mining_rollout))
+    job = dataclasses.replace(mine, trajectories=str(trajectories), index=config.base_index, url="",
+                              agent=dataclasses.replace(mine.agent, model=agent_model))
+    rows = steps.run("mining and its ablations", lambda: mine_variants(job, work))
+    audit = steps.run("mining audit (reads the mining questions' evidence titles)", lambda: audit_mining(
+        work / "mining" / "full", data / config.mining_qa))
+    corpus = Corpus.open(corpus_path)
+    if config.reference:
+        rows["reference: evidence positives (diagnostic)"] = steps.run("reference rows", lambda: reference_rows(
+            work / "mining" / "full", data / config.mining_qa, corpus, work / "mining" / "reference_rows.jsonl"))
+
+    train = dataclasses.replace(train, corpus=corpus_path, select_on=str(data / config.heldout_qa),
+                                select_index=config.base_index)
+    best, search = steps.run("training settings on the held-out slice (full method)", lambda: choose_training_settings(
+        dataclasses.replace(train, data=str(rows["full"]), out=str(work / "retriever" / "settings")),
+        config.settings_grid))
+    chosen = {k: getattr(best, k) for k in config.settings_grid}
+    trainings = {name: dataclasses.replace(best, data=str(path), out=str(work / "retriever" / _slug(name)))
+                 for name, path in rows.items() if name != "full"}
+    trainings = {"full": best, **trainings}  # the full method's run is the settings search's best
+    if config.soft_label:
+        trainings["full, soft-label loss"] = dataclasses.replace(best, data=str(rows["full"]), loss="soft_label",
+                                                                 out=str(work / "retriever" / "full-soft-label"))
+    systems: dict[str, dict] = {"base": {"index": config.base_index, "kept": "base"}}
+    for name, settings in trainings.items():
+        model = steps.run(f"train: {name}", lambda: train_retriever(settings))
+        manifest = read_json(Path(model) / "train_manifest.json")
+        out = work / "index" / _slug(name)
+        steps.run(f"index: {name}", lambda: build_index(IndexBuildConfig(
+            corpus=corpus_path, out=str(out), backend="dense", encoder=EncoderConfig(model=str(model)),
+            dense=DenseParams(type="flat"))))
+        systems[name] = {"index": str(out), "model": str(model), "kept": (manifest.get("selection") or {}).get("kept"),
+                         "rows": manifest["data"], "updates": manifest["updates"]}
+
+    for name, system in systems.items():
+        system["leaf"] = steps.run(f"evaluate: {name}", lambda: leaf_reports(system["index"], config, data, cache))
+    base = systems["base"]
+    for name, system in systems.items():
+        if name != "base":
+            system["vs_base"] = {mode: compare_reports(base["leaf"][mode], system["leaf"][mode], LEAF_METRICS,
+                                                       num_samples=config.bootstrap_samples)
+                                 for mode in ("none", "parent")}
+    if config.agent_eval_questions:
+        for name in ("base", "full"):
+            systems[name]["agent"] = steps.run(f"agent on multi-hop dev: {name}", lambda: agent_report(
+                systems[name]["index"], agent_model, rollout, config, data, work))
+        base_q = {q["id"]: q for q in base["agent"]["per_question"]}
+        full_q = {q["id"]: q for q in systems["full"]["agent"]["per_question"]}
+        ids = sorted(base_q.keys() & full_q.keys())
+        systems["full"]["agent_vs_base"] = {
+            m: paired_bootstrap([base_q[i][m] for i in ids if base_q[i][m] is not None and full_q[i][m] is not None],
+                                [full_q[i][m] for i in ids if base_q[i][m] is not None and full_q[i][m] is not None],
+                                num_samples=config.bootstrap_samples) for m in AGENT_METRICS}
+    for system in systems.values():  # per-question records stay in the eval/ and agent/ folders
+        system["leaf"] = {mode: _without_per_question(report) for mode, report in system["leaf"].items()}
+        if system.get("agent"):
+            system["agent"] = _without_per_question(system["agent"])
+    results = {
+        "leaf_questions": base["leaf"]["none"]["questions_evaluated"], "chosen_settings": chosen,
+        "settings_search": search, "audit": _without_per_question(audit, "per_round"), "systems": systems,
+        "mining_rounds": {n: read_json(Path(p).parent / "mining_stats.json")["rounds"] for n, p in rows.items()
+                          if (Path(p).parent / "mining_stats.json").is_file()},
+        "step_seconds": steps.seconds, "device": describe_device(),
+    }
+    write_json(work / "results.json", results)
+    table = render(results)
+    (work / "results.md").write_text(table)
+    plot(results, work / "results.png")
+    print("\n" + table + f"\nwrote {work / 'results.json'}, {work / 'results.md'}, {work / 'results.png'}")
+
+
+if __name__ == "__main__":
+    main()
