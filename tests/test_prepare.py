@@ -88,6 +88,9 @@ def test_prepare_defaults_writes_the_embedded_corpus_and_fanoutqa_splits(tmp_pat
     assert len(heldout) + len(mining_all) == summary["leaf_questions_with_evidence_in_corpus"]["train"]
     # the held-out slice is whole top-level questions, none of which is mined
     assert not {r["parent_id"] for r in heldout} & {r["parent_id"] for r in mining_all + mining}
+    every = [json.loads(line) for line in (tmp_path / "fanoutqa_leaf_train_mining_all.jsonl").open()]
+    assert {r["id"] for r in mining_all} < {r["id"] for r in every}
+    assert not {r["parent_id"] for r in heldout} & {r["parent_id"] for r in every}
     first = json.loads((tmp_path / "corpus.jsonl").open().readline())
     assert set(first) == {"id", "contents"} and first["id"] == "0" and first["contents"].startswith('"')
     assert len(Corpus.open(tmp_path / "corpus.jsonl")) == 10033

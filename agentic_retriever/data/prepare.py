@@ -17,7 +17,8 @@ Writes, into one folder:
   of the top-level question id) of the train questions: the slice that chooses retriever training settings
   and checkpoints (it reads evidence labels), never mined or trained on;
 * ``fanoutqa_leaf_train_mining_in_corpus.jsonl``: every other in-corpus train leaf, the larger mining input
-  (mining reads their questions and gold answers only);
+  (mining reads their questions and gold answers only); ``fanoutqa_leaf_train_mining_all.jsonl``: every train
+  leaf outside the held-out slice, evidence in the corpus or not (mining needs gold answers only);
 * ``fanoutqa_multihop_{train,dev}.jsonl``: the top-level questions with the evidence titles of all
   their leaves (for evidence recall of whole trajectories);
 * ``prepare_summary.json``: counts, including how many leaves have their evidence page in the corpus.
@@ -50,7 +51,7 @@ class PrepareConfig:
 
 
 #: Bump when the set of files written changes, so an older prepared folder is rewritten.
-FILES_VERSION = 7
+FILES_VERSION = 8
 
 
 def answer_strings(answer) -> list[str]:
@@ -188,6 +189,8 @@ def prepare_defaults(config: PrepareConfig) -> dict:
     _write_if_changed(out / "fanoutqa_leaf_train_heldout.jsonl", heldout)
     _write_if_changed(out / "fanoutqa_leaf_train_mining_in_corpus.jsonl",
                       [r for r in in_corpus if not is_heldout(r["parent_id"], config.heldout_fraction)])
+    _write_if_changed(out / "fanoutqa_leaf_train_mining_all.jsonl",
+                      [r for r in leaves["train"] if not is_heldout(r["parent_id"], config.heldout_fraction)])
     summary = {
         "corpus_passages": len(corpus),
         "leaf_questions": {s: len(leaves[s]) for s in leaves},
