@@ -77,6 +77,15 @@ def test_a_complete_index_is_reused_not_rebuilt(corpus_file, tmp_path, tiny_mode
     first = build_index(config)
     monkeypatch.setattr(dense_module, "build_dense_index", lambda *a: pytest.fail("rebuilt"))
     assert build_index(dataclasses.replace(config, dense=dataclasses.replace(config.dense, ef_search=7))) == first
+    # another type's structural fields do not concern a Flat index
+    assert build_index(dataclasses.replace(config, dense=dataclasses.replace(config.dense, hnsw_m=32, nlist=8))) == first
+
+
+def test_an_hnsw_index_with_another_graph_degree_is_rebuilt(corpus_file, tmp_path, tiny_model_dir):
+    config = _config(corpus_file, tmp_path / "idx", tiny_model_dir, type="hnsw", hnsw_m=8)
+    first = build_index(config)
+    again = build_index(dataclasses.replace(config, dense=dataclasses.replace(config.dense, hnsw_m=16)))
+    assert again.params["hnsw_m"] == 16 and first.params["hnsw_m"] == 8
 
 
 def test_shared_embeddings_dir_encodes_the_corpus_once(corpus_file, tmp_path, tiny_model_dir, monkeypatch):

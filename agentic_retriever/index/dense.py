@@ -57,11 +57,14 @@ class DenseParams:
 
 
 #: The fields that decide what a built index contains; the others only change how it is built or searched.
-STRUCTURE_FIELDS = ("type", "hnsw_m", "ef_construction", "nlist", "pq_m", "pq_nbits", "train_size")
+#: The build parameters that shape each index type (search-time knobs and the other types' fields do not).
+STRUCTURE_FIELDS = {"flat": (), "hnsw": ("hnsw_m", "ef_construction"), "ivfpq": ("nlist", "pq_m", "pq_nbits", "train_size")}
 
 
 def same_structure(a: dict, b: dict) -> bool:
-    return all(a.get(f) == b.get(f) for f in STRUCTURE_FIELDS)
+    """Whether two parameter sets build the same index: the same type and that type's structural fields (a Flat
+    index built with ``hnsw_m`` 32 in its settings is the Flat index built with 64)."""
+    return a.get("type") == b.get("type") and all(a.get(f) == b.get(f) for f in STRUCTURE_FIELDS.get(a.get("type"), ()))
 
 
 def import_faiss():
