@@ -10,8 +10,13 @@ Steps, each reusing its artifact when it is already there (so a second run only 
 5. utility mining of those trajectories (`mine`);
 6. contrastive training of the retriever on the mined rows (`retriever train`);
 7. a Flat index of the corpus with the trained encoder;
-8. evaluation of both retrievers: retrieval on the leaf dev questions (Recall@k, MRR) and evidence recall on
+8. evaluation of both retrievers: retrieval on the leaf dev questions (evidence Recall@k, MRR, answer
+   recall@k: a gold answer in the top k), the trained encoder also with its composition (``Q [SEP] q``, Q the
+   parent question), each against the base with paired-bootstrap 95% confidence intervals; evidence recall on
    the multi-hop dev questions; the agent (EM, F1, searches per question) on the leaf dev questions.
+
+Retriever training keeps the base weights when no epoch beats them on the held-out train slice
+(`training.selection`); the report then says "kept: base".
 
 Each step takes its settings from its own section of the config file (``agent_sft``, ``agent_rollout``,
 ``mine``, ``train_retriever``); the ``demo`` section holds the paths and the sizes of the run. The report
@@ -30,10 +35,11 @@ from typing import Any
 
 from .data.prepare import PrepareConfig, prepare_defaults
 from .encoder import EncoderConfig
+from .eval.bootstrap import compare_reports
 from .eval.report import plot_metrics, render_table
-from .eval.retrieval import evaluate_retrieval, load_judged_questions
+from .eval.retrieval import composition_questions, evaluate_retrieval, load_judged_questions
 from .index import BM25Params, DenseParams, IndexBuildConfig, build_index, open_index
-from .jsonl import write_json
+from .jsonl import read_json, write_json
 from .mining.store import stable_hash
 
 log = logging.getLogger(__name__)
@@ -93,10 +99,24 @@ def _dense_build(config: DemoConfig, corpus: str, out: Path, encoder: EncoderCon
                                                       embeddings_dir=str(out.parent.parent / "embeddings")))
 
 
-def _retrieval_reports(config: DemoConfig, indexes: dict[str, str], qa: Path) -> dict[str, dict]:
+#: Leaf-question metrics in the demo's table and compared with the base.
+TABLE_METRICS = ("recall@1", "recall@5", "recall@20", "mrr@10", "answer_recall@1", "answer_recall@5")
+
+
+def _retrieval_reports(config: DemoConfig, indexes: dict[str, str], qa: Path, parents: Path | None = None
+                       ) -> dict[str, dict]:
+    """Each index on `qa`; with `parents`, indexes whose encoder composes ``Q [SEP] q`` are also evaluated with
+    the parent question as Q (under the name ``NAME (Q [SEP] q)``)."""
     questions = load_judged_questions(str(qa))
-    return {name: evaluate_retrieval(open_index(path), questions, config.ks, config.mrr_k, config.ndcg_k)
-            for name, path in indexes.items()}
+    reports = {}
+    for name, path in indexes.items():
+        index = open_index(path)
+        reports[name] = evaluate_retrieval(index, questions, config.ks, config.mrr_k, config.ndcg_k)
+        if parents is not None and index.composition != "query":
+            reports[f"{name} (Q [SEP] q)"] = evaluate_retrieval(
+                index, questions, config.ks, config.mrr_k, config.ndcg_k,
+                search_questions=composition_questions(questions, "parent", str(parents)))
+    return reports
 
 
 def run_demo(job: MainJob | DemoConfig) -> dict:
@@ -130,7 +150,8 @@ def run_demo(job: MainJob | DemoConfig) -> dict:
     if full:
         trained_index = _agentic_r_iteration(job, steps, work, corpus, report)
         indexes[f"agentic-r-{base_name}-flat"] = trained_index
-    report |= _evaluate(job, steps, work, data, indexes, report.get("agent_model"))
+    report |= _evaluate(job, steps, work, data, indexes, report.get("agent_model"),
+                        report.get("training", {}).get("kept"))
     report["step_seconds"] = steps.seconds
     write_json(work / "report.json", report)
     return report
@@ -161,7 +182,8 @@ def _agentic_r_iteration(job: MainJob, steps: _Steps, work: Path, corpus: str, r
                            "trained. Mine more trajectories or relax the quickstart thresholds (README, Utility mining)")
     train = dataclasses.replace(job.train, data=str(mined.rows_path), corpus=corpus)
     trained = steps.run("contrastive training of the retriever", lambda: train_retriever(train))
-    report["training"] = {"model": str(trained)}
+    selection = read_json(Path(trained) / "train_manifest.json").get("selection") or {}
+    report["training"] = {"model": str(trained), "kept": selection.get("kept"), "selection": selection}
     out = work / "index" / f"agentic-r-{encoder_short_name(config.encoder.model)}-flat"
     steps.run("index the corpus with the trained encoder",
               lambda: build_index(_dense_build(config, corpus, out, EncoderConfig(model=str(trained)), "flat")))
@@ -170,33 +192,49 @@ def _agentic_r_iteration(job: MainJob, steps: _Steps, work: Path, corpus: str, r
 
 
 def _evaluate(job: MainJob, steps: _Steps, work: Path, data: Path, indexes: dict[str, str],
-              agent_model: str | None) -> dict:
+              agent_model: str | None, kept: str | None = None) -> dict:
     config = job.demo
     full = agent_model is not None
 
     def evaluate() -> dict:
-        leaf = _retrieval_reports(config, indexes, data / "fanoutqa_leaf_dev.jsonl")
+        leaf = _retrieval_reports(config, indexes, data / "fanoutqa_leaf_dev.jsonl", data / "fanoutqa_multihop_dev.jsonl")
         multihop = _retrieval_reports(config, indexes, data / "fanoutqa_multihop_dev.jsonl")
         agent = _agent_reports(job, work, data, indexes, agent_model) if full and config.agent_eval_questions else {}
         return {"leaf": leaf, "multihop": multihop, "agent": agent}
 
     results = steps.run("evaluate the retrievers (and the agent with each)" if full else "evaluate the retrievers",
                         evaluate)
+    base = next(iter(indexes))
     table_rows: dict[str, dict[str, float]] = {}
-    for name in indexes:
-        row = dict(results["leaf"][name]["metrics"])
-        row |= {f"multihop_{k}": v for k, v in results["multihop"][name]["metrics"].items() if k.startswith("recall")}
-        row |= {f"agent_{k}": v for k, v in results["agent"].get(name, {}).items()}
+    for name, report in results["leaf"].items():
+        row = {m: report["metrics"][m] for m in TABLE_METRICS if m in report["metrics"]}
+        index_name = name.removesuffix(" (Q [SEP] q)")
+        if index_name == name:
+            row |= {f"multihop_{k}": v for k, v in results["multihop"][name]["metrics"].items() if k == "recall@20"}
+            row |= {f"agent_{k}": v for k, v in results["agent"].get(name, {}).items()}
         table_rows[name] = row
+    comparisons = {name: compare_reports(results["leaf"][base], report, TABLE_METRICS)
+                   for name, report in results["leaf"].items() if name != base and name.startswith("agentic-r")}
     table = render_table(table_rows)
-    counts = (f"{next(iter(results['leaf'].values()))['questions_evaluated']} leaf dev questions, "
-              f"{next(iter(results['multihop'].values()))['questions_evaluated']} multi-hop dev questions"
+    differences = "\n".join(
+        f"- {name} minus {base}: " + "; ".join(f"{m} {c['diff']:+.3f} [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}]"
+                                               for m, c in comparison.items())
+        for name, comparison in comparisons.items())
+    counts = (f"{results['leaf'][base]['questions_evaluated']} leaf dev questions, "
+              f"{results['multihop'][base]['questions_evaluated']} multi-hop dev questions"
               + (f", agent on {config.agent_eval_questions} leaf dev questions" if results["agent"] else ""))
-    (work / "report.md").write_text(f"FanOutQA dev ({counts}), default corpus\n\n{table}\n")
+    text = f"FanOutQA dev ({counts}), default corpus\n\n{table}\n"
+    if differences:
+        text += f"\nTrained minus base, paired bootstrap 95% CI:\n{differences}\n"
+    if kept == "base":
+        text += ("\nModel selection on the held-out train slice kept the BASE weights: no training epoch beat them, "
+                 "so the trained row's bare-question figures are the base's (only its composed row differs).\n")
+    elif kept:
+        text += f"\nModel selection on the held-out train slice kept {kept}.\n"
+    (work / "report.md").write_text(text)
     plot_metrics(table_rows, work / "report.png", title=f"FanOutQA dev ({counts})")
-    print(f"\nFanOutQA dev ({counts}):\n\n{table}\n\nwrote {work / 'report.md'}, {work / 'report.png'}, "
-          f"{work / 'report.json'}")
-    return {"table": table_rows, "questions": counts,
+    print(f"\n{text}\nwrote {work / 'report.md'}, {work / 'report.png'}, {work / 'report.json'}")
+    return {"table": table_rows, "questions": counts, "vs_base": comparisons,
             "retrieval_per_index": {n: {k: v for k, v in r.items() if k != "per_question"}
                                     for n, r in results["leaf"].items()}}
 

@@ -194,6 +194,12 @@ def agent_report(index_dir: str, agent_model: str, rollout: RolloutConfig, confi
     return {"metrics": means, "questions": len(per_question), "per_question": per_question}
 
 
+def _audit_summary(audit: dict) -> dict:
+    """The audit's headline: where evidence went, positives' classes, AUCs, false negatives."""
+    return {"evidence": audit["evidence"], "answer": audit["answer"], "auc": audit["auc"],
+            "false_negatives": audit["false_negatives"], "positives": audit["positives"]}
+
+
 def _without_per_question(report: dict, key: str = "per_question") -> dict:
     return {k: v for k, v in report.items() if k != key}
 
@@ -210,8 +216,17 @@ def _ci_cell(comparison: dict | None, value: float) -> str:
 
 
 def render(results: dict) -> str:
-    """Markdown tables: leaf dev retrieval (bare and composed), then the agent."""
-    lines = []
+    """Markdown tables: the mined labels (audit), leaf dev retrieval (bare and composed), then the agent."""
+    lines = ["Mined labels (audit of the mining rounds; reads their evidence titles)", "",
+             "| rows from | rows | positive is the evidence page | evidence sampled as negative | "
+             "negatives holding a gold answer | evidence AUC of LR / GAC / retriever |", "|---|---:|---:|---:|---:|---|"]
+    for name, audit in results["audits"].items():
+        ev, fn, auc = audit["evidence"], audit["false_negatives"]["by_candidate"], audit["auc"]["evidence"]
+        aucs = " / ".join("-" if auc[s]["absent"] else f"{auc[s]['mean']:.2f}" for s in ("lr", "gac", "retriever"))
+        lines.append(f"| {name} | {results['systems'][name]['rows']['examples']} | {ev['positive_is_member']} / "
+                     f"{ev['mined_rounds_with_member']} | {ev['member_as_negative']} | {fn['answer']} / "
+                     f"{fn['negatives']} | {aucs} |")
+    lines.append("")
     for mode, title in (("none", "bare leaf question"), ("parent", "composed with the parent question")):
         lines += [f"Leaf dev questions ({results['leaf_questions']}), {title}; each cell: value (trained minus base "
                   "[95% CI])", "", "| retriever | kept | " + " | ".join(LEAF_METRICS) + " |",
@@ -279,8 +294,8 @@ def main() -> None:
     job = dataclasses.replace(mine, trajectories=str(trajectories), index=config.base_index, url="",
                               agent=dataclasses.replace(mine.agent, model=agent_model))
     rows = steps.run("mining and its ablations", lambda: mine_variants(job, work))
-    audit = steps.run("mining audit (reads the mining questions' evidence titles)", lambda: audit_mining(
-        work / "mining" / "full", data / config.mining_qa))
+    audits = steps.run("mining audits (read the mining questions' evidence titles)", lambda: {
+        name: audit_mining(Path(path).parent, data / config.mining_qa) for name, path in rows.items()})
     corpus = Corpus.open(corpus_path)
     if config.reference:
         rows["reference: evidence positives (diagnostic)"] = steps.run("reference rows", lambda: reference_rows(
@@ -298,8 +313,22 @@ def main() -> None:
     if config.soft_label:
         trainings["full, soft-label loss"] = dataclasses.replace(best, data=str(rows["full"]), loss="soft_label",
                                                                  out=str(work / "retriever" / "full-soft-label"))
-    systems: dict[str, dict] = {"base": {"index": config.base_index, "kept": "base"}}
+    # the base at the trained encoders' max length is the comparator; the quickstart index (the model's own
+    # max length, 256) is shown beside it
+    base_index = work / "index" / "base"
+    steps.run("index: base", lambda: build_index(IndexBuildConfig(
+        corpus=corpus_path, out=str(base_index), backend="dense",
+        encoder=EncoderConfig(model=train.encoder.model, max_length=train.encoder.max_length),
+        dense=DenseParams(type="flat"))))
+    systems: dict[str, dict] = {"base": {"index": str(base_index), "kept": "base"},
+                                "base, max length 256 (quickstart index)": {"index": config.base_index, "kept": "base"}}
+    trained_by_rows: dict[tuple[str, str], str] = {}  # identical rows and loss train the same model: reuse it
     for name, settings in trainings.items():
+        same = trained_by_rows.get((Path(settings.data).read_text(), settings.loss))
+        if same is not None:
+            systems[name] = {**systems[same], "same_rows_as": same}
+            continue
+        trained_by_rows[(Path(settings.data).read_text(), settings.loss)] = name
         model = steps.run(f"train: {name}", lambda: train_retriever(settings))
         manifest = read_json(Path(model) / "train_manifest.json")
         out = work / "index" / _slug(name)
@@ -332,9 +361,9 @@ def main() -> None:
         system["leaf"] = {mode: _without_per_question(report) for mode, report in system["leaf"].items()}
         if system.get("agent"):
             system["agent"] = _without_per_question(system["agent"])
-    results = {
+    results: dict = {
         "leaf_questions": base["leaf"]["none"]["questions_evaluated"], "chosen_settings": chosen,
-        "settings_search": search, "audit": _without_per_question(audit, "per_round"), "systems": systems,
+        "settings_search": search, "audits": {n: _audit_summary(a) for n, a in audits.items()}, "systems": systems,
         "mining_rounds": {n: read_json(Path(p).parent / "mining_stats.json")["rounds"] for n, p in rows.items()
                           if (Path(p).parent / "mining_stats.json").is_file()},
         "step_seconds": steps.seconds, "device": describe_device(),
