@@ -34,7 +34,7 @@ ROUNDS = [
                               _cand("a4", "Nice", 4, 0.6, 40, 0, True, "negative")]),
     _round("q2", 1, "dropped", [_cand("b1", "Berlin", 1, 0.9, 30, None),
                                 _cand("b2", "Bonn", 2, 0.8, 30, None),
-                                _cand("b3", "Rhine", 3, 0.7, 20, None)], drop_reason="best_lr_below"),
+                                _cand("b3", "Rhine", 3, 0.7, 20, None)], drop_reason="no_lr_pass"),
     _round("q2", 2, "mined", [_cand("c1", "Hamburg", 1, 0.9, 70, 1, False, "positive"),
                               _cand("c2", "Munich", 2, 0.5, 10, 0, False, "negative")]),
     _round("q3", 1, "mined", [_cand("d1", "Rome", 1, 0.9, 80, 1, True, "positive"),
@@ -127,7 +127,7 @@ def test_false_negative_rate_by_row_slot_and_by_candidate(run):
 
 def test_dropped_round_with_evidence_at_rank_1_is_a_missed_opportunity(run):
     drops = audit_mining(*run)["drops"]
-    assert drops["by_reason"]["best_lr_below"] == {"rounds": 1, "judged": 1, "evidence_retrieved": 1,
+    assert drops["by_reason"]["no_lr_pass"] == {"rounds": 1, "judged": 1, "evidence_retrieved": 1,
                                                    "evidence_at_rank_1": 1, "answer_at_rank_1": 0}
     assert drops["missed_opportunities"] == 1
 
