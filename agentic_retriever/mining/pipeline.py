@@ -9,7 +9,7 @@
 5. global answer correctness (`gac`): the agent continued from each round with each candidate (Eqs. 2-3), or
    the answer-likelihood option, graded by a criterion (`gac.gac_value`);
 6. selection (`selection`): candidates passing the GAC and LR thresholds, ranked by LR then retriever rank; 15
-   sampled negatives that neither pass GAC nor (with the false-negative filter) contain a gold answer.
+   sampled negatives that pass neither GAC nor LR and (with the false-negative filter) hold no gold answer.
 
 Mining reads the trajectories' questions and gold answers, never evidence labels (a QA file's
 ``supporting_titles``): `tests/test_mining_pipeline.py` mines rows whose evidence fields are absent. Besides
@@ -426,10 +426,10 @@ class _Miner:
             if isinstance(scorer, _RetrieverScores):
                 lr = scorer.scores(candidates)
             elif scorer is not None:
-                lr = self._lr_stats(self._record("local_relevance", self.lr_key(rnd, sub_answers[rnd.id], scorer)))
+                record = self._record("local_relevance", self.lr_key(rnd, sub_answers[rnd.id], scorer))
+                lr = self._lr_stats(record)
                 if lr is not None and self.config.lr_scale == "round_posterior":
-                    lr = self.round_posterior(rnd, self._record("local_relevance",
-                                                                self.lr_key(rnd, sub_answers[rnd.id], scorer)))
+                    lr = self.round_posterior(rnd, record)
             if self.selection.use_gac and rnd.id not in self.dropped:
                 gac = self._gac_stats(self._record("gac", self.gac_key(rnd)))
             answers = self.contains_answer(rnd)
