@@ -77,19 +77,21 @@ def encoder_short_name(model: str) -> str:
     return "minilm" if model == "default" else Path(model.rstrip("/")).name
 
 
-class _Steps:
-    """Numbered, timed steps with a line each on the console."""
+class Steps:
+    """Timed steps with a line each on the console (numbered out of `total` when it is given); `seconds` keeps
+    each step's wall time."""
 
-    def __init__(self, total: int):
+    def __init__(self, total: int | None = None):
         self.total, self.done, self.seconds = total, 0, {}
 
     def run(self, name: str, fn: Callable[[], Any]) -> Any:
         self.done += 1
-        print(f"\n[{self.done}/{self.total}] {name}", flush=True)
+        label = f"[{self.done}/{self.total}]" if self.total else f"[{self.done}]"
+        print(f"\n{label} {name}", flush=True)
         started = time.perf_counter()
         result = fn()
         self.seconds[name] = round(time.perf_counter() - started, 1)
-        print(f"[{self.done}/{self.total}] {name}: done in {self.seconds[name]:.0f} s", flush=True)
+        print(f"{label} {name}: done in {self.seconds[name]:.0f} s", flush=True)
         return result
 
 
@@ -124,7 +126,7 @@ def run_demo(job: MainJob | DemoConfig) -> dict:
     job = job if isinstance(job, MainJob) else MainJob(job)
     config = job.demo
     full = all(part is not None for part in (job.warm_start, job.rollout, job.mine, job.train))
-    steps = _Steps(8 if full else 2)
+    steps = Steps(8 if full else 2)
     work, data = Path(config.workdir), Path(config.workdir) / "data"
     corpus = str(data / "corpus.jsonl")
 
@@ -157,7 +159,7 @@ def run_demo(job: MainJob | DemoConfig) -> dict:
     return report
 
 
-def _agentic_r_iteration(job: MainJob, steps: _Steps, work: Path, corpus: str, report: dict) -> str:
+def _agentic_r_iteration(job: MainJob, steps: Steps, work: Path, corpus: str, report: dict) -> str:
     """Steps 3-7: warm start, rollouts, mining, training, re-indexing; returns the trained index folder."""
     from agent.rollouts import run_rollout_job
     from agent.warm_start import warm_start_agent
@@ -191,7 +193,7 @@ def _agentic_r_iteration(job: MainJob, steps: _Steps, work: Path, corpus: str, r
     return str(out)
 
 
-def _evaluate(job: MainJob, steps: _Steps, work: Path, data: Path, indexes: dict[str, str],
+def _evaluate(job: MainJob, steps: Steps, work: Path, data: Path, indexes: dict[str, str],
               agent_model: str | None, kept: str | None = None) -> dict:
     config = job.demo
     full = agent_model is not None

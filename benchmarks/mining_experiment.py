@@ -34,7 +34,6 @@ import json
 import random
 import shutil
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +45,7 @@ from agent.trajectory import read_trajectories  # noqa: E402
 from agent.warm_start import WarmStartConfig, warm_start_agent  # noqa: E402
 from agentic_retriever.config import build_config  # noqa: E402
 from agentic_retriever.corpus import Corpus  # noqa: E402
+from agentic_retriever.demo import Steps  # noqa: E402
 from agentic_retriever.encoder import EncoderConfig  # noqa: E402
 from agentic_retriever.eval.bootstrap import compare_reports, paired_bootstrap  # noqa: E402
 from agentic_retriever.eval.qa import contains_match, qa_scores  # noqa: E402
@@ -94,19 +94,6 @@ ABLATIONS = {  # mining variant -> (MiningConfig overrides, SelectionConfig over
 
 def _slug(name: str) -> str:
     return "".join(ch if ch.isalnum() else "-" for ch in name.lower()).strip("-")
-
-
-class _Steps:
-    def __init__(self):
-        self.seconds: dict[str, float] = {}
-
-    def run(self, name: str, fn):
-        print(f"\n== {name}", flush=True)
-        started = time.perf_counter()
-        result = fn()
-        self.seconds[name] = round(time.perf_counter() - started, 1)
-        print(f"== {name}: {self.seconds[name]:.0f} s", flush=True)
-        return result
 
 
 def mine_variants(job: MineJobConfig, work: Path) -> dict[str, Path]:
@@ -282,7 +269,7 @@ def main() -> None:
     work, data = Path(config.workdir), Path(config.data)
     cache = work / "eval"
     cache.mkdir(parents=True, exist_ok=True)
-    steps = _Steps()
+    steps = Steps()
     corpus_path = str(data / "corpus.jsonl")
 
     agent_model = str(steps.run("warm-started agent", lambda: warm_start_agent(warm)))

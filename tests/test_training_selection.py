@@ -9,6 +9,7 @@ import torch
 
 from agentic_retriever.encoder import EncoderConfig
 from agentic_retriever.training.selection import HeldOutPool, build_heldout_pool, evaluate_on_pool
+from test_training import _config  # the trainer tests' settings: one tiny, fast configuration
 
 PASSAGES = [f"Passage number {i} about topic {i % 7} and some words {i * 13 % 11}." for i in range(60)]
 
@@ -48,16 +49,6 @@ def train_rows(tmp_path):
              "query_text": f"topic {i % 7} words", "passage_ids": [str(i), *(str(12 + 3 * i + k) for k in range(3))],
              "scores": [{"em": 1, "local_utility": 0.9}] + [{"em": 0, "local_utility": 0.1}] * 3} for i in range(12)]
     return write_rows(tmp_path / "retriever_train.jsonl", rows)
-
-
-def _config(tiny_model_dir, data, corpus, out, **overrides):
-    from agentic_retriever.training.config import RetrieverTrainConfig
-
-    settings = dict(data=str(data), corpus=str(corpus), out=str(out), per_device_batch_size=4, num_negatives=3,
-                    learning_rate=5e-4, epochs=2, temperature=0.05, warmup_ratio=0.0, save_steps=3, logging_steps=1,
-                    progress=False, encoder=EncoderConfig(model=tiny_model_dir, composition="question_sep_query",
-                                                          query_prefix="query: ", passage_prefix="passage: "))
-    return RetrieverTrainConfig(**(settings | overrides))
 
 
 class _FakeModel:
