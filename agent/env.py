@@ -27,6 +27,10 @@ back exactly its text, which is what RL's state masking needs (retrieved tokens 
 Resuming (global answer correctness, agentic_r.txt; notes "Global answer correctness"): a `Prefix` starts a
 trajectory from a response-so-far ending with a search call; the first observation shows the given
 passages (Doc 1...) instead of retrieving, later turns retrieve normally.
+
+This module is the agent's public face toward the retriever side (mining, the co-training loop): `__all__`
+lists what it offers, including the re-exported `Trajectory` (with `Trajectory.from_json` to read one) and
+`get_dialect`. Mining reaches it only through `agentic_retriever.mining.environment` (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -36,13 +40,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from agentic_retriever.client import RetrievalClient
-from agentic_retriever.index.base import ScoredPassage
+from agentic_retriever.corpus import ScoredPassage
 from agentic_retriever.llm.base import LLM, Generation, SamplingParams
 
 from .dialects import Action, Dialect, get_dialect
 from .trajectory import FinishReason, Retrieved, Trajectory, Turn
 
-__all__ = ["EnvConfig", "Prefix", "Rollout", "Segment", "cut_to_tokens", "rollout"]
+__all__ = ["EnvConfig", "Prefix", "Rollout", "Segment", "Trajectory", "cut_to_tokens", "get_dialect", "rollout"]
 
 log = logging.getLogger(__name__)
 

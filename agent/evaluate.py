@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from agentic_retriever.eval.qa import qa_scores
@@ -22,7 +23,17 @@ from agentic_retriever.eval.qa import qa_scores
 from .qa_data import QARow, as_qa_rows
 from .trajectory import read_trajectories
 
-__all__ = ["evaluate_trajectories"]
+__all__ = ["AgentEvalConfig", "evaluate_trajectories"]
+
+
+@dataclass
+class AgentEvalConfig:
+    """Settings of `agentic-retriever eval agent` (section ``eval_agent``)."""
+
+    trajectories: str = field(default="", metadata={"help": "trajectory file written by agent rollout",
+                                                    "derive": "{workdir}/agent/trajectories.jsonl"})
+    qa: str = field(default="", metadata={"help": "QA rows with supporting_titles, for evidence recall (optional)"})
+    out: str = field(default="", metadata={"help": "write the report as JSON here (optional)"})
 
 
 def evaluate_trajectories(path: str | os.PathLike,

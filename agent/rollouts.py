@@ -8,11 +8,11 @@ import os
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from tqdm.auto import tqdm
 
-from agentic_retriever.client import RetrievalClient
+from agentic_retriever.client import RetrievalClient, RetrievalConfig, open_client
 from agentic_retriever.eval.qa import qa_scores
 from agentic_retriever.llm import LLMConfig
 from agentic_retriever.llm.base import LLM
@@ -30,13 +30,15 @@ log = logging.getLogger(__name__)
 class RolloutConfig:
     """Settings of `agentic-retriever agent rollout` (the `agent_rollout` section of a config file)."""
 
-    qa: str = field(default="", metadata={"help": "QA rows (JSONL: id, question, golden_answers)"})
-    index: str = field(default="", metadata={"help": "index folder searched in process"})
-    url: str = field(default="", metadata={"help": "or a retrieval service URL (Search-R1 /retrieve API)"})
-    out: str = field(default="", metadata={"help": "trajectory file (JSONL; a rerun completes it)"})
+    RENAMED: ClassVar[dict[str, str]] = {"llm": "agent", "index": "retrieval.index", "url": "retrieval.url"}
+
+    qa: str = field(default="", metadata={"help": "QA rows (JSONL: id, question, golden_answers)", "required": True})
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    out: str = field(default="", metadata={"help": "trajectory file (JSONL; a rerun completes it)",
+                                           "derive": "{workdir}/agent/trajectories.jsonl"})
     limit: int | None = field(default=None, metadata={"help": "only the first N questions"})
     batch_size: int = field(default=16, metadata={"help": "questions advanced together per rollout call"})
-    llm: LLMConfig = field(default_factory=LLMConfig)
+    agent: LLMConfig = field(default_factory=LLMConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
 
 
@@ -96,8 +98,6 @@ def run_rollout_job(config: RolloutConfig) -> RolloutRunSummary:
     """`agentic-retriever agent rollout`: load the LLM, open the retriever, roll out `config.qa` into `config.out`."""
     from agentic_retriever.llm import load_llm
 
-    from .warm_start import open_retrieval_client
-
     rows = read_qa_rows(config.qa)[: config.limit]
-    return run_rollouts(rows, load_llm(config.llm), open_retrieval_client(config.index, config.url), config.env,
-                        config.out, batch_size=config.batch_size, retriever_id=config.index or config.url)
+    return run_rollouts(rows, load_llm(config.agent), open_client(config.retrieval), config.env, config.out,
+                        batch_size=config.batch_size, retriever_id=config.retrieval.index or config.retrieval.url)

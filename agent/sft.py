@@ -24,10 +24,10 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
+from agentic_retriever.curves import write_training_curves
 from agentic_retriever.jsonl import DataFormatError, atomic_write, iter_jsonl, require_field
-from agentic_retriever.training.curves import write_training_curves
+from agentic_retriever.llm import LLMConfig
 
 __all__ = ["SFTConfig", "SFTExample", "data_fingerprint", "read_sft_examples", "tokenize_example", "train_sft", "write_sft_examples"]
 
@@ -58,7 +58,6 @@ class SFTExample:
 class SFTConfig:
     """Training settings of the warm start (the `train` part of `agentic-retriever agent sft`)."""
 
-    model: str = field(default="default", metadata={"help": "base causal LM (hub name, folder, or 'default')"})
     epochs: float = field(default=2.0, metadata={"help": "passes over the examples"})
     learning_rate: float = field(default=5e-5, metadata={"help": "peak learning rate (LoRA wants ~10x more)"})
     batch_size: int = field(default=4, metadata={"help": "examples per device and step"})
@@ -71,7 +70,6 @@ class SFTConfig:
     lora_alpha: int = field(default=32, metadata={"help": "LoRA scaling numerator"})
     lora_dropout: float = field(default=0.05, metadata={"help": "dropout on the LoRA path"})
     gradient_checkpointing: bool = field(default=False, metadata={"help": "recompute activations to save memory"})
-    dtype: Literal["auto", "float32", "bfloat16"] = field(default="auto", metadata={"help": "bf16 on capable GPUs under auto"})
     save_steps: int = field(default=50, metadata={"help": "checkpoint every N updates (resume continues from the last)"})
     logging_steps: int = field(default=5, metadata={"help": "log loss and learning rate every N updates"})
     seed: int = field(default=0, metadata={"help": "seed of shuffling and initialisation"})
@@ -156,8 +154,10 @@ def _resolve_model(name: str) -> str:
     return resolve_llm_name(name)
 
 
-def train_sft(config: SFTConfig, examples: Sequence[SFTExample], out: str | Path, extra_manifest: dict | None = None) -> Path:
-    """Fine-tune `config.model` on `examples` and save the result as an HF model folder at `out`.
+def train_sft(config: SFTConfig, agent: LLMConfig, examples: Sequence[SFTExample], out: str | Path,
+              extra_manifest: dict | None = None) -> Path:
+    """Fine-tune ``agent.model`` on `examples` and save the result as an HF model folder at `out`; ``agent.precision``
+    is the mixed precision of training (auto: bf16 on a GPU that has it, else fp32).
 
     Resumable: checkpoints go to ``OUT.checkpoints/`` every `save_steps` updates and a rerun continues from
     the last one. The finished folder is written to a temporary sibling and renamed, so `out` either holds a
@@ -171,7 +171,9 @@ def train_sft(config: SFTConfig, examples: Sequence[SFTExample], out: str | Path
         raise ValueError("agent sft needs at least one example")
     out = Path(out)
     checkpoints = out.with_name(out.name + ".checkpoints")
-    model_path = _resolve_model(config.model)
+    if agent.backend != "transformers":
+        raise ValueError(f"agent sft trains with transformers; agent.backend {agent.backend!r} cannot be trained")
+    model_path = _resolve_model(agent.model)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -189,7 +191,7 @@ def train_sft(config: SFTConfig, examples: Sequence[SFTExample], out: str | Path
         log.warning("dropped %d of %d examples longer than %d tokens", dropped, len(examples), config.max_length)
 
     on_gpu = torch.cuda.is_available()
-    bf16 = config.dtype == "bfloat16" or (config.dtype == "auto" and on_gpu and torch.cuda.is_bf16_supported())
+    bf16 = agent.precision == "bf16" or (agent.precision == "auto" and on_gpu and torch.cuda.is_bf16_supported())
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     if config.lora:
         from peft import LoraConfig, get_peft_model
@@ -202,7 +204,7 @@ def train_sft(config: SFTConfig, examples: Sequence[SFTExample], out: str | Path
         per_device_train_batch_size=config.batch_size, gradient_accumulation_steps=config.gradient_accumulation,
         warmup_steps=config.warmup_ratio, weight_decay=config.weight_decay, lr_scheduler_type="linear",
         logging_steps=config.logging_steps, save_steps=config.save_steps, save_total_limit=2, seed=config.seed,
-        data_seed=config.seed, bf16=bf16, use_cpu=not on_gpu, gradient_checkpointing=config.gradient_checkpointing,
+        data_seed=config.seed, bf16=bf16, fp16=agent.precision == "fp16", use_cpu=not on_gpu, gradient_checkpointing=config.gradient_checkpointing,
         report_to=[], remove_unused_columns=False, dataloader_num_workers=0, disable_tqdm=False)
     trainer = Trainer(model=model, args=args, train_dataset=features, data_collator=_PadCollator(tokenizer.pad_token_id))
     last = get_last_checkpoint(str(checkpoints)) if checkpoints.is_dir() else None
@@ -212,7 +214,8 @@ def train_sft(config: SFTConfig, examples: Sequence[SFTExample], out: str | Path
 
     trained = trainer.model.merge_and_unload() if config.lora else trainer.model
     manifest = {
-        "base_model": config.model, "base_model_path": model_path, "settings": dataclasses.asdict(config),
+        "base_model": agent.model, "base_model_path": model_path, "precision": agent.precision,
+        "settings": dataclasses.asdict(config),
         "examples": len(examples), "examples_trained": len(features), "examples_dropped_too_long": dropped,
         "data_sha256": data_fingerprint(examples), "train_loss": result.training_loss,
         "updates": trainer.state.global_step, "log_history": trainer.state.log_history,

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from agentic_retriever.client import RetrievalClient
 from agentic_retriever.eval.qa import normalize_answer
-from agentic_retriever.index.base import ScoredPassage
+from agentic_retriever.corpus import ScoredPassage
 from agentic_retriever.llm.text import render_chat_prompt
 
 from .dialects import get_dialect

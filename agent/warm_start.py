@@ -5,7 +5,7 @@ settings, so the demo (and anyone calling `warm_start_agent` again with the same
 model instead of training it twice. Pass `out` to write it somewhere of your choosing instead.
 
     path = warm_start_agent(WarmStartConfig(qa="runs/quickstart/data/fanoutqa_leaf_train.jsonl",
-                                            index="runs/quickstart/index/minilm-flat"))
+                                            retrieval=RetrievalConfig(index="runs/quickstart/index/minilm-flat")))
 """
 
 from __future__ import annotations
@@ -16,15 +16,17 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
-from agentic_retriever.client import HttpRetrievalClient, LocalRetrievalClient, RetrievalClient
+from agentic_retriever.client import RetrievalConfig, open_client
 from agentic_retriever.defaults import cache_root, resolve_llm_name
+from agentic_retriever.llm import LLMConfig
 
 from .qa_data import read_qa_rows
 from .sft import SFTConfig, data_fingerprint, train_sft, write_sft_examples
 from .sft_data import SynthesisConfig, synthesize_sft_examples
 
-__all__ = ["WarmStartConfig", "open_retrieval_client", "warm_start_agent"]
+__all__ = ["WarmStartConfig", "warm_start_agent"]
 
 log = logging.getLogger(__name__)
 
@@ -35,29 +37,27 @@ MANIFEST = "sft_manifest.json"
 class WarmStartConfig:
     """Settings of `agentic-retriever agent sft` (the `agent_sft` section of a config file)."""
 
-    qa: str = field(default="", metadata={"help": "leaf QA rows with supporting_titles (the train split)"})
+    RENAMED: ClassVar[dict[str, str]] = {"index": "retrieval.index", "url": "retrieval.url",
+                                         "train.model": "agent.model", "train.dtype": "agent.precision"}
+
+    qa: str = field(default="", metadata={"help": "leaf QA rows with supporting_titles (the train split)",
+                                          "required": True})
     exclude_qa: str = field(default="", metadata={
         "help": "QA rows held out of the warm start (by id), e.g. the questions mining will use"})
-    index: str = field(default="", metadata={"help": "index folder searched in process"})
-    url: str = field(default="", metadata={"help": "or a retrieval service URL"})
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    agent: LLMConfig = field(default_factory=LLMConfig)
     out: str = field(default="", metadata={"help": "model folder to write (default: the cache, keyed by inputs)"})
     synthesis: SynthesisConfig = field(default_factory=SynthesisConfig)
     train: SFTConfig = field(default_factory=SFTConfig)
 
 
-def open_retrieval_client(index: str, url: str) -> RetrievalClient:
-    """An in-process client over `index`, or an HTTP client of the service at `url` (exactly one of them)."""
-    if bool(index) == bool(url):
-        raise ValueError("give exactly one of --index DIR or --url URL")
-    if url:
-        return HttpRetrievalClient(url)
-    from agentic_retriever.index import open_index
-
-    return LocalRetrievalClient(open_index(index))
+#: The precision as the previous release spelled it in the cache key (so its warm-started agents are reused).
+_KEY_DTYPE = {"auto": "auto", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
-def _cache_key(examples_sha256: str, model_path: str, config: SFTConfig) -> str:
-    settings = json.dumps(dataclasses.asdict(config), sort_keys=True)
+def _cache_key(examples_sha256: str, model_path: str, config: SFTConfig, agent: LLMConfig) -> str:
+    settings = json.dumps(dataclasses.asdict(config) | {"model": agent.model, "dtype": _KEY_DTYPE[agent.precision]},
+                          sort_keys=True)
     return hashlib.sha256(f"{examples_sha256}|{model_path}|{settings}".encode()).hexdigest()[:16]
 
 
@@ -67,9 +67,9 @@ def warm_start_agent(config: WarmStartConfig) -> Path:
 
     if not config.qa:
         raise ValueError("agent sft needs leaf QA rows (--qa FILE)")
-    model_path = resolve_llm_name(config.train.model)
+    model_path = resolve_llm_name(config.agent.model)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    client = open_retrieval_client(config.index, config.url)
+    client = open_client(config.retrieval)
     rows = read_qa_rows(config.qa)
     if config.exclude_qa:
         held_out = {row.id for row in read_qa_rows(config.exclude_qa)}
@@ -82,12 +82,12 @@ def warm_start_agent(config: WarmStartConfig) -> Path:
     log.info("synthesised %d warm-start trajectories: %s", len(examples), counts)
     examples_sha = data_fingerprint(examples)
     out = Path(config.out) if config.out else \
-        cache_root() / "agents" / f"sft-{_cache_key(examples_sha, model_path, config.train)}"
+        cache_root() / "agents" / f"sft-{_cache_key(examples_sha, model_path, config.train, config.agent)}"
     if (out / MANIFEST).is_file():
         log.info("reusing the warm-started agent in %s", out)
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     write_sft_examples(out.with_name(out.name + ".examples.jsonl"), examples)
-    return train_sft(config.train, examples, out, extra_manifest={
-        "qa": config.qa, "retriever": config.index or config.url, "synthesis": dataclasses.asdict(config.synthesis),
+    return train_sft(config.train, config.agent, examples, out, extra_manifest={
+        "qa": config.qa, "retriever": config.retrieval.index or config.retrieval.url, "synthesis": dataclasses.asdict(config.synthesis),
         "synthesis_counts": counts})

@@ -1,22 +1,11 @@
-"""`agentic-retriever`: one entry point, thin wiring over library functions.
+"""`agentic-retriever GROUP VERB`: one entry point, thin wiring over library functions.
 
-Every command takes ``--config FILE`` (it reads the section named in brackets below) and flags that
-override single fields. Run ``agentic-retriever COMMAND --help`` for the fields.
-
-    data prepare-defaults   [prepare]          embedded corpus + FanOutQA QA splits
-    index build             [index]            dense (FAISS) or BM25 index, resumable
-    search                  [search]           query an index from the shell
-    serve                   [serve]            Search-R1-compatible HTTP retrieval service
-    eval retrieval          [eval_retrieval]   Recall@k / MRR / nDCG on a QA file
-    agent sft               [agent_sft]        warm-start the search agent on synthesised trajectories
-    agent rollout           [agent_rollout]    run the agent over a QA file into a trajectory file
-    agent eval              [agent_eval]       EM / F1 / contains-EM / searches / evidence recall of trajectories
-    agent train             [agent_train]      RL of the agent (PPO or GRPO/DAPO) against a fixed retriever
-    mine                    [mine]             utility mining: trajectories -> Agentic-R retriever training rows
-    mine audit RUN --qa F   [mine_audit]       where the evidence went in a mining run (reads evidence labels)
-    mine-merge              [mine_merge]       join the outputs of mining shards
-    retriever train         [train_retriever]  contrastive training on mined rows -> sentence-transformers folder
-    demo                    [demo]             the main job on the embedded default stack
+The commands, their config sections and settings classes are listed once, in `agentic_retriever.commands`
+(and in docs/cli.md). Every command takes ``--config FILE`` (it reads the section named after the command and
+the shared ``workdir``, ``retrieval`` and ``agent`` settings), ``--workdir DIR``, and one flag per setting;
+``agentic-retriever GROUP VERB --help`` lists them. The spellings of the previous release (``search``,
+``serve``, ``mine``, ``mine-merge``, ``agent eval``, ``data prepare-defaults``) still work, with a
+deprecation message.
 """
 
 from __future__ import annotations
@@ -26,38 +15,28 @@ import dataclasses
 import json
 import logging
 import sys
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Callable
 
-from .config import add_dataclass_arguments, build_config
-from .llm.loader import LLMConfig
-from .mining.pipeline import MiningConfig
+from .commands import COMMANDS, DEPRECATED_COMMANDS, Command
+from .config import add_dataclass_arguments, build_config, has_section, renamed_flags
 
 
-@dataclass
-class SearchConfig:
-    index: str = field(default="", metadata={"help": "index folder"})
-    queries: list[str] = field(default_factory=list, metadata={"help": "queries to search"})
-    questions: list[str] = field(default_factory=list, metadata={"help": "original questions, parallel to the queries"})
-    k: int = field(default=3, metadata={"help": "passages per query"})
-    json: bool = field(default=False, metadata={"help": "print JSON lines instead of text"})
+def _settings(command: Command, args: argparse.Namespace):
+    return build_config(command.config_class(), command.section, args, args.config)
 
 
-@dataclass
-class ServeConfig:
-    index: str = field(default="", metadata={"help": "index folder"})
-    host: str = field(default="127.0.0.1", metadata={"help": "address to listen on"})
-    port: int = field(default=8000, metadata={"help": "port to listen on"})
-    batching: bool = field(default=True, metadata={"help": "gather concurrent requests into one search"})
-    max_batch_queries: int = field(default=256, metadata={"help": "most queries gathered into one search"})
-    max_wait_ms: float = field(default=5.0, metadata={"help": "longest wait for more requests before searching"})
-    gpu: Literal["auto", "on", "off"] = field(default="auto", metadata={"help": "FAISS on GPUs (dense indexes)"})
+def _print_report(report: dict, out: str) -> None:
+    from .jsonl import write_json
+
+    print(json.dumps(report, indent=2, default=str))
+    if out:
+        write_json(out, report)
+        print(f"wrote {out}")
 
 
-def _prepare(args) -> None:
-    from .data.prepare import PrepareConfig, prepare_defaults
+def _data_prepare(config) -> None:
+    from .data.prepare import prepare_defaults
 
-    config = build_config(PrepareConfig, "prepare", args, args.config)
     summary = prepare_defaults(config)
     print(json.dumps(summary, indent=2))
     print(f"leaf questions with their evidence page in the corpus: "
@@ -65,26 +44,26 @@ def _prepare(args) -> None:
           f"(the others are skipped by retrieval evaluation); files in {config.out}")
 
 
-def _index_build(args) -> None:
-    from .index import IndexBuildConfig, build_index
+def _index_build(config) -> None:
+    from .index import build_index
 
-    manifest = build_index(build_config(IndexBuildConfig, "index", args, args.config))
-    print(json.dumps(dataclasses.asdict(manifest), indent=2))
+    print(json.dumps(dataclasses.asdict(build_index(config)), indent=2))
 
 
-def _open(index_dir: str, **overrides):
+def _open_index(retrieval, command: str, **overrides):
     from .index import open_index
 
-    if not index_dir:
-        raise SystemExit("error: --index is required")
-    return open_index(index_dir, **overrides)
+    if retrieval.url:
+        raise ValueError(f"{command} opens the index in this process: give its folder (--index DIR), not a URL")
+    if not retrieval.index:
+        raise ValueError(f"{command}: give the index folder (--index DIR, or retrieval.index in the config file)")
+    return open_index(retrieval.index, **overrides)
 
 
-def _search(args) -> None:
-    config = build_config(SearchConfig, "search", args, args.config)
-    if not config.queries:
-        raise SystemExit("error: give at least one query (--queries 'who wrote hamlet')")
-    hits = _open(config.index).retrieve(config.queries, config.k, config.questions or None)
+def _index_search(config) -> None:
+    from .client import open_client
+
+    hits = open_client(config.retrieval).retrieve(config.queries, config.k, config.questions or None)
     for query, passages in zip(config.queries, hits):
         if config.json:
             print(json.dumps({"query": query, "hits": [dataclasses.asdict(p) for p in passages]}, ensure_ascii=False))
@@ -94,38 +73,29 @@ def _search(args) -> None:
             print(f"{rank:>3}. [{p.score:.4f}] ({p.id}) {p.title}: {p.text[:160]}")
 
 
-def _serve(args) -> None:
+def _index_serve(config) -> None:
     from .server import serve
 
-    config = build_config(ServeConfig, "serve", args, args.config)
-    index = _open(config.index, **({"gpu": config.gpu} if config.gpu != "auto" else {}))
+    index = _open_index(config.retrieval, "index serve", **({"gpu": config.gpu} if config.gpu != "auto" else {}))
     serve(index, host=config.host, port=config.port, batching=config.batching,
           max_batch_queries=config.max_batch_queries, max_wait_ms=config.max_wait_ms)
 
 
-def _eval_retrieval(args) -> None:
+def _eval_retrieval(config) -> None:
     from .eval.bootstrap import compare_reports
     from .eval.report import render_table
-    from .eval.retrieval import (
-        RetrievalEvalConfig,
-        composition_questions,
-        evaluate_retrieval,
-        load_judged_questions,
-    )
+    from .eval.retrieval import composition_questions, evaluate_retrieval, load_judged_questions
     from .jsonl import read_json, write_json
 
-    config = build_config(RetrievalEvalConfig, "eval_retrieval", args, args.config)
-    if not config.qa:
-        raise SystemExit("error: --qa is required")
     baseline = read_json(config.compare_to) if config.compare_to else None
-    index = _open(config.index)
+    index = _open_index(config.retrieval, "eval retrieval")
     questions = load_judged_questions(config.qa, config.relevance)
     composed = composition_questions(questions, config.compose_with, config.parent_qa)
     if config.compose_with != "none" and index.composition == "query":
         print(f"note: the index does not compose queries; --compose-with {config.compose_with} changes nothing")
     report = evaluate_retrieval(index, questions, config.ks, config.mrr_k, config.ndcg_k, config.batch_size, composed)
-    report |= {"index": config.index, "qa": config.qa, "compose_with": config.compose_with}
-    print(render_table({config.index: report["metrics"]}))
+    report |= {"index": config.retrieval.index, "qa": config.qa, "compose_with": config.compose_with}
+    print(render_table({config.retrieval.index: report["metrics"]}))
     print(f"{report['questions_evaluated']} questions evaluated, "
           f"{report['questions_skipped_no_relevant_in_corpus']} skipped (no relevant passage in the corpus); "
           f"answer recall over the {report['questions_with_answers']} with golden answers")
@@ -140,181 +110,163 @@ def _eval_retrieval(args) -> None:
         print(f"wrote {config.out}")
 
 
-@dataclass
-class AgentEvalConfig:
-    trajectories: str = field(default="", metadata={"help": "trajectory file written by agent rollout"})
-    qa: str = field(default="", metadata={"help": "QA rows with supporting_titles, for evidence recall (optional)"})
-    out: str = field(default="", metadata={"help": "write the report as JSON here (optional)"})
+def _eval_agent(config) -> None:
+    from agent.evaluate import evaluate_trajectories
+
+    _print_report(evaluate_trajectories(config.trajectories, config.qa or None), config.out)
 
 
-def _agent_sft(args) -> None:
-    from agent.warm_start import WarmStartConfig, warm_start_agent
+def _agent_sft(config) -> None:
+    from agent.warm_start import warm_start_agent
 
-    path = warm_start_agent(build_config(WarmStartConfig, "agent_sft", args, args.config))
-    print(f"warm-started agent: {path}")
+    print(f"warm-started agent: {warm_start_agent(config)}")
 
 
-def _agent_rollout(args) -> None:
-    from agent.rollouts import RolloutConfig, run_rollout_job
+def _agent_rollout(config) -> None:
+    from agent.rollouts import run_rollout_job
 
-    config = build_config(RolloutConfig, "agent_rollout", args, args.config)
-    if not config.qa or not config.out:
-        raise SystemExit("error: --qa and --out are required")
     print(json.dumps(dataclasses.asdict(run_rollout_job(config)), indent=2))
 
 
-def _agent_train(args) -> None:
-    from agent.rl import RLConfig, run_rl_job
+def _agent_train(config) -> None:
+    from agent.rl import run_rl_job
 
-    path = run_rl_job(build_config(RLConfig, "agent_train", args, args.config))
-    print(f"trained agent: {path}")
-
-
-def _agent_eval(args) -> None:
-    from agent.evaluate import evaluate_trajectories
-
-    from .jsonl import write_json
-
-    config = build_config(AgentEvalConfig, "agent_eval", args, args.config)
-    if not config.trajectories:
-        raise SystemExit("error: --trajectories is required")
-    report = evaluate_trajectories(config.trajectories, config.qa or None)
-    print(json.dumps(report, indent=2))
-    if config.out:
-        write_json(config.out, report)
-        print(f"wrote {config.out}")
+    print(f"trained agent: {run_rl_job(config)}")
 
 
-@dataclass
-class MergeCommandConfig:
-    out: str = field(default="", metadata={"help": "mining output folder holding the shard folders"})
-    shards: int = field(default=1, metadata={"help": "number of shards n"})
+def _mine_run(config) -> None:
+    from .mining.job import run_mine_job
 
-
-def _mine(args) -> None:
-    from .mining.job import MineJobConfig, run_mine_job
-
-    config = build_config(MineJobConfig, "mine", args, args.config)
-    if not config.trajectories or not config.out:
-        raise SystemExit("error: --trajectories and --out are required")
     result = run_mine_job(config)
     print(json.dumps(result.stats, indent=2, default=str))
     print(f"wrote {result.rows_path} and {result.stats_path}")
 
 
-@dataclass
-class MineAuditConfig:
-    run: str = field(default="", metadata={"help": "mining run folder holding rounds.jsonl (also the positional RUN)"})
-    qa: str = field(default="", metadata={"help": "QA JSONL with supporting_titles: the evidence labels"})
-    out: str = field(default="", metadata={"help": "folder for audit.{json,md,png} (default: the run folder)"})
+def _mine_merge(config) -> None:
+    from .mining import merge_shards
+
+    result = merge_shards(config.out, config.shards)
+    print(f"wrote {result.rows_path} and {result.stats_path}")
 
 
-def _mine_audit(args) -> None:
+def _mine_audit(config) -> None:
     from .mining.audit import audit_mining, render_markdown
 
-    config = build_config(MineAuditConfig, "mine_audit", args, args.config)
-    if not config.run or not config.qa:
-        raise SystemExit("error: give the run folder and --qa (agentic-retriever mine audit RUN --qa FILE)")
     report = audit_mining(config.run, config.qa, config.out or None)
     print(render_markdown(report))
     print(f"wrote audit.json, audit.md and audit.png to {config.out or config.run}")
 
 
-def _mine_merge(args) -> None:
-    from .mining import merge_shards
-
-    config = build_config(MergeCommandConfig, "mine_merge", args, args.config)
-    if not config.out:
-        raise SystemExit("error: --out is required")
-    result = merge_shards(config.out, config.shards)
-    print(f"wrote {result.rows_path} and {result.stats_path}")
-
-
-def _retriever_train(args) -> None:
-    from .training.config import RetrieverTrainConfig
+def _retriever_train(config) -> None:
     from .training.trainer import train_retriever
 
-    out = train_retriever(build_config(RetrieverTrainConfig, "train_retriever", args, args.config))
+    out = train_retriever(config)
     print(f"wrote the trained retriever to {out} (sentence-transformers folder; model card in {out / 'README.md'})")
 
 
-def _demo(args) -> None:
-    from agent.rollouts import RolloutConfig
-    from agent.warm_start import WarmStartConfig
+def _retriever_export(config) -> None:
+    from .training.export import export_checkpoint
 
-    from .config import load_yaml_section
-    from .demo import DemoConfig, MainJob, run_demo
-    from .mining.job import MineJobConfig
-    from .training.config import RetrieverTrainConfig
+    out = export_checkpoint(config)
+    print(f"wrote the drop-in encoder folder {out} (SentenceTransformer({str(out)!r}) loads it)")
 
-    def section(cls, name: str):
+
+def _demo(config, args: argparse.Namespace) -> None:
+    from .commands import command
+    from .demo import MainJob, run_demo
+
+    def step(section: str):
         """A step's settings from its section of the same config file; None when the file has no such section."""
-        if not args.config or not load_yaml_section(args.config, name):
+        if not has_section(args.config, section):
             return None
-        return build_config(cls, name, argparse.Namespace(), args.config)
+        return build_config(command(section).config_class(), section, argparse.Namespace(workdir=args.workdir),
+                            args.config)
 
-    run_demo(MainJob(build_config(DemoConfig, "demo", args, args.config), section(WarmStartConfig, "agent_sft"),
-                     section(RolloutConfig, "demo_rollout"), section(MineJobConfig, "mine"),
-                     section(RetrieverTrainConfig, "train_retriever")))
+    run_demo(MainJob(config, step("agent_sft"), step("agent_rollout"), step("mine_run"), step("retriever_train")))
 
 
-def _add(subparsers, name: str, handler, config_cls, help_text: str, section: str) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(name, help=help_text, description=f"{help_text} (config section: {section})")
-    parser.add_argument("--config", help=f"YAML config file; its '{section}' section is read", default=None)
-    add_dataclass_arguments(parser, config_cls)
-    parser.set_defaults(handler=handler)
+#: What each command does with its settings, by section.
+HANDLERS: dict[str, Callable] = {
+    "data_prepare": _data_prepare, "index_build": _index_build, "index_search": _index_search,
+    "index_serve": _index_serve, "eval_retrieval": _eval_retrieval, "eval_agent": _eval_agent,
+    "agent_sft": _agent_sft, "agent_rollout": _agent_rollout, "agent_train": _agent_train, "mine_run": _mine_run,
+    "mine_merge": _mine_merge, "mine_audit": _mine_audit, "retriever_train": _retriever_train,
+    "retriever_export": _retriever_export, "demo": _demo,
+}
+
+
+def _add(subparsers, command: Command) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(command.verb, help=command.help,
+                                   description=f"{command.help} (config section: {command.section})")
+    parser.add_argument("--config", default=None,
+                        help=f"YAML config file; its '{command.section}' section and the shared workdir, retrieval "
+                             "and agent settings are read")
+    parser.add_argument("--workdir", default=None, help="run folder that default paths derive from "
+                                                        "(default: the config file's workdir, else runs/quickstart)")
+    add_dataclass_arguments(parser, command.config_class())
+    parser.set_defaults(command_spec=command)
     return parser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from agent.rl.config import RLConfig
-    from agent.rollouts import RolloutConfig
-    from agent.warm_start import WarmStartConfig
-
-    from .data.prepare import PrepareConfig
-    from .demo import DemoConfig
-    from .eval.retrieval import RetrievalEvalConfig
-    from .index import IndexBuildConfig
-    from .mining.job import MineJobConfig
-    from .training.config import RetrieverTrainConfig
-
     parser = argparse.ArgumentParser(prog="agentic-retriever", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    commands = parser.add_subparsers(dest="command", required=True)
-    data = commands.add_parser("data", help="prepare data").add_subparsers(dest="subcommand", required=True)
-    _add(data, "prepare-defaults", _prepare, PrepareConfig, "write the embedded default corpus and FanOutQA splits", "prepare")
-    index = commands.add_parser("index", help="build indexes").add_subparsers(dest="subcommand", required=True)
-    _add(index, "build", _index_build, IndexBuildConfig, "build a dense or BM25 index (resumes an interrupted build)", "index")
-    _add(commands, "search", _search, SearchConfig, "search an index from the shell", "search")
-    _add(commands, "serve", _serve, ServeConfig, "serve an index over HTTP (Search-R1 /retrieve API)", "serve")
-    evaluate = commands.add_parser("eval", help="evaluate").add_subparsers(dest="subcommand", required=True)
-    _add(evaluate, "retrieval", _eval_retrieval, RetrievalEvalConfig, "Recall@k, MRR@k, nDCG@k of an index on a QA file", "eval_retrieval")
-    agent = commands.add_parser("agent", help="the search agent").add_subparsers(dest="subcommand", required=True)
-    _add(agent, "sft", _agent_sft, WarmStartConfig, "warm-start the agent on synthesised search trajectories", "agent_sft")
-    _add(agent, "rollout", _agent_rollout, RolloutConfig, "run the agent over a QA file into trajectories", "agent_rollout")
-    _add(agent, "eval", _agent_eval, AgentEvalConfig, "EM, F1, contains-EM, searches and evidence recall", "agent_eval")
-    _add(agent, "train", _agent_train, RLConfig, "RL of the agent (PPO or GRPO/DAPO) against a fixed retriever",
-         "agent_train")
-    mine = _add(commands, "mine", _mine, MineJobConfig, "mine retriever training rows from agent trajectories", "mine")
-    # `mine --...` mines; `mine audit RUN --qa FILE` audits a run (an optional sub-command of the same parser)
-    mine_commands = mine.add_subparsers(dest="subcommand", required=False, metavar="{audit}")
-    audit = _add(mine_commands, "audit", _mine_audit, MineAuditConfig,
-                 "audit a mining run against evidence labels: audit.{json,md,png}", "mine_audit")
-    audit.add_argument("run", nargs="?", default=argparse.SUPPRESS, metavar="RUN", help="mining run folder")
-    _add(commands, "mine-merge", _mine_merge, MergeCommandConfig, "join the outputs of mining shards", "mine_merge")
-    retriever = commands.add_parser("retriever", help="the retriever").add_subparsers(dest="subcommand", required=True)
-    _add(retriever, "train", _retriever_train, RetrieverTrainConfig,
-         "contrastive training on mined rows -> a sentence-transformers folder (torchrun for several devices)",
-         "train_retriever")
-    _add(commands, "demo", _demo, DemoConfig, "run the main job on the embedded default stack", "demo")
+    top = parser.add_subparsers(dest="command", required=True, metavar="GROUP")
+    groups: dict[str, argparse._SubParsersAction] = {}
+    for command in COMMANDS:
+        if not command.group:
+            _add(top, command)
+            continue
+        if command.group not in groups:
+            verbs = [c.verb for c in COMMANDS if c.group == command.group]
+            groups[command.group] = top.add_parser(
+                command.group, help=" | ".join(verbs)).add_subparsers(dest="verb", required=True, metavar="VERB")
+        sub = _add(groups[command.group], command)
+        if command.section == "mine_audit":
+            sub.add_argument("run", nargs="?", default=argparse.SUPPRESS, metavar="RUN", help="mining run folder")
     return parser
+
+
+def _deprecated(old: str, new: str) -> None:
+    print(f"note: '{old}' is deprecated; use '{new}'", file=sys.stderr)
+
+
+def modernize(argv: list[str]) -> list[str]:
+    """`argv` with a command or flag of the previous release replaced by its new spelling (and a deprecation
+    message): ``mine --trajectories T`` -> ``mine run --trajectories T``; ``agent rollout --llm.model M`` ->
+    ``agent rollout --agent.model M``."""
+    for old, new in DEPRECATED_COMMANDS.items():
+        rest = argv[len(old):]
+        if tuple(argv[:len(old)]) != old or (old == ("mine",) and rest and not rest[0].startswith("-")):
+            continue  # (`mine run|merge|audit ...` is already the new spelling)
+        _deprecated(f"agentic-retriever {' '.join(old)}", f"agentic-retriever {' '.join(new)}")
+        argv = [*new, *rest]
+        break
+    spec = next((c for c in COMMANDS if argv[:len(c.name.split())] == c.name.split()), None)
+    if spec is None:
+        return argv
+    renamed = renamed_flags(spec.config_class())
+    modern = []
+    for token in argv:
+        flag, sep, value = token.partition("=")
+        head, dot, tail = flag.partition(".")
+        new = renamed.get(flag) or (renamed[head] + dot + tail if dot and head in renamed else None)
+        if flag.startswith("--") and new:
+            _deprecated(flag, new)
+            token = new + sep + value
+        modern.append(token)
+    return modern
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    args = build_parser().parse_args(argv)
+    logging.captureWarnings(True)
+    args = build_parser().parse_args(modernize(list(sys.argv[1:] if argv is None else argv)))
+    command: Command = args.command_spec
     try:
-        args.handler(args)
+        config = _settings(command, args)
+        handler = HANDLERS[command.section]
+        handler(config, args) if command.section == "demo" else handler(config)
     except (ValueError, FileNotFoundError, KeyError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

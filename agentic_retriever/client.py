@@ -17,14 +17,16 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import httpx
 
-from .corpus import split_contents
-from .index.base import ScoredPassage, SearchIndex
+from .corpus import ScoredPassage, split_contents
+from .index.base import SearchIndex
 
-__all__ = ["HttpRetrievalClient", "LocalRetrievalClient", "RetrievalClient", "RetrievalServiceError"]
+__all__ = ["HttpRetrievalClient", "LocalRetrievalClient", "RetrievalClient", "RetrievalConfig", "RetrievalServiceError",
+           "SearchConfig", "open_client"]
 
 log = logging.getLogger(__name__)
 
@@ -207,3 +209,38 @@ def _retry_after(response: httpx.Response) -> float | None:
     except ValueError:
         return None
 
+
+
+@dataclass
+class RetrievalConfig:
+    """The retriever a command searches: an index folder opened in this process, or a service URL (exactly one).
+
+    The ``retrieval`` setting of a config file, shared by every command that searches (`agentic_retriever.config`)."""
+
+    index: str = field(default="", metadata={"help": "index folder searched in this process", "alias": "--index"})
+    url: str = field(default="", metadata={"help": "or a retrieval service URL (Search-R1 /retrieve API)",
+                                           "alias": "--url"})
+
+
+def open_client(config: RetrievalConfig) -> LocalRetrievalClient | HttpRetrievalClient:
+    """An in-process client over ``config.index``, or an HTTP client of the service at ``config.url``."""
+    if bool(config.index) == bool(config.url):
+        raise ValueError("give exactly one retriever: --index DIR (retrieval.index) or --url URL (retrieval.url)"
+                         + (f"; got both {config.index!r} and {config.url!r}" if config.index else ""))
+    if config.url:
+        return HttpRetrievalClient(config.url)
+    from .index import open_index
+
+    return LocalRetrievalClient(open_index(config.index))
+
+
+@dataclass
+class SearchConfig:
+    """Settings of `agentic-retriever index search` (section ``index_search``)."""
+
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    queries: list[str] = field(default_factory=list, metadata={"help": "queries to search", "required": True})
+    questions: list[str] = field(default_factory=list, metadata={
+        "help": "original questions, parallel to the queries (for encoders trained on 'Q [SEP] q')"})
+    k: int = field(default=3, metadata={"help": "passages per query"})
+    json: bool = field(default=False, metadata={"help": "print JSON lines instead of text"})

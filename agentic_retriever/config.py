@@ -1,8 +1,22 @@
-"""Typed configs: dataclasses filled from a YAML section, then from command-line flags.
+"""Typed configs: dataclasses filled from a YAML file, then from command-line flags.
 
-Every dataclass field is both a YAML key and a flag: ``--out``, nested ``--encoder.model``,
-``--dense.ef-search``; booleans get ``--flag/--no-flag``; mappings take a JSON object; ``none`` on the command line sets an optional
-field to None. Unknown YAML keys are errors naming the file and the key (no silently ignored typo).
+A config file holds one section per command, named after it (`agentic_retriever.commands`: ``index_build``
+for ``agentic-retriever index build``), and three shared settings every command reads:
+
+* ``workdir``: the run folder; a path setting left empty takes its default from it (the ``derive`` template in
+  the field's metadata, e.g. ``{workdir}/data``), so a config names each path once;
+* ``retrieval: {index, url}``: the retriever every command searches (``{index}`` in a template);
+* ``agent: {model, precision, ...}``: the agent LLM wherever one is loaded.
+
+A command's own section may override a shared setting; flags override both. Every dataclass field is both a
+YAML key and a flag: ``--out``, nested ``--encoder.model``, ``--dense.ef-search``; booleans get
+``--flag/--no-flag``; mappings take a JSON object; ``none`` on the command line sets an optional field to None.
+Field metadata: ``help``; ``required`` (an empty value is an error naming the setting, and ``--help`` says
+"required"); ``derive`` (the default's template); ``alias`` (a second flag, e.g. ``--index``).
+
+Unknown sections and keys are errors naming the file and the valid names. Names of the previous release (a
+section ``mine``, a key ``llm``, ``dtype: float32``) are still read, with a deprecation warning: a class lists
+its renamed keys in a ``RENAMED`` class attribute (old key -> new dotted key).
 """
 
 from __future__ import annotations
@@ -12,12 +26,21 @@ import dataclasses
 import json
 import types
 import typing
+import warnings
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
 
 T = TypeVar("T")
+
+#: Numeric precision, spelled one way everywhere (weights for inference, mixed precision for training).
+Precision = Literal["auto", "fp32", "fp16", "bf16"]
+#: Spellings of the previous release, read with a deprecation warning.
+PRECISION_ALIASES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+#: Settings at the top of a config file that every command reads.
+SHARED_SETTINGS = ("workdir", "retrieval", "agent")
+DEFAULT_WORKDIR = "runs/quickstart"
 
 
 def _unwrap_optional(hint) -> tuple[Any, bool]:
@@ -38,6 +61,19 @@ def _scalar(kind, optional: bool):
     return convert
 
 
+def _precision(text: str) -> str:
+    return normalize_precision(text, "command line")
+
+
+def normalize_precision(value: str, where: str) -> str:
+    """`value` in the one spelling (fp32, fp16, bf16, auto); the previous release's float32 etc. warn."""
+    if value in PRECISION_ALIASES:
+        warnings.warn(f"{where}: precision '{value}' is deprecated, write '{PRECISION_ALIASES[value]}'",
+                      FutureWarning, stacklevel=3)
+        return PRECISION_ALIASES[value]
+    return value
+
+
 def _json_mapping(text: str) -> dict:
     """A mapping flag's value, written as a JSON object (``--reward-options '{"lambda_f": 0.4}'``)."""
     try:
@@ -49,36 +85,94 @@ def _json_mapping(text: str) -> dict:
     return value
 
 
+def _default_text(f: dataclasses.Field) -> str:
+    if f.metadata.get("required"):
+        return "required"
+    if f.metadata.get("derive"):
+        return f"default: {f.metadata['derive']}"
+    default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    return f"default: {default}"
+
+
 def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, prefix: str = "") -> None:
     """Add one flag per (nested) field of `cls`; defaults stay unset so only given flags override."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
+        if not prefix and f.name == "workdir":
+            continue  # the shared --workdir flag sets it
         hint, optional = _unwrap_optional(hints[f.name])
         dest = f"{prefix}{f.name}"
         if dataclasses.is_dataclass(hint):
             add_dataclass_arguments(parser, hint, prefix=f"{dest}.")
             continue
-        flag = "--" + dest.replace("_", "-")
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        help_text = f"{f.metadata.get('help', '')} (default: {default})"
+        flags = ["--" + dest.replace("_", "-")] + ([f.metadata["alias"]] if f.metadata.get("alias") else [])
+        help_text = f"{f.metadata.get('help', '')} ({_default_text(f)})"
         common = {"dest": dest, "default": argparse.SUPPRESS, "help": help_text}
         if hint is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, **common)
+            parser.add_argument(*flags, action=argparse.BooleanOptionalAction, **common)
+        elif f.name == "precision" and typing.get_origin(hint) is Literal:
+            parser.add_argument(*flags, choices=list(typing.get_args(hint)), type=_precision, **common)
         elif typing.get_origin(hint) is Literal:
             choices = list(typing.get_args(hint)) + (["none"] if optional else [])
-            parser.add_argument(flag, choices=choices, type=_scalar(str, optional), **common)
+            parser.add_argument(*flags, choices=choices, type=_scalar(str, optional), **common)
         elif typing.get_origin(hint) is dict:
-            parser.add_argument(flag, type=_json_mapping, metavar="JSON", **common)
+            parser.add_argument(*flags, type=_json_mapping, metavar="JSON", **common)
         elif typing.get_origin(hint) is list:
             (item,) = typing.get_args(hint)
-            parser.add_argument(flag, nargs="+", type=item, metavar=item.__name__.upper(), **common)
+            parser.add_argument(*flags, nargs="+", type=item, metavar=item.__name__.upper(), **common)
         else:
-            parser.add_argument(flag, type=_scalar(hint, optional), metavar=getattr(hint, "__name__", "X").upper(), **common)
+            parser.add_argument(*flags, type=_scalar(hint, optional), metavar=getattr(hint, "__name__", "X").upper(),
+                                **common)
+
+
+def _set_dotted(obj, dotted: str, value, where: str) -> None:
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        obj = getattr(obj, part)
+    _apply(obj, {leaf: value}, where)
+
+
+def renamed_flags(cls: type, prefix: str = "") -> dict[str, str]:
+    """Flags of the previous release -> their new spelling, from the ``RENAMED`` tables of `cls` and its parts."""
+    flags = {f"--{prefix}{old}".replace("_", "-"): f"--{prefix}{new}".replace("_", "-")
+             for old, new in getattr(cls, "RENAMED", {}).items() if f"--{old}" != _alias_of(cls, new)}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        hint, _ = _unwrap_optional(hints[f.name])
+        if dataclasses.is_dataclass(hint):
+            flags |= renamed_flags(hint, f"{prefix}{f.name}.")
+    return flags
+
+
+def _alias_of(cls: type, dotted: str) -> str | None:
+    """The second flag (``alias``) of the field at `dotted` in `cls`, if it has one."""
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        cls = _unwrap_optional(typing.get_type_hints(cls)[part])[0]
+    field = {f.name: f for f in dataclasses.fields(cls)}.get(leaf)
+    return field.metadata.get("alias") if field is not None else None
+
+
+def _move_renamed_nested(values: dict, renamed: dict[str, str]) -> dict:
+    """`values` with renamed keys inside a part (``train.model``) lifted out under their dotted old name."""
+    values = dict(values)
+    for old in renamed:
+        head, _, tail = old.partition(".")
+        if tail and isinstance(values.get(head), dict) and tail in values[head]:
+            values[head] = dict(values[head])
+            values[old] = values[head].pop(tail)
+    return values
 
 
 def _apply(obj, values: dict, where: str) -> None:
     known = {f.name: f for f in dataclasses.fields(obj)}
+    renamed = getattr(type(obj), "RENAMED", {})
+    values = _move_renamed_nested(values, renamed)
     for key, value in values.items():
+        if key not in known and key in renamed:
+            warnings.warn(f"{where}: '{key}' is deprecated, write '{renamed[key]}'", FutureWarning, stacklevel=2)
+            _set_dotted(obj, renamed[key], value, where)
+            continue
         if key not in known:
             raise ValueError(f"{where}: unknown field '{key}' (known: {', '.join(sorted(known))})")
         current = getattr(obj, key)
@@ -86,33 +180,99 @@ def _apply(obj, values: dict, where: str) -> None:
             if not isinstance(value, dict):
                 raise ValueError(f"{where}.{key}: expected a mapping, got {type(value).__name__}")
             _apply(current, value, f"{where}.{key}")
+        elif key == "precision" and isinstance(value, str):
+            setattr(obj, key, normalize_precision(value, f"{where}.{key}"))
         else:
             setattr(obj, key, value)
 
 
-def load_yaml_section(path: str | Path, section: str) -> dict:
+def load_config_file(path: str | Path, extra_sections: tuple[str, ...] = ()) -> dict:
+    """A config file's top-level mapping, with sections of the previous release renamed (and a warning).
+
+    Every top-level key must be a command's section, a shared setting or one of `extra_sections` (a script's own,
+    e.g. a benchmark's); otherwise the error names the file and the valid names."""
+    from .commands import DEPRECATED_SECTIONS, section_names
+
     data = yaml.safe_load(Path(path).read_text()) or {}
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping of sections at the top level")
-    value = data.get(section, {})
-    if not isinstance(value, dict):
-        raise ValueError(f"{path}: section '{section}' must be a mapping")
-    return value
+    valid = section_names() + list(extra_sections)
+    result: dict = {}
+    for key, value in data.items():
+        name = key
+        if key in DEPRECATED_SECTIONS:
+            name = DEPRECATED_SECTIONS[key]
+            warnings.warn(f"{path}: section '{key}' is deprecated, name it '{name}'", FutureWarning, stacklevel=2)
+            if name in data:
+                raise ValueError(f"{path}: both '{key}' and its new name '{name}' are given; keep '{name}'")
+        elif key not in valid and key not in SHARED_SETTINGS:
+            raise ValueError(f"{path}: unknown section '{key}' (valid: {', '.join(SHARED_SETTINGS)}, "
+                             f"{', '.join(valid)})")
+        if key == "workdir":
+            if not isinstance(value, str):
+                raise ValueError(f"{path}: 'workdir' must be a folder path, got {type(value).__name__}")
+        elif not isinstance(value, dict):
+            raise ValueError(f"{path}: section '{key}' must be a mapping")
+        result[name] = value
+    return result
 
 
-def build_config(cls: type[T], section: str, args: argparse.Namespace | None = None, config_file: str | None = None) -> T:
-    """Defaults, then the YAML section (if a file is given), then the flags that were given."""
-    config = cls()
-    if config_file:
-        _apply(config, load_yaml_section(config_file, section), f"{config_file}: {section}")
+def _flag_values(args: argparse.Namespace | None) -> dict:
     nested: dict = {}
     for dest, value in vars(args or argparse.Namespace()).items():
-        if dest in ("command", "subcommand", "config", "handler"):
+        if dest in ("command", "verb", "command_spec", "config", "workdir"):
             continue
         node = nested
         *parents, leaf = dest.split(".")
         for part in parents:
             node = node.setdefault(part, {})
         node[leaf] = value
-    _apply(config, nested, "command line")
+    return nested
+
+
+def _walk(obj, prefix: str = ""):
+    """(owner, field, dotted name) of every field, nested dataclasses included."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from _walk(value, f"{prefix}{f.name}.")
+        else:
+            yield obj, f, f"{prefix}{f.name}"
+
+
+def _empty(value) -> bool:
+    return value is None or value == "" or value == []
+
+
+def has_section(config_file: str | None, section: str) -> bool:
+    """Whether `config_file` has a (non-empty) section for `section` (by its current or its deprecated name)."""
+    return bool(config_file) and bool(load_config_file(config_file).get(section))
+
+
+def build_config(cls: type[T], section: str, args: argparse.Namespace | None = None,
+                 config_file: str | None = None, extra_sections: tuple[str, ...] = ()) -> T:
+    """Defaults, then the shared settings, then the command's section, then the given flags; then the paths
+    derived from the work folder, then the check of required settings."""
+    data = load_config_file(config_file, extra_sections) if config_file else {}
+    config = cls()
+    names = {f.name for f in dataclasses.fields(cls)}
+    for shared in ("retrieval", "agent"):
+        if shared in names and shared in data:
+            _apply(getattr(config, shared), data[shared], f"{config_file}: {shared}")
+    _apply(config, data.get(section, {}), f"{config_file}: {section}")
+    _apply(config, _flag_values(args), "command line")
+    workdir = getattr(args, "workdir", None) or data.get("workdir") or DEFAULT_WORKDIR
+    index = config.retrieval.index if "retrieval" in names else (data.get("retrieval") or {}).get("index", "")
+    for owner, f, dotted in _walk(config):
+        template = f.metadata.get("derive")
+        if template and _empty(getattr(owner, f.name)):
+            if "{index}" in template and not index:
+                continue
+            setattr(owner, f.name, template.format(workdir=workdir, index=index))
+    missing = [dotted for owner, f, dotted in _walk(config) if f.metadata.get("required") and _empty(getattr(owner, f.name))]
+    if missing:
+        where = f"the '{section}' section of {config_file} or " if config_file else ""
+        raise ValueError(f"{section.replace('_', ' ', 1)}: required setting{'s' * (len(missing) > 1)} "
+                         f"{', '.join(missing)} missing (set {where}"
+                         f"{', '.join('--' + m.replace('_', '-') for m in missing)})")
     return config

@@ -46,6 +46,13 @@ class Passage:
         return f'"{self.title}"\n{self.text}'
 
 
+@dataclass(frozen=True)
+class ScoredPassage(Passage):
+    """A retrieved passage with its retrieval score (what indexes return and retrieval clients hand agents)."""
+
+    score: float = 0.0
+
+
 def split_contents(contents: str) -> tuple[str, str]:
     """Split Search-R1 ``contents`` into (title, text): the first line, minus one pair of quotes, is the title."""
     title, sep, text = contents.partition("\n")

@@ -18,8 +18,10 @@ Steps, each reusing its artifact when it is already there (so a second run only 
 Retriever training keeps the base weights when no epoch beats them on the held-out train slice
 (`training.selection`); the report then says "kept: base".
 
-Each step takes its settings from its own section of the config file (``agent_sft``, ``agent_rollout``,
-``mine``, ``train_retriever``); the ``demo`` section holds the paths and the sizes of the run. The report
+Each step takes its settings from its own command's section of the config file (``agent_sft``,
+``agent_rollout``, ``mine_run``, ``retriever_train``), with the shared ``workdir``, ``retrieval`` and ``agent``
+settings; the demo sets what chains the steps (the rollouts' questions and output, the warm-started agent of
+the rollouts and of mining, the training rows). The ``demo`` section holds the sizes of the run. The report
 (``report.md``, ``report.json``, ``report.png``) goes into the work folder and the table is printed.
 """
 
@@ -33,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .client import RetrievalConfig
 from .data.prepare import PrepareConfig, prepare_defaults
 from .encoder import EncoderConfig
 from .eval.bootstrap import compare_reports
@@ -47,7 +50,9 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class DemoConfig:
-    workdir: str = field(default="runs/quickstart", metadata={"help": "folder for every artifact of the run"})
+    """Settings of `agentic-retriever demo` (section ``demo``)."""
+
+    workdir: str = field(default="", metadata={"help": "folder for every artifact of the run", "derive": "{workdir}"})
     dev_fraction: float = field(default=0.3, metadata={"help": "share of FanOutQA top-level questions in dev"})
     mining_fraction: float = field(default=0.5, metadata={"help": "share of train answerable leaves for mining"})
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
@@ -67,10 +72,10 @@ class MainJob:
     """The demo's settings plus the sections of the steps it runs (None: that step is left out)."""
 
     demo: DemoConfig
-    warm_start: Any = None      # agent.warm_start.WarmStartConfig
-    rollout: Any = None         # agent.rollouts.RolloutConfig
-    mine: Any = None            # mining.job.MineJobConfig
-    train: Any = None           # training.config.RetrieverTrainConfig
+    warm_start: Any = None      # agent.warm_start.WarmStartConfig (section agent_sft)
+    rollout: Any = None         # agent.rollouts.RolloutConfig (section agent_rollout)
+    mine: Any = None            # mining.job.MineJobConfig (section mine_run)
+    train: Any = None           # training.config.RetrieverTrainConfig (section retriever_train)
 
 
 def encoder_short_name(model: str) -> str:
@@ -125,6 +130,8 @@ def run_demo(job: MainJob | DemoConfig) -> dict:
     """Run the main job; return the report (also written to the work folder)."""
     job = job if isinstance(job, MainJob) else MainJob(job)
     config = job.demo
+    if not config.workdir:
+        raise ValueError("demo: give the work folder (workdir)")
     full = all(part is not None for part in (job.warm_start, job.rollout, job.mine, job.train))
     steps = Steps(8 if full else 2)
     work, data = Path(config.workdir), Path(config.workdir) / "data"
@@ -170,7 +177,10 @@ def _agentic_r_iteration(job: MainJob, steps: Steps, work: Path, corpus: str, re
     config = job.demo
     agent_path = steps.run("warm-start the default agent (cached after the first run)",
                            lambda: warm_start_agent(job.warm_start))
-    rollout = dataclasses.replace(job.rollout, llm=dataclasses.replace(job.rollout.llm, model=str(agent_path)))
+    data = work / "data"
+    rollout = dataclasses.replace(job.rollout, qa=str(data / "fanoutqa_leaf_train_mining.jsonl"),
+                                  out=str(work / "agent" / "trajectories_train_mining.jsonl"),
+                                  agent=dataclasses.replace(job.rollout.agent, model=str(agent_path)))
     report["rollouts"] = dataclasses.asdict(steps.run("agent rollouts on the mining questions",
                                                       lambda: run_rollout_job(rollout)))
     mine = dataclasses.replace(job.mine, trajectories=rollout.out,
@@ -256,9 +266,9 @@ def _agent_reports(job: MainJob, work: Path, data: Path, indexes: dict[str, str]
         key = stable_hash([agent_model, (Path(index) / "manifest.json").read_text(), dataclasses.asdict(job.rollout.env),
                            job.demo.agent_eval_questions])[:12]
         out = work / "agent" / f"trajectories_dev_{name}_{key}.jsonl"
-        run_rollout_job(dataclasses.replace(job.rollout, qa=str(qa), index=index, url="", out=str(out),
-                                            limit=job.demo.agent_eval_questions,
-                                            llm=dataclasses.replace(job.rollout.llm, model=agent_model)))
+        run_rollout_job(dataclasses.replace(job.rollout, qa=str(qa), retrieval=RetrievalConfig(index=index),
+                                            out=str(out), limit=job.demo.agent_eval_questions,
+                                            agent=dataclasses.replace(job.rollout.agent, model=agent_model)))
         metrics = evaluate_trajectories(out, str(qa))
         reports[name] = {"em": metrics["em"], "f1": metrics["f1"], "searches": metrics["avg_searches"]}
     return reports

@@ -22,10 +22,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 
+from .config import PRECISION_ALIASES, Precision
 from .defaults import resolve_model_name
 
 CompositionMode = Literal["query", "question_sep_query", "history"]
@@ -49,8 +50,18 @@ class EncoderConfig:
     max_length: int | None = dataclasses.field(default=None, metadata={"help": "max tokens per text (model's own if unset)"})
     batch_size: int = dataclasses.field(default=64, metadata={"help": "texts per forward pass"})
     device: str | None = dataclasses.field(default=None, metadata={"help": "cpu, cuda, cuda:1 ... (auto if unset)"})
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = dataclasses.field(
-        default="auto", metadata={"help": "weights dtype; auto = float16 on GPU, float32 on CPU"})
+    precision: Precision = dataclasses.field(default="auto", metadata={"help": "weights; auto = fp16 on GPU, fp32 on CPU"})
+
+    RENAMED: ClassVar[dict[str, str]] = {"dtype": "precision"}
+
+    @classmethod
+    def from_dict(cls, values: dict) -> EncoderConfig:
+        """From a stored config (index manifest, model folder), including ones that spell precision ``dtype``."""
+        values = dict(values)
+        if "dtype" in values:
+            dtype = values.pop("dtype")
+            values["precision"] = PRECISION_ALIASES.get(dtype, dtype)
+        return cls(**values)
 
 
 @dataclass(frozen=True)
@@ -124,7 +135,7 @@ class Encoder:
         if config.max_length:
             self.model.max_seq_length = config.max_length
         fingerprint = self._weights_fingerprint()
-        dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}.get(config.dtype)
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}.get(config.precision)
         if dtype is None and device.startswith("cuda"):
             dtype = torch.float16
         if dtype is not None:

@@ -20,8 +20,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timed runs of each encoder (alternating)")
     parser.add_argument("--corpus", help="corpus file to take passages from (default: runs/quickstart corpus, "
                                          "else synthetic passages)")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"],
-                        help="our encoder's dtype (auto = float16 on GPU, float32 on CPU)")
+    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "fp16", "bf16"],
+                        help="our encoder's precision (auto = fp16 on GPU, fp32 on CPU)")
     args = parser.parse_args()
 
     import torch
@@ -32,7 +32,7 @@ def main() -> None:
 
     device = describe_device()
     texts, source = load_passages(args.passages, args.corpus)
-    ours = Encoder(EncoderConfig(dtype=args.dtype))
+    ours = Encoder(EncoderConfig(precision=args.precision))
     baseline = SentenceTransformer(str(minilm_model_dir()))
     torch_device = str(baseline.device)
     print(f"encode benchmark: {len(texts)} passages from {source}")

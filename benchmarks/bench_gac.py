@@ -74,7 +74,7 @@ class CountedGenerate:
 
 def scored_passages(count: int, corpus: str | None, seed: int = 0):
     from agentic_retriever.corpus import split_contents
-    from agentic_retriever.index.base import ScoredPassage
+    from agentic_retriever.corpus import ScoredPassage
 
     texts, source = load_passages(count, corpus, seed=seed)
     return [ScoredPassage(f"p{i}", *split_contents(t), score=1.0) for i, t in enumerate(texts)], source
@@ -138,8 +138,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=32, help="generated tokens per turn")
     parser.add_argument("--max-turns", type=int, default=4, help="EnvConfig.max_turns of the GAC agent")
     parser.add_argument("--batch-size", type=int, default=16, help="TransformersLLM.max_batch_size")
-    parser.add_argument("--dtype", default="auto", help="weights dtype: auto (float32 on CPU, bfloat16 on GPU), "
-                                                         "float32, bfloat16, float16")
+    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "fp16", "bf16"],
+                        help="weights: auto (fp32 on CPU, bf16 on GPU), fp32, bf16, fp16")
     parser.add_argument("--think-words", type=int, default=60, help="synthetic: words per earlier <think>")
     parser.add_argument("--repeats", type=int, default=2, help="timed runs of each contender")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs of each contender first")
@@ -172,7 +172,7 @@ def main() -> None:
         requests, source, fixed = synthetic_requests(args.rounds, args.candidates, args.think_words, args.corpus)
         if client is None:
             client = FixedClient(fixed)
-    llm = load_llm(LLMConfig(model=args.model, dtype=args.dtype, max_batch_size=args.batch_size))
+    llm = load_llm(LLMConfig(model=args.model, precision=args.precision, max_batch_size=args.batch_size))
     if not isinstance(llm, TransformersLLM):
         raise SystemExit("this benchmark measures the transformers backend")
     pairs = sum(len(r.passages) for r in requests)

@@ -40,17 +40,18 @@ RUNS = {  # name -> overrides of the config
 def _worker(name: str, args: dict) -> dict:
     from agent.qa_data import read_qa_rows
     from agent.rl import RLConfig, RLTrainer
-    from agent.warm_start import open_retrieval_client
+    from agentic_retriever.client import RetrievalConfig, open_client
     from agentic_retriever.config import build_config
 
     config = build_config(RLConfig, "agent_train", None, args["config"])
     overrides = {key: args[key] for key in ("actor_lr", "critic_lr", "prompts_per_step") if args[key] is not None}
-    for key, value in {**RUNS[name], "model": args["model"], "qa": args["qa"], "index": args["index"],
+    for key, value in {**RUNS[name], "qa": args["qa"], "retrieval": RetrievalConfig(index=args["index"]),
                        "out": args["out"], "steps": args["steps"], "limit": args["limit"], "progress": False,
                        **overrides}.items():
         setattr(config, key, value)
+    config.agent.model = args["model"]
     rows = read_qa_rows(config.qa)[: config.limit]
-    trainer = RLTrainer(config, open_retrieval_client(config.index, ""), rows)
+    trainer = RLTrainer(config, open_client(config.retrieval), rows)
     before = trainer.evaluate(rows, args["eval_samples"], seed=args["eval_seed"])
     trainer.train()
     after = trainer.evaluate(rows, args["eval_samples"], seed=args["eval_seed"])

@@ -46,7 +46,7 @@ class FixedPassages:
         import json
 
         from agentic_retriever.corpus import split_contents
-        from agentic_retriever.index.base import ScoredPassage
+        from agentic_retriever.corpus import ScoredPassage
 
         with open(corpus, encoding="utf-8") as handle:
             rows = [json.loads(next(handle)) for _ in range(10)]

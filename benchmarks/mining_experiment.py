@@ -43,6 +43,7 @@ from _common import describe_device  # noqa: E402
 from agent.rollouts import RolloutConfig, run_rollout_job  # noqa: E402
 from agent.trajectory import read_trajectories  # noqa: E402
 from agent.warm_start import WarmStartConfig, warm_start_agent  # noqa: E402
+from agentic_retriever.client import RetrievalConfig  # noqa: E402
 from agentic_retriever.config import build_config  # noqa: E402
 from agentic_retriever.corpus import Corpus  # noqa: E402
 from agentic_retriever.demo import Steps  # noqa: E402
@@ -164,9 +165,9 @@ def agent_report(index_dir: str, agent_model: str, rollout: RolloutConfig, confi
                        dataclasses.asdict(rollout.env), config.agent_eval_questions])[:12]
     out = work / "agent" / f"multihop_dev_{key}.jsonl"
     qa = data / config.dev_parents
-    run_rollout_job(dataclasses.replace(rollout, qa=str(qa), index=index_dir, url="", out=str(out),
+    run_rollout_job(dataclasses.replace(rollout, qa=str(qa), retrieval=RetrievalConfig(index=index_dir), out=str(out),
                                         limit=config.agent_eval_questions,
-                                        llm=dataclasses.replace(rollout.llm, model=agent_model)))
+                                        agent=dataclasses.replace(rollout.agent, model=agent_model)))
     evidence = {row["id"]: set(row["supporting_titles"]) for _, row in iter_jsonl(qa)}
     per_question = []
     for t in read_trajectories(out):
@@ -261,11 +262,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/mining_experiment.yaml")
     args = parser.parse_args()
-    config = build_config(ExperimentConfig, "experiment", None, args.config)
-    warm = build_config(WarmStartConfig, "agent_sft", None, args.config)
-    rollout = build_config(RolloutConfig, "agent_rollout", None, args.config)
-    mine = build_config(MineJobConfig, "mine", None, args.config)
-    train = build_config(RetrieverTrainConfig, "train_retriever", None, args.config)
+    config = build_config(ExperimentConfig, "experiment", None, args.config, ("experiment",))
+    warm = build_config(WarmStartConfig, "agent_sft", None, args.config, ("experiment",))
+    rollout = build_config(RolloutConfig, "agent_rollout", None, args.config, ("experiment",))
+    mine = build_config(MineJobConfig, "mine_run", None, args.config, ("experiment",))
+    train = build_config(RetrieverTrainConfig, "retriever_train", None, args.config, ("experiment",))
     work, data = Path(config.workdir), Path(config.data)
     cache = work / "eval"
     cache.mkdir(parents=True, exist_ok=True)
@@ -274,11 +275,12 @@ def main() -> None:
 
     agent_model = str(steps.run("warm-started agent", lambda: warm_start_agent(warm)))
     trajectories = work / "trajectories_mining.jsonl"
-    mining_rollout = dataclasses.replace(rollout, qa=str(data / config.mining_qa), index=config.base_index, url="",
-                                         out=str(trajectories), limit=config.mining_questions,
-                                         llm=dataclasses.replace(rollout.llm, model=agent_model))
+    mining_rollout = dataclasses.replace(rollout, qa=str(data / config.mining_qa),
+                                         retrieval=RetrievalConfig(index=config.base_index), out=str(trajectories),
+                                         limit=config.mining_questions,
+                                         agent=dataclasses.replace(rollout.agent, model=agent_model))
     steps.run("agent rollouts on the mining questions", lambda: run_rollout_job(mining_rollout))
-    job = dataclasses.replace(mine, trajectories=str(trajectories), index=config.base_index, url="",
+    job = dataclasses.replace(mine, trajectories=str(trajectories), retrieval=RetrievalConfig(index=config.base_index),
                               agent=dataclasses.replace(mine.agent, model=agent_model))
     rows = steps.run("mining and its ablations", lambda: mine_variants(job, work))
     audits = steps.run("mining audits (read the mining questions' evidence titles)", lambda: {

@@ -14,7 +14,7 @@ from agent.env import EnvConfig, Prefix, Rollout, rollout
 from agent.qa_data import QARow
 from agent.rollouts import make_trajectory
 from agentic_retriever.client import RetrievalClient
-from agentic_retriever.index.base import ScoredPassage
+from agentic_retriever.corpus import ScoredPassage
 from agentic_retriever.llm.base import LLM, Generation, SamplingParams
 
 

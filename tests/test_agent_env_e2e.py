@@ -12,7 +12,7 @@ from agent.env import EnvConfig, Prefix, rollout
 from agentic_retriever.client import LocalRetrievalClient
 from agentic_retriever.encoder import EncoderConfig
 from agentic_retriever.index import DenseParams, IndexBuildConfig, build_index, open_index
-from agentic_retriever.index.base import ScoredPassage
+from agentic_retriever.corpus import ScoredPassage
 from agentic_retriever.llm import LLMConfig, load_llm
 from conftest import synthetic_rows, write_jsonl
 

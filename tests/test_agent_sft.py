@@ -12,8 +12,10 @@ from agent.dialects import SearchR1Dialect
 from agent.qa_data import QARow
 from agent.sft import IGNORE_INDEX, SFTConfig, SFTExample, read_sft_examples, tokenize_example, train_sft, write_sft_examples
 from agent.sft_data import SynthesisConfig, query_phrasings, synthesize_sft_examples
-from agentic_retriever.index.base import ScoredPassage
+from agentic_retriever.client import RetrievalConfig
+from agentic_retriever.corpus import ScoredPassage
 from agentic_retriever.jsonl import DataFormatError
+from agentic_retriever.llm import LLMConfig
 
 EVIDENCE = ScoredPassage("7", "Islamabad", "Islamabad is the capital city of Pakistan. It lies in the north.", 0.9)
 OTHER = ScoredPassage("8", "Lahore", "Lahore is the second-largest city of Pakistan.", 0.5)
@@ -134,9 +136,9 @@ def test_training_lowers_the_loss_and_saves_a_plain_hf_model(tmp_path, tiny_caus
     examples = [SFTExample(str(i), f"Question {i}?\n", [(f"<search> topic {i} </search>", True),
                                                        ("\n\n<information>text</information>\n\n", False),
                                                        ("<answer> yes </answer>", True)]) for i in range(4)]
-    config = SFTConfig(model=tiny_causal_lm_dir, epochs=8, learning_rate=1e-2 if lora else 3e-3, batch_size=2,
+    config = SFTConfig(epochs=8, learning_rate=1e-2 if lora else 3e-3, batch_size=2,
                        lora=lora, lora_r=4, save_steps=100, logging_steps=1)
-    out = train_sft(config, examples, tmp_path / "agent", extra_manifest={"note": "test"})
+    out = train_sft(config, LLMConfig(model=tiny_causal_lm_dir), examples, tmp_path / "agent", extra_manifest={"note": "test"})
     manifest = json.loads((out / "sft_manifest.json").read_text())
     assert manifest["examples_trained"] == 4 and manifest["note"] == "test" and manifest["updates"] == 16
     assert (out / "training_curves.png").stat().st_size > 0 and (out / "metrics.jsonl").read_text().count("loss") >= 1
@@ -149,7 +151,7 @@ def test_training_resumes_from_the_last_checkpoint(tmp_path, tiny_causal_lm_dir,
     from transformers import Trainer
 
     examples = [SFTExample(str(i), "Q?\n", [(f"<answer> {i} </answer>", True)]) for i in range(4)]
-    config = SFTConfig(model=tiny_causal_lm_dir, epochs=2, batch_size=2, save_steps=2, learning_rate=1e-3)
+    config = SFTConfig(epochs=2, batch_size=2, save_steps=2, learning_rate=1e-3)
     original_train = Trainer.train
     resumed_from = []
 
@@ -163,9 +165,9 @@ def test_training_resumes_from_the_last_checkpoint(tmp_path, tiny_causal_lm_dir,
 
     monkeypatch.setattr(Trainer, "train", crash_after_first_checkpoint)
     with pytest.raises(KeyboardInterrupt):
-        train_sft(config, examples, tmp_path / "agent")
+        train_sft(config, LLMConfig(model=tiny_causal_lm_dir), examples, tmp_path / "agent")
     assert not (tmp_path / "agent").exists(), "an interrupted run leaves no model folder"
-    out = train_sft(config, examples, tmp_path / "agent")
+    out = train_sft(config, LLMConfig(model=tiny_causal_lm_dir), examples, tmp_path / "agent")
     assert resumed_from[0] is None and resumed_from[1].endswith("checkpoint-2")
     assert json.loads((out / "sft_manifest.json").read_text())["updates"] == 4
 
@@ -173,8 +175,8 @@ def test_training_resumes_from_the_last_checkpoint(tmp_path, tiny_causal_lm_dir,
 def test_examples_longer_than_max_length_are_dropped_and_counted(tmp_path, tiny_causal_lm_dir):
     examples = [SFTExample("short", "Q?\n", [("<answer> a </answer>", True)]),
                 SFTExample("long", "Q?\n", [("<answer> " + "word " * 200 + "</answer>", True)])]
-    config = SFTConfig(model=tiny_causal_lm_dir, epochs=1, batch_size=1, max_length=64)
-    out = train_sft(config, examples, tmp_path / "agent")
+    config = SFTConfig(epochs=1, batch_size=1, max_length=64)
+    out = train_sft(config, LLMConfig(model=tiny_causal_lm_dir), examples, tmp_path / "agent")
     manifest = json.loads((out / "sft_manifest.json").read_text())
     assert (manifest["examples_trained"], manifest["examples_dropped_too_long"]) == (1, 1)
 
@@ -185,17 +187,18 @@ def test_the_warm_started_agent_is_cached_by_its_inputs(tmp_path, tiny_causal_lm
     qa = tmp_path / "qa.jsonl"
     qa.write_text(json.dumps({"id": ROW.id, "question": ROW.question, "golden_answers": list(ROW.golden_answers),
                               "supporting_titles": list(ROW.supporting_titles)}) + "\n")
-    monkeypatch.setattr(warm_start, "open_retrieval_client", lambda index, url: TableClient({"capital Pakistan": [EVIDENCE]}))
+    monkeypatch.setattr(warm_start, "open_client", lambda retrieval: TableClient({"capital Pakistan": [EVIDENCE]}))
     trained = []
 
-    def fake_train(config, examples, out, extra_manifest=None):
+    def fake_train(config, agent, examples, out, extra_manifest=None):
         trained.append((config.epochs, len(examples)))
         out.mkdir(parents=True)
         (out / "sft_manifest.json").write_text(json.dumps(extra_manifest))
         return out
 
     monkeypatch.setattr(warm_start, "train_sft", fake_train)
-    config = warm_start.WarmStartConfig(qa=str(qa), index="unused", train=SFTConfig(model=tiny_causal_lm_dir))
+    config = warm_start.WarmStartConfig(qa=str(qa), retrieval=RetrievalConfig(index="unused"),
+                                        agent=LLMConfig(model=tiny_causal_lm_dir))
     first = warm_start.warm_start_agent(config)
     assert warm_start.warm_start_agent(config) == first and len(trained) == 1, "same inputs: reused"
     assert len(read_sft_examples(first.with_name(first.name + ".examples.jsonl"))) == 3

@@ -13,11 +13,11 @@ def _parse(argv):
 
 def test_yaml_section_then_flags_override_single_fields(tmp_path):
     config_file = tmp_path / "c.yaml"
-    config_file.write_text("index:\n  corpus: a.jsonl\n  out: idx\n  dense:\n    type: hnsw\n    ef_search: 32\n"
+    config_file.write_text("index_build:\n  corpus: a.jsonl\n  out: idx\n  dense:\n    type: hnsw\n    ef_search: 32\n"
                            "  encoder:\n    model: m\n    query_prefix: 'query: '\n")
     args = _parse(["index", "build", "--config", str(config_file), "--dense.ef-search", "99",
                    "--no-encoder.normalize", "--encoder.query-prefix", "none"])
-    config = build_config(IndexBuildConfig, "index", args, args.config)
+    config = build_config(IndexBuildConfig, "index_build", args, args.config)
     assert (config.corpus, config.out, config.dense.type) == ("a.jsonl", "idx", "hnsw")
     assert config.dense.ef_search == 99 and config.encoder.normalize is False
     assert config.encoder.model == "m" and config.encoder.query_prefix is None
@@ -26,9 +26,9 @@ def test_yaml_section_then_flags_override_single_fields(tmp_path):
 
 def test_unknown_yaml_key_is_an_error_naming_file_and_key(tmp_path):
     config_file = tmp_path / "c.yaml"
-    config_file.write_text("index:\n  dense:\n    ef_serch: 3\n")
-    with pytest.raises(ValueError, match=r"c\.yaml: index\.dense: unknown field 'ef_serch'"):
-        build_config(IndexBuildConfig, "index", None, str(config_file))
+    config_file.write_text("index_build:\n  dense:\n    ef_serch: 3\n")
+    with pytest.raises(ValueError, match=r"c\.yaml: index_build\.dense: unknown field 'ef_serch'"):
+        build_config(IndexBuildConfig, "index_build", None, str(config_file))
 
 
 def test_invalid_choice_is_rejected_by_the_parser():
@@ -42,7 +42,7 @@ def test_cli_builds_searches_and_evaluates_an_index(tmp_path, corpus_file, tiny_
                  "--encoder.model", tiny_model_dir, "--dense.type", "hnsw"]) == 0
     assert IndexManifest.load(out).index_type == "hnsw"
     capsys.readouterr()
-    assert main(["search", "--index", str(out), "--k", "2", "--json", "--queries", "river castle", "item 9"]) == 0
+    assert main(["index", "search", "--index", str(out), "--k", "2", "--json", "--queries", "river castle", "item 9"]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [line["query"] for line in lines] == ["river castle", "item 9"]
     assert all(len(line["hits"]) == 2 and {"id", "title", "text", "score"} <= set(line["hits"][0]) for line in lines)
@@ -70,18 +70,18 @@ def test_cli_rolls_out_evaluates_and_mines_with_a_tiny_agent(tmp_path, corpus_fi
                                       "supporting_titles": [f"Topic {i}"]}) + "\n" for i in range(3)))
     trajectories = tmp_path / "traj.jsonl"
     rollout = ["agent", "rollout", "--qa", str(qa), "--index", str(index), "--out", str(trajectories), "--limit", "2",
-               "--llm.model", tiny_causal_lm_dir, "--llm.device", "cpu", "--env.max-turns", "1",
+               "--agent.model", tiny_causal_lm_dir, "--agent.device", "cpu", "--env.max-turns", "1",
                "--env.max-new-tokens-per-turn", "4"]
     assert main(rollout) == 0
     assert [json.loads(line)["question_id"] for line in trajectories.read_text().splitlines()] == ["q0", "q1"]
     assert main(rollout[:-8] + ["--limit", "3"] + rollout[-6:]) == 0, "a rerun completes the file"
     assert len(trajectories.read_text().splitlines()) == 3
     capsys.readouterr()
-    assert main(["agent", "eval", "--trajectories", str(trajectories), "--qa", str(qa),
+    assert main(["eval", "agent", "--trajectories", str(trajectories), "--qa", str(qa),
                  "--out", str(tmp_path / "eval.json")]) == 0
     report = json.loads((tmp_path / "eval.json").read_text())
     assert report["trajectories"] == 3 and report["evidence_questions"] == 3 and 0 <= report["em"] <= 1
-    assert main(["mine", "--trajectories", str(trajectories), "--index", str(index), "--out", str(tmp_path / "mined"),
+    assert main(["mine", "run", "--trajectories", str(trajectories), "--index", str(index), "--out", str(tmp_path / "mined"),
                  "--agent.model", tiny_causal_lm_dir, "--scorer.model", tiny_causal_lm_dir,
                  "--mining.lr-scorer", "pointwise", "--no-mining.plot", "--no-mining.progress"]) == 0
     stats = json.loads((tmp_path / "mined" / "mining_stats.json").read_text())
@@ -89,33 +89,23 @@ def test_cli_rolls_out_evaluates_and_mines_with_a_tiny_agent(tmp_path, corpus_fi
 
 
 
-@pytest.mark.parametrize("config_file", ["configs/quickstart.yaml", "configs/agentic_r.yaml", "configs/search_r1_ppo.yaml",
-                                         "configs/search_r1_grpo.yaml", "configs/search_r1_quickstart.yaml"])
-def test_every_section_of_the_shipped_configs_builds_its_command_config(config_file):
-    """A typo in a shipped config (an unknown field, a bad nesting) fails here, not on a user's GPU machine."""
+SHIPPED_CONFIGS = ["configs/quickstart.yaml", "configs/agentic_r.yaml", "configs/search_r1_ppo.yaml",
+                   "configs/search_r1_grpo.yaml", "configs/search_r1_quickstart.yaml"]
+
+
+@pytest.mark.parametrize("config_file", SHIPPED_CONFIGS)
+def test_every_section_of_the_shipped_configs_builds_its_command_config(config_file, recwarn):
+    """A typo in a shipped config (an unknown field, a bad nesting, an old name) fails here, not on a user's GPU."""
     from pathlib import Path
 
-    import yaml
+    from agentic_retriever.commands import command
+    from agentic_retriever.config import SHARED_SETTINGS, load_config_file
 
-    from agent.rollouts import RolloutConfig
-    from agent.rl.config import RLConfig
-    from agent.warm_start import WarmStartConfig
-    from agentic_retriever.cli import AgentEvalConfig, ServeConfig
-    from agentic_retriever.data.prepare import PrepareConfig
-    from agentic_retriever.demo import DemoConfig
-    from agentic_retriever.eval.retrieval import RetrievalEvalConfig
-    from agentic_retriever.mining.job import MineJobConfig
-    from agentic_retriever.training.config import RetrieverTrainConfig
-
-    classes = {"prepare": PrepareConfig, "index": IndexBuildConfig, "eval_retrieval": RetrievalEvalConfig,
-               "serve": ServeConfig, "demo": DemoConfig, "agent_sft": WarmStartConfig, "agent_rollout": RolloutConfig,
-               "demo_rollout": RolloutConfig, "agent_eval": AgentEvalConfig, "mine": MineJobConfig,
-               "train_retriever": RetrieverTrainConfig, "agent_train": RLConfig}
     path = Path(__file__).resolve().parent.parent / config_file
-    sections = yaml.safe_load(path.read_text())
-    assert sections, f"{config_file} is empty"
-    for section in sections:
-        assert section in classes, f"{config_file}: no command reads section {section!r}"
-        config = build_config(classes[section], section, None, str(path))  # raises on unknown fields
-        if hasattr(config, "validate") and section in ("train_retriever", "agent_train"):
+    sections = load_config_file(path)  # raises on unknown sections
+    assert set(sections) - set(SHARED_SETTINGS), f"{config_file} has no command section"
+    for section in set(sections) - set(SHARED_SETTINGS):
+        config = build_config(command(section).config_class(), section, None, str(path))  # raises on unknown fields
+        if hasattr(config, "validate"):
             config.validate()
+    assert not [w for w in recwarn if issubclass(w.category, FutureWarning)], "shipped configs use current names"

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from agentic_retriever.cli import _mine, _mine_audit, build_parser, main
+from agentic_retriever.cli import build_parser, main, modernize
 from agentic_retriever.jsonl import DataFormatError
 from agentic_retriever.mining.audit import audit_mining, mann_whitney_auc
 
@@ -155,8 +155,8 @@ def test_cli_mine_audit_prints_the_table_and_plain_mine_still_parses(run, capsys
     printed = capsys.readouterr().out
     assert "| retrieved (any rank) | 2 / 3 (66.7%)" in printed and (run_dir / "audit.png").exists()
     parser = build_parser()
-    assert parser.parse_args(["mine", "--trajectories", "t.jsonl", "--out", "o"]).handler is _mine
-    assert parser.parse_args(["mine", "audit", "--run", "r", "--qa", "q"]).handler is _mine_audit
+    assert parser.parse_args(modernize(["mine", "--trajectories", "t.jsonl", "--out", "o"])).command_spec.section == "mine_run"
+    assert parser.parse_args(["mine", "audit", "--run", "r", "--qa", "q"]).command_spec.section == "mine_audit"
 
 
 def test_malformed_line_names_the_file_line_and_field(run, capsys):

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from agent.dialects import SearchR1Dialect
 from agent.trajectory import Retrieved, Trajectory, Turn
 from agentic_retriever.client import RetrievalClient
-from agentic_retriever.index.base import ScoredPassage
+from agentic_retriever.corpus import ScoredPassage
 from agentic_retriever.llm.base import LLM, Generation, SamplingParams
 
 DIALECT = SearchR1Dialect()

@@ -14,14 +14,15 @@ from agent.qa_data import QARow
 from agent.rl import RLConfig, RLTrainer
 from agent.rl.batch import Sample, collate, token_logprobs
 from agent.rl.trainer import questions_at
+from agentic_retriever.llm import LLMConfig
 from test_agent_env import FakeClient
 
 ROWS = [QARow(str(i), f"which city is number {i}?", (f"city {i}",)) for i in range(6)]
 
 
 def config(tmp_path, tiny_causal_lm_dir, **overrides) -> RLConfig:
-    settings = dict(model=tiny_causal_lm_dir, out=str(tmp_path / "run"), algorithm="grpo", steps=2,
-                    prompts_per_step=2, samples_per_prompt=2, micro_batch_size=2, actor_lr=1e-3,
+    settings = dict(agent=LLMConfig(model=tiny_causal_lm_dir), out=str(tmp_path / "run"), algorithm="grpo",
+                    steps=2, prompts_per_step=2, samples_per_prompt=2, micro_batch_size=2, actor_lr=1e-3,
                     env=EnvConfig(max_turns=2, max_new_tokens_per_turn=12, temperature=1.0, max_context_tokens=400),
                     progress=False, reward="search_r1_format")
     settings.update(overrides)
@@ -139,7 +140,8 @@ def test_lora_trains_adapters_against_the_base_and_exports_a_merged_model(tmp_pa
     from transformers import AutoModelForCausalLM
 
     trainer = RLTrainer(config(tmp_path, tiny_causal_lm_dir, lora=True, steps=1, lora_r=4, algorithm=algorithm,
-                               precision=precision, samples_per_prompt=2), FakeClient(), ROWS,
+                               agent=LLMConfig(model=tiny_causal_lm_dir, precision=precision), samples_per_prompt=2),
+                        FakeClient(), ROWS,
                         reward_fn=lambda r, gold: float(sum(r.response_ids) % 2))
     assert trainer.bf16 == (precision == "bf16")
     assert trainer.reference is None  # the reference is the policy with its adapters off
@@ -166,9 +168,9 @@ def test_agent_train_cli_runs_ppo_from_a_config_file(tmp_path, tiny_causal_lm_di
     qa = tmp_path / "qa.jsonl"
     qa.write_text("".join(json.dumps({"id": r.id, "question": r.question, "golden_answers": list(r.golden_answers)})
                           + "\n" for r in ROWS))
-    monkeypatch.setattr("agent.warm_start.open_retrieval_client", lambda index, url: FakeClient())
+    monkeypatch.setattr("agent.rl.job.open_client", lambda retrieval: FakeClient())
     code = main(["agent", "train", "--config", "configs/search_r1_quickstart.yaml", "--qa", str(qa),
-                 "--model", tiny_causal_lm_dir, "--out", str(tmp_path / "ppo"), "--algorithm", "ppo",
+                 "--agent.model", tiny_causal_lm_dir, "--out", str(tmp_path / "ppo"), "--algorithm", "ppo",
                  "--steps", "1", "--prompts-per-step", "2", "--samples-per-prompt", "1",
                  "--env.max-new-tokens-per-turn", "8", "--gradient-checkpointing", "--no-progress"])
     assert code == 0

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from agentic_retriever.index.base import ScoredPassage
+from agentic_retriever.corpus import ScoredPassage
 from agentic_retriever.llm.text import find_stop
 
 __all__ = ["Action", "ActionKind", "Dialect"]

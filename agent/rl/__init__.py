@@ -6,7 +6,9 @@ registered reward (`agent.rewards`) and Search-R1's state masking: only the toke
 trained on. At cluster scale use verl, which our retrieval service and reward functions already speak.
 
     from agent.rl import RLConfig, run_rl_job
-    run_rl_job(RLConfig(qa="train.jsonl", index="runs/quickstart/index/minilm-flat", out="runs/rl", algorithm="grpo"))
+    from agentic_retriever.client import RetrievalConfig
+    run_rl_job(RLConfig(qa="train.jsonl", retrieval=RetrievalConfig(index="runs/quickstart/index/minilm-flat"),
+                        out="runs/rl", algorithm="grpo"))
 """
 
 from .config import RLConfig

@@ -8,7 +8,10 @@ value clip of 0.5; GRPO with the low-variance (k3) KL in the loss and (r - mean)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
+
+from agentic_retriever.client import RetrievalConfig
+from agentic_retriever.llm import LLMConfig
 
 from ..env import EnvConfig
 from .core import KLEstimator, LossAggregation
@@ -18,23 +21,25 @@ __all__ = ["RLConfig"]
 
 @dataclass
 class RLConfig:
+    RENAMED: ClassVar[dict[str, str]] = {"index": "retrieval.index", "url": "retrieval.url", "model": "agent.model",
+                                         "device": "agent.device", "precision": "agent.precision"}
+
     # -------------------------------------------------------------------- data, retriever, output
-    qa: str = field(default="", metadata={"help": "training questions (JSONL: id, question, golden_answers)"})
+    qa: str = field(default="", metadata={"help": "training questions (JSONL: id, question, golden_answers)",
+                                          "required": True})
     limit: int | None = field(default=None, metadata={"help": "only the first N questions"})
-    index: str = field(default="", metadata={"help": "index folder searched in process"})
-    url: str = field(default="", metadata={"help": "or a retrieval service URL (Search-R1 /retrieve API)"})
-    out: str = field(default="", metadata={"help": "run folder: checkpoints, metrics, curves, the trained policy"})
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    out: str = field(default="", metadata={"help": "run folder: checkpoints, metrics, curves, the trained policy",
+                                           "derive": "{workdir}/agent/rl"})
     # -------------------------------------------------------------------- models
-    model: str = field(default="default", metadata={"help": "initial policy (hub name, HF folder, or 'default')"})
+    agent: LLMConfig = field(default_factory=LLMConfig, metadata={
+        "help": "the initial policy: model, device, precision (bf16: forward passes under bfloat16 autocast, "
+                "float32 master weights; auto: bf16 on a GPU that has it, else fp32)"})
     critic_model: str = field(default="", metadata={"help": "critic initialisation for PPO (empty: the policy's)"})
     lora: bool = field(default=False, metadata={"help": "train LoRA adapters (peft); the reference is the base"})
     lora_r: int = field(default=16, metadata={"help": "LoRA rank"})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA scaling numerator"})
     gradient_checkpointing: bool = field(default=False, metadata={"help": "recompute activations to save memory"})
-    device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:N or auto"})
-    precision: Literal["auto", "fp32", "bf16"] = field(default="auto", metadata={
-        "help": "bf16: forward passes under bfloat16 autocast (float32 master weights); auto: bf16 on a GPU "
-                "that has it, else fp32"})
     # -------------------------------------------------------------------- algorithm
     algorithm: Literal["ppo", "grpo"] = field(default="grpo", metadata={
         "help": "ppo: GAE with a critic; grpo: group-normalised outcome over samples_per_prompt samples"})
@@ -90,6 +95,10 @@ class RLConfig:
             raise ValueError("GRPO compares the samples of a prompt: samples_per_prompt must be at least 2")
         if self.dynamic_sampling and self.samples_per_prompt < 2:
             raise ValueError("dynamic sampling drops groups of equal rewards: samples_per_prompt must be at least 2")
+        if self.agent.backend != "transformers":
+            raise ValueError(f"agent train trains with transformers; agent.backend {self.agent.backend!r} cannot be trained")
+        if self.agent.precision == "fp16":
+            raise ValueError("agent train runs in fp32 or under bf16 autocast; agent.precision fp16 is not supported")
         if not 0 <= self.clip_low < 1 or self.clip_high < 0:
             raise ValueError(f"clip_low must be in [0, 1) and clip_high >= 0, got {self.clip_low}, {self.clip_high}")
 

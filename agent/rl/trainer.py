@@ -36,9 +36,10 @@ import torch
 from tqdm.auto import tqdm
 
 from agentic_retriever.client import RetrievalClient
+from agentic_retriever.curves import write_training_curves
 from agentic_retriever.eval.qa import qa_scores
-from agentic_retriever.llm.transformers import TransformersLLM, resolve_device
-from agentic_retriever.training.curves import write_training_curves
+from agentic_retriever.llm.device import resolve_device
+from agentic_retriever.llm.transformers import TransformersLLM
 
 from ..env import Rollout, rollout
 from ..qa_data import QARow
@@ -86,9 +87,9 @@ class RLTrainer:
         self.config, self.client, self.rows = config, client, list(rows)
         self.out = Path(config.out)
         self.reward_fn = reward_fn or get_reward(config.reward, **config.reward_options)
-        self.device = resolve_device(config.device)
+        self.device = resolve_device(config.agent.device)
         torch.manual_seed(config.seed)
-        path = resolve_llm_name(config.model)
+        path = resolve_llm_name(config.agent.model)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.policy = load_policy(path, self.device, config.lora, config.lora_r, config.lora_alpha,
                                   config.gradient_checkpointing)
@@ -98,13 +99,13 @@ class RLTrainer:
             critic_path = resolve_llm_name(config.critic_model) if config.critic_model else path
             self.critic = ValueModel.from_pretrained(critic_path, self.device, config.lora, config.lora_r,
                                                      config.lora_alpha, config.gradient_checkpointing)
-        self.llm = TransformersLLM(self.policy, self.tokenizer, name=config.model,
+        self.llm = TransformersLLM(self.policy, self.tokenizer, name=config.agent.model,
                                    max_batch_size=config.generation_batch_size)
         self.actor_opt, self.actor_sched = self._optimizer(self.policy, config.actor_lr)
         self.critic_opt, self.critic_sched = (self._optimizer(self.critic, config.critic_lr) if self.critic
                                               else (None, None))
         self.state = TrainerState(history=[])
-        self.bf16 = config.precision == "bf16" or (config.precision == "auto" and self.device.type == "cuda"
+        self.bf16 = config.agent.precision == "bf16" or (config.agent.precision == "auto" and self.device.type == "cuda"
                                                     and torch.cuda.is_bf16_supported())
 
     # ------------------------------------------------------------------------------------------ run

@@ -42,7 +42,10 @@ from ..jsonl import atomic_write, write_json
 
 @dataclass
 class PrepareConfig:
-    out: str = field(default="runs/quickstart/data", metadata={"help": "folder to write the corpus and QA files to"})
+    """Settings of `agentic-retriever data prepare` (section ``data_prepare``)."""
+
+    out: str = field(default="", metadata={"help": "folder to write the corpus and QA files to",
+                                           "derive": "{workdir}/data"})
     dev_fraction: float = field(default=0.3, metadata={"help": "share of top-level FanOutQA questions in dev"})
     mining_fraction: float = field(default=0.5, metadata={
         "help": "share of the train answerable leaves set aside for mining (held out of the warm start)"})
@@ -157,6 +160,8 @@ def _write_if_changed(path: Path, rows: list[dict]) -> None:
 
 def prepare_defaults(config: PrepareConfig) -> dict:
     """Write the default corpus and FanOutQA splits to `config.out`; return the summary counts."""
+    if not config.out:
+        raise ValueError("data prepare: give the output folder (out)")
     for name in ("dev_fraction", "mining_fraction", "heldout_fraction"):
         if not 0.0 < getattr(config, name) < 1.0:
             raise ValueError(f"{name} must be between 0 and 1, got {getattr(config, name)}")

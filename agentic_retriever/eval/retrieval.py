@@ -33,11 +33,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from ..client import RetrievalConfig
 from tqdm.auto import tqdm
 
 from ..corpus import Corpus
@@ -94,8 +96,14 @@ def answer_recall_at_k(passages: Sequence[str], golden: Any, k: int) -> float:
 
 @dataclass
 class RetrievalEvalConfig:
-    index: str = field(default="", metadata={"help": "index folder"})
-    qa: str = field(default="", metadata={"help": "QA JSONL with supporting_ids or supporting_titles (golden_answers optional)"})
+    """Settings of `agentic-retriever eval retrieval` (section ``eval_retrieval``)."""
+
+    RENAMED: ClassVar[dict[str, str]] = {"index": "retrieval.index"}
+
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig, metadata={
+        "help": "the index to evaluate (opened in this process: a service URL is not enough)"})
+    qa: str = field(default="", metadata={
+        "help": "QA JSONL with supporting_ids or supporting_titles (golden_answers optional)", "required": True})
     ks: list[int] = field(default_factory=lambda: [1, 5, 20], metadata={"help": "cut-offs for Recall@k and answer_recall@k"})
     mrr_k: int = field(default=10, metadata={"help": "cut-off for MRR"})
     ndcg_k: int = field(default=10, metadata={"help": "cut-off for nDCG"})

@@ -32,10 +32,12 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class IndexBuildConfig:
-    """Everything `agentic-retriever index build` needs (the `index` section of a config file)."""
+    """Everything `agentic-retriever index build` needs (the ``index_build`` section of a config file)."""
 
-    corpus: str = field(default="", metadata={"help": "corpus file (JSONL or parquet)"})
-    out: str = field(default="", metadata={"help": "index folder to write"})
+    corpus: str = field(default="", metadata={"help": "corpus file (JSONL or parquet)",
+                                              "derive": "{workdir}/data/corpus.jsonl"})
+    out: str = field(default="", metadata={"help": "index folder to write (default: the shared retrieval index)",
+                                           "derive": "{index}", "required": True})
     backend: Literal["dense", "bm25"] = field(default="dense", metadata={"help": "dense (FAISS) or bm25"})
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     dense: DenseParams = field(default_factory=DenseParams)
@@ -80,5 +82,5 @@ def open_index(index_dir: str | Path, encoder: EncoderConfig | Encoder | None = 
     if manifest.backend == "bm25":
         return BM25Index(index_dir, manifest, corpus_obj, overrides)
     if not isinstance(encoder, Encoder):
-        encoder = Encoder(encoder or EncoderConfig(**(manifest.encoder or {})["config"]))
+        encoder = Encoder(encoder or EncoderConfig.from_dict((manifest.encoder or {})["config"]))
     return DenseIndex(index_dir, manifest, corpus_obj, encoder, overrides)

@@ -8,15 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..corpus import Corpus, Passage
+from ..corpus import Corpus, ScoredPassage
 from .manifest import IndexManifest
-
-
-@dataclass(frozen=True)
-class ScoredPassage(Passage):
-    """A retrieved passage with its retrieval score."""
-
-    score: float = 0.0
 
 
 @dataclass

@@ -111,7 +111,7 @@ def build_dense_index(corpus: Corpus, encoder: Encoder, out_dir: str | Path, par
 
 def _portable_config(encoder: Encoder) -> dict:
     """The encoder config minus machine-specific fields, enough to load the same encoder again."""
-    machine_specific = ("device", "dtype", "batch_size")
+    machine_specific = ("device", "precision", "batch_size")
     return {k: v for k, v in dataclasses.asdict(encoder.config).items() if k not in machine_specific}
 
 

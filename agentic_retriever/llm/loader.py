@@ -4,22 +4,30 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
+from ..config import Precision
 from .base import LLM
+
+#: The torch dtype name of each precision, as the backends take it.
+_DTYPES = {"auto": "auto", "fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
 @dataclass
 class LLMConfig:
-    """Which LLM to run and how. Fields a backend does not use are ignored by it."""
+    """Which LLM to run and how. Fields a backend does not use are ignored by it.
+
+    The agent LLM is the shared ``agent`` setting of a config file (`agentic_retriever.config`)."""
+
+    RENAMED: ClassVar[dict[str, str]] = {"dtype": "precision"}
 
     backend: Literal["transformers", "vllm", "openai"] = dataclasses.field(
         default="transformers", metadata={"help": "transformers (CPU/GPU), vllm (GPU) or openai (HTTP server)"})
     model: str = dataclasses.field(
         default="default", metadata={"help": "hub name, local folder, 'default' (embedded SmolLM2-135M-Instruct), "
                                               "or the served model name (openai)"})
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = dataclasses.field(
-        default="auto", metadata={"help": "weights dtype; auto = float32 on CPU, bfloat16 (else float16) on GPU"})
+    precision: Precision = dataclasses.field(default="auto", metadata={
+        "help": "weights; auto = fp32 on CPU, bf16 (else fp16) on GPU; training steps use it as mixed precision"})
     device: str = dataclasses.field(default="auto", metadata={"help": "transformers: auto, cpu, cuda or cuda:N"})
     max_batch_size: int = dataclasses.field(default=16, metadata={"help": "transformers: sequences per batch"})
     progress: bool = dataclasses.field(default=False, metadata={"help": "show a progress bar while generating"})
@@ -51,12 +59,12 @@ def load_llm(config: LLMConfig) -> LLM:
     if config.backend == "transformers":
         from .transformers import TransformersLLM
 
-        return TransformersLLM.load(config.model, dtype=config.dtype, device=config.device,
+        return TransformersLLM.load(config.model, dtype=_DTYPES[config.precision], device=config.device,
                                     max_batch_size=config.max_batch_size, progress=config.progress)
     if config.backend == "vllm":
         from .vllm import VLLMLLM
 
-        return VLLMLLM(config.model, dtype=config.dtype, gpu_memory_utilization=config.gpu_memory_utilization,
+        return VLLMLLM(config.model, dtype=_DTYPES[config.precision], gpu_memory_utilization=config.gpu_memory_utilization,
                        tensor_parallel_size=config.tensor_parallel_size,
                        enable_prefix_caching=config.enable_prefix_caching, max_model_len=config.max_model_len,
                        progress=config.progress)

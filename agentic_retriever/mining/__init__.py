@@ -3,7 +3,7 @@
 trajectories -> rounds -> candidates -> sub-answers -> local relevance -> global answer correctness ->
 selection -> ``retriever_train.jsonl`` (+ ``mining_stats.json`` / ``.png``). `mine` runs it all, resumably;
 each stage is a module usable on its own (prompts, parse, rounds, candidates, sub_answers, scorers, gac,
-selection, store, stats).
+selection, store, stats). `environment` is the seam to the agent: the only mining module importing `agent`.
 """
 
 from .pipeline import MiningConfig, MiningResult, merge_shards, mine, parse_shard, shard_dir

@@ -38,13 +38,13 @@ import os
 import statistics
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..jsonl import DataFormatError, atomic_write, iter_jsonl, require_field, write_json
 
-__all__ = ["AUDIT_FILES", "CLASSES", "FATES", "SIGNALS", "AuditCandidate", "AuditRound", "audit_mining",
+__all__ = ["AUDIT_FILES", "CLASSES", "FATES", "SIGNALS", "AuditCandidate", "AuditRound", "MineAuditConfig", "audit_mining",
            "load_evidence_titles", "load_rounds", "mann_whitney_auc", "plot_audit", "render_markdown"]
 
 ROUNDS_FILE = "rounds.jsonl"
@@ -239,6 +239,17 @@ def _audit_round(rnd: AuditRound, titles: frozenset[str] | None) -> tuple[dict, 
         record["auc"]["evidence"] = _round_aucs(rnd, is_evidence)
         record["positive_classes"] = [_positive_class(c, is_evidence(c)) for c in positives]
     return record, evidence_ids
+
+
+@dataclass
+class MineAuditConfig:
+    """Settings of `agentic-retriever mine audit RUN --qa FILE` (section ``mine_audit``)."""
+
+    run: str = field(default="", metadata={"help": "mining run folder holding rounds.jsonl (also the positional RUN)",
+                                           "derive": "{workdir}/mining"})
+    qa: str = field(default="", metadata={"help": "QA JSONL with supporting_titles: the evidence labels",
+                                          "required": True})
+    out: str = field(default="", metadata={"help": "folder for audit.{json,md,png} (default: the run folder)"})
 
 
 def audit_mining(run_dir: str | os.PathLike, qa_path: str | os.PathLike | None,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..client import RetrievalClient
-from ..index.base import ScoredPassage
+from ..corpus import ScoredPassage
 from .rounds import Round
 
 __all__ = ["passage_from_record", "passage_record", "retrieve_candidates"]

@@ -35,12 +35,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from agent.dialects import get_dialect
-from agent.env import EnvConfig, cut_to_tokens, rollout
-
 from ..client import RetrievalClient
+from ..corpus import ScoredPassage
 from ..eval.qa import contains_match, exact_match
-from ..index.base import ScoredPassage
+from .environment import EnvConfig, cut_to_tokens, get_dialect, rollout
 from .rounds import Round
 
 __all__ = ["DEFAULT_GAC_THRESHOLDS", "GAC_CRITERIA", "GACRequest", "answer_likelihood_gac", "gac_value", "rollout_gac"]

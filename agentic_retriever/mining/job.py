@@ -1,38 +1,51 @@
-"""`agentic-retriever mine` as a library call: load the agent and scorer LLMs, open the retriever, mine.
+"""`agentic-retriever mine run` and `mine merge` as library calls: load the agent and scorer LLMs, open the
+retriever, mine; join the shards.
 
-The demo and the CLI both run mining through `run_mine_job`, from one settings object (the `mine` section of
-a config file).
+The demo and the CLI both run mining through `run_mine_job`, from one settings object (the ``mine_run``
+section of a config file).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import ClassVar
 
+from ..client import RetrievalConfig, open_client
 from ..llm.loader import LLMConfig
 from .pipeline import MiningConfig, MiningResult, mine, parse_shard
 
-__all__ = ["MineJobConfig", "run_mine_job"]
+__all__ = ["MineJobConfig", "MineMergeConfig", "run_mine_job"]
 
 
 @dataclass
 class MineJobConfig:
-    """Settings of `agentic-retriever mine` (the `mine` section of a config file)."""
+    """Settings of `agentic-retriever mine run` (the ``mine_run`` section of a config file)."""
 
-    trajectories: str = field(default="", metadata={"help": "trajectory file written by agent rollout"})
-    index: str = field(default="", metadata={"help": "index folder of the current retriever R_{i-1}"})
-    url: str = field(default="", metadata={"help": "or its retrieval service URL"})
-    out: str = field(default="", metadata={"help": "mining output folder"})
+    RENAMED: ClassVar[dict[str, str]] = {"index": "retrieval.index", "url": "retrieval.url"}
+
+    trajectories: str = field(default="", metadata={"help": "trajectory file written by agent rollout",
+                                                    "derive": "{workdir}/agent/trajectories.jsonl"})
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig, metadata={
+        "help": "the current retriever R_{i-1}: candidates and later turns of GAC continuations"})
+    out: str = field(default="", metadata={"help": "mining output folder", "derive": "{workdir}/mining"})
     shard: str = field(default="0/1", metadata={"help": "i/n: mine the i-th of n slices of the trajectories"})
     agent: LLMConfig = field(default_factory=LLMConfig)
     scorer: LLMConfig = field(default_factory=LLMConfig)
     mining: MiningConfig = field(default_factory=MiningConfig)
 
 
+@dataclass
+class MineMergeConfig:
+    """Settings of `agentic-retriever mine merge` (section ``mine_merge``)."""
+
+    out: str = field(default="", metadata={"help": "mining output folder holding the shard folders",
+                                           "derive": "{workdir}/mining"})
+    shards: int = field(default=1, metadata={"help": "number of shards n"})
+
+
 def run_mine_job(config: MineJobConfig) -> MiningResult:
     """Mine `config.trajectories` into `config.out`; the scorer is the agent model when both are the same."""
-    from agent.warm_start import open_retrieval_client
-
     from ..llm import load_llm
 
     selection = config.mining.resolved_selection()
@@ -40,5 +53,5 @@ def run_mine_job(config: MineJobConfig) -> MiningResult:
     same_model = dataclasses.asdict(config.scorer) == dataclasses.asdict(config.agent)
     scorer = ((agent if same_model and agent is not None else load_llm(config.scorer))
               if config.mining.needs_scorer_llm else None)
-    return mine(config.trajectories, open_retrieval_client(config.index, config.url), agent, scorer, config.mining,
+    return mine(config.trajectories, open_client(config.retrieval), agent, scorer, config.mining,
                 config.out, parse_shard(config.shard))

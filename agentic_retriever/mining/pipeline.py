@@ -57,13 +57,11 @@ from typing import Any, Literal
 
 from tqdm.auto import tqdm
 
-from agent.env import EnvConfig
-from agent.trajectory import Trajectory
-
 from ..client import RetrievalClient
 from ..jsonl import DataFormatError, iter_jsonl, read_json, write_json
 from .candidates import passage_from_record, passage_record, retrieve_candidates
 from ..eval.qa import contains_match
+from .environment import EnvConfig, Trajectory
 from .gac import DEFAULT_GAC_THRESHOLDS, GACRequest, answer_likelihood_gac, gac_value, rollout_gac
 from .prompts import PROMPT_VERSION, passage_text
 from .rounds import Round, extract_rounds, search_queries

@@ -23,10 +23,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agent.env import Prefix
-from agent.trajectory import Trajectory
-
-from ..index.base import ScoredPassage
+from ..corpus import ScoredPassage
+from .environment import Prefix, Trajectory
 from .store import stable_hash
 
 __all__ = ["Round", "RoundDrop", "extract_rounds", "search_queries"]

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ..config import Precision
 from ..encoder import EncoderConfig
 
 __all__ = ["LOSSES", "SELECT_METRIC_PATTERN", "SOFT_LABEL_KEYS", "RetrieverTrainConfig"]
@@ -31,9 +32,12 @@ class RetrieverTrainConfig:
     selection (``select_on``) keeps the base or the epoch that scores best on held-out training questions
     (see `selection`)."""
 
-    data: str = field(default="", metadata={"help": "training rows: Agentic-R (mine output) or FlagEmbedding JSONL"})
-    corpus: str = field(default="", metadata={"help": "corpus the rows' passage ids refer to"})
-    out: str = field(default="", metadata={"help": "folder of the trained encoder (checkpoints go to OUT.checkpoints)"})
+    data: str = field(default="", metadata={"help": "training rows: Agentic-R (mine output) or FlagEmbedding JSONL",
+                                            "derive": "{workdir}/mining/retriever_train.jsonl"})
+    corpus: str = field(default="", metadata={"help": "corpus the rows' passage ids refer to",
+                                              "derive": "{workdir}/data/corpus.jsonl"})
+    out: str = field(default="", metadata={"help": "folder of the trained encoder (checkpoints go to OUT.checkpoints)",
+                                           "derive": "{workdir}/retriever"})
     encoder: EncoderConfig = field(default_factory=_paper_encoder)
     loss: Literal["infonce", "soft_label"] = field(default="infonce", metadata={
         "help": "infonce: Eq. 5 (+ soft_label_weight x KL); soft_label: the REPLUG KL to the rows' utilities alone"})
@@ -53,7 +57,7 @@ class RetrieverTrainConfig:
     warmup_ratio: float = field(default=0.1, metadata={
         "help": "linear warm-up over ceil(ratio x updates) updates, the first one already at a non-zero rate"})
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
-    precision: Literal["auto", "fp32", "fp16", "bf16"] = field(default="auto", metadata={
+    precision: Precision = field(default="auto", metadata={
         "help": "mixed precision; auto: fp16 on GPU (the paper), fp32 on CPU"})
     gradient_checkpointing: bool = field(default=False, metadata={"help": "recompute activations (paper: on)"})
     cached: bool = field(default=False, metadata={"help": "GradCache loss: big global batches in bounded memory"})
@@ -64,7 +68,8 @@ class RetrieverTrainConfig:
     select_on: str = field(default="", metadata={
         "help": "held-out QA JSONL (supporting_titles) to keep the best of base and epochs on; never the dev set"})
     select_index: str = field(default="", metadata={
-        "help": "index folder built with the base encoder; its top-select_pool passages form the re-ranking pool"})
+        "help": "index folder built with the base encoder; its top-select_pool passages form the re-ranking pool",
+        "derive": "{index}"})
     select_metric: str = field(default="mrr@10", metadata={
         "help": "held-out metric to maximise: mrr@k, recall@k, ndcg@k"})
     select_pool: int = field(default=50, metadata={"help": "base-encoder passages per held-out question in the pool"})

@@ -11,20 +11,23 @@ Beside the weights it holds:
 * ``train_manifest.json`` (everything about the run, with the held-out ``selection``: metric, pool, the
   score per checkpoint and which was kept, ``base`` or ``epoch-k``) and the training curves.
 
-The folder is written to a temporary sibling and renamed, so it is complete or absent.
+The folder is written to a temporary sibling and renamed, so it is complete or absent. `retriever train` writes
+it at the end of training; `retriever export` (`export_checkpoint`) writes it from any checkpoint of a run.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..encoder import SEPARATOR, EncoderSettings, save_model_settings
-from ..jsonl import write_json
+from ..encoder import SEPARATOR, SETTINGS_FILE, Encoder, EncoderConfig, EncoderSettings, save_model_settings
+from ..jsonl import read_json, write_json
 
-__all__ = ["MANIFEST_FILE", "model_card", "save_trained_encoder"]
+__all__ = ["MANIFEST_FILE", "RetrieverExportConfig", "export_checkpoint", "model_card", "save_trained_encoder"]
 
 MANIFEST_FILE = "train_manifest.json"
 
@@ -48,6 +51,38 @@ def save_trained_encoder(model, settings: EncoderSettings, out: str | Path, mani
         shutil.rmtree(out)
     tmp.rename(out)
     return out
+
+
+@dataclass
+class RetrieverExportConfig:
+    """Settings of `agentic-retriever retriever export` (section ``retriever_export``)."""
+
+    checkpoint: str = field(default="", metadata={
+        "help": "a checkpoint of `retriever train` (OUT.checkpoints/checkpoint-N) or any sentence-transformers folder",
+        "required": True})
+    out: str = field(default="", metadata={"help": "the drop-in encoder folder to write", "required": True})
+    encoder: EncoderConfig = field(
+        default_factory=lambda: EncoderConfig(model="default", composition="question_sep_query"), metadata={
+            "help": "the training run's base encoder: its prefixes and query composition are stored with the "
+                    "weights (read from the checkpoint instead when it holds agentic_retriever.json)"})
+
+
+def export_checkpoint(config: RetrieverExportConfig) -> Path:
+    """Write the drop-in folder of `config.checkpoint` to `config.out`: the weights, the query/passage conventions,
+    a manifest (``exported_from``, the updates the checkpoint had made) and the model card."""
+    from sentence_transformers import SentenceTransformer
+
+    checkpoint = Path(config.checkpoint)
+    if not checkpoint.is_dir():
+        raise FileNotFoundError(f"retriever export: checkpoint folder {checkpoint} not found")
+    conventions = (EncoderConfig(model=str(checkpoint)) if (checkpoint / SETTINGS_FILE).is_file()
+                   else config.encoder)
+    settings = Encoder(dataclasses.replace(conventions, precision="fp32", device="cpu")).settings
+    state = read_json(checkpoint / "trainer_state.json") if (checkpoint / "trainer_state.json").is_file() else {}
+    manifest = {"exported_from": str(checkpoint.resolve()), "base_model": config.encoder.model,
+                "encoder_settings": dataclasses.asdict(settings), "updates": state.get("global_step"),
+                "log_history": state.get("log_history", [])}
+    return save_trained_encoder(SentenceTransformer(str(checkpoint), device="cpu"), settings, config.out, manifest)
 
 
 def _loss_text(run: dict) -> str:
@@ -98,7 +133,7 @@ def model_card(settings: EncoderSettings, manifest: dict) -> str:
         ("max length", str(settings.max_length)),
         ("training rows / examples", f"{data.get('rows', '?')} / {data.get('examples', '?')}"),
         ("passages per query (N)", str(manifest.get("passages_per_query", "?"))),
-        ("loss", _loss_text(run)),
+        ("loss", _loss_text(run) if run else "not recorded (exported from a checkpoint)"),
         ("global batch (queries)", str(manifest.get("global_batch_queries", "?"))),
         ("learning rate, epochs, updates", f"{run.get('learning_rate')}, {run.get('epochs')}, {manifest.get('updates')}"),
         ("final training loss", f"{manifest.get('train_loss', float('nan')):.4f}"),

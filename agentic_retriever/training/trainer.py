@@ -8,7 +8,7 @@ appears twice (the default; `sampler`: two rounds of one question share passages
 each other's false in-batch negatives); a warm-up whose first
 update already learns (`schedule`); model selection on held-out training questions that exports the base
 unchanged when training does not help (`selection`); the in-batch accuracy and KL in the logs, the metrics
-file and curves PNG (`curves`); the exported folder with its settings and model card (`export`); and a
+file and curves PNG (`agentic_retriever.curves`); the exported folder with its settings and model card (`export`); and a
 result cache keyed by data and settings.
 
 One process, or several under ``torchrun --nproc_per_node G`` (gloo on CPU, NCCL on GPU): each process takes
@@ -37,7 +37,7 @@ from ..corpus import Corpus
 from ..encoder import Encoder
 from ..jsonl import read_json
 from .config import RetrieverTrainConfig
-from .curves import write_training_curves
+from ..curves import write_training_curves
 from .data import TrainingExample, read_training_examples
 from .export import MANIFEST_FILE, save_trained_encoder
 from .schedule import warmup_linear_schedule
@@ -112,7 +112,7 @@ def train_retriever(config: RetrieverTrainConfig) -> Path:
 
     config.validate()
     started = time.perf_counter()
-    encoder = Encoder(dataclasses.replace(config.encoder, dtype="float32", device="cpu"))
+    encoder = Encoder(dataclasses.replace(config.encoder, precision="fp32", device="cpu"))
     settings = encoder.settings
     corpus = Corpus.open(config.corpus) if config.corpus else None
     examples, counts = read_training_examples(
@@ -206,7 +206,7 @@ def _selected_model(config: RetrieverTrainConfig, record):
     if record.best == "base":
         log.warning("HELD-OUT SELECTION KEPT THE BASE ENCODER: no epoch beat it on %s (%s); exporting the base "
                     "weights of %s unchanged", config.select_metric, scores, config.encoder.model)
-        return Encoder(dataclasses.replace(config.encoder, dtype="float32", device="cpu")).model
+        return Encoder(dataclasses.replace(config.encoder, precision="fp32", device="cpu")).model
     log.info("held-out selection kept %s (%s: %s)", record.best, config.select_metric, scores)
     return SentenceTransformer(str(record.weights_of(record.best)), device="cpu")
 

@@ -2,7 +2,8 @@
 
 Shared by the retriever trainer, the agent's warm start and the agent's RL trainer: one panel per logged
 metric (loss, learning rate, and whatever else the run logs, such as the retriever's in-batch accuracy or
-the agent's reward), against the step, at most four panels per row.
+the agent's reward), against the step, at most four panels per row. It lives outside `training` because
+the agent may not import `training` (docs/architecture.md, "Import rules").
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..jsonl import atomic_write
+from .jsonl import atomic_write
 
 __all__ = ["write_training_curves"]
 

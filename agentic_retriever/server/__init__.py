@@ -1,0 +1,36 @@
+"""HTTP retrieval service, compatible with Search-R1's retrieval server API.
+
+Search-R1 (Jin et al., 2025, https://github.com/PeterGriffinJin/Search-R1, ``search_r1/search/retrieval_server.py``)
+serves its retrievers behind ``POST /retrieve``; verl's search tool and Search-R1's rollout code speak it:
+
+    POST /retrieve  {"queries": ["..."], "topk": 3, "return_scores": true}
+      -> {"result": [[{"document": {"id": "..", "contents": "\\"Title\\"\\ntext"}, "score": 0.83}, ..], ..]}
+    with "return_scores": false
+      -> {"result": [[{"id": "..", "contents": ".."}, ..], ..]}
+
+This package implements that API over any `SearchIndex` (dense FAISS or BM25), with:
+
+* a backward-compatible extension: optional ``"questions"`` (and ``"histories"``) parallel to ``queries``.
+  When the served encoder was trained on ``Q [SEP] q`` input (its composition mode says so), the index
+  composes it, so unmodified agents still work and patched agents get the context-aware query. BM25
+  accepts and ignores them;
+* validation of every request (pydantic, `schema`): a bad request gets a 4xx naming the field, never a
+  500 or a dead server;
+* dynamic micro-batching (`batcher`): concurrent requests are gathered (up to ``max_batch_queries``
+  queries, or ``max_wait_ms`` after the first one arrived) into ONE ``index.retrieve`` call run in a worker
+  thread, with the largest ``topk`` of the batch, then each request gets its own slice back.
+  ``batching=False`` serves requests strictly one at a time, one index call each (the baseline of
+  ``benchmarks/bench_service.py``), through the same code path;
+* ``GET /health`` (`app`): backend, index type, model, composition, index size, dimension, uptime, batching.
+
+    from agentic_retriever.index import open_index
+    from agentic_retriever.server import serve
+    serve(open_index("runs/quickstart/index/minilm-flat"), port=8000)
+"""
+
+from .app import ServerThread, create_app, running_server, serve
+from .config import ServeConfig
+from .schema import DEFAULT_TOPK, MAX_TOPK, RetrieveRequest
+
+__all__ = ["DEFAULT_TOPK", "MAX_TOPK", "RetrieveRequest", "ServeConfig", "ServerThread", "create_app", "running_server",
+           "serve"]

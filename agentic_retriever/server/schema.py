@@ -1,0 +1,53 @@
+"""The wire format of ``POST /retrieve``: the pydantic request model (`RetrieveRequest`, with the optional
+``questions``/``histories`` lists parallel to ``queries``), the rendering of retrieved passages as
+Search-R1 result rows, and pydantic validation errors rendered as one readable line for the 4xx reply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..corpus import ScoredPassage
+
+MAX_TOPK = 1000
+DEFAULT_TOPK = 3
+
+
+class RetrieveRequest(BaseModel):
+    """Body of ``POST /retrieve`` (unknown fields are ignored, as Search-R1's server does)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    queries: list[str]
+    topk: int | None = Field(DEFAULT_TOPK, ge=1, le=MAX_TOPK)
+    return_scores: bool = False
+    questions: list[str | None] | None = None
+    histories: list[list[str] | None] | None = None
+
+    @model_validator(mode="after")
+    def _parallel_lists(self) -> RetrieveRequest:
+        for name in ("questions", "histories"):
+            values = getattr(self, name)
+            if values is not None and len(values) != len(self.queries):
+                raise ValueError(f"'{name}' must be parallel to 'queries': got {len(values)} {name} "
+                                 f"for {len(self.queries)} queries")
+        if self.topk is None:  # Search-R1's server accepts a null topk and uses its default
+            self.topk = DEFAULT_TOPK
+        return self
+
+
+def _readable_errors(errors: Sequence[dict]) -> str:
+    """Pydantic errors as one line: ``body.topk: Input should be greater than or equal to 1; ...``."""
+    parts = []
+    for error in errors:
+        loc = ".".join(str(p) for p in error.get("loc", ()))
+        parts.append(f"{loc}: {error.get('msg', 'invalid')}" if loc else str(error.get("msg", "invalid")))
+    return "; ".join(parts) or "invalid request"
+
+
+def _render(passages: list[ScoredPassage], with_scores: bool) -> list[dict]:
+    if with_scores:
+        return [{"document": {"id": p.id, "contents": p.contents}, "score": float(p.score)} for p in passages]
+    return [{"id": p.id, "contents": p.contents} for p in passages]

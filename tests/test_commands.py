@@ -1,0 +1,172 @@
+"""One vocabulary: the command registry, config sections named after commands, shared settings, paths derived
+from the work folder, required settings, and the spellings of the previous release."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agent.rollouts import RolloutConfig
+from agent.warm_start import WarmStartConfig
+from agentic_retriever.cli import HANDLERS, build_parser, main, modernize
+from agentic_retriever.commands import COMMANDS, DEPRECATED_COMMANDS, DEPRECATED_SECTIONS
+from agentic_retriever.config import build_config, load_config_file
+from agentic_retriever.encoder import EncoderConfig
+from agentic_retriever.index import IndexBuildConfig
+from agentic_retriever.mining.job import MineJobConfig
+from agentic_retriever.training.config import RetrieverTrainConfig
+
+
+def _write(tmp_path, text: str) -> str:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_every_command_is_typed_group_verb_reads_its_own_section_and_has_a_handler():
+    parser = build_parser()
+    for command in COMMANDS:
+        assert command.section == command.name.replace(" ", "_")
+        assert command.section in HANDLERS, f"no handler for {command.name}"
+        args = parser.parse_args(command.name.split())
+        assert args.command_spec is command
+    assert set(HANDLERS) == {c.section for c in COMMANDS}
+
+
+def test_unknown_section_is_an_error_naming_the_file_and_the_valid_names(tmp_path):
+    path = _write(tmp_path, "index_buld:\n  out: x\n")
+    with pytest.raises(ValueError, match=r"c\.yaml: unknown section 'index_buld' \(valid: workdir, retrieval, agent, "
+                                         r"data_prepare, index_build"):
+        load_config_file(path)
+
+
+def test_sections_of_the_previous_release_are_read_with_a_warning_but_not_beside_their_new_name(tmp_path):
+    path = _write(tmp_path, "train_retriever:\n  epochs: 3\n")
+    with pytest.warns(FutureWarning, match="section 'train_retriever' is deprecated, name it 'retriever_train'"):
+        assert build_config(RetrieverTrainConfig, "retriever_train", None, path).epochs == 3
+    both = _write(tmp_path, "mine:\n  shard: 0/2\nmine_run:\n  shard: 1/2\n")
+    with pytest.raises(ValueError, match="both 'mine' and its new name 'mine_run' are given"), \
+            pytest.warns(FutureWarning):
+        load_config_file(both)
+    assert set(DEPRECATED_SECTIONS.values()) <= {c.section for c in COMMANDS}
+
+
+def test_renamed_keys_and_precision_spellings_still_load_with_a_warning(tmp_path):
+    path = _write(tmp_path, "agent_rollout:\n  index: idx\n  llm:\n    model: m\n    dtype: bfloat16\n  qa: q\n"
+                            "agent_sft:\n  qa: q\n  train:\n    model: base\n    epochs: 1\n")
+    with pytest.warns(FutureWarning) as caught:
+        rollout = build_config(RolloutConfig, "agent_rollout", None, path)
+        warm = build_config(WarmStartConfig, "agent_sft", None, path)
+    assert (rollout.retrieval.index, rollout.agent.model, rollout.agent.precision) == ("idx", "m", "bf16")
+    assert (warm.agent.model, warm.train.epochs) == ("base", 1)
+    messages = " ".join(str(w.message) for w in caught)
+    assert "'llm' is deprecated, write 'agent'" in messages and "'train.model' is deprecated" in messages
+    assert EncoderConfig.from_dict({"model": "m", "dtype": "float16"}).precision == "fp16"  # an older index manifest
+
+
+def test_shared_settings_apply_to_every_command_then_sections_then_flags_override(tmp_path):
+    path = _write(tmp_path, "workdir: w\nretrieval:\n  index: shared-idx\nagent:\n  model: shared-agent\n"
+                            "  precision: fp32\nmine_run:\n  agent:\n    model: own-agent\n")
+    mine = build_config(MineJobConfig, "mine_run", None, path)
+    assert (mine.retrieval.index, mine.agent.model, mine.agent.precision) == ("shared-idx", "own-agent", "fp32")
+    assert (mine.trajectories, mine.out) == ("w/agent/trajectories.jsonl", "w/mining"), "paths derive from workdir"
+    args = build_parser().parse_args(["mine", "run", "--url", "http://h:1", "--index", "", "--workdir", "v",
+                                      "--agent.model", "flag-agent"])
+    mine = build_config(MineJobConfig, "mine_run", args, path)
+    assert (mine.retrieval.url, mine.retrieval.index, mine.agent.model, mine.out) == ("http://h:1", "", "flag-agent",
+                                                                                      "v/mining")
+    build = build_config(IndexBuildConfig, "index_build", None, path)
+    assert (build.corpus, build.out) == ("w/data/corpus.jsonl", "shared-idx"), "index build writes the shared index"
+    train = build_config(RetrieverTrainConfig, "retriever_train", None, path)
+    assert (train.data, train.select_index, train.out) == ("w/mining/retriever_train.jsonl", "shared-idx", "w/retriever")
+    explicit = _write(tmp_path, "workdir: w\nretriever_train:\n  out: elsewhere\n")
+    assert build_config(RetrieverTrainConfig, "retriever_train", None, explicit).out == "elsewhere"
+
+
+def test_a_missing_required_setting_is_an_error_naming_it_and_help_says_required(tmp_path, capsys):
+    with pytest.raises(ValueError, match=r"agent rollout: required setting qa missing \(set --qa\)"):
+        build_config(RolloutConfig, "agent_rollout")
+    with pytest.raises(ValueError, match=r"index build: required setting out missing"):
+        build_config(IndexBuildConfig, "index_build")  # no out and no shared retrieval index to derive it from
+    assert main(["agent", "rollout", "--index", str(tmp_path)]) == 2
+    assert "required setting qa missing" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["agent", "rollout", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "QA rows (JSONL: id, question, golden_answers) (required)" in help_text
+    assert "(default: {workdir}/agent/trajectories.jsonl)" in help_text
+
+
+def test_commands_and_flags_of_the_previous_release_still_run_with_a_note(tmp_path, corpus_file, capsys):
+    assert modernize(["mine-merge", "--out", "o"]) == ["mine", "merge", "--out", "o"]
+    assert modernize(["mine", "--trajectories", "t"]) == ["mine", "run", "--trajectories", "t"]
+    assert modernize(["mine", "audit", "r"]) == ["mine", "audit", "r"]
+    assert modernize(["agent", "train", "--model", "m", "--precision", "bf16"]) == \
+        ["agent", "train", "--agent.model", "m", "--agent.precision", "bf16"]
+    assert modernize(["agent", "rollout", "--llm.model=m", "--index", "i"]) == \
+        ["agent", "rollout", "--agent.model=m", "--index", "i"], "--index is an alias, not a deprecation"
+    capsys.readouterr()
+    index = tmp_path / "bm25"
+    assert main(["index", "build", "--corpus", str(corpus_file), "--out", str(index), "--backend", "bm25"]) == 0
+    capsys.readouterr()
+    assert main(["search", "--index", str(index), "--queries", "item 9", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "'agentic-retriever search' is deprecated; use 'agentic-retriever index search'" in captured.err
+    assert json.loads(captured.out.splitlines()[0])["query"] == "item 9"
+
+
+def test_index_search_and_serve_take_the_shared_retrieval_setting(tmp_path, corpus_file, capsys):
+    index = tmp_path / "bm25"
+    config = _write(tmp_path, f"retrieval:\n  index: {index}\nindex_build:\n  corpus: {corpus_file}\n  backend: bm25\n")
+    assert main(["index", "build", "--config", config]) == 0
+    capsys.readouterr()
+    assert main(["index", "search", "--config", config, "--queries", "item 9", "--k", "2", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["hits"]) == 2
+    assert main(["index", "serve", "--url", "http://127.0.0.1:1"]) == 2
+    assert "opens the index in this process" in capsys.readouterr().err
+
+
+def test_retriever_export_turns_a_checkpoint_into_the_drop_in_folder(tmp_path, tiny_model_dir, capsys):
+    from sentence_transformers import SentenceTransformer
+
+    checkpoint = tmp_path / "run.checkpoints" / "checkpoint-4"
+    SentenceTransformer(tiny_model_dir, device="cpu").save(str(checkpoint))
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 4, "log_history": [{"loss": 1.0}]}))
+    out = tmp_path / "exported"
+    assert main(["retriever", "export", "--checkpoint", str(checkpoint), "--out", str(out),
+                 "--encoder.model", tiny_model_dir, "--encoder.query-prefix", "query: "]) == 0
+    settings = json.loads((out / "agentic_retriever.json").read_text())
+    assert (settings["composition"], settings["query_prefix"]) == ("question_sep_query", "query: ")
+    manifest = json.loads((out / "train_manifest.json").read_text())
+    assert manifest["updates"] == 4 and manifest["exported_from"].endswith("checkpoint-4")
+    assert "not recorded (exported from a checkpoint)" in (out / "README.md").read_text()
+    model = SentenceTransformer(str(out), device="cpu")
+    assert model.encode(["x"]).shape[1] == SentenceTransformer(tiny_model_dir, device="cpu").encode(["x"]).shape[1]
+    assert main(["retriever", "export", "--checkpoint", str(tmp_path / "missing"), "--out", str(out)]) == 2
+    assert "checkpoint folder" in capsys.readouterr().err
+
+
+def test_demo_reads_the_sections_of_the_steps_it_runs(tmp_path, monkeypatch):
+    import agentic_retriever.demo as demo
+
+    seen = {}
+    monkeypatch.setattr(demo, "run_demo", lambda job: seen.setdefault("job", job))
+    path = _write(tmp_path, "workdir: w\nretrieval:\n  index: i\nagent_sft:\n  qa: q\nagent_rollout:\n  qa: r\n"
+                            "mine_run:\n  shard: 0/1\nretriever_train:\n  epochs: 1\n")
+    assert main(["demo", "--config", path, "--workdir", "v"]) == 0
+    job = seen["job"]
+    assert job.demo.workdir == "v" and job.warm_start.retrieval.index == "i" and job.rollout.qa == "r"
+    assert job.mine.out == "v/mining" and job.train.epochs == 1
+
+
+def test_docs_cli_lists_exactly_the_commands_of_the_parser():
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "cli.md").read_text()
+    documented = re.findall(r"^\| `agentic-retriever ([a-z -]+)` \| `([a-z_]+)` \|", page, flags=re.MULTILINE)
+    assert documented, "docs/cli.md has no command table"
+    assert sorted(documented) == sorted((c.name, c.section) for c in COMMANDS)
+    deprecated = {" ".join(old) for old in DEPRECATED_COMMANDS}
+    assert all(f"| `{old}" in page for old in deprecated), "every deprecated spelling is documented"
