@@ -1,7 +1,7 @@
 """The agent environment: batched multi-turn rollouts of a search agent against a retrieval client.
 
-One `rollout` call advances a batch of questions together (the loop of Search-R1's ``run_llm_loop``,
-IMPLEMENTATION_NOTES.md "Loop [R]"):
+One `rollout` call advances a batch of questions together (the loop of ``run_llm_loop`` in the authors'
+release of Search-R1, arXiv 2503.09516, written [R] below):
 
 1. every active trajectory generates one turn: one `LLM.generate` call over all of them, stopping at the
    dialect's stop strings (the turn is cut right after the first one);
@@ -24,7 +24,8 @@ The response is kept as segments: generated text (mask 1, the model's own token 
 (mask 0: observations, messages, a resumed rollout's prefix); decoding the ids of an inserted segment gives
 back exactly its text, which is what RL's state masking needs (retrieved tokens masked from the loss).
 
-Resuming (global answer correctness, agentic_r.txt; notes "Global answer correctness"): a `Prefix` starts a
+Resuming (global answer correctness of "Agentic-R: Learning to Retrieve for Agentic Search", section 4.1.1;
+docs/mining.md): a `Prefix` starts a
 trajectory from a response-so-far ending with a search call; the first observation shows the given
 passages (Doc 1...) instead of retrieving, later turns retrieve normally.
 

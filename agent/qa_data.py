@@ -1,5 +1,5 @@
 """QA rows as the agent reads them: FlashRAG ``{"id", "question", "golden_answers"}`` plus optional
-``"supporting_titles"`` (ARCHITECTURE.md, "File formats")."""
+``"supporting_titles"`` (docs/data-formats.md, "QA rows")."""
 
 from __future__ import annotations
 

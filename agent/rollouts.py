@@ -1,5 +1,6 @@
-"""Run the agent over a QA set into a resumable trajectory file (the first arrow of Algorithm 1,
-ARCHITECTURE.md "Data flow": QA set -> agent rollouts -> ``trajectories.jsonl``)."""
+"""Run the agent over a QA set into a resumable trajectory file (the first arrow of Algorithm 1 of
+"Agentic-R: Learning to Retrieve for Agentic Search": QA set -> agent rollouts -> ``trajectories.jsonl``;
+docs/agent.md, "`agent rollout`")."""
 
 from __future__ import annotations
 

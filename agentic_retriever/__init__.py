@@ -1,6 +1,7 @@
 """agentic-retriever: train dense retrievers for search agents from the agents' own trajectories.
 
-The method is Agentic-R ("Learning to Retrieve for Agentic Search"); see README.md for the pipeline.
+The method is Agentic-R ("Agentic-R: Learning to Retrieve for Agentic Search"); see README.md ("How it works") for the
+pipeline.
 """
 
 __version__ = "0.1.0"

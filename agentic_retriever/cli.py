@@ -117,7 +117,7 @@ def _eval_agent(config) -> None:
 
 
 def _agent_sft(config) -> None:
-    from agent.warm_start import warm_start_agent
+    from agent.sft import warm_start_agent
 
     print(f"warm-started agent: {warm_start_agent(config)}")
 

@@ -1,6 +1,6 @@
 """The retrieval-client protocol: how a search agent asks a retriever for passages.
 
-An agent depends on `RetrievalClient` only, never on an index (ARCHITECTURE.md, "rule of the house"):
+An agent depends on `RetrievalClient` only, never on an index (docs/architecture.md, "Import rules"):
 
 * `LocalRetrievalClient` searches an in-process `SearchIndex`;
 * `HttpRetrievalClient` talks to a retrieval service (`agentic_retriever.server`, or Search-R1's own

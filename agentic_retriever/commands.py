@@ -50,7 +50,7 @@ COMMANDS: tuple[Command, ...] = (
             "Recall@k, MRR@k, nDCG@k and answer recall@k of an index on a QA file"),
     Command("eval", "agent", "agent.evaluate:AgentEvalConfig",
             "EM, F1, contains-EM, searches and evidence recall of agent trajectories"),
-    Command("agent", "sft", "agent.warm_start:WarmStartConfig",
+    Command("agent", "sft", "agent.sft:WarmStartConfig",
             "warm-start the search agent on synthesised search trajectories"),
     Command("agent", "rollout", "agent.rollouts:RolloutConfig",
             "run the agent over a QA file into a trajectory file"),

@@ -1,6 +1,6 @@
 """Passage corpus: JSONL or parquet, read through a memory-mapped Arrow copy.
 
-Accepted rows (ARCHITECTURE.md, "File formats"):
+Accepted rows (docs/data-formats.md, "Corpus"):
 
 * Search-R1 / FlashRAG: ``{"id": "0", "contents": "\\"Title\\"\\ntext"}``
 * ``{"id": "0", "title": "Title", "text": "text"}``

@@ -1,7 +1,7 @@
 """The embedded default stack: models and data shipped inside PyPI packages (no network needed).
 
 Paths are found with `importlib.util.find_spec`, never by importing the packages: two of them import
-heavy or unrelated dependencies at import time. See OFFLINE_DEFAULTS in the README.
+heavy or unrelated dependencies at import time. See docs/offline-defaults.md.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The main job (`make demo`): one Agentic-R iteration on the embedded default stack (agentic_r.txt, Algorithm 1,
-retriever half), then base vs trained retriever on the FanOutQA dev questions.
+"""The main job (`make demo`): one Agentic-R iteration on the embedded default stack
+("Agentic-R: Learning to Retrieve for Agentic Search", Algorithm 1, retriever half), then base vs trained retriever on
+the FanOutQA dev questions.
 
 Steps, each reusing its artifact when it is already there (so a second run only re-evaluates):
 
@@ -7,7 +8,7 @@ Steps, each reusing its artifact when it is already there (so a second run only 
 2. index the corpus with the base MiniLM (Flat and HNSW, plus BM25 as a reference);
 3. the warm-started default agent (`agent sft`, cached by its inputs);
 4. agent rollouts on the train questions set aside for mining, with the base retriever;
-5. utility mining of those trajectories (`mine`);
+5. utility mining of those trajectories (`mine run`);
 6. contrastive training of the retriever on the mined rows (`retriever train`);
 7. a Flat index of the corpus with the trained encoder;
 8. evaluation of both retrievers: retrieval on the leaf dev questions (evidence Recall@k, MRR, answer
@@ -72,7 +73,7 @@ class MainJob:
     """The demo's settings plus the sections of the steps it runs (None: that step is left out)."""
 
     demo: DemoConfig
-    warm_start: Any = None      # agent.warm_start.WarmStartConfig (section agent_sft)
+    warm_start: Any = None      # agent.sft.WarmStartConfig (section agent_sft)
     rollout: Any = None         # agent.rollouts.RolloutConfig (section agent_rollout)
     mine: Any = None            # mining.job.MineJobConfig (section mine_run)
     train: Any = None           # training.config.RetrieverTrainConfig (section retriever_train)
@@ -191,7 +192,7 @@ def _agentic_r_iteration(job: MainJob, steps: Steps, work: Path, corpus: str, re
                                                      "gac_mode") if k in mined.stats}
     if not mined.stats.get("rows"):
         raise RuntimeError(f"mining produced no training row (see {mined.stats_path}); the retriever cannot be "
-                           "trained. Mine more trajectories or relax the quickstart thresholds (README, Utility mining)")
+                           "trained. Mine more trajectories or relax the quickstart thresholds (docs/mining.md)")
     train = dataclasses.replace(job.train, data=str(mined.rows_path), corpus=corpus)
     trained = steps.run("contrastive training of the retriever", lambda: train_retriever(train))
     selection = read_json(Path(trained) / "train_manifest.json").get("selection") or {}

@@ -5,9 +5,9 @@ forward pass) is only what is ours:
 
 * prefix conventions by model family (e5: ``query: `` / ``passage: ``; bge English models: their query
   instruction; anything else: none), overridable;
-* query composition (agentic_r.txt, section 4.1.2): ``query`` = q; ``question_sep_query`` = ``Q [SEP] q``
-  (Eq. 4, the Agentic-R retriever input); ``history`` = ``Q [SEP] q1 [SEP] ... [SEP] qi`` (Eq. 6, the
-  ablation of Table 5);
+* query composition ("Agentic-R: Learning to Retrieve for Agentic Search", section 4.1.2): ``query`` = q;
+  ``question_sep_query`` = ``Q [SEP] q`` (Eq. 4, the Agentic-R retriever input);
+  ``history`` = ``Q [SEP] q1 [SEP] ... [SEP] qi`` (Eq. 6, the ablation of Table 5);
 * the settings stored with the model (``agentic_retriever.json`` in its folder), so an index, the
   server and the agent apply the right composition and prefixes without being told;
 * a fingerprint of the weights and settings, so an index refuses an encoder it was not built with.
@@ -89,7 +89,7 @@ def family_prefixes(model_name: str) -> tuple[str, str]:
 
 
 def compose_query(query: str, mode: str, question: str | None = None, history: Sequence[str] | None = None) -> str:
-    """Build the retriever input for one search call (agentic_r.txt Eq. 4 and Eq. 6).
+    """Build the retriever input for one search call (Agentic-R, Eq. 4 and Eq. 6).
 
     Without the original question every mode falls back to the plain query, so agents that send only
     queries still work against a context-aware retriever.

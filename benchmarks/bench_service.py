@@ -13,7 +13,7 @@ medians, their ratios (target: batched >= 3x requests/s with p95 no worse) and t
     python benchmarks/bench_service.py --index runs/quickstart/index --json bench_service.json
 
 Without --index it indexes the first --passages passages of ``runs/quickstart/data/corpus.jsonl`` (the
-embedded default corpus, written by `agentic-retriever data prepare-defaults`) when that file exists,
+embedded default corpus, written by `agentic-retriever data prepare`) when that file exists,
 else a synthetic corpus of --passages passages, with the embedded default MiniLM encoder, in a temporary
 folder removed at the end. Only loopback traffic; a fixed number of requests; stops by itself.
 """

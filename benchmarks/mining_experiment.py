@@ -6,7 +6,7 @@ One command runs it, every step reusing its artifact when it is there (a rerun o
 
 1. the warm-started default agent (the quickstart's, cached) rolls out on the in-corpus train leaves outside the
    held-out slice (`fanoutqa_leaf_train_mining_in_corpus.jsonl`, questions and gold answers only);
-2. utility mining of those trajectories with the base MiniLM (`mine`), the full method; its ablations re-select
+2. utility mining of those trajectories with the base MiniLM (`mine run`), the full method; its ablations re-select
    from the same stage stores (nothing is rescored): w/o GAC, w/o LR, the false-negative filter off;
 3. `mine audit` of the full method (evaluation side: it reads the mining questions' evidence titles);
 4. retriever training of each variant (InfoNCE; the full method also with the soft-label loss), every run
@@ -20,7 +20,7 @@ One command runs it, every step reusing its artifact when it is there (a rerun o
    multi-hop dev questions with the base and with the full method's retriever: evidence recall of its
    searches, answer recall over its retrieved passages, EM, F1.
 
-Writes ``results.json``, ``results.md`` (the README table) and ``results.png`` into the work folder.
+Writes ``results.json``, ``results.md`` (the tables of benchmarks/RESULTS.md) and ``results.png`` into the work folder.
 Evaluation labels: only steps 3, 4 (held-out slice) and 6 (dev) read evidence titles; the reference row reads
 train evidence titles and is a diagnostic. Dev questions never enter training (the split is by top-level
 question, deduplicated by the QA normaliser).
@@ -42,7 +42,7 @@ from _common import describe_device  # noqa: E402
 
 from agent.rollouts import RolloutConfig, run_rollout_job  # noqa: E402
 from agent.trajectory import read_trajectories  # noqa: E402
-from agent.warm_start import WarmStartConfig, warm_start_agent  # noqa: E402
+from agent.sft import WarmStartConfig, warm_start_agent  # noqa: E402
 from agentic_retriever.client import RetrievalConfig  # noqa: E402
 from agentic_retriever.config import build_config  # noqa: E402
 from agentic_retriever.corpus import Corpus  # noqa: E402

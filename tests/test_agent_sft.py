@@ -11,7 +11,7 @@ import torch
 from agent.dialects import SearchR1Dialect
 from agent.qa_data import QARow
 from agent.sft import IGNORE_INDEX, SFTConfig, SFTExample, read_sft_examples, tokenize_example, train_sft, write_sft_examples
-from agent.sft_data import SynthesisConfig, query_phrasings, synthesize_sft_examples
+from agent.sft import SynthesisConfig, query_phrasings, synthesize_sft_examples
 from agentic_retriever.client import RetrievalConfig
 from agentic_retriever.corpus import ScoredPassage
 from agentic_retriever.jsonl import DataFormatError
@@ -182,7 +182,7 @@ def test_examples_longer_than_max_length_are_dropped_and_counted(tmp_path, tiny_
 
 
 def test_the_warm_started_agent_is_cached_by_its_inputs(tmp_path, tiny_causal_lm_dir, monkeypatch):
-    import agent.warm_start as warm_start
+    import agent.sft.warm_start as warm_start
 
     qa = tmp_path / "qa.jsonl"
     qa.write_text(json.dumps({"id": ROW.id, "question": ROW.question, "golden_answers": list(ROW.golden_answers),

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from agent.rollouts import RolloutConfig
-from agent.warm_start import WarmStartConfig
+from agent.sft import WarmStartConfig
 from agentic_retriever.cli import HANDLERS, build_parser, main, modernize
 from agentic_retriever.commands import COMMANDS, DEPRECATED_COMMANDS, DEPRECATED_SECTIONS
 from agentic_retriever.config import build_config, load_config_file

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agentic_retriever.mining import MiningConfig, SelectionConfig, merge_shards, mine, parse_shard
-from agentic_retriever.mining.pipeline import shard_dir
+from agentic_retriever.mining.shards import shard_dir
 from test_mining_fakes import FakeAgent, FakeScorer, Killed, answer_turn, make_trajectory, make_world, search_turn
 
 GILLEY = "Mickey Gilley"
@@ -335,7 +335,7 @@ def test_rounds_without_an_answer_candidate_skip_lr_and_gac_when_positives_need_
 
 
 def test_round_posterior_lr_is_p_passage_given_query_over_the_round(trajectory_file, tmp_path):
-    from agentic_retriever.mining.pipeline import ROUNDS_FILE
+    from agentic_retriever.mining.outputs import ROUNDS_FILE
 
     cfg = config(lr_scorer="pointwise", pointwise_mode="query_likelihood", lr_scale="round_posterior",
                  gac_mode="answer_likelihood", gac_criterion="sequence",

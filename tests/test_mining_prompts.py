@@ -1,6 +1,7 @@
 """The scorer prompts are the paper's Figures 6, 7 and 8, byte for byte.
 
-The figure texts below are copied verbatim from the paper text (agentic_r.txt, appendix), PDF-extraction
+The figure texts below are copied verbatim from the paper text
+("Agentic-R: Learning to Retrieve for Agentic Search", appendix), PDF-extraction
 artifacts included; `undo_extraction` applies the four documented rules of `agentic_retriever.mining.prompts`
 and nothing else.
 """

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agentic_retriever.mining.prompts import passage_text
-from agentic_retriever.mining.scorers import ListwiseScorer, PointwiseLikelihoodScorer, RelevanceRequest
+from agentic_retriever.mining.local_relevance import ListwiseScorer, PointwiseLikelihoodScorer, RelevanceRequest
 from agentic_retriever.mining.sub_answers import SubAnswerGenerator, SubAnswerRequest
 from test_mining_fakes import FakeScorer, answer_turn, make_trajectory, make_world, search_turn
 

@@ -13,7 +13,7 @@ from agent.env import EnvConfig
 from agent.qa_data import QARow
 from agent.rl import RLConfig, RLTrainer
 from agent.rl.batch import Sample, collate, token_logprobs
-from agent.rl.trainer import questions_at
+from agent.rl.rollout import questions_at
 from agentic_retriever.llm import LLMConfig
 from test_agent_env import FakeClient
 

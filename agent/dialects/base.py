@@ -1,7 +1,7 @@
 """What a search-agent family says and how the environment reads it: the `Dialect` interface.
 
 The environment loop (`agent.env`) is the same for every method; a dialect supplies the rest
-(ARCHITECTURE.md, ``agent/dialects``):
+(docs/agent.md, "The environment (`agent.env`) and dialects"):
 
 * `build_prompt`: question (and, for dialects that retrieve before the first turn, those passages) -> the
   user message; `initial_queries` names those first searches (s3 retrieves with the question itself);

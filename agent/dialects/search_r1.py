@@ -1,8 +1,10 @@
-"""The Search-R1 dialect (search_r1_empirical_study.txt; IMPLEMENTATION_NOTES.md, "Search-R1" section).
+"""The Search-R1 dialect ("Search-R1: Training LLMs to Reason and Leverage Search Engines with Reinforcement
+Learning", arXiv 2503.09516; the empirical study, "An Empirical Study on Reinforcement Learning for
+Reasoning-Search Interleaved LLM Agents", arXiv 2505.15117).
 
-Everything here follows the public release [R], byte for byte: the prompt of
-``scripts/data_process/nq_search.py`` (``make_prefix``, template "base"), and the action parser,
-observation and invalid-action texts of ``search_r1/llm_agent/generation.py``:
+Everything here follows the authors' public release [R], byte for byte: the prompt of its NQ data preparation
+(``make_prefix``, template "base"), and the action parser, observation and invalid-action texts of its
+generation loop:
 
 * the question is stripped and gets a "?" appended unless it already ends with one;
 * a turn stops at ``</search>`` or ``</answer>``; the first ``<(search|answer)>(.*?)</\\1>`` match (DOTALL)

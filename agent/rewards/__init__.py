@@ -5,7 +5,8 @@ A response is its text (prompt excluded) or an object carrying it (`agent.trajec
 returns ``reward(response, golden) -> float``; `agent.rewards.verl` exposes each with verl's
 ``compute_score(data_source, solution_str, ground_truth, extra_info)`` signature.
 
-Registered (search_r1_empirical_study.txt; IMPLEMENTATION_NOTES.md "Search-R1 and the empirical study"):
+Registered (the empirical study, "An Empirical Study on Reinforcement Learning for Reasoning-Search
+Interleaved LLM Agents", arXiv 2505.15117; docs/rl.md, "Rewards"):
 
 =============================  ===================================================================
 ``search_r1_em``               Eq. 2: EM of the last ``<answer>`` with a golden answer (1 / 0)

@@ -1,7 +1,8 @@
 """What every reward reads: the response, given as text or as an object that carries it.
 
 A reward scores the response only (the prompt excluded), as verl's reward managers decode it
-(IMPLEMENTATION_NOTES.md, "EM [P/R]": scoring the response alone removes the release's prompt quirk).
+(scoring the response alone removes the prompt quirk of Search-R1's release; docs/paper-deviations.md,
+"Search-R1 and the empirical study").
 `agent.trajectory.Trajectory` and `agent.env.Rollout` both carry it as ``response_text``: a reward of a
 trajectory equals the reward of its ``response_text``.
 """

@@ -1,6 +1,7 @@
 """The empirical study's format reward (Eq. 3) and retrieval reward (Eq. 4), in the paper's and the release's variant.
 
-search_r1_empirical_study.txt, sections 4.1-4.2; IMPLEMENTATION_NOTES.md, "Format reward". With
+"An Empirical Study on Reinforcement Learning for Reasoning-Search Interleaved LLM Agents", arXiv 2505.15117,
+sections 4.1-4.2; docs/paper-deviations.md, "Search-R1 and the empirical study". With
 correct = EM(a_pred, a_gold) (Eq. 2, `outcome`), valid = f_format(y) (`sequence.is_valid_sequence`) and
 hit = f_ret(y) (`retrieval.gold_in_information`):
 
@@ -11,7 +12,7 @@ hit = f_ret(y) (`retrieval.gold_in_information`):
     wrong,   invalid          0                        paper
                               0.1 if an answer was extracted, else 0    release (``final_format_score``)
 
-``variant="release"`` (the default: it produced the reported numbers) is Search-R1's ``qa_em_format.py``
+``variant="release"`` (the default: it produced the reported numbers) is the release's EM-with-format scorer
 ``compute_score_em`` with ``structure_format_score = lambda_f``, ``retrieval_score = lambda_r`` and
 ``final_format_score = 0.1``; ``variant="paper"`` is Eq. 3/4 as printed. They differ only in the last row.
 The paper tunes lambda_f in {0.2, 0.4, 0.6, 0.8} (0.2 for 3B/14B, 0.4 for 7B) and lambda_r in {0.1, 0.3, 0.5}

@@ -1,11 +1,12 @@
-"""Search-R1's outcome reward: exact match of the final answer (search_r1_empirical_study.txt, Eq. 2).
+"""Search-R1's outcome reward: exact match of the final answer (Eq. 2 of the empirical study).
 
     r(x, y) = EM(a_pred, a_gold) = 1 if a_pred = a_gold else 0
 
-the reward of Search-R1 (Jin et al., 2025b), restated as Eq. 2 of the empirical study. a_pred is the content
-of the last ``<answer>`` of the response, stripped (`SearchR1Dialect.extract_answer`, the extractor the
-environment uses); the comparison is SQuAD-normalised exact match, the max over the golden answers
-(`agentic_retriever.eval.qa.exact_match`; IMPLEMENTATION_NOTES.md, "EM [P/R]"). No answer scores 0.
+the reward of Search-R1 (Jin et al., 2025b; arXiv 2503.09516), restated as Eq. 2 of the empirical study ("An
+Empirical Study on Reinforcement Learning for Reasoning-Search Interleaved LLM Agents", arXiv 2505.15117).
+a_pred is the content of the last ``<answer>`` of the response, stripped (`SearchR1Dialect.extract_answer`, the
+extractor the environment uses); the comparison is SQuAD-normalised exact match, the max over the golden answers
+(`agentic_retriever.eval.qa.exact_match`, as in the authors' release). No answer scores 0.
 
 The release scores prompt + response and so needs a second ``<answer>`` (the prompt's example holds one);
 scoring the response alone, the last ``<answer>`` of the response is the answer and that quirk is gone.
@@ -40,6 +41,6 @@ def em_reward(response: Response, golden: Golden) -> float:
 @register("constant")
 def constant_reward(response: Response, golden: Golden, *, value: float = 1.0) -> float:
     """The same `value` for every response: a control run (with it, group advantages are 0 and the policy
-    moves only as its KL and entropy terms push it; see README, "Reinforcement learning of the agent")."""
+    moves only as its KL and entropy terms push it; see docs/rl.md, "The RL trainer")."""
     response_text(response)  # the same type check as every reward
     return float(value)

@@ -1,7 +1,8 @@
 """f_ret of the empirical study's retrieval reward: does a golden answer appear in the retrieved information?
 
-search_r1_empirical_study.txt, section 4.2 (Eq. 4): "we apply substring exact match as f_ret ... to evaluate
-whether ground truth appears in retrieved passages". The retrieved passages are the contents of the
+"An Empirical Study on Reinforcement Learning for Reasoning-Search Interleaved LLM Agents", arXiv 2505.15117,
+section 4.2 (Eq. 4): "we apply substring exact match as f_ret ... to evaluate whether ground truth appears in
+retrieved passages". The retrieved passages are the contents of the
 response's ``<information>...</information>`` blocks (the release's ``is_retrieval_correct``); text the agent
 wrote itself (``<think>``, ``<answer>``) never counts.
 

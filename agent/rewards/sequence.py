@@ -1,7 +1,7 @@
 """Search-R1's format check f_format: the ``is_valid_sequence`` state machine.
 
-search_r1_empirical_study.txt, section 4.1 and Appendix C (Listing 1); IMPLEMENTATION_NOTES.md, "Format
-reward": a response is valid when
+"An Empirical Study on Reinforcement Learning for Reasoning-Search Interleaved LLM Agents", arXiv 2505.15117,
+section 4.1 and Appendix C (Listing 1): a response is valid when
 
 1. every tag of ``think``, ``search``, ``information``, ``answer`` opens as often as it closes, and
 2. its tags, read in order, follow

@@ -1,6 +1,6 @@
 """The rewards with verl's custom reward signature ``compute_score(data_source, solution_str, ground_truth, extra_info)``.
 
-verl (the cluster-scale RL trainer; ARCHITECTURE.md "Backends and scale") calls a custom reward function as
+verl (the cluster-scale RL trainer; docs/rl.md, "The RL trainer") calls a custom reward function as
 ``fn(data_source=..., solution_str=..., ground_truth=..., extra_info=...)`` with ``solution_str`` the decoded
 response (prompt excluded) and ``ground_truth`` the row's ``reward_model.ground_truth``; the options in
 ``custom_reward_function.reward_kwargs`` arrive as keyword arguments. Point verl at this file:

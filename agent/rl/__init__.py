@@ -1,4 +1,5 @@
-"""The embedded RL trainer of the search agent (Algorithm 1's agent half, agentic_r.txt section 4.2).
+"""The embedded RL trainer of the search agent (Algorithm 1's agent half: "Agentic-R: Learning to Retrieve for
+Agentic Search", section 4.2; docs/rl.md).
 
 PPO (GAE with a critic, KL in the reward) and GRPO/DAPO (group-normalised outcomes, KL in the loss,
 decoupled clipping, token-level aggregation, dynamic sampling) over rollouts of `agent.env`, with any

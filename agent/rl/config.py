@@ -1,6 +1,6 @@
 """Settings of the embedded RL trainer (`agentic-retriever agent train`, the ``agent_train`` config section).
 
-Defaults are Search-R1's release (IMPLEMENTATION_NOTES.md "RL [R]"): clip 0.2, entropy 0.001, gradient clip
+Defaults are the values of Search-R1's release (arXiv 2503.09516; docs/rl.md): clip 0.2, entropy 0.001, gradient clip
 1.0, one epoch over each batch, KL 0.001; PPO with GAE gamma = lambda = 1, the k1 KL in the reward and a
 value clip of 0.5; GRPO with the low-variance (k3) KL in the loss and (r - mean) / (std + 1e-6) advantages.
 """

@@ -2,11 +2,13 @@
 
 Every function takes a ``mask`` parallel to its token tensors: 1 where the agent generated the token, 0 for
 padding and for what the environment inserted (``<information>`` blocks, invalid-action messages). That is
-Search-R1's state masking (search_r1_empirical_study.txt section 2; IMPLEMENTATION_NOTES.md "RL [R]"):
-masked tokens never enter a loss, a KL, an advantage or a value target, so their log-probabilities and
-values can be anything (``tests/test_rl_core.py`` proves it by changing them).
+Search-R1's state masking ("An Empirical Study on Reinforcement Learning for Reasoning-Search Interleaved LLM
+Agents", arXiv 2505.15117, section 2): masked tokens never enter a loss, a KL, an advantage or a value target,
+so their log-probabilities and values can be anything (``tests/test_rl_core.py`` proves it by changing them).
 
-Estimators and losses (names as in verl, whose Search-R1 and DAPO recipes these follow):
+Estimators and losses (names as in verl, whose Search-R1 and DAPO recipes these follow; DAPO is arXiv
+2503.14476, GRPO comes from "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language
+Models", arXiv 2402.03300):
 
 - `gae_advantages`: GAE(gamma, lambda) for PPO, run over the generated tokens only;
 - `group_advantages`: GRPO's group-normalised outcome, (r - mean) / (std + eps) over the n samples of a prompt;

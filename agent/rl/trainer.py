@@ -1,16 +1,19 @@
 """The embedded RL trainer of the search agent: PPO (GAE + critic) and GRPO/DAPO (group advantages).
 
-One step (agentic_r.txt section 4.2 trains the agent this way against a fixed retriever; the recipe is
-Search-R1's, IMPLEMENTATION_NOTES.md "RL [R]"):
+One step ("Agentic-R: Learning to Retrieve for Agentic Search", section 4.2, trains the agent this way against a
+fixed retriever; the recipe is Search-R1's, "Search-R1: Training LLMs to Reason and Leverage Search Engines with
+Reinforcement Learning", arXiv 2503.09516, at the values of the authors' release; docs/rl.md):
 
-1. rollouts: ``prompts_per_step`` questions x ``samples_per_prompt`` samples through `agent.env.rollout`, with
-   the current policy as the LLM and the fixed retriever; each response is scored by the configured reward
-   (`agent.rewards`). With dynamic sampling (DAPO), groups whose rewards are all equal are dropped and more
-   questions are rolled out, up to ``dynamic_sampling_max_batches`` batches;
+1. rollouts (`agent.rl.rollout`): ``prompts_per_step`` questions x ``samples_per_prompt`` samples through
+   `agent.env.rollout`, with the current policy as the LLM and the fixed retriever; each response is scored by
+   the configured reward (`agent.rewards`). With dynamic sampling (DAPO, arXiv 2503.14476), groups whose
+   rewards are all equal are dropped and more questions are rolled out, up to ``dynamic_sampling_max_batches``
+   batches;
 2. log-prob passes without gradients: the rollout policy's log-probabilities (PPO's "old" policy), the
    reference model's (for the KL) and, for PPO, the critic's values;
 3. advantages: GAE over token rewards (the score on the last generated token, minus ``kl_coef`` x k1 on every
-   generated token when the KL sits in the reward), or GRPO's group-normalised score on every token;
+   generated token when the KL sits in the reward), or GRPO's group-normalised score on every token (GRPO:
+   "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models", arXiv 2402.03300);
 4. ``ppo_epochs`` passes of mini-batch updates: the clipped policy loss, minus the entropy bonus, plus the KL
    loss when the KL sits in the loss; the critic's clipped value loss; gradient clipping.
 
@@ -26,10 +29,9 @@ import contextlib
 import dataclasses
 import json
 import logging
-import random
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -37,37 +39,23 @@ from tqdm.auto import tqdm
 
 from agentic_retriever.client import RetrievalClient
 from agentic_retriever.curves import write_training_curves
-from agentic_retriever.eval.qa import qa_scores
 from agentic_retriever.llm.device import resolve_device
 from agentic_retriever.llm.transformers import TransformersLLM
 
-from ..env import Rollout, rollout
+from ..env import Rollout
 from ..qa_data import QARow
-from ..rewards import get_reward, gold_in_information, is_valid_sequence
+from ..rewards import get_reward
 from .batch import Collated, Sample, collate, token_logprobs, token_values
 from .checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import RLConfig
 from .core import (aggregate, gae_advantages, group_advantages, kl_estimate, masked_mean, masked_whiten,
                    policy_loss, value_loss)
 from .models import ValueModel, frozen_copy, load_policy, reference_context
+from .rollout import RewardFn, RolloutCollector, questions_at, rollout_metrics
 
 __all__ = ["RLTrainer", "questions_at"]
 
 log = logging.getLogger(__name__)
-
-RewardFn = Callable[[str, Sequence[str]], float]
-
-
-def questions_at(rows: Sequence[QARow], seed: int, start: int, count: int) -> list[QARow]:
-    """Questions `start` .. `start + count` of an endless stream: epoch e is `rows` shuffled with seed
-    (seed, e). A function of its arguments only, so a resumed run draws what the uninterrupted one would."""
-    out = []
-    for position in range(start, start + count):
-        epoch, index = divmod(position, len(rows))
-        order = list(range(len(rows)))
-        random.Random(f"{seed}:{epoch}").shuffle(order)
-        out.append(rows[order[index]])
-    return out
 
 
 class RLTrainer:
@@ -101,6 +89,7 @@ class RLTrainer:
                                                      config.lora_alpha, config.gradient_checkpointing)
         self.llm = TransformersLLM(self.policy, self.tokenizer, name=config.agent.model,
                                    max_batch_size=config.generation_batch_size)
+        self.rollouts = RolloutCollector(config, self.rows, self.llm, client, self.reward_fn, self.policy)
         self.actor_opt, self.actor_sched = self._optimizer(self.policy, config.actor_lr)
         self.critic_opt, self.critic_sched = (self._optimizer(self.critic, config.critic_lr) if self.critic
                                               else (None, None))
@@ -173,49 +162,15 @@ class RLTrainer:
 
     # ------------------------------------------------------------------------------------------ 1. rollouts
     def collect(self) -> tuple[list[Sample], int]:
-        """Roll out the step's questions; with dynamic sampling keep only groups with different rewards."""
-        config = self.config
-        kept: list[Sample] = []
-        kept_groups = 0
-        for attempt in range(config.dynamic_sampling_max_batches if config.dynamic_sampling else 1):
-            rows = questions_at(self.rows, config.seed, self.state.cursor, config.prompts_per_step)
-            self.state.cursor += len(rows)
-            seed = None if config.env.seed is None else config.env.seed + 1_000_003 * self.state.step + 7_919 * attempt
-            samples = self.rollout_samples(rows, config.samples_per_prompt, seed, attempt * config.prompts_per_step)
-            if not config.dynamic_sampling:
-                return samples, len(rows)
-            for group in sorted({s.group for s in samples}):
-                members = [s for s in samples if s.group == group]
-                if len({s.score for s in members}) > 1 and kept_groups < config.prompts_per_step:
-                    kept.extend(members)
-                    kept_groups += 1
-            if kept_groups >= config.prompts_per_step:
-                break
-        if not kept:
-            log.warning("step %d: every group had equal rewards; the step updates nothing", self.state.step + 1)
-        return kept, kept_groups
+        """Roll out the step's questions (`RolloutCollector.collect`) and advance the question stream; returns
+        the samples and the number of groups kept."""
+        samples, kept_groups, self.state.cursor = self.rollouts.collect(self.state.step, self.state.cursor)
+        return samples, kept_groups
 
     def rollout_samples(self, rows: Sequence[QARow], samples_per_prompt: int, seed: int | None,
                         first_group: int = 0) -> list[Sample]:
-        """`samples_per_prompt` rollouts of each question with the current policy (sampling seeded by `seed`),
-        scored; the samples of ``rows[i]`` form group ``first_group + i``."""
-        n = samples_per_prompt
-        env = dataclasses.replace(self.config.env, seed=seed)
-        questions = [row.question for row in rows for _ in range(n)]
-        self.policy.eval()
-        try:
-            results = rollout(questions, self.llm, self.client, env)
-        finally:
-            self.policy.train()
-        samples = []
-        for index, result in enumerate(results):
-            row = rows[index // n]
-            if not any(result.response_mask):
-                continue
-            samples.append(Sample(result.prompt_ids, result.response_ids, result.response_mask,
-                                  group=first_group + index // n, score=float(self.reward_fn(result, row.golden_answers)),
-                                  components=self.components(result, row), num_searches=result.num_searches))
-        return samples
+        """Scored rollouts of `rows` with the current policy (`RolloutCollector.rollout_samples`)."""
+        return self.rollouts.rollout_samples(rows, samples_per_prompt, seed, first_group)
 
     def evaluate(self, rows: Sequence[QARow], samples_per_prompt: int = 1, seed: int = 0) -> dict[str, float]:
         """Mean reward and diagnostics of the current policy on `rows` (the configured sampling, seeded:
@@ -223,13 +178,8 @@ class RLTrainer:
         return self.rollout_metrics(self.rollout_samples(rows, samples_per_prompt, seed))
 
     def components(self, result: Rollout, row: QARow) -> dict[str, float]:
-        """Diagnostics logged next to the reward: EM of the answer and, for the Search-R1 dialect, the valid
-        format (Eq. 3's f_format) and a gold answer in the retrieved text (Eq. 4's f_ret)."""
-        parts = {"em": qa_scores(result.answer, list(row.golden_answers)).em}
-        if self.config.env.dialect == "search_r1":
-            parts["valid_format"] = float(is_valid_sequence(result.response_text).valid)
-            parts["retrieval_hit"] = float(gold_in_information(result.response_text, row.golden_answers))
-        return parts
+        """Diagnostics logged next to the reward (`RolloutCollector.components`)."""
+        return self.rollouts.components(result, row)
 
     # ------------------------------------------------------------------------------------------ 2. passes
     def _micro_batches(self, samples: Sequence[Sample]) -> list[list[Sample]]:
@@ -373,21 +323,8 @@ class RLTrainer:
 
     # ------------------------------------------------------------------------------------------ metrics, export
     def rollout_metrics(self, samples: Sequence[Sample]) -> dict[str, float]:
-        if not samples:
-            return {"reward": float("nan")}
-
-        def mean(values) -> float:
-            values = list(values)
-            return sum(values) / len(values)
-        scores = torch.tensor([s.score for s in samples])
-        metrics = {"reward": scores.mean().item(), "reward_std": scores.std().item() if len(samples) > 1 else 0.0}
-        for name in samples[0].components:
-            metrics[name] = mean(s.components[name] for s in samples)
-        metrics["response_tokens"] = mean(len(s.response_ids) for s in samples)
-        metrics["generated_tokens"] = mean(s.generated_tokens for s in samples)
-        metrics["masked_share"] = 1 - sum(s.generated_tokens for s in samples) / sum(len(s.response_ids) for s in samples)
-        metrics["searches"] = mean(s.num_searches for s in samples)
-        return metrics
+        """The step's rollout metrics (`agent.rl.rollout.rollout_metrics`)."""
+        return rollout_metrics(samples)
 
     def export(self) -> Path:
         """Save the policy as an HF model folder (LoRA merged into the weights), atomically."""

@@ -1,4 +1,4 @@
-"""`agentic-retriever data prepare-defaults`: the embedded default corpus and FanOutQA QA sets.
+"""`agentic-retriever data prepare`: the embedded default corpus and FanOutQA QA sets.
 
 Writes, into one folder:
 

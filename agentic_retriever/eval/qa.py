@@ -2,15 +2,16 @@
 
 All four compare SQuAD-normalised strings (`normalize_answer`: lowercase, drop ASCII punctuation, drop the
 articles a/an/the, collapse whitespace), the normalisation of Search-R1's ``qa_em.py``
-(IMPLEMENTATION_NOTES.md, "EM [P/R]"):
+in the authors' release (Search-R1, arXiv 2503.09516):
 
 * `exact_match`    normalised prediction == normalised gold (Search-R1, Agentic-R);
 * `f1_score`       SQuAD token F1 between the normalised strings;
 * `contains_match` QAgent's EM_contains: the normalised gold occurs in the normalised prediction on word
                    boundaries (gold "4" matches "4 times", not "1234");
-* `span_match`     s3's span check (GenAcc, s3.txt): the tokens of the normalised gold are a contiguous run of
-                   the tokens of the normalised prediction, tokenised like pyserini's ``SimpleTokenizer``
-                   (runs of word characters, and every other non-space character as its own token).
+* `span_match`     s3's span check (GenAcc; s3, arXiv 2505.14146): the tokens of the normalised gold are a
+                   contiguous run of the tokens of the normalised prediction, tokenised like pyserini's
+                   ``SimpleTokenizer`` (runs of word characters, and every other non-space character as its own
+                   token).
 
 Golden answers may be one string, a number, or (nested) lists of them (`golden_strings`). A missing
 prediction (``None``: the agent gave no answer) scores 0 everywhere. A gold that normalises to the empty

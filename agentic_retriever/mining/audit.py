@@ -1,7 +1,7 @@
 """Mining audit: where the evidence went in a utility-mining run (issue 12).
 
-Evaluation-side. Mining itself ("Agentic-R: Learning to Retrieve for Agentic Search", section 4.1.1;
-papers/agentic_r.txt) never reads evidence labels; this audit does:
+Evaluation-side. Mining itself ("Agentic-R: Learning to Retrieve for Agentic Search", section 4.1.1) never
+reads evidence labels; this audit does:
 it joins the run's ``rounds.jsonl`` with a QA file (``{"id", "question", "golden_answers",
 "supporting_titles"}``, on ``question_id == id``) and asks, per round and over the run:
 
@@ -26,7 +26,8 @@ Evidence figures count only *judged* rounds: rounds whose question is in the QA 
 as ``unjudged``) and has supporting titles. Answer-containing figures need no QA file and count every round.
 
 Outputs (atomic): ``audit.json`` (everything, with one record per round), ``audit.md`` (the headline table)
-and ``audit.png``.
+and ``audit.png``. This module computes the figures; `audit_records` reads the inputs and `audit_report`
+renders the tables and the picture. See docs/mining.md, "mine audit".
 
     report = audit_mining("runs/x/iter_1/mining", "data/fanoutqa/dev.jsonl")
     report["false_negatives"]["evidence_rate"], report["auc"]["evidence"]["lr"]["mean"]
@@ -40,117 +41,16 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from ..jsonl import DataFormatError, atomic_write, iter_jsonl, require_field, write_json
+from ..jsonl import atomic_write, write_json
+from .audit_records import (CLASSES, FATES, RANK_BUCKETS, ROUNDS_FILE, ROWS_FILE, SIGNALS, AuditCandidate, AuditRound,
+                            load_evidence_titles, load_rounds, load_rows)
+from .audit_report import plot_audit, render_markdown
 
 __all__ = ["AUDIT_FILES", "CLASSES", "FATES", "SIGNALS", "AuditCandidate", "AuditRound", "MineAuditConfig", "audit_mining",
            "load_evidence_titles", "load_rounds", "mann_whitney_auc", "plot_audit", "render_markdown"]
 
-ROUNDS_FILE = "rounds.jsonl"
-ROWS_FILE = "retriever_train.jsonl"
 AUDIT_FILES = ("audit.json", "audit.md", "audit.png")
-CLASSES = ("evidence", "answer")
-SIGNALS = ("lr", "gac", "retriever")
-FATES = ("positive", "negative", "excluded", "unused", "round_dropped", "not_retrieved")
-RANK_BUCKETS = ("1", "2", "3", "4-5", "6-10", "11-20", "21+")
-_ROLES = ("positive", "negative", "excluded", None)
-_STATUSES = ("mined", "dropped")
-_NUMBER = (int, float)
-_NONE = type(None)
-_LABELS = {"evidence": "evidence", "answer": "answer-containing"}
-
-
-@dataclass(frozen=True)
-class AuditCandidate:
-    """One candidate of a round as ``rounds.jsonl`` records it."""
-
-    id: str
-    title: str
-    rank: int  # 1-based retriever rank
-    score: float | None  # retriever score
-    lr: float | None  # local relevance 0..100
-    gac: float | None  # graded global answer correctness, higher = more useful
-    gac_pass: bool | None
-    contains_answer: bool
-    role: str | None  # positive / negative / excluded / None (unused)
-
-    def signal(self, name: str) -> float | None:
-        if name == "retriever":
-            return self.score if self.score is not None else -self.rank
-        return getattr(self, name)
-
-
-@dataclass(frozen=True)
-class AuditRound:
-    round_id: str
-    question_id: str
-    round_index: int
-    status: str  # mined / dropped
-    drop_reason: str | None
-    candidates: tuple[AuditCandidate, ...]
-
-
-def _get(path, line: int, obj: dict, name: str, kind: type | tuple[type, ...], label: str | None = None):
-    """obj[name], or DataFormatError naming file, line and `label` (the field's path) when missing or mistyped."""
-    label = label or name
-    if name not in obj:
-        raise DataFormatError(path, line, "missing", field=label)
-    value = obj[name]
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-        names = "/".join("null" if k is _NONE else k.__name__ for k in kinds)
-        raise DataFormatError(path, line, f"expected {names}, got {type(value).__name__}", field=label)
-    return value
-
-
-def _candidate(path, line: int, obj: Any, i: int) -> AuditCandidate:
-    where = f"candidates[{i}]"
-    if not isinstance(obj, dict):
-        raise DataFormatError(path, line, f"expected an object, got {type(obj).__name__}", field=where)
-
-    def get(name, kind):
-        return _get(path, line, obj, name, kind, f"{where}.{name}")
-
-    role = get("role", (str, _NONE))
-    if role not in _ROLES:
-        raise DataFormatError(path, line, f"expected positive/negative/excluded/null, got {role!r}",
-                              field=f"{where}.role")
-    score = get("score", (*_NUMBER, _NONE))
-    lr, gac = get("lr", (*_NUMBER, _NONE)), get("gac", (*_NUMBER, _NONE))
-    return AuditCandidate(str(get("id", (str, int))), get("title", str), get("rank", int),
-                          None if score is None else float(score), None if lr is None else float(lr),
-                          None if gac is None else float(gac), get("gac_pass", (bool, _NONE)),
-                          get("contains_answer", bool), role)
-
-
-def load_rounds(path: str | os.PathLike) -> list[AuditRound]:
-    """The rounds of ``rounds.jsonl``; a malformed line raises DataFormatError naming file, line and field."""
-    rounds = []
-    for line, row in iter_jsonl(path):
-        status = _get(path, line, row, "status", str)
-        if status not in _STATUSES:
-            raise DataFormatError(path, line, f"expected mined/dropped, got {status!r}", field="status")
-        candidates = _get(path, line, row, "candidates", list)
-        rounds.append(AuditRound(
-            round_id=_get(path, line, row, "round_id", str),
-            question_id=str(_get(path, line, row, "question_id", (str, int))),
-            round_index=_get(path, line, row, "round_index", int), status=status,
-            drop_reason=_get(path, line, row, "drop_reason", (str, _NONE)),
-            candidates=tuple(_candidate(path, line, c, i) for i, c in enumerate(candidates))))
-    return rounds
-
-
-def load_evidence_titles(qa_path: str | os.PathLike) -> dict[str, frozenset[str]]:
-    """QA id -> its supporting titles (empty when the row has none): the evidence labels."""
-    titles = {}
-    for line, row in iter_jsonl(qa_path):
-        qid = require_field(qa_path, line, row, "id", (str, int))
-        value = row.get("supporting_titles") or []
-        if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
-            raise DataFormatError(qa_path, line, "expected a list of strings", field="supporting_titles")
-        titles[str(qid)] = frozenset(value)
-    return titles
 
 
 def mann_whitney_auc(members: Sequence[float], others: Sequence[float]) -> float | None:
@@ -206,16 +106,6 @@ def _round_aucs(rnd: AuditRound, is_member) -> dict[str, float | None]:
     return aucs
 
 
-def _load_rows(path: Path) -> list[tuple[str, int, list[str]]]:
-    """(query_id, round_index, passage_ids) of every training row."""
-    rows = []
-    for line, row in iter_jsonl(path):
-        ids = require_field(path, line, row, "passage_ids", list)
-        rows.append((str(require_field(path, line, row, "query_id", (str, int))),
-                     require_field(path, line, row, "round_index", int), [str(p) for p in ids]))
-    return rows
-
-
 def _audit_round(rnd: AuditRound, titles: frozenset[str] | None) -> tuple[dict, frozenset[str] | None]:
     """The round's record, and the ids of its evidence candidates (None when the round cannot be judged)."""
     judged = bool(titles)
@@ -267,7 +157,7 @@ def audit_mining(run_dir: str | os.PathLike, qa_path: str | os.PathLike | None,
     rounds = load_rounds(rounds_path)
     evidence = load_evidence_titles(qa_path) if qa_path else {}
     rows_path = run_dir / ROWS_FILE
-    rows = _load_rows(rows_path) if rows_path.is_file() else None
+    rows = load_rows(rows_path) if rows_path.is_file() else None
 
     per_round, evidence_ids = [], []
     for rnd in rounds:
@@ -408,135 +298,3 @@ def _drop_summary(per_round: list[dict]) -> dict:
     reasons = dict(sorted(reasons.items(), key=lambda kv: -kv[1]["rounds"]))
     return {"by_reason": reasons,
             "missed_opportunities": sum(e["evidence_at_rank_1"] for e in reasons.values())}
-
-
-def _fmt(value, percent: bool = False) -> str:
-    if value is None:
-        return "–"
-    return f"{100 * value:.1f}%" if percent else f"{value:.3f}" if isinstance(value, float) else str(value)
-
-
-def _share(num: int, den: int) -> str:
-    return f"{num} / {den}" + (f" ({100 * num / den:.1f}%)" if den else "")
-
-
-def render_markdown(report: dict) -> str:
-    """The headline numbers as Markdown tables (what `agentic-retriever mine audit` prints)."""
-    rounds, ev, ans, pos = report["rounds"], report["evidence"], report["answer"], report["positives"]
-    lines = [f"# Mining audit: {report['run_dir']}", "",
-             f"{rounds['total']} rounds with candidates ({rounds['mined']} mined, {rounds['dropped']} dropped); "
-             f"{rounds['judged']} judged against {report['qa'] or 'no QA file'}, {rounds['unjudged']} unjudged "
-             f"(question not in the QA file), {rounds['without_supporting_titles']} without supporting titles.", "",
-             "| | evidence | answer-containing |", "|---|---:|---:|"]
-    rows = [("rounds", "rounds", None),
-            ("retrieved (any rank)", "retrieved", "rounds"),
-            ("at rank 1", "at_rank_1", "rounds"),
-            ("mined rounds with one retrieved", "mined_rounds_with_member", None),
-            ("... positive is one", "positive_is_member", "mined_rounds_with_member"),
-            ("... one sampled as negative", "member_as_negative", "mined_rounds_with_member")]
-    for label, key, den in rows:
-        lines.append(f"| {label} | " + " | ".join(
-            _share(c[key], c[den]) if den else str(c[key]) for c in (ev, ans)) + " |")
-    lines.append("| ... positive is the other class | " + " | ".join(
-        str(c["positive_otherwise"]["other_class"]) for c in (ev, ans)) + " |")
-    lines.append("| ... positive is neither | " + " | ".join(
-        str(c["positive_otherwise"]["neither"]) for c in (ev, ans)) + " |")
-    for fate in FATES:
-        lines.append(f"| went: {fate.replace('_', ' ')} | {ev['fate'][fate]} | {ans['fate'][fate]} |")
-
-    lines += ["", "Within-round AUC (mean over rounds with a member and a non-member; n = rounds):", "",
-              "| signal | evidence | answer-containing |", "|---|---:|---:|"]
-    for signal in SIGNALS:
-        cells = []
-        for cls in CLASSES:
-            auc = report["auc"][cls][signal]
-            cells.append("absent" if auc["absent"] else f"{_fmt(auc['mean'])} (n={auc['rounds']})")
-        lines.append(f"| {signal} | " + " | ".join(cells) + " |")
-
-    fn = report["false_negatives"]
-    row, cand = fn["by_row"], fn["by_candidate"]
-    lines += ["", "False negatives:", "", "| | by row slot | by distinct candidate |", "|---|---:|---:|",
-              f"| negatives that are evidence | "
-              + (_share(row["evidence"], row["judged_negatives"]) if row else "–")
-              + f" | {_share(cand['evidence'], cand['judged_negatives'])} |",
-              f"| negatives that contain an answer | "
-              + (_share(row["answer"], row["negatives"]) if row else "–")
-              + f" | {_share(cand['answer'], cand['negatives'])} |",
-              "| rows with an evidence negative | "
-              + (_share(row["rows_with_evidence_negative"], row["judged_rows"]) if row
-                 else "– (no retriever_train.jsonl)")
-              + " | |"]
-
-    classes = pos["classes"]
-    lines += ["", f"Positives: {pos['count']}; retriever rank mean {_fmt(pos['mean_rank'])}, median "
-              f"{_fmt(pos['median_rank'])}, at rank 1 {_fmt(pos['at_rank_1_rate'], percent=True)}; in judged rounds: "
-              + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in classes.items()) + ".", "",
-              "| positive's rank | " + " | ".join(RANK_BUCKETS) + " |", "|---|" + "---:|" * len(RANK_BUCKETS),
-              "| positives | " + " | ".join(str(pos["rank_buckets"][b]) for b in RANK_BUCKETS) + " |"]
-
-    drops = report["drops"]
-    if drops["by_reason"]:
-        lines += ["", f"Dropped rounds ({drops['missed_opportunities']} with the evidence at rank 1: "
-                      "missed opportunities):",
-                  "", "| reason | rounds | judged | evidence retrieved | evidence at rank 1 | answer at rank 1 |",
-                  "|---|---:|---:|---:|---:|---:|"]
-        lines += [f"| {reason} | {e['rounds']} | {e['judged']} | {e['evidence_retrieved']} | {e['evidence_at_rank_1']} "
-                  f"| {e['answer_at_rank_1']} |" for reason, e in drops["by_reason"].items()]
-    return "\n".join(lines)
-
-
-def plot_audit(report: dict, path: str | os.PathLike) -> None:
-    """Four panels: where evidence and answer-containing passages went, AUC per signal, the positives' ranks,
-    dropped rounds by reason (with the evidence at rank 1)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
-    ax = axes[0][0]
-    width = 0.4
-    for i, (cls, color) in enumerate(zip(CLASSES, ("tab:green", "tab:blue"))):
-        values = [report[cls]["fate"][f] for f in FATES]
-        xs = [k + (i - 0.5) * width for k in range(len(FATES))]
-        bars = ax.bar(xs, values, width, label=_LABELS[cls], color=color)
-        ax.bar_label(bars, fontsize=7)
-    ax.set_xticks(range(len(FATES)), [f.replace("_", " ") for f in FATES], fontsize=7, rotation=20)
-    ax.legend(fontsize=7)
-    ax.set_title(f"where they went (rounds; {report['rounds']['judged']} judged for evidence)", fontsize=9)
-
-    ax = axes[0][1]
-    for i, (cls, color) in enumerate(zip(CLASSES, ("tab:green", "tab:blue"))):
-        aucs = [report["auc"][cls][s] for s in SIGNALS]
-        xs = [k + (i - 0.5) * width for k in range(len(SIGNALS))]
-        bars = ax.bar(xs, [a["mean"] or 0.0 for a in aucs], width, label=_LABELS[cls], color=color)
-        ax.bar_label(bars, labels=["absent" if a["absent"] else "n/a" if a["mean"] is None
-                                   else f"{a['mean']:.2f}\nn={a['rounds']}" for a in aucs], fontsize=6)
-    ax.axhline(0.5, color="grey", linestyle="--", linewidth=0.8)
-    ax.set_xticks(range(len(SIGNALS)), list(SIGNALS), fontsize=8)
-    ax.set_ylim(0, 1.15)
-    ax.legend(fontsize=7, loc="lower right")
-    ax.set_title("within-round AUC per signal (0.5 = chance)", fontsize=9)
-
-    ax = axes[1][0]
-    pos = report["positives"]
-    bars = ax.bar(list(RANK_BUCKETS), [pos["rank_buckets"][b] for b in RANK_BUCKETS], color="tab:purple")
-    ax.bar_label(bars, fontsize=7)
-    ax.set_title(f"positives by retriever rank ({pos['count']} positives)", fontsize=9)
-
-    ax = axes[1][1]
-    reasons = report["drops"]["by_reason"]
-    labels = list(reasons) or ["(none)"]
-    bars = ax.barh(labels, [e["rounds"] for e in reasons.values()] or [0], color="tab:red", label="dropped")
-    ax.bar_label(bars, fontsize=7)
-    ax.barh(labels, [e["evidence_at_rank_1"] for e in reasons.values()] or [0], color="tab:orange",
-            label="evidence at rank 1")
-    ax.invert_yaxis()
-    ax.tick_params(axis="y", labelsize=7)
-    ax.legend(fontsize=7)
-    ax.set_title(f"dropped rounds: {report['drops']['missed_opportunities']} missed opportunities", fontsize=9)
-    fig.suptitle(f"mining audit: {report['rounds']['total']} rounds, {report['rounds']['mined']} mined", fontsize=10)
-    fig.tight_layout()
-    with atomic_write(path, "wb") as handle:
-        fig.savefig(handle, format="png", dpi=110)
-    plt.close(fig)

@@ -1,5 +1,5 @@
-"""Stage 2: candidate passages of each round from the current retriever R_{i-1} (agentic_r.txt section 4.1.1:
-|P_i| = 20).
+"""Stage 2: candidate passages of each round from the current retriever R_{i-1} ("Agentic-R: Learning to
+Retrieve for Agentic Search", section 4.1.1: |P_i| = 20).
 
 The round's query goes to the retrieval client with its original question, exactly as the agent's own
 searches do (`agent.env`): a retriever trained on ``Q [SEP] q`` composes its input itself (the server's

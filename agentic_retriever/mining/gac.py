@@ -1,4 +1,5 @@
-"""Stage 5: global answer correctness GAC of every (round, candidate) (agentic_r.txt section 4.1.1, Eqs. 2-3).
+"""Stage 5: global answer correctness GAC of every (round, candidate) ("Agentic-R: Learning to Retrieve for
+Agentic Search", section 4.1.1, Eqs. 2-3).
 
 `rollout_gac` is the paper's: the agent is continued from the round's context with the candidate as the only
 passage of that round's ``<information>`` (``Doc 1``), later turns retrieving normally, until it answers;
@@ -9,7 +10,7 @@ of further searches and finish reason are kept. ``metric="contains"`` uses QAgen
 occurring in the answer on word boundaries) instead of EM.
 
 `answer_likelihood_gac` is an option, not the paper's: REPLUG-style (Shi et al., "REPLUG: Retrieval-Augmented
-Black-Box Language Models", arXiv:2301.12652), the log-probability the agent gives a gold answer right after
+Black-Box Language Models", arXiv 2301.12652), the log-probability the agent gives a gold answer right after
 the candidate: the same context and observation, then the dialect's answer tag, then the gold (`LLM.score`,
 transformers backend). One forward pass per pair instead of a multi-turn rollout, blind to what later
 searches would have found. The record keeps, per candidate and gold, the summed log-probability and the
@@ -25,7 +26,8 @@ observation, the answer tag, the gold), so the graded GAC value is computed from
   the passage raises the agent's belief in the gold. Robust to length and to answers the agent already
   knows (memorised answers are likely with or without a passage).
 
-The default criterion and its threshold were chosen by measurement (README, "Utility mining").
+The default criterion and its threshold were chosen by measurement (docs/mining.md, "What the quickstart changes
+from the paper, and why").
 """
 
 from __future__ import annotations

@@ -13,7 +13,10 @@ from typing import ClassVar
 
 from ..client import RetrievalConfig, open_client
 from ..llm.loader import LLMConfig
-from .pipeline import MiningConfig, MiningResult, mine, parse_shard
+from .config import MiningConfig
+from .outputs import MiningResult
+from .pipeline import mine
+from .shards import parse_shard
 
 __all__ = ["MineJobConfig", "MineMergeConfig", "run_mine_job"]
 

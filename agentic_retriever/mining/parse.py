@@ -1,20 +1,21 @@
-"""Reading the scorer LLM's outputs: sub-answers (Figure 8) and listwise relevance scores (Figures 6, 7).
+"""Reading the scorer LLM's outputs: sub-answers (Figure 8) and listwise relevance scores (Figures 6, 7) of
+"Agentic-R: Learning to Retrieve for Agentic Search".
 
 Both parsers take whatever a model wrote and never raise; they say what they found.
 
-Sub-answers (agentic_r.txt section 4.1.1): every ``<sub-answer> ... </sub-answer>`` in order, stripped.
+Sub-answers (Agentic-R, section 4.1.1): every ``<sub-answer> ... </sub-answer>`` in order, stripped.
 "Not Sure" (any case, quotes or final punctuation around it) and an empty tag mean "no sub-answer". The
 answers are used only when there are exactly as many as the trajectory has search queries: with fewer or
 more, no round gets one (a shifted list would give round i the sub-answer of round i+1).
 
-Scores: [R] splits the stripped output on single spaces and ``int()``s the first n items (n = passages of
-the window), clamping to 0..100; anything else fails the window. Here the same output parses the same way,
-and common deviations are read too: words around the numbers ("Scores: 68 42 97."), commas or newlines
-between them, passage labels (``[3]``, ``Passage 3:``), line enumerations counting 1, 2, 3 (``1. 68``), the
-scale (``68/100``, "out of 100"), decimals (rounded half up), negative or > 100 values (clamped), and a
-hyphen between digits as a separator (``68-42-97``). More numbers than passages fail (status
-``extra_numbers``), as [R]'s parse fails them: "1: 68 2: 42 3: 97" would otherwise read as [1, 68, 2], so the
-window is asked again instead. Too few fail too (status ``too_few``).
+Scores: the authors' release splits the stripped output on single spaces and ``int()``s the first n items
+(n = passages of the window), clamping to 0..100; anything else fails the window. Here the same output
+parses the same way, and common deviations are read too: words around the numbers ("Scores: 68 42 97."),
+commas or newlines between them, passage labels (``[3]``, ``Passage 3:``), line enumerations counting 1, 2, 3
+(``1. 68``), the scale (``68/100``, "out of 100"), decimals (rounded half up), negative or > 100 values
+(clamped), and a hyphen between digits as a separator (``68-42-97``). More numbers than passages fail
+(status ``extra_numbers``), as the release's parse fails them: "1: 68 2: 42 3: 97" would otherwise read as
+[1, 68, 2], so the window is asked again instead. Too few fail too (status ``too_few``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The scorer prompts of Agentic-R, byte for byte as printed in the paper (agentic_r.txt, appendix).
+"""The scorer prompts of Agentic-R, byte for byte as printed in the paper
+("Agentic-R: Learning to Retrieve for Agentic Search", appendix).
 
 * Figure 6: listwise relevance scoring WITH a reference (sub-)answer (section 4.1.1, Eq. 1, A_i^sub given);
 * Figure 7: the same WITHOUT one (A_i^sub = empty: the sub-answer was "Not Sure" or could not be parsed);
@@ -18,15 +19,16 @@ applies them):
    ``{reference answer}`` -> the sub-answer); the list keeps the figure's own layout: one passage per line in
    Figure 6, a blank line between passages in Figure 7 (each figure's layout is kept as printed).
 
-Renderings the paper leaves open, taken from the authors' release [R] where it says:
+Renderings the paper leaves open, taken from the authors' release where it says:
 
-* a passage is the corpus ``contents`` (``"Title"\\ntext``), as [R] puts ``id_doc[pid]`` in the prompt;
-* passages of each window are numbered from 1 ([R] builds one prompt per window of ``batch_passages_size``);
+* a passage is the corpus ``contents`` (``"Title"\\ntext``), as the release puts ``id_doc[pid]`` in
+  the prompt;
+* passages of each window are numbered from 1 (the release builds one prompt per window of ``batch_passages_size``);
 * the trajectory of Figure 8 is the agent's response (prompt excluded): reasoning, searches, the
   ``<information>`` blocks and the answer, i.e. T = {t_1, q_1, D_1, ..., A} of section 4.1.1;
 * the gold answers go between the figure's brackets joined by ", " (``[Mickey Gilley, Gilley]``).
 
-Where [R] differs from the paper (its prompt has a separate system message, ``* `` bullets, ``Passage [1]:``
+Where the release differs from the paper (its prompt has a separate system message, ``* `` bullets, ``Passage [1]:``
 with a colon and a different blank-line layout), the paper's figures win; the whole text is sent as one user
 message through the scorer's chat template. `PROMPT_VERSION` names this rendering: it is part of every cache
 key, so changing a prompt recomputes what depends on it.
@@ -153,7 +155,7 @@ SUB_ANSWER = (
 
 
 def passage_text(passage: Passage) -> str:
-    """A passage as the scorer sees it: the corpus ``contents`` (``"Title"\\ntext``), as [R] does."""
+    """A passage as the scorer sees it: the corpus ``contents`` (``"Title"\\ntext``), as the authors' release does."""
     return passage.contents
 
 

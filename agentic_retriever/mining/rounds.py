@@ -1,4 +1,5 @@
-"""Stage 1: trajectories -> rounds, one per search call (agentic_r.txt section 4.1.1; notes "Rounds [R]").
+"""Stage 1: trajectories -> rounds, one per search call ("Agentic-R: Learning to Retrieve for Agentic Search",
+section 4.1.1; the round cut follows the authors' release).
 
 A trajectory T = {t_1, q_1, D_1, ..., t_n, A} is split at every search call. Round i holds the original
 question Q, the query q_i, the queries before it (``history_queries``), and the context: the response up to
@@ -10,7 +11,8 @@ passage as the round's only ``<information>`` (`Round.prefix`).
 (its sub-answers are looked up at ``round_index - 1``); the Figure 8 sub-answers are numbered the same way.
 Rounds are not mined (and are counted, by reason) when:
 
-* ``round_index_limit``: ``round_index >= limit`` (default 5, [R]: only rounds with index < 5);
+* ``round_index_limit``: ``round_index >= limit`` (default 5, as the authors' release: only rounds with
+  index < 5);
 * ``multi_query``: the search action carried several queries (one ``<information>`` block for all of them
   has no single query to train on; the Search-R1 dialect never produces it);
 * ``empty_query``: an empty ``<search></search>``;

@@ -1,5 +1,6 @@
-"""Stage 6: positive and negative passages of a round (agentic_r.txt section 4.1.1, "Positive and Negative
-Passages Selection"; notes "Selection [P/R]"). A pure function of the round's candidate table.
+"""Stage 6: positive and negative passages of a round ("Agentic-R: Learning to Retrieve for Agentic Search",
+section 4.1.1, "Positive and Negative Passages Selection", and the authors' release). A pure function of the
+round's candidate table. The deviations from the paper are listed in docs/paper-deviations.md.
 
 The paper sorts by (GAC desc, LR desc) and keeps the round when the best has GAC = 1 and LR >= 60. Its GAC is
 binary (EM of a continuation), so sorting by it is the same as thresholding it first. With a graded GAC (an
@@ -13,8 +14,9 @@ one for graded GAC:
    With ``require_answer_in_positive`` a passing candidate must also contain a gold answer
    (``no_answer_in_passing`` otherwise).
 2. Passing candidates are **ranked** by LR desc (by GAC desc under "w/o LR"), then by the retriever's rank.
-3. **Positives**: ``positives="ties"`` ([R]) takes the passing candidates whose ranking value equals the
-   best's, at most ``max_positives`` (3), one training example each; ``"first"`` takes the best only.
+3. **Positives**: ``positives="ties"`` (the authors' release) takes the passing candidates whose ranking value
+   equals the best's, at most ``max_positives`` (3), one training example each; ``"first"`` takes the best
+   only.
 4. **Negatives**: ``num_negatives`` (15) sampled without replacement, separately for each example, from the
    candidates that are not *useful*: a useful candidate passes GAC or passes LR, so neither a passage after
    which the agent answers correctly nor one the judge finds relevant is a negative (the paper samples from every
@@ -58,7 +60,7 @@ class Candidate:
 
 @dataclass
 class SelectionConfig:
-    """How positives and negatives are chosen (defaults: the paper and [R], plus the false-negative filter)."""
+    """How positives and negatives are chosen (defaults: the paper and its release, plus the false-negative filter)."""
 
     use_gac: bool = field(default=True, metadata={"help": "select by global answer correctness (off: 'w/o GAC')"})
     use_lr: bool = field(default=True, metadata={"help": "select by local relevance (off: 'w/o LR')"})

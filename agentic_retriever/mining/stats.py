@@ -14,7 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LR_BINS", "STAGES", "add_counters", "lr_bin", "new_counters", "plot_stats", "summarize"]
+__all__ = ["LR_BINS", "STAGES", "add_counters", "count_gac", "count_local_relevance", "lr_bin", "new_counters",
+           "plot_stats", "summarize"]
 
 STAGES = ("candidates", "sub_answers", "local_relevance", "gac")
 LR_BINS = [f"{lo}-{lo + 9}" for lo in range(0, 90, 10)] + ["90-100"]
@@ -43,6 +44,35 @@ def new_counters() -> dict[str, Any]:
 def lr_bin(lr: float) -> int:
     """Index of the LR histogram bin of a score in 0..100."""
     return min(int(lr // 10), len(LR_BINS) - 1)
+
+
+def count_local_relevance(counters: dict, record: dict) -> None:
+    """Count one round's stored LR record: its template, its listwise windows, its scores' histogram."""
+    counts = counters["local_relevance"]
+    counts["rounds"] += 1
+    counts["with_sub_answer" if record["template"] == "with_sub_answer" else "without_sub_answer"] += 1
+    for window in record.get("windows", []):
+        counts["windows"] += 1
+        if window["status"] != "ok":
+            counts["windows_failed"] += 1
+        elif len(window["outputs"]) == 1:
+            counts["windows_first_try"] += 1
+        else:
+            counts["windows_after_retry"] += 1
+    for score in record["scores"] or []:
+        counts["histogram"][lr_bin(score)] += 1
+
+
+def count_gac(counters: dict, record: dict, values: list[float], threshold: float) -> None:
+    """Count one round's stored GAC record, whose graded values are `values`, against the GAC threshold."""
+    counts = counters["gac"]
+    correct = [value >= threshold for value in values]
+    counts["rounds"] += 1
+    counts["candidates"] += len(correct)
+    counts["correct"] += sum(correct)
+    counts["rounds_with_correct"] += int(any(correct))
+    counts["further_searches"] += sum(record.get("further_searches", []))
+    counts["no_answer"] += sum(a is None for a in record.get("answers", []))
 
 
 def add_counters(total: dict, other: dict) -> dict:

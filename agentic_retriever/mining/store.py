@@ -35,7 +35,7 @@ from typing import Any, Self
 
 from ..jsonl import DataFormatError, atomic_write
 
-__all__ = ["StageStore", "StoreLockedError", "stable_hash"]
+__all__ = ["StageStore", "StoreLockedError", "open_stores", "stable_hash"]
 
 log = logging.getLogger(__name__)
 
@@ -174,3 +174,16 @@ class StageStore:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def open_stores(folder: Path, stages: Iterable[str]) -> dict[str, StageStore]:
+    """Stage name -> its store ``folder/<stage>.jsonl``; none is left open when one fails to open."""
+    stores: dict[str, StageStore] = {}
+    try:
+        for stage in stages:
+            stores[stage] = StageStore(folder / f"{stage}.jsonl")
+    except BaseException:
+        for store in stores.values():
+            store.close()
+        raise
+    return stores

@@ -1,9 +1,10 @@
-"""Stage 3: sub-answers, one scorer-LLM call per trajectory (agentic_r.txt section 4.1.1, Figure 8).
+"""Stage 3: sub-answers, one scorer-LLM call per trajectory ("Agentic-R: Learning to Retrieve for Agentic
+Search", section 4.1.1, Figure 8).
 
 The scorer sees the question, its gold answers and the whole trajectory, and writes one
 ``<sub-answer> ... </sub-answer>`` per search query, "Not Sure" when it cannot tell. Round i gets the i-th
 sub-answer (`parse.parse_sub_answers`: a count mismatch gives no round a sub-answer, never a shifted one);
-its listwise prompt is then Figure 6, otherwise Figure 7. Greedy decoding, as [R].
+its listwise prompt is then Figure 6, otherwise Figure 7. Greedy decoding, as the authors' release.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""Retriever training (agentic_r.txt section 4.1.2): mined rows -> a drop-in encoder folder.
+"""Retriever training: mined rows -> a drop-in encoder folder.
+
+The method is "Agentic-R: Learning to Retrieve for Agentic Search", section 4.1.2.
 
 Modules: `data` (rows -> examples, duplicates dropped, utilities for soft labels), `losses` (Eq. 5 on
 sentence-transformers' losses, plus REPLUG's soft-label KL), `schedule` (warm-up and decay), `selection`

@@ -27,12 +27,12 @@ class RetrieverTrainConfig:
     """Settings of `agentic-retriever retriever train` (defaults: the paper's, section 5.1; see
     configs/agentic_r.yaml for the full recipe and configs/quickstart.yaml for the CPU one).
 
-    The objective: ``loss`` infonce is Eq. 5 (agentic_r.txt), plus ``soft_label_weight`` x the REPLUG KL
-    term when that weight is positive; ``loss`` soft_label is the KL term alone (see `losses`). Model
-    selection (``select_on``) keeps the base or the epoch that scores best on held-out training questions
-    (see `selection`)."""
+    The objective: ``loss`` infonce is Eq. 5 ("Agentic-R: Learning to Retrieve for Agentic Search", section 4.1.2),
+    plus ``soft_label_weight`` x the REPLUG KL term when that weight is positive; ``loss`` soft_label is the
+    KL term alone (see `losses`). Model selection (``select_on``) keeps the base or the epoch that scores best
+    on held-out training questions (see `selection`)."""
 
-    data: str = field(default="", metadata={"help": "training rows: Agentic-R (mine output) or FlagEmbedding JSONL",
+    data: str = field(default="", metadata={"help": "training rows: Agentic-R (mine run output) or FlagEmbedding JSONL",
                                             "derive": "{workdir}/mining/retriever_train.jsonl"})
     corpus: str = field(default="", metadata={"help": "corpus the rows' passage ids refer to",
                                               "derive": "{workdir}/data/corpus.jsonl"})

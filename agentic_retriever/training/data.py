@@ -1,8 +1,10 @@
-"""Training examples of the contrastive retriever trainer (agentic_r.txt section 4.1.2).
+"""Training examples of the contrastive retriever trainer.
+
+The method is "Agentic-R: Learning to Retrieve for Agentic Search", section 4.1.2.
 
 Two row formats are read, told apart by their fields:
 
-* Agentic-R's released format (what `mine` writes; ARCHITECTURE.md "File formats"):
+* Agentic-R's released format (what `mine run` writes; docs/data-formats.md, "Retriever training rows"):
   ``{"query_text", "question", "history_queries", "passage_ids": [pos, neg1, ..], "scores": [{..}, ..]}``.
   Passage ids refer to the corpus; the query is composed with the encoder's mode (``Q [SEP] q`` for the
   Agentic-R retriever, Eq. 4) and prefix. ``scores`` is parallel to ``passage_ids`` and only read for the

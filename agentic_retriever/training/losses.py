@@ -1,4 +1,6 @@
-"""The retriever objectives: Agentic-R's Eq. 5 (agentic_r.txt section 4.1.2) and a REPLUG soft-label term.
+"""The retriever objectives: Agentic-R's Eq. 5 and a REPLUG soft-label term.
+
+Agentic-R is "Agentic-R: Learning to Retrieve for Agentic Search"; Eq. 5 is in its section 4.1.2.
 
 **Eq. 5** is InfoNCE with temperature tau over every passage of the global batch: for query q_j of device g,
 the logits are s(q_j, p) / tau for its positive, its N - 1 sampled negatives, the passages of the other

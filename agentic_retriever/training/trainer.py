@@ -1,4 +1,6 @@
-"""Contrastive retriever training (agentic_r.txt section 4.1.2): mined rows -> a drop-in encoder folder.
+"""Contrastive retriever training: mined rows -> a drop-in encoder folder.
+
+The method is "Agentic-R: Learning to Retrieve for Agentic Search", section 4.1.2.
 
 Built on `SentenceTransformerTrainer` (a Hugging Face `Trainer`: checkpoints, resume, mixed precision,
 gradient checkpointing, DDP under ``torchrun``, DeepSpeed through ``--deepspeed CONFIG``) and the objectives

@@ -1,15 +1,17 @@
-"""Stage 4: local relevance LR in 0..100 for every candidate of a round (agentic_r.txt section 4.1.1, Eq. 1).
+"""Stage 4: local relevance LR in 0..100 for every candidate of a round ("Agentic-R: Learning to Retrieve for
+Agentic Search", section 4.1.1, Eq. 1): the LR scorers.
 
-Two scorers with one interface (``settings()``, ``score(requests) -> records``):
+Two LLM scorers with one interface (``settings()``, ``score(requests) -> records``):
 
 `ListwiseScorer` is the paper's: the query and a list of candidates in the Figure 6 prompt (with the
 round's sub-answer) or Figure 7 (without); the LLM answers one integer per passage. The candidates go in
-windows: 10 passages per prompt by default, as the authors' release ([R] ``batch_passages_size=10``: two
+windows: 10 passages per prompt by default, as the authors' release (``batch_passages_size=10``: two
 prompts for 20 candidates); ``window=20`` is one list, as the paper's text describes. Each window's output is
 parsed (`parse.parse_scores`: integers, clamped to 0..100). A window that does not parse is asked again
 ``retries`` times (default once); greedy decoding would repeat itself, so a retry samples at
 ``retry_temperature`` with a fixed seed. A round with a window that still fails gets no scores and is
-dropped (``lr_parse_failed``), as [R] drops it. Every raw output is kept in the record, for audit.
+dropped (``lr_parse_failed``), as the authors' release drops it. Every raw output is kept in the record, for
+audit.
 
 `PointwiseLikelihoodScorer` is a deviation for small scorers (the embedded 135M model returns ten integers
 for a ten-passage listwise prompt in 0 of 10 tries). Each candidate is scored alone from the scorer's
@@ -17,11 +19,14 @@ log-probabilities (`LLM.score`, the transformers backend), so every candidate ge
 
 * ``judgement`` (default): the probability of a positive judgement, LR = 100 * p(Yes) / (p(Yes) + p(No)) for
   "Does the passage answer the Search Query? Answer Yes or No." (with the reference answer when there is one);
-* ``query_likelihood``: UPR-style (Sachan et al., 2022), LR = 100 * exp(mean log p(query tokens | passage,
-  "Please write a search query that this passage answers.")), the per-token geometric-mean probability.
+* ``query_likelihood``: UPR-style ("Improving Passage Retrieval with Zero-Shot Question Generation", Sachan
+  et al., 2022, arXiv 2204.07496), LR = 100 * exp(mean log p(query tokens | passage, "Please write a search
+  query that this passage answers.")), the per-token geometric-mean probability.
 
 Both map to 0..100 but not to the paper's five calibrated intervals, so the LR >= 60 threshold means
-something else: mining_stats.json names the scorer that produced LR.
+something else: mining_stats.json names the scorer that produced LR (docs/paper-deviations.md).
+
+`RetrieverScores` is a baseline without an LLM: LR from the candidate retriever's own scores.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from ..llm.base import SamplingParams
 from .parse import parse_scores
 from .prompts import PROMPT_VERSION, relevance_prompt
 
-__all__ = ["ListwiseScorer", "PointwiseLikelihoodScorer", "RelevanceRequest"]
+__all__ = ["ListwiseScorer", "PointwiseLikelihoodScorer", "RelevanceRequest", "RetrieverScores"]
 
 
 @dataclass(frozen=True)
@@ -173,3 +178,14 @@ class PointwiseLikelihoodScorer:
             records[r]["logprobs"].append([round(v, 4) for v in summary])
             records[r]["scores"].append(round(lr, 2))
         return records
+
+
+class RetrieverScores:
+    """LR from the candidate retriever itself: 100 x its score, clamped to 0..100 (cosine for dense indexes).
+    A baseline for the audit: it can only agree with the ranking mining starts from."""
+
+    name = "retriever score"
+
+    @staticmethod
+    def scores(passages: list[dict]) -> list[float]:
+        return [round(min(100.0, max(0.0, 100.0 * p["score"])), 2) for p in passages]

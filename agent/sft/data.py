@@ -1,7 +1,7 @@
 """Supervised warm-start data: search trajectories synthesised from decomposed QA and real retrieval.
 
 A small instruction model prompted as Search-R1 neither uses the tags nor answers from what it reads
-(OFFLINE_DEFAULTS.md measures 0 of 40), so mining has no agent to learn from. We teach the format and
+(docs/offline-defaults.md measures 0 of 40), so mining has no agent to learn from. We teach the format and
 the habit of answering from the passages with trajectories built from FanOutQA's decomposition leaves:
 
 * the searches are phrasings of a leaf sub-question (the question itself, its content words, the
@@ -30,10 +30,10 @@ from agentic_retriever.eval.qa import normalize_answer
 from agentic_retriever.corpus import ScoredPassage
 from agentic_retriever.llm.text import render_chat_prompt
 
-from .dialects import get_dialect
-from .env import cut_to_tokens
-from .qa_data import QARow
-from .sft import SFTExample
+from ..dialects import get_dialect
+from ..env import cut_to_tokens
+from ..qa_data import QARow
+from .train import SFTExample
 
 __all__ = ["SynthesisConfig", "query_phrasings", "synthesize_sft_examples"]
 

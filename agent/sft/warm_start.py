@@ -22,9 +22,9 @@ from agentic_retriever.client import RetrievalConfig, open_client
 from agentic_retriever.defaults import cache_root, resolve_llm_name
 from agentic_retriever.llm import LLMConfig
 
-from .qa_data import read_qa_rows
-from .sft import SFTConfig, data_fingerprint, train_sft, write_sft_examples
-from .sft_data import SynthesisConfig, synthesize_sft_examples
+from ..qa_data import read_qa_rows
+from .data import SynthesisConfig, synthesize_sft_examples
+from .train import SFTConfig, data_fingerprint, train_sft, write_sft_examples
 
 __all__ = ["WarmStartConfig", "warm_start_agent"]
 

@@ -2,8 +2,9 @@
 
 The loss covers only the tokens the agent generates (reasoning, ``<search>`` calls, the answer); the
 prompt, the ``<information>`` blocks and invalid-action messages are masked out, exactly the state
-masking Search-R1 applies in RL (search_r1_empirical_study.txt, section 2; IMPLEMENTATION_NOTES.md), so
-the model learns to act on what it reads, not to reproduce retrieved text.
+masking Search-R1 applies in RL ("An Empirical Study on Reinforcement Learning for Reasoning-Search
+Interleaved LLM Agents", arXiv 2505.15117, section 2; docs/rl.md, "State masking"), so the model learns
+to act on what it reads, not to reproduce retrieved text.
 
 Training runs on Hugging Face's `transformers.Trainer` (checkpoints, resume, schedule, progress bar);
 this module adds only the trajectory tokenisation with its loss mask, optional LoRA (peft, merged into
@@ -11,7 +12,7 @@ the weights at the end so the result is a plain HF model folder that our backend
 atomic export and the training curves (``metrics.jsonl``, ``training_curves.png``).
 
     examples = read_sft_examples("sft_train.jsonl")
-    train_sft(SFTConfig(model="default", epochs=2), examples, out="runs/agent-sft")
+    train_sft(SFTConfig(epochs=2), LLMConfig(model="default"), examples, out="runs/agent-sft")
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from agentic_retriever.curves import write_training_curves
 from agentic_retriever.jsonl import DataFormatError, atomic_write, iter_jsonl, require_field
 from agentic_retriever.llm import LLMConfig
 
-__all__ = ["SFTConfig", "SFTExample", "data_fingerprint", "read_sft_examples", "tokenize_example", "train_sft", "write_sft_examples"]
+__all__ = ["IGNORE_INDEX", "SFTConfig", "SFTExample", "data_fingerprint", "read_sft_examples", "tokenize_example",
+           "train_sft", "write_sft_examples"]
 
 log = logging.getLogger(__name__)
 

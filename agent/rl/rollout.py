@@ -1,0 +1,151 @@
+"""Step 1 of an RL step: roll the current policy out on the step's questions and turn the rollouts into
+scored training samples.
+
+* `questions_at`: the seeded, endless question stream (a function of its position, so a resumed run draws
+  what the uninterrupted one would);
+* `RolloutCollector.rollout_samples`: ``samples_per_prompt`` rollouts of each question through
+  `agent.env.rollout` with the policy as the LLM and the fixed retriever, each scored by the reward
+  (`agent.rewards`) and logged with its diagnostics (`components`), as `agent.rl.batch.Sample`;
+* `RolloutCollector.collect`: the samples of one step; with dynamic sampling (DAPO, "DAPO: An Open-Source LLM
+  Reinforcement Learning System at Scale", arXiv 2503.14476) groups whose rewards are all equal are dropped
+  and more questions are rolled out, up to ``dynamic_sampling_max_batches`` batches;
+* `rollout_metrics`: mean reward, its spread and components, and token and search counts of a set of samples.
+
+The collector generates and scores only: the log-prob passes, advantages and updates are the trainer's
+(`agent.rl.trainer`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import torch
+
+from agentic_retriever.client import RetrievalClient
+from agentic_retriever.eval.qa import qa_scores
+from agentic_retriever.llm import LLM
+
+from ..env import Rollout, rollout
+from ..qa_data import QARow
+from ..rewards import gold_in_information, is_valid_sequence
+from .batch import Sample
+from .config import RLConfig
+
+__all__ = ["RewardFn", "RolloutCollector", "StepSamples", "questions_at", "rollout_metrics"]
+
+log = logging.getLogger(__name__)
+
+RewardFn = Callable[[str, Sequence[str]], float]
+
+
+def questions_at(rows: Sequence[QARow], seed: int, start: int, count: int) -> list[QARow]:
+    """Questions `start` .. `start + count` of an endless stream: epoch e is `rows` shuffled with seed
+    (seed, e). A function of its arguments only, so a resumed run draws what the uninterrupted one would."""
+    out = []
+    for position in range(start, start + count):
+        epoch, index = divmod(position, len(rows))
+        order = list(range(len(rows)))
+        random.Random(f"{seed}:{epoch}").shuffle(order)
+        out.append(rows[order[index]])
+    return out
+
+
+class StepSamples(NamedTuple):
+    """What `RolloutCollector.collect` gathered for one step."""
+
+    samples: list[Sample]
+    groups_kept: int
+    cursor: int  # the position in the question stream after the step's questions
+
+
+class RolloutCollector:
+    """Rolls the policy out against the retriever and scores the rollouts as training samples.
+
+    `llm` generates with `policy` (the module switched to eval mode while generating and back to train mode
+    after); `config` gives the environment, the question stream's seed, the group sizes and dynamic sampling.
+    """
+
+    def __init__(self, config: RLConfig, rows: Sequence[QARow], llm: LLM, client: RetrievalClient,
+                 reward_fn: RewardFn, policy: torch.nn.Module | None = None):
+        self.config, self.rows, self.llm, self.client = config, list(rows), llm, client
+        self.reward_fn, self.policy = reward_fn, policy
+
+    def collect(self, step: int, cursor: int) -> StepSamples:
+        """The samples of step ``step + 1``, drawing questions from position `cursor` of the stream; with
+        dynamic sampling only groups whose rewards differ are kept."""
+        config = self.config
+        kept: list[Sample] = []
+        kept_groups = 0
+        for attempt in range(config.dynamic_sampling_max_batches if config.dynamic_sampling else 1):
+            rows = questions_at(self.rows, config.seed, cursor, config.prompts_per_step)
+            cursor += len(rows)
+            seed = None if config.env.seed is None else config.env.seed + 1_000_003 * step + 7_919 * attempt
+            samples = self.rollout_samples(rows, config.samples_per_prompt, seed, attempt * config.prompts_per_step)
+            if not config.dynamic_sampling:
+                return StepSamples(samples, len(rows), cursor)
+            for group in sorted({s.group for s in samples}):
+                members = [s for s in samples if s.group == group]
+                if len({s.score for s in members}) > 1 and kept_groups < config.prompts_per_step:
+                    kept.extend(members)
+                    kept_groups += 1
+            if kept_groups >= config.prompts_per_step:
+                break
+        if not kept:
+            log.warning("step %d: every group had equal rewards; the step updates nothing", step + 1)
+        return StepSamples(kept, kept_groups, cursor)
+
+    def rollout_samples(self, rows: Sequence[QARow], samples_per_prompt: int, seed: int | None,
+                        first_group: int = 0) -> list[Sample]:
+        """`samples_per_prompt` rollouts of each question with the current policy (sampling seeded by `seed`),
+        scored; the samples of ``rows[i]`` form group ``first_group + i``."""
+        n = samples_per_prompt
+        env = dataclasses.replace(self.config.env, seed=seed)
+        questions = [row.question for row in rows for _ in range(n)]
+        if self.policy is not None:
+            self.policy.eval()
+        try:
+            results = rollout(questions, self.llm, self.client, env)
+        finally:
+            if self.policy is not None:
+                self.policy.train()
+        samples = []
+        for index, result in enumerate(results):
+            row = rows[index // n]
+            if not any(result.response_mask):
+                continue
+            samples.append(Sample(result.prompt_ids, result.response_ids, result.response_mask,
+                                  group=first_group + index // n, score=float(self.reward_fn(result, row.golden_answers)),
+                                  components=self.components(result, row), num_searches=result.num_searches))
+        return samples
+
+    def components(self, result: Rollout, row: QARow) -> dict[str, float]:
+        """Diagnostics logged next to the reward: EM of the answer and, for the Search-R1 dialect, the valid
+        format (Eq. 3's f_format) and a gold answer in the retrieved text (Eq. 4's f_ret)."""
+        parts = {"em": qa_scores(result.answer, list(row.golden_answers)).em}
+        if self.config.env.dialect == "search_r1":
+            parts["valid_format"] = float(is_valid_sequence(result.response_text).valid)
+            parts["retrieval_hit"] = float(gold_in_information(result.response_text, row.golden_answers))
+        return parts
+
+
+def rollout_metrics(samples: Sequence[Sample]) -> dict[str, float]:
+    """Mean reward (and its std), mean components, response and generated tokens, masked share and searches."""
+    if not samples:
+        return {"reward": float("nan")}
+
+    def mean(values) -> float:
+        values = list(values)
+        return sum(values) / len(values)
+    scores = torch.tensor([s.score for s in samples])
+    metrics = {"reward": scores.mean().item(), "reward_std": scores.std().item() if len(samples) > 1 else 0.0}
+    for name in samples[0].components:
+        metrics[name] = mean(s.components[name] for s in samples)
+    metrics["response_tokens"] = mean(len(s.response_ids) for s in samples)
+    metrics["generated_tokens"] = mean(s.generated_tokens for s in samples)
+    metrics["masked_share"] = 1 - sum(s.generated_tokens for s in samples) / sum(len(s.response_ids) for s in samples)
+    metrics["searches"] = mean(s.num_searches for s in samples)
+    return metrics
