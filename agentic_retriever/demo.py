@@ -170,7 +170,7 @@ def run_demo(job: MainJob | DemoConfig) -> dict:
 def _agentic_r_iteration(job: MainJob, steps: Steps, work: Path, corpus: str, report: dict) -> str:
     """Steps 3-7: warm start, rollouts, mining, training, re-indexing; returns the trained index folder."""
     from agent.rollouts import run_rollout_job
-    from agent.warm_start import warm_start_agent
+    from agent.sft import warm_start_agent
 
     from .mining.job import run_mine_job
     from .training.trainer import train_retriever

@@ -189,3 +189,25 @@ def test_the_checker_catches_violations(tmp_path):
         "agentic_retriever/mining/rounds.py:4 -> agentic_retriever.cli.main",
     ]
     assert "agent/dialects/base.py:3 -> agentic_retriever.index.base.ScoredPassage" in _report("rule", agent_violations(found))
+
+
+def test_every_import_of_our_own_modules_resolves(imports):
+    """Imports inside functions run only when called: a module that moved must not leave one behind."""
+    import importlib
+
+    def missing(module: str) -> bool:
+        """Whether `module` (or a package on its path) does not exist; a missing third-party dependency raises."""
+        try:
+            importlib.import_module(module)
+            return False
+        except ModuleNotFoundError as error:
+            if error.name and _under(module, error.name):
+                return True
+            raise
+
+    def resolves(name: str) -> bool:
+        parent, _, leaf = name.rpartition(".")
+        return not missing(name) or (not missing(parent) and hasattr(importlib.import_module(parent), leaf))
+
+    broken = [i for i in imports if _under(i.name, PACKAGES) and not resolves(i.name)]
+    assert not broken, _report("imports of modules or names that do not exist", broken)
