@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         config = _settings(command, args)
         handler = HANDLERS[command.section]
         handler(config, args) if command.section == "demo" else handler(config)
-    except (ValueError, FileNotFoundError, KeyError) as error:
+    except (ValueError, FileNotFoundError, FileExistsError, KeyError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0

@@ -1,28 +1,13 @@
-"""Shared fixtures: tiny corpora and a tiny random-weight BERT encoder, all made in the test session."""
+"""Shared fixtures: tiny corpora and a tiny random-weight BERT encoder, all made in the test session (the corpora's
+rows and other shared fakes: `tests/fakes.py`)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-WORDS = ("river mountain castle violin comet harbor desert glacier falcon library orchard volcano "
-         "lantern meadow canyon reef tundra prairie lagoon summit").split()
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
-def synthetic_rows(n: int) -> list[dict]:
-    """Search-R1 rows whose texts differ in a few topical words (so retrieval has a right answer)."""
-    return [
-        {"id": str(i), "contents": f'"Topic {i}"\nThe {WORDS[i % 20]} near the {WORDS[(i * 7) % 20]} '
-                                   f"holds item {i} of kind {WORDS[(i * 3) % 20]}."}
-        for i in range(n)
-    ]
+from tests.fakes import synthetic_rows, write_jsonl
 
 
 @pytest.fixture(autouse=True)

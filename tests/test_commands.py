@@ -145,6 +145,15 @@ def test_retriever_export_turns_a_checkpoint_into_the_drop_in_folder(tmp_path, t
     assert model.encode(["x"]).shape[1] == SentenceTransformer(tiny_model_dir, device="cpu").encode(["x"]).shape[1]
     assert main(["retriever", "export", "--checkpoint", str(tmp_path / "missing"), "--out", str(out)]) == 2
     assert "checkpoint folder" in capsys.readouterr().err
+    assert main(["retriever", "export", "--checkpoint", str(checkpoint), "--out", str(out),
+                 "--encoder.model", tiny_model_dir]) == 0, "a previous export is replaced"
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("mine")
+    assert main(["retriever", "export", "--checkpoint", str(checkpoint), "--out", str(precious),
+                 "--encoder.model", tiny_model_dir]) == 2
+    assert "is not an exported retriever" in capsys.readouterr().err
+    assert (precious / "notes.txt").read_text() == "mine", "a folder that is not an export is never deleted"
 
 
 def test_demo_reads_the_sections_of_the_steps_it_runs(tmp_path, monkeypatch):

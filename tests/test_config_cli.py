@@ -62,6 +62,7 @@ def test_cli_reports_bad_input_as_an_error_not_a_traceback(tmp_path, capsys):
     assert "corpus file not found" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cli_rolls_out_evaluates_and_mines_with_a_tiny_agent(tmp_path, corpus_file, tiny_causal_lm_dir, capsys):
     index = tmp_path / "bm25"
     assert main(["index", "build", "--corpus", str(corpus_file), "--out", str(index), "--backend", "bm25"]) == 0

@@ -18,7 +18,7 @@ from typing import Literal
 from ..corpus import Corpus
 from ..encoder import Encoder, EncoderConfig
 from .base import ScoredPassage, SearchIndex, SearchResult
-from .dense import DenseIndex, DenseParams, build_dense_index, same_structure
+from .dense import DenseIndex, DenseParams, build_dense_index, portable_config, same_structure
 from .manifest import IndexManifest, IndexMismatchError
 from .sparse import BM25Index, BM25Params, build_bm25_index
 
@@ -60,6 +60,11 @@ def build_index(config: IndexBuildConfig) -> IndexManifest:
     if (existing and existing.corpus_sha256 == corpus.sha256 and same_structure(existing.params, dataclasses.asdict(config.dense))
             and (existing.encoder or {}).get("fingerprint") == encoder.settings.fingerprint):
         log.info("index %s is already built", config.out)
+        if existing.encoder.get("config") != portable_config(encoder):
+            # the same weights from another folder (a moved or re-exported encoder): open it from there from now on
+            existing.encoder["config"] = portable_config(encoder)
+            existing.save(config.out)
+            log.info("index %s now opens its encoder from %s (same weights)", config.out, config.encoder.model)
         return existing
     return build_dense_index(corpus, encoder, config.out, config.dense)
 

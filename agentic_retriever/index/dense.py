@@ -98,7 +98,7 @@ def build_dense_index(corpus: Corpus, encoder: Encoder, out_dir: str | Path, par
     manifest = IndexManifest(
         backend="dense", index_type=params.type, rows=len(corpus), corpus_path=str(corpus.source),
         corpus_sha256=corpus.sha256, params=dataclasses.asdict(params),
-        encoder=dataclasses.asdict(encoder.settings) | {"config": _portable_config(encoder)}, dim=encoder.dim,
+        encoder=dataclasses.asdict(encoder.settings) | {"config": portable_config(encoder)}, dim=encoder.dim,
         build_seconds=round(time.perf_counter() - started, 2),
     )
     manifest.save(out)
@@ -109,7 +109,7 @@ def build_dense_index(corpus: Corpus, encoder: Encoder, out_dir: str | Path, par
     return manifest
 
 
-def _portable_config(encoder: Encoder) -> dict:
+def portable_config(encoder: Encoder) -> dict:
     """The encoder config minus machine-specific fields, enough to load the same encoder again."""
     machine_specific = ("device", "precision", "batch_size")
     return {k: v for k, v in dataclasses.asdict(encoder.config).items() if k not in machine_specific}

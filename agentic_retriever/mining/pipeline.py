@@ -13,7 +13,7 @@ for Agentic Search", section 4.1.1; docs/mining.md). `mine` runs the stages, eac
 
 Its settings are `config.MiningConfig`; what it writes is in `outputs`; `shards` slices the trajectory file
 and merges the shards' outputs. Mining reads the trajectories' questions and gold answers, never evidence
-labels (a QA file's ``supporting_titles``): `tests/test_mining_pipeline.py` mines rows whose evidence fields
+labels (a QA file's ``supporting_titles``): `tests/mining/test_mining_pipeline.py` mines rows whose evidence fields
 are absent. The audit (`audit`, evaluation side) joins its ``rounds.jsonl`` with evidence labels.
 
 Stages 2-5 keep their per-item results in `store.StageStore` files under ``<out>/stages/``, keyed by a hash of

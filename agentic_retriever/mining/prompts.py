@@ -6,7 +6,7 @@
 * Figure 8: sub-answer generation, one call per trajectory, gold answers shown.
 
 What "byte for byte" means. The paper text is a PDF extraction; its typographic artifacts are undone by
-exactly these rules and nothing else (tests/test_mining_prompts.py holds the extracted text verbatim and
+exactly these rules and nothing else (tests/mining/test_mining_prompts.py holds the extracted text verbatim and
 applies them):
 
 1. ``****x****`` becomes ``**x**``: the figures print the prompts' literal markdown bold in a bold font,

@@ -37,6 +37,9 @@ def save_trained_encoder(model, settings: EncoderSettings, out: str | Path, mani
     """Save `model` (a SentenceTransformer) with `settings`, the manifest and the model card to `out`;
     `extras(folder)` may add files (the curves) before the rename."""
     out = Path(out)
+    if out.exists() and any(out.iterdir()) and not (out / MANIFEST_FILE).is_file():
+        raise FileExistsError(f"{out} exists and is not an exported retriever (no {MANIFEST_FILE}); it is left "
+                              "untouched: choose another output folder or remove it")
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.prompts = {name: prefix for name, prefix in (("query", settings.query_prefix),

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-from collections import Counter
-from collections.abc import Sequence
 from itertools import groupby
 
 import pytest
@@ -15,76 +12,13 @@ from agent.qa_data import QARow
 from agent.rollouts import make_trajectory
 from agentic_retriever.client import RetrievalClient
 from agentic_retriever.corpus import ScoredPassage
-from agentic_retriever.llm.base import LLM, Generation, SamplingParams
-
-
-@functools.cache
-def load_smollm2_tokenizer():
-    from transformers import AutoTokenizer
-
-    from agentic_retriever.defaults import smollm2_gguf_path
-
-    gguf = smollm2_gguf_path()
-    return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+from agentic_retriever.llm.base import LLM
+from tests.fakes import FakeClient, ScriptedLLM, load_smollm2_tokenizer
 
 
 @pytest.fixture(scope="session")
 def tokenizer():
     return load_smollm2_tokenizer()
-
-
-class ScriptedLLM:
-    """The LLM protocol over scripted turns: each question (found in the decoded prompt) gets its turns in order.
-
-    Stop strings are honoured as the protocol says (text ends right after the first one) unless
-    `honour_stop` is False; every call's prompts and parameters are recorded.
-    """
-
-    name = "scripted"
-
-    def __init__(self, tokenizer, script: dict[str, list[str]], honour_stop: bool = True):
-        self._tokenizer, self.script, self.honour_stop = tokenizer, script, honour_stop
-        self.served: Counter[str] = Counter()
-        self.calls: list[tuple[list[list[int]], SamplingParams]] = []
-
-    @property
-    def tokenizer(self):
-        return self._tokenizer
-
-    def chat_prompt(self, user_message: str) -> str:
-        return self._tokenizer.apply_chat_template([{"role": "user", "content": user_message}], tokenize=False,
-                                                   add_generation_prompt=True)
-
-    def generate(self, prompts, params: SamplingParams) -> list[list[Generation]]:
-        assert all(isinstance(p, list) for p in prompts), "the env must pass token ids"
-        self.calls.append(([list(p) for p in prompts], params))
-        outputs = []
-        for prompt in prompts:
-            text = self._tokenizer.decode(prompt)
-            question = next(q for q in self.script if q in text)
-            turn = self.script[question][self.served[question]]
-            self.served[question] += 1
-            ends = [turn.find(s) + len(s) for s in params.stop if s in turn]
-            stop = None
-            if ends and self.honour_stop:
-                turn, stop = turn[:min(ends)], next(s for s in params.stop if turn[:min(ends)].endswith(s))
-            ids = self._tokenizer.encode(turn, add_special_tokens=False)
-            outputs.append([Generation(turn, ids, "stop" if stop else "length", stop)])
-        return outputs
-
-
-class FakeClient:
-    """Returns `topk` made-up passages per query and records every call."""
-
-    def __init__(self, text_words: int = 5):
-        self.text_words = text_words
-        self.calls: list[tuple[list[str], int, list[str | None] | None]] = []
-
-    def retrieve(self, queries: Sequence[str], topk: int, questions=None) -> list[list[ScoredPassage]]:
-        self.calls.append((list(queries), topk, list(questions) if questions is not None else None))
-        words = " ".join(["word"] * self.text_words)
-        return [[ScoredPassage(f"{q}#{i}", f"Title {q} {i}", f"{q} passage {i} {words}", 1.0 - i / 10)
-                 for i in range(topk)] for q in queries]
 
 
 def passages(query: str, k: int = 3) -> list[ScoredPassage]:

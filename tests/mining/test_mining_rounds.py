@@ -7,7 +7,7 @@ import pytest
 from agent.env import Prefix
 from agent.trajectory import Turn
 from agentic_retriever.mining.rounds import extract_rounds, search_queries
-from test_mining_fakes import DIALECT, answer_turn, make_trajectory, make_world, search_turn
+from tests.fakes import DIALECT, answer_turn, make_trajectory, make_world, search_turn
 
 WORLD = make_world({"a": [(50, None)] * 3})
 HITS = [WORLD.corpus[f"a-{j}"] for j in range(3)]

@@ -15,7 +15,7 @@ from agent.rl import RLConfig, RLTrainer
 from agent.rl.batch import Sample, collate, token_logprobs
 from agent.rl.rollout import questions_at
 from agentic_retriever.llm import LLMConfig
-from test_agent_env import FakeClient
+from tests.fakes import FakeClient
 
 ROWS = [QARow(str(i), f"which city is number {i}?", (f"city {i}",)) for i in range(6)]
 
@@ -68,6 +68,7 @@ def test_question_stream_is_a_seeded_shuffle_per_epoch_and_a_function_of_its_pos
     assert [r.id for r in questions_at(ROWS, 1, 0, 6)] != [r.id for r in first]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
 def test_a_step_updates_the_policy_and_logs_every_metric(tmp_path, tiny_causal_lm_dir, algorithm):
     trainer = RLTrainer(config(tmp_path, tiny_causal_lm_dir, algorithm=algorithm,
@@ -88,6 +89,7 @@ def test_a_step_updates_the_policy_and_logs_every_metric(tmp_path, tiny_causal_l
     assert logged[0]["step"] == 1 and (tmp_path / "run" / "training_curves.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_with_a_constant_reward_grpo_leaves_the_policy_where_kl_and_entropy_do(tmp_path, tiny_causal_lm_dir):
     """Group advantages of equal rewards are 0: with no entropy bonus (the KL to the reference is 0 at the
     start) the weights do not move at all; the entropy bonus alone moves them."""
@@ -102,6 +104,7 @@ def test_with_a_constant_reward_grpo_leaves_the_policy_where_kl_and_entropy_do(t
     assert any(not torch.equal(before[n], p) for n, p in pushed.policy.named_parameters())
 
 
+@pytest.mark.slow
 def test_dynamic_sampling_keeps_only_groups_whose_rewards_differ(tmp_path, tiny_causal_lm_dir):
     alternate = itertools.cycle([0.0, 1.0])
 
@@ -117,6 +120,7 @@ def test_dynamic_sampling_keeps_only_groups_whose_rewards_differ(tmp_path, tiny_
     assert trainer.state.cursor in (2, 4, 6)  # one to three batches of two questions
 
 
+@pytest.mark.slow
 def test_resume_after_a_kill_gives_the_same_next_step(tmp_path, tiny_causal_lm_dir):
     whole = RLTrainer(config(tmp_path / "whole", tiny_causal_lm_dir, save_steps=1), FakeClient(), ROWS)
     whole.train()
@@ -134,6 +138,7 @@ def test_resume_after_a_kill_gives_the_same_next_step(tmp_path, tiny_causal_lm_d
     assert whole.state.cursor == resumed.state.cursor
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("algorithm", "precision"), [("grpo", "fp32"), ("ppo", "bf16")])
 def test_lora_trains_adapters_against_the_base_and_exports_a_merged_model(tmp_path, tiny_causal_lm_dir, algorithm,
                                                                          precision):
@@ -162,6 +167,7 @@ def test_settings_that_cannot_work_are_refused(tmp_path, tiny_causal_lm_dir):
         RLTrainer(config(tmp_path, tiny_causal_lm_dir), FakeClient(), [])
 
 
+@pytest.mark.slow
 def test_agent_train_cli_runs_ppo_from_a_config_file(tmp_path, tiny_causal_lm_dir, monkeypatch):
     from agentic_retriever.cli import main
 
@@ -177,6 +183,7 @@ def test_agent_train_cli_runs_ppo_from_a_config_file(tmp_path, tiny_causal_lm_di
     assert (tmp_path / "ppo" / "policy" / "rl_manifest.json").is_file()
 
 
+@pytest.mark.slow
 def test_evaluate_is_seeded_and_does_not_train(tmp_path, tiny_causal_lm_dir):
     trainer = RLTrainer(config(tmp_path, tiny_causal_lm_dir), FakeClient(), ROWS,
                         reward_fn=lambda r, gold: float(sum(r.response_ids) % 997))
@@ -188,6 +195,7 @@ def test_evaluate_is_seeded_and_does_not_train(tmp_path, tiny_causal_lm_dir):
     assert trainer.state.step == 0 and trainer.state.cursor == 0
 
 
+@pytest.mark.slow
 def test_micro_batches_accumulate_to_the_same_update_as_one_pass(tmp_path, tiny_causal_lm_dir):
     def reward(response, golden):
         return float(sum(response.response_ids) % 5)

@@ -7,7 +7,7 @@ import pytest
 from agentic_retriever.mining.prompts import passage_text
 from agentic_retriever.mining.local_relevance import ListwiseScorer, PointwiseLikelihoodScorer, RelevanceRequest
 from agentic_retriever.mining.sub_answers import SubAnswerGenerator, SubAnswerRequest
-from test_mining_fakes import FakeScorer, answer_turn, make_trajectory, make_world, search_turn
+from tests.fakes import FakeScorer, answer_turn, make_trajectory, make_world, search_turn
 
 LRS = [95, 3, 60, 150, 42, 7, 88, 19, 61, 0, 33, 70, 12, 99, 5, 64, 28, 81, 47, 9]
 WORLD = make_world({"q": [(lr, None) for lr in LRS]})

@@ -11,7 +11,7 @@ from agentic_retriever.index import (
     BM25Params, DenseParams, IndexBuildConfig, IndexManifest, IndexMismatchError, build_index, open_index,
 )
 from agentic_retriever.index import dense as dense_module
-from conftest import synthetic_rows, write_jsonl
+from tests.fakes import synthetic_rows, write_jsonl
 
 
 def _config(corpus_file, out, model, **dense):
@@ -31,6 +31,7 @@ def test_flat_search_equals_brute_force_inner_product(corpus_file, tmp_path, tin
     assert all(s == sorted(s, reverse=True) for s in result.scores)
 
 
+@pytest.mark.slow
 def test_hnsw_and_ivfpq_agree_mostly_with_flat(corpus_file, tmp_path, tiny_model_dir):
     build_index(_config(corpus_file, tmp_path / "flat", tiny_model_dir))
     build_index(_config(corpus_file, tmp_path / "hnsw", tiny_model_dir, type="hnsw", hnsw_m=16))
@@ -79,6 +80,20 @@ def test_a_complete_index_is_reused_not_rebuilt(corpus_file, tmp_path, tiny_mode
     assert build_index(dataclasses.replace(config, dense=dataclasses.replace(config.dense, ef_search=7))) == first
     # another type's structural fields do not concern a Flat index
     assert build_index(dataclasses.replace(config, dense=dataclasses.replace(config.dense, hnsw_m=32, nlist=8))) == first
+
+
+def test_an_index_reused_for_the_same_weights_in_another_folder_opens_them_from_there(corpus_file, tmp_path,
+                                                                                     tiny_model_dir):
+    import shutil
+
+    first = build_index(_config(corpus_file, tmp_path / "flat", tiny_model_dir))
+    moved = tmp_path / "encoder-moved"
+    shutil.copytree(tiny_model_dir, moved)
+    build_index(_config(corpus_file, tmp_path / "flat", str(moved)))
+    manifest = IndexManifest.load(tmp_path / "flat")
+    assert manifest.created_at == first.created_at and manifest.build_seconds == first.build_seconds, "not rebuilt"
+    assert manifest.encoder["config"]["model"] == str(moved)
+    assert open_index(tmp_path / "flat").encoder.config.model == str(moved)
 
 
 def test_an_hnsw_index_with_another_graph_degree_is_rebuilt(corpus_file, tmp_path, tiny_model_dir):

@@ -1,24 +1,119 @@
-"""Fakes shared by the mining tests (imported by the other test_mining_* files), and checks that they fit
-the protocols. Pure Python: a character tokenizer, a scripted agent, a scripted scorer, a dict retriever.
+"""Fakes and synthetic data shared by the tests (``from tests.fakes import ...``); `tests/test_fakes.py` checks
+that they fit the protocols they stand in for.
 
-The world: every passage says what the fake models make of it.
-* ``lr=NN`` in a passage is the relevance the fake scorer gives it (listwise: printed; pointwise: p(Yes)).
-* ``ANSWER=x`` in the passage of the agent's latest ``<information>`` makes the fake agent answer x; without
-  it, the agent searches once more ("misc ...") and then answers "unknown".
+* Synthetic corpora: Search-R1 rows whose texts differ in a few topical words, and a JSONL writer.
+* The agent environment: a scripted LLM over the real SmolLM2 tokenizer, and a retrieval client that makes up
+  passages.
+* The mining world, pure Python: a character tokenizer, a scripted agent, a scripted scorer, a dict retriever.
+  Every passage says what the fake models make of it:
+
+  * ``lr=NN`` in a passage is the relevance the fake scorer gives it (listwise: printed; pointwise: p(Yes)).
+  * ``ANSWER=x`` in the passage of the agent's latest ``<information>`` makes the fake agent answer x;
+    without it, the agent searches once more ("misc ...") and then answers "unknown".
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 import re
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 
 from agent.dialects import SearchR1Dialect
 from agent.trajectory import Retrieved, Trajectory, Turn
-from agentic_retriever.client import RetrievalClient
 from agentic_retriever.corpus import ScoredPassage
-from agentic_retriever.llm.base import LLM, Generation, SamplingParams
+from agentic_retriever.llm.base import Generation, SamplingParams
+
+# ------------------------------------------------------------------------------------------- synthetic corpora
+
+WORDS = ("river mountain castle violin comet harbor desert glacier falcon library orchard volcano "
+         "lantern meadow canyon reef tundra prairie lagoon summit").split()
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def synthetic_rows(n: int) -> list[dict]:
+    """Search-R1 rows whose texts differ in a few topical words (so retrieval has a right answer)."""
+    return [
+        {"id": str(i), "contents": f'"Topic {i}"\nThe {WORDS[i % 20]} near the {WORDS[(i * 7) % 20]} '
+                                   f"holds item {i} of kind {WORDS[(i * 3) % 20]}."}
+        for i in range(n)
+    ]
+
+
+# --------------------------------------------------------------------------------------- the agent environment
+
+@functools.cache
+def load_smollm2_tokenizer():
+    from transformers import AutoTokenizer
+
+    from agentic_retriever.defaults import smollm2_gguf_path
+
+    gguf = smollm2_gguf_path()
+    return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+
+
+class ScriptedLLM:
+    """The LLM protocol over scripted turns: each question (found in the decoded prompt) gets its turns in order.
+
+    Stop strings are honoured as the protocol says (text ends right after the first one) unless
+    `honour_stop` is False; every call's prompts and parameters are recorded.
+    """
+
+    name = "scripted"
+
+    def __init__(self, tokenizer, script: dict[str, list[str]], honour_stop: bool = True):
+        self._tokenizer, self.script, self.honour_stop = tokenizer, script, honour_stop
+        self.served: Counter[str] = Counter()
+        self.calls: list[tuple[list[list[int]], SamplingParams]] = []
+
+    @property
+    def tokenizer(self):
+        return self._tokenizer
+
+    def chat_prompt(self, user_message: str) -> str:
+        return self._tokenizer.apply_chat_template([{"role": "user", "content": user_message}], tokenize=False,
+                                                   add_generation_prompt=True)
+
+    def generate(self, prompts, params: SamplingParams) -> list[list[Generation]]:
+        assert all(isinstance(p, list) for p in prompts), "the env must pass token ids"
+        self.calls.append(([list(p) for p in prompts], params))
+        outputs = []
+        for prompt in prompts:
+            text = self._tokenizer.decode(prompt)
+            question = next(q for q in self.script if q in text)
+            turn = self.script[question][self.served[question]]
+            self.served[question] += 1
+            ends = [turn.find(s) + len(s) for s in params.stop if s in turn]
+            stop = None
+            if ends and self.honour_stop:
+                turn, stop = turn[:min(ends)], next(s for s in params.stop if turn[:min(ends)].endswith(s))
+            ids = self._tokenizer.encode(turn, add_special_tokens=False)
+            outputs.append([Generation(turn, ids, "stop" if stop else "length", stop)])
+        return outputs
+
+
+class FakeClient:
+    """Returns `topk` made-up passages per query and records every call."""
+
+    def __init__(self, text_words: int = 5):
+        self.text_words = text_words
+        self.calls: list[tuple[list[str], int, list[str | None] | None]] = []
+
+    def retrieve(self, queries: Sequence[str], topk: int, questions=None) -> list[list[ScoredPassage]]:
+        self.calls.append((list(queries), topk, list(questions) if questions is not None else None))
+        words = " ".join(["word"] * self.text_words)
+        return [[ScoredPassage(f"{q}#{i}", f"Title {q} {i}", f"{q} passage {i} {words}", 1.0 - i / 10)
+                 for i in range(topk)] for q in queries]
+
+
+# -------------------------------------------------------------------------------------------- the mining world
 
 DIALECT = SearchR1Dialect()
 
@@ -150,7 +245,7 @@ class FakeScorer(_FakeLLM):
         return out
 
 
-class FakeClient:
+class WorldClient:
     """A dict corpus; a query of a known topic gets that topic's passages in order, others get "misc" ones."""
 
     def __init__(self, corpus: dict[str, ScoredPassage], topics: dict[str, list[str]]):
@@ -162,7 +257,7 @@ class FakeClient:
         return [[self.corpus[i] for i in self.topics.get(q, self.topics["misc facts"])[:topk]] for q in queries]
 
 
-def make_world(spec: dict[str, list[tuple[int, str | None]]], extra: int = 0) -> FakeClient:
+def make_world(spec: dict[str, list[tuple[int, str | None]]], extra: int = 0) -> WorldClient:
     """A client whose topic `name` holds passages ``name-j`` with (lr, answer) from `spec`, plus filler."""
     corpus, topics = {}, {}
     spec = {"misc facts": [(5, None)] * 25, **spec}
@@ -173,7 +268,7 @@ def make_world(spec: dict[str, list[tuple[int, str | None]]], extra: int = 0) ->
             said = f" ANSWER={answer}." if answer else ""
             corpus[pid] = ScoredPassage(pid, f"{name} {j}", f"About {name}, lr={lr}.{said}", 1.0 - j / 100)
             topics[name].append(pid)
-    return FakeClient(corpus, topics)
+    return WorldClient(corpus, topics)
 
 
 def search_turn(query: str, hits: Sequence[ScoredPassage], executed: bool = True) -> Turn:
@@ -196,19 +291,18 @@ def make_trajectory(question_id: str, question: str, golden: list[str], turns: l
                       contains_em=0.0, finish_reason="answer" if answer is not None else "max_turns")
 
 
-def test_fakes_implement_the_protocols():
-    assert isinstance(FakeAgent(), LLM) and isinstance(FakeScorer(), LLM)
-    assert isinstance(make_world({}), RetrievalClient)
-    assert CharTokenizer().decode(CharTokenizer().encode("<a> é")) == "<a> é"
+def kill_training_after_first_checkpoint(monkeypatch) -> list[int]:
+    """Make a Hugging Face trainer die (KeyboardInterrupt) right after it writes its first checkpoint, as a killed
+    process would; returns the list of the steps at which checkpoints were saved (the rerun adds to it)."""
+    from transformers import Trainer
 
+    original_save, saved_at = Trainer._save_checkpoint, []
 
-def test_fake_llms_stop_after_the_given_number_of_calls():
-    scorer = FakeScorer(fail_after=1)
-    scorer.generate(["**Search Query:**\nq\n\n**Passages:**\nPassage [1] lr=5."], SamplingParams())
-    try:
-        scorer.generate(["anything"], SamplingParams())
-    except Killed:
-        pass
-    else:
-        raise AssertionError("the second call should have been refused")
-    assert len(scorer.calls) == 1 and Counter(map(len, scorer.calls)) == {1: 1}
+    def killed_after_first_checkpoint(self, *args, **kwargs):
+        original_save(self, *args, **kwargs)
+        saved_at.append(self.state.global_step)
+        if len(saved_at) == 1:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "_save_checkpoint", killed_after_first_checkpoint)
+    return saved_at

@@ -131,6 +131,7 @@ def _mean_loss(model_dir: str, tokenizer, examples: list[SFTExample]) -> float:
     return sum(losses) / len(losses)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lora, factor", [(False, 0.8), (True, 0.99)])
 def test_training_lowers_the_loss_and_saves_a_plain_hf_model(tmp_path, tiny_causal_lm_dir, tokenizer, lora, factor):
     examples = [SFTExample(str(i), f"Question {i}?\n", [(f"<search> topic {i} </search>", True),
@@ -147,6 +148,7 @@ def test_training_lowers_the_loss_and_saves_a_plain_hf_model(tmp_path, tiny_caus
     assert _mean_loss(str(out), tokenizer, examples) < factor * _mean_loss(tiny_causal_lm_dir, tokenizer, examples)
 
 
+@pytest.mark.slow
 def test_training_resumes_from_the_last_checkpoint(tmp_path, tiny_causal_lm_dir, monkeypatch):
     from transformers import Trainer
 

@@ -7,7 +7,7 @@ import pytest
 from agentic_retriever import corpus as corpus_module
 from agentic_retriever.corpus import Corpus, split_contents
 from agentic_retriever.jsonl import DataFormatError
-from conftest import write_jsonl
+from tests.fakes import write_jsonl
 
 
 def test_both_jsonl_formats_load_into_the_same_passages(tmp_path):

@@ -7,7 +7,7 @@ from agentic_retriever.eval.retrieval import (
 )
 from agentic_retriever.index import IndexBuildConfig, build_index, open_index
 from agentic_retriever.jsonl import DataFormatError
-from conftest import write_jsonl
+from tests.fakes import write_jsonl
 
 
 def test_metrics_on_hand_computed_cases():

@@ -15,6 +15,7 @@ from agentic_retriever.encoder import Encoder, EncoderConfig
 from agentic_retriever.jsonl import DataFormatError
 from agentic_retriever.training.data import passage_utility, read_training_examples
 from agentic_retriever.training.losses import build_infonce_loss, build_loss, in_batch_accuracy, soft_label_kl
+from tests.fakes import kill_training_after_first_checkpoint
 
 # ------------------------------------------------------------------------------------------------ data
 
@@ -273,6 +274,7 @@ def _rank_worker(rank: int, world: int, port: int, weights: torch.Tensor, inputs
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_equal_one_process_over_the_concatenated_batch(tmp_path):
     """Eq. 5 across devices: same loss (mean over ranks) and same averaged gradients as one big batch.
     Misaligned anchors (query j of rank 1 scored against rank 0's positive j) would change both."""
@@ -362,22 +364,12 @@ def test_training_lowers_the_loss_and_exports_a_drop_in_encoder(tmp_path, tiny_m
     assert (out / "model.safetensors").stat().st_mtime_ns == stamp
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_on_the_same_schedule(tmp_path, tiny_model_dir, train_rows, corpus_path, monkeypatch):
-    from transformers import Trainer
-
     from agentic_retriever.training.trainer import train_retriever
 
     uninterrupted = train_retriever(_config(tiny_model_dir, train_rows, corpus_path, tmp_path / "a"))
-    original_save = Trainer._save_checkpoint
-    saved_at = []
-
-    def killed_after_first_checkpoint(self, *args, **kwargs):
-        original_save(self, *args, **kwargs)
-        saved_at.append(self.state.global_step)
-        if len(saved_at) == 1:
-            raise KeyboardInterrupt  # the process dies right after writing checkpoint-3
-
-    monkeypatch.setattr(Trainer, "_save_checkpoint", killed_after_first_checkpoint)
+    saved_at = kill_training_after_first_checkpoint(monkeypatch)  # the process dies right after checkpoint-3
     with pytest.raises(KeyboardInterrupt):
         train_retriever(_config(tiny_model_dir, train_rows, corpus_path, tmp_path / "b"))
     assert not (tmp_path / "b").exists(), "an interrupted run leaves no model folder"

@@ -13,7 +13,7 @@ from agent.qa_data import QARow, read_qa_rows
 from agent.rollouts import run_rollouts
 from agent.trajectory import Retrieved, Trajectory, TrajectoryWriter, Turn, read_trajectories
 from agentic_retriever.jsonl import DataFormatError
-from test_agent_env import FakeClient, ScriptedLLM, load_smollm2_tokenizer
+from tests.fakes import FakeClient, ScriptedLLM, load_smollm2_tokenizer
 
 
 def trajectory(qid: str, answer: str | None, golden: list[str], titles: list[list[str]] = (), invalid: bool = False,

@@ -14,7 +14,9 @@ from agentic_retriever.encoder import EncoderConfig
 from agentic_retriever.index import DenseParams, IndexBuildConfig, build_index, open_index
 from agentic_retriever.corpus import ScoredPassage
 from agentic_retriever.llm import LLMConfig, load_llm
-from conftest import synthetic_rows, write_jsonl
+from tests.fakes import synthetic_rows, write_jsonl
+
+pytestmark = pytest.mark.slow  # both tests share a module-scoped tiny Llama and a real index, seconds to build
 
 TURN = "<search> river </search>"
 

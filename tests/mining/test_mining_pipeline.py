@@ -10,7 +10,7 @@ import pytest
 
 from agentic_retriever.mining import MiningConfig, SelectionConfig, merge_shards, mine, parse_shard
 from agentic_retriever.mining.shards import shard_dir
-from test_mining_fakes import FakeAgent, FakeScorer, Killed, answer_turn, make_trajectory, make_world, search_turn
+from tests.fakes import FakeAgent, FakeScorer, Killed, answer_turn, make_trajectory, make_world, search_turn
 
 GILLEY = "Mickey Gilley"
 WORLD = make_world({

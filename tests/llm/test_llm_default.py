@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from agentic_retriever.defaults import resolve_llm_name, smollm2_hf_dir
 from agentic_retriever.llm import LLMConfig, SamplingParams, load_llm
 
 
+@pytest.mark.slow
 def test_the_default_llm_is_converted_once_and_answers_greedily():
     folder = smollm2_hf_dir()  # a fresh cache in tests: this converts
     assert (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()

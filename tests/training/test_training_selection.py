@@ -9,7 +9,8 @@ import torch
 
 from agentic_retriever.encoder import EncoderConfig
 from agentic_retriever.training.selection import HeldOutPool, build_heldout_pool, evaluate_on_pool
-from test_training import _config  # the trainer tests' settings: one tiny, fast configuration
+from tests.fakes import kill_training_after_first_checkpoint
+from tests.training.test_training import _config  # the trainer tests' settings: one tiny, fast configuration
 
 PASSAGES = [f"Passage number {i} about topic {i % 7} and some words {i * 13 % 11}." for i in range(60)]
 
@@ -167,12 +168,11 @@ def test_the_best_epoch_is_exported_even_when_it_is_not_the_last(
     assert any(not torch.equal(exported[name], seen[2][name]) for name in exported)
 
 
+@pytest.mark.slow
 def test_selection_survives_a_kill_and_curves_show_the_held_out_metric(
         tmp_path, tiny_model_dir, train_rows, corpus_path, index_dir, heldout, monkeypatch):
     """Killed right after the checkpoint that ends epoch 1 (before its evaluation): the rerun scores epoch 1
     from that checkpoint and ends with the same held-out scores as an uninterrupted run."""
-    from transformers import Trainer
-
     from agentic_retriever.training.trainer import train_retriever
 
     def config(out):
@@ -185,16 +185,7 @@ def test_selection_survives_a_kill_and_curves_show_the_held_out_metric(
     curve = [m for m in map(json.loads, (uninterrupted / "metrics.jsonl").open()) if "heldout_mrr@10" in m]
     assert [m["step"] for m in curve] == [0, 3, 6] and [m["heldout_mrr@10"] for m in curve] == list(expected.values())
 
-    original_save = Trainer._save_checkpoint
-    saved_at = []
-
-    def killed_after_first_checkpoint(self, *args, **kwargs):
-        original_save(self, *args, **kwargs)
-        saved_at.append(self.state.global_step)
-        if len(saved_at) == 1:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(Trainer, "_save_checkpoint", killed_after_first_checkpoint)
+    saved_at = kill_training_after_first_checkpoint(monkeypatch)  # the process dies right after checkpoint-3
     with pytest.raises(KeyboardInterrupt):
         train_retriever(config(tmp_path / "b"))
     record = json.loads((tmp_path / "b.checkpoints" / "selection.json").read_text())
@@ -206,6 +197,7 @@ def test_selection_survives_a_kill_and_curves_show_the_held_out_metric(
         assert got[name] == pytest.approx(expected[name], abs=1e-6)
 
 
+@pytest.mark.slow
 def test_settings_search_trains_each_combination_once_and_returns_the_best(
         tmp_path, tiny_model_dir, train_rows, corpus_path, index_dir, heldout):
     from agentic_retriever.training.settings_search import choose_training_settings
