@@ -1,69 +1,18 @@
-"""The retrieval service (Search-R1 API, validation, micro-batching) and the retrieval clients."""
+"""The retrieval service: Search-R1 API, questions, validation, health, micro-batching (its clients:
+test_client.py; the shared indexes: conftest.py)."""
 
 from __future__ import annotations
 
 import json
-import socket
 import threading
 
 import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from agentic_retriever.client import HttpRetrievalClient, LocalRetrievalClient, RetrievalClient, RetrievalServiceError
-from agentic_retriever.encoder import SEPARATOR, EncoderConfig
-from agentic_retriever.index import IndexBuildConfig, build_index, open_index
+from agentic_retriever.encoder import SEPARATOR
 from agentic_retriever.server import ServerThread, create_app
-
-PASSAGES = [
-    ("Mercury (planet)", "Mercury is the smallest planet of the Solar System and the closest to the Sun."),
-    ("Mercury (element)", "Mercury is a chemical element with symbol Hg, a heavy silvery metal liquid at room temperature."),
-    ("Venus", "Venus is the second planet from the Sun, with a thick carbon dioxide atmosphere."),
-    ("Hamlet", "Hamlet is a tragedy written by William Shakespeare around 1600, set in Denmark."),
-    ("William Shakespeare", "William Shakespeare was an English playwright and poet born in Stratford-upon-Avon."),
-    ("Paris", "Paris is the capital and largest city of France, on the river Seine."),
-    ("Berlin", "Berlin is the capital of Germany and its most populous city."),
-    ("Python (programming language)", "Python is a high-level programming language created by Guido van Rossum."),
-    ("Python (snake)", "Pythons are large nonvenomous snakes found in Africa, Asia and Australia."),
-    ("Amazon River", "The Amazon is the largest river in South America by discharge of water."),
-    ("Mount Everest", "Mount Everest is Earth's highest mountain above sea level, in the Himalayas."),
-    ("Photosynthesis", "Photosynthesis is the process plants use to turn light, water and carbon dioxide into sugar."),
-    ("Jazz", "Jazz is a music genre that originated in New Orleans in the late 19th century."),
-    ("Marie Curie", "Marie Curie was a physicist and chemist who won two Nobel Prizes for research on radioactivity."),
-    ("Great Wall of China", "The Great Wall of China is a series of fortifications built across northern China."),
-    ("Chess", "Chess is a board game for two players played on a checkered board with 64 squares."),
-]
-CONTENTS = {str(i): f'"{title}"\n{text}' for i, (title, text) in enumerate(PASSAGES)}
-QUERIES = ["mercury", "who wrote hamlet", "capital of france", "python", "highest mountain", "radioactivity research",
-           "music from new orleans", "largest river", "board game", "plants and light", "german capital", "venus"]
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    root = tmp_path_factory.mktemp("server")
-    corpus = root / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps({"id": pid, "contents": c}) + "\n" for pid, c in CONTENTS.items()))
-    cache = str(root / "cache")
-    build_index(IndexBuildConfig(corpus=str(corpus), out=str(root / "dense"), corpus_cache=cache))
-    build_index(IndexBuildConfig(corpus=str(corpus), out=str(root / "dense_qsq"), corpus_cache=cache,
-                                 encoder=EncoderConfig(composition="question_sep_query")))
-    build_index(IndexBuildConfig(corpus=str(corpus), out=str(root / "bm25"), backend="bm25", corpus_cache=cache))
-    return {name: open_index(root / name, corpus_cache=cache) for name in ("dense", "dense_qsq", "bm25")}
-
-
-@pytest.fixture(scope="module")
-def dense(built):
-    return built["dense"]
-
-
-@pytest.fixture(scope="module")
-def dense_qsq(built):
-    return built["dense_qsq"]
-
-
-@pytest.fixture(scope="module")
-def bm25(built):
-    return built["bm25"]
+from tests.retrieval.topics import CONTENTS, PASSAGES, QUERIES
 
 
 def _ids(result_lists):
@@ -348,100 +297,3 @@ def test_batching_off_serves_one_request_per_index_call_one_at_a_time(bm25, monk
     assert counter.max_active == 1
     for body, response in zip(bodies, responses):
         assert _ids(response.json()["result"]) == bm25.search(body["queries"], body["topk"]).ids
-
-
-# ---------------------------------------------------------------------------------------------- clients
-
-
-class CountingTransport(httpx.HTTPTransport):
-    def __init__(self):
-        super().__init__()
-        self.bodies = []
-
-    def handle_request(self, request):
-        self.bodies.append(json.loads(request.read() or b"null"))
-        return super().handle_request(request)
-
-
-def test_both_clients_satisfy_the_retrieval_client_protocol(bm25):
-    assert isinstance(LocalRetrievalClient(bm25), RetrievalClient)
-    with HttpRetrievalClient("http://127.0.0.1:9") as http:
-        assert isinstance(http, RetrievalClient)
-
-
-def test_http_client_returns_what_the_local_client_returns(dense_qsq):
-    queries = ["mercury", "who wrote hamlet", "python", "largest river"]
-    questions = ["Which planet is the closest to the Sun?", None, "Which snakes live in Africa?", None]
-    local = LocalRetrievalClient(dense_qsq).retrieve(queries, 3, questions=questions)
-    with ServerThread(create_app(dense_qsq)) as url, HttpRetrievalClient(url + "/retrieve") as http:
-        remote = http.retrieve(queries, 3, questions=questions)
-        health = http.health()
-    assert [[(p.id, p.title, p.text) for p in hits] for hits in remote] == \
-        [[(p.id, p.title, p.text) for p in hits] for hits in local]
-    assert [p.score for hits in remote for p in hits] == \
-        pytest.approx([p.score for hits in local for p in hits], abs=1e-5)
-    assert remote[0][0].title == "Mercury (planet)" and remote[0][0].text == PASSAGES[0][1]
-    assert health["composition"] == "question_sep_query" and health["index_size"] == len(PASSAGES)
-
-
-def test_http_client_splits_a_large_call_into_batch_size_requests(bm25):
-    queries = [QUERIES[i % len(QUERIES)] + f" {i}" for i in range(150)]
-    transport = CountingTransport()
-    with ServerThread(create_app(bm25)) as url, HttpRetrievalClient(url, batch_size=64, transport=transport) as http:
-        remote = http.retrieve(queries, 2)
-    assert [len(body["queries"]) for body in transport.bodies] == [64, 64, 22]
-    assert [body["queries"][0] for body in transport.bodies] == [queries[0], queries[64], queries[128]]
-    local = LocalRetrievalClient(bm25).retrieve(queries, 2)
-    assert len(remote) == 150
-    assert [[p.id for p in hits] for hits in remote] == [[p.id for p in hits] for hits in local]
-
-
-def test_http_client_raises_on_a_4xx_with_the_servers_message_without_retrying(bm25):
-    transport = CountingTransport()
-    with ServerThread(create_app(bm25)) as url, \
-            HttpRetrievalClient(url, max_retries=3, backoff=5.0, transport=transport) as http:
-        with pytest.raises(RetrievalServiceError, match="topk") as caught:
-            http.retrieve(["chess"], 5000)
-        with pytest.raises(ValueError, match="questions must be parallel"):
-            http.retrieve(["chess", "jazz"], 1, questions=["Q"])
-    assert caught.value.status_code == 422
-    assert len(transport.bodies) == 1, "a 4xx is not retried"
-
-
-def _mock_service(statuses: list[int]):
-    """A transport answering each status in turn, then a valid one-hit response."""
-    seen = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append(json.loads(request.content))
-        if len(seen) <= len(statuses):
-            return httpx.Response(statuses[len(seen) - 1], json={"detail": "busy, try later"})
-        hits = [[{"document": {"id": "3", "contents": CONTENTS["3"]}, "score": 0.5}] for _ in seen[-1]["queries"]]
-        return httpx.Response(200, json={"result": hits})
-
-    return httpx.MockTransport(handler), seen
-
-
-def test_http_client_retries_503_and_429_with_backoff_then_succeeds():
-    transport, seen = _mock_service([503, 429])
-    with HttpRetrievalClient("http://retriever", max_retries=3, backoff=0.01, transport=transport) as http:
-        result = http.retrieve(["who wrote hamlet"], 1)
-    assert len(seen) == 3
-    assert result[0][0].id == "3" and result[0][0].title == "Hamlet" and result[0][0].score == 0.5
-
-
-def test_http_client_gives_up_after_max_retries_naming_the_last_error():
-    transport, seen = _mock_service([503] * 10)
-    with HttpRetrievalClient("http://retriever", max_retries=2, backoff=0.01, transport=transport) as http:
-        with pytest.raises(RetrievalServiceError, match="busy, try later") as caught:
-            http.retrieve(["q"], 1)
-    assert len(seen) == 3 and caught.value.status_code == 503
-
-
-def test_http_client_retries_connection_errors_then_raises():
-    with socket.socket() as probe:  # a loopback port that nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    with HttpRetrievalClient(f"http://127.0.0.1:{port}", max_retries=1, backoff=0.01, timeout=2.0) as http:
-        with pytest.raises(RetrievalServiceError, match="after 2 attempts.*Connect"):
-            http.retrieve(["q"], 1)
