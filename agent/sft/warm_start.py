@@ -4,6 +4,7 @@ The result is cached: its folder name is a hash of the examples, the base model 
 settings, so the demo (and anyone calling `warm_start_agent` again with the same inputs) reuses the
 model instead of training it twice. Pass `out` to write it somewhere of your choosing instead.
 
+    from agentic_retriever.client import RetrievalConfig
     path = warm_start_agent(WarmStartConfig(qa="runs/quickstart/data/fanoutqa_leaf_train.jsonl",
                                             retrieval=RetrievalConfig(index="runs/quickstart/index/minilm-flat")))
 """
