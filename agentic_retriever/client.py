@@ -13,6 +13,7 @@ An agent depends on `RetrievalClient` only, never on an index (docs/architecture
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -82,6 +83,14 @@ class LocalRetrievalClient:
                                        [list(h) if h is not None else None for h in histories]
                                        if histories is not None else None)
 
+    def identity(self) -> dict:
+        """What decides this client's results, for cache keys: the index's content (its manifest), not its path."""
+        from .fingerprint import index_identity
+
+        params = getattr(self.index, "params", None)
+        return index_identity(self.index.manifest, dataclasses.asdict(params) if dataclasses.is_dataclass(params)
+                              else None)
+
     def close(self) -> None:
         pass
 
@@ -139,6 +148,17 @@ class HttpRetrievalClient:
     def health(self) -> dict:
         """The service's ``GET /health`` (model, index size, dimension, uptime...)."""
         return self._request("GET", "/health")
+
+    def identity(self) -> dict:
+        """What decides this service's results, for cache keys, from its ``/health`` (`fingerprint.service_identity`)."""
+        from .fingerprint import service_identity
+
+        try:
+            health = self.health()
+        except RetrievalServiceError as error:
+            log.info("%s/health: %s", self.base_url, error)
+            health = None
+        return service_identity(self.base_url, health)
 
     # plumbing ----------------------------------------------------------------------------------
 

@@ -47,7 +47,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("index", "serve", "agentic_retriever.server:ServeConfig",
             "serve an index over HTTP (Search-R1's /retrieve API)"),
     Command("eval", "retrieval", "agentic_retriever.eval.retrieval:RetrievalEvalConfig",
-            "Recall@k, MRR@k, nDCG@k and answer recall@k of an index on a QA file"),
+            "Recall@k, MRR@k, nDCG@k and answer recall@k of an index on a QA file or a BEIR folder"),
     Command("eval", "agent", "agent.evaluate:AgentEvalConfig",
             "EM, F1, contains-EM, searches and evidence recall of agent trajectories"),
     Command("agent", "sft", "agent.sft:WarmStartConfig",

@@ -3,7 +3,7 @@
 Accepted rows (docs/data-formats.md, "Corpus"):
 
 * Search-R1 / FlashRAG: ``{"id": "0", "contents": "\\"Title\\"\\ntext"}``
-* ``{"id": "0", "title": "Title", "text": "text"}``
+* ``{"id": "0", "title": "Title", "text": "text"}``, or BEIR's ``{"_id": "0", "title": "Title", "text": "text"}``
 
 The first open converts the file once, streaming, into an Arrow IPC file in the cache folder (default
 ``~/.cache/agentic_retriever/corpus``, or ``$AGENTIC_RETRIEVER_CACHE``). Later opens memory-map it: a
@@ -147,6 +147,26 @@ class Corpus:
             titles, texts = part.column("title").to_pylist(), part.column("text").to_pylist()
             yield [f'"{title}"\n{text}' for title, text in zip(titles, texts)]
 
+    def empty_rows(self, batch_rows: int = 1 << 20) -> tuple[np.ndarray, np.ndarray]:
+        """(rows whose text is empty or whitespace, the rows among them whose title is too), ascending.
+
+        One pass over the memory-mapped columns in batches (Arrow kernels, no Python object per row)."""
+        import pyarrow.compute as pc
+
+        def blank(column: pa.ChunkedArray) -> np.ndarray:  # utf8_is_space stops at the first other character
+            empty = pc.or_(pc.equal(pc.binary_length(column), 0), pc.utf8_is_space(column))
+            return np.asarray(pc.fill_null(empty, True).to_numpy(), dtype=bool)
+
+        text_rows, both_rows = [], []
+        for start in range(0, len(self), batch_rows):
+            part = self._table.slice(start, batch_rows)
+            rows = np.flatnonzero(blank(part.column("text")))
+            if len(rows):
+                title_empty = blank(part.column("title").take(pa.array(rows)))
+                text_rows.append(rows + start)
+                both_rows.append(rows[title_empty] + start)
+        return _concat_rows(text_rows), _concat_rows(both_rows)
+
     def _hashed_rows(self, ids: Sequence[str]) -> np.ndarray:
         hashes = hash_ids(ids)
         positions = np.searchsorted(self._id_hash, hashes)
@@ -162,16 +182,21 @@ class Corpus:
         return rows
 
 
+def _concat_rows(parts: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
+
+
 def _sidecar(arrow_path: Path, name: str, suffix: str = ".npy") -> Path:
     return arrow_path.with_suffix(f".{name}{suffix}")
 
 
 def _row_from_json(row: dict, path: Path, line: int) -> tuple[str, str, str]:
-    if "id" not in row:
-        raise DataFormatError(path, line, "missing", field="id")
-    pid = row["id"]
+    id_field = "id" if "id" in row else "_id"  # BEIR's corpus.jsonl names it _id
+    if id_field not in row:
+        raise DataFormatError(path, line, "missing (nor BEIR's '_id')", field="id")
+    pid = row[id_field]
     if isinstance(pid, bool) or not isinstance(pid, (str, int)):
-        raise DataFormatError(path, line, f"expected a string or integer id, got {type(pid).__name__}", field="id")
+        raise DataFormatError(path, line, f"expected a string or integer id, got {type(pid).__name__}", field=id_field)
     if "contents" in row:
         if not isinstance(row["contents"], str):
             raise DataFormatError(path, line, f"expected a string, got {type(row['contents']).__name__}", field="contents")
@@ -203,7 +228,7 @@ def _parquet_rows(path: Path, digest) -> Iterator[tuple[str, str, str]]:
         for block in iter(lambda: handle.read(1 << 24), b""):
             digest.update(block)
     parquet = pq.ParquetFile(path)
-    columns = [c for c in ("id", "contents", "title", "text") if c in parquet.schema_arrow.names]
+    columns = [c for c in ("id", "_id", "contents", "title", "text") if c in parquet.schema_arrow.names]
     row_no = 0
     for batch in parquet.iter_batches(batch_size=_BATCH_ROWS, columns=columns):
         for row in batch.to_pylist():

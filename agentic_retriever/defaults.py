@@ -11,8 +11,9 @@ import importlib.util
 import logging
 import os
 import shutil
-import tempfile
 from pathlib import Path
+
+from .jsonl import temp_folder_beside
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ def smollm2_hf_dir() -> Path:
     if target.is_dir():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    building = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    building = temp_folder_beside(target)  # mode 0777 less the umask (mkdtemp would leave it 0700)
     try:
         _convert_gguf(gguf, building)
         try:

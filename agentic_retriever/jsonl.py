@@ -1,12 +1,17 @@
-"""JSONL reading with precise errors, and atomic (write-temp-then-rename) writing."""
+"""JSONL reading with precise errors, and atomic (write-temp-then-rename) writing.
+
+Temporary files and folders are created beside their target with the mode ``open()`` / ``mkdir()`` would
+give a new one (0666 / 0777 less the umask), not ``tempfile``'s 0600 / 0700, so what is renamed into place
+is as readable as any other file the process writes.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
-import tempfile
-from collections.abc import Iterable, Iterator
+import secrets
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -39,10 +44,17 @@ def iter_jsonl(path: str | os.PathLike, start: int = 0, stop: int | None = None)
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as error:
-                raise DataFormatError(path, line_no, f"invalid JSON ({error.msg} at column {error.colno})") from None
+                raise DataFormatError(path, line_no, json_error_text(error)) from None
             if not isinstance(row, dict):
                 raise DataFormatError(path, line_no, f"expected a JSON object, got {type(row).__name__}")
             yield line_no, row
+
+
+def json_error_text(error: json.JSONDecodeError) -> str:
+    """``invalid JSON (<reason> at column N)`` for a DataFormatError that names the line. Some of `json`'s
+    reasons end in "at" ("Unterminated string starting at", "Invalid control character at"): it is not repeated."""
+    reason = error.msg.removesuffix(" at")
+    return f"invalid JSON ({reason} at column {error.colno})"
 
 
 def require_field(path: str | os.PathLike, line: int, row: dict, field: str, kind: type | tuple[type, ...]) -> Any:
@@ -60,12 +72,37 @@ def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
     return kind if isinstance(kind, tuple) else (kind,)
 
 
-@contextlib.contextmanager
-def atomic_write(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
-    """Open a temp file beside `path`; on success rename it over `path`, on error remove it."""
+_FILE_FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+               | getattr(os, "O_BINARY", 0))
+
+
+def _create_beside(path: Path, create: Callable[[Path], object]) -> tuple[Path, object]:
+    """Create a new, uniquely named hidden ``.NAME.XXXXXXXX.tmp`` beside `path` with `create`; retry on a clash."""
+    for _ in range(100):
+        candidate = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            return candidate, create(candidate)
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"could not create a temporary file beside {path}")
+
+
+def temp_folder_beside(path: str | os.PathLike) -> Path:
+    """A new empty folder beside `path` (created with mode 0777 less the umask, like ``mkdir``), to fill and then
+    rename over `path`; the caller removes it when the rename does not happen."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    folder, _ = _create_beside(path, lambda candidate: os.mkdir(candidate, 0o777))
+    return folder
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
+    """Open a temp file beside `path`; on success rename it over `path`, on error remove it. The file gets the
+    mode a new file from ``open()`` gets (0666 less the umask)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp, fd = _create_beside(path, lambda candidate: os.open(candidate, _FILE_FLAGS, 0o666))
     try:
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as handle:
             yield handle
@@ -100,4 +137,4 @@ def read_json(path: str | os.PathLike) -> Any:
         try:
             return json.load(handle)
         except json.JSONDecodeError as error:
-            raise DataFormatError(path, error.lineno, f"invalid JSON ({error.msg})") from None
+            raise DataFormatError(path, error.lineno, json_error_text(error)) from None

@@ -3,8 +3,13 @@ from the work folder, required settings, and the spellings of the previous relea
 
 from __future__ import annotations
 
+import ast
 import json
+import re
+from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from agent.rollouts import RolloutConfig
@@ -140,13 +145,25 @@ def test_retriever_export_turns_a_checkpoint_into_the_drop_in_folder(tmp_path, t
     assert (settings["composition"], settings["query_prefix"]) == ("question_sep_query", "query: ")
     manifest = json.loads((out / "train_manifest.json").read_text())
     assert manifest["updates"] == 4 and manifest["exported_from"].endswith("checkpoint-4")
-    assert "not recorded (exported from a checkpoint)" in (out / "README.md").read_text()
+    card = (out / "README.md").read_text()
+    assert "not recorded (exported from a checkpoint)" in card
     model = SentenceTransformer(str(out), device="cpu")
     assert model.encode(["x"]).shape[1] == SentenceTransformer(tiny_model_dir, device="cpu").encode(["x"]).shape[1]
+    # the card's example query goes through encode_query, which adds the prefix: the example must not add it too
+    example = _card_example_query(card)
+    assert card.count("Apple founders") == 1 and "query: query:" not in card
+    assert not example.startswith("query: ") and example.endswith("[SEP] Apple founders")
+    assert np.allclose(model.encode_query([example]), model.encode(["query: " + example]), atol=1e-6)
     assert main(["retriever", "export", "--checkpoint", str(tmp_path / "missing"), "--out", str(out)]) == 2
     assert "checkpoint folder" in capsys.readouterr().err
     assert main(["retriever", "export", "--checkpoint", str(checkpoint), "--out", str(out),
                  "--encoder.model", tiny_model_dir]) == 0, "a previous export is replaced"
+    card = (out / "README.md").read_text()
+    example = _card_example_query(card)
+    assert json.loads((out / "agentic_retriever.json").read_text())["query_prefix"] == ""
+    assert card.count("Apple founders") == 1 and "query: " not in card and "no query prefix" in card
+    model = SentenceTransformer(str(out), device="cpu")
+    assert np.allclose(model.encode_query([example]), model.encode([example]), atol=1e-6)
     precious = tmp_path / "precious"
     precious.mkdir()
     (precious / "notes.txt").write_text("mine")
@@ -154,6 +171,73 @@ def test_retriever_export_turns_a_checkpoint_into_the_drop_in_folder(tmp_path, t
                  "--encoder.model", tiny_model_dir]) == 2
     assert "is not an exported retriever" in capsys.readouterr().err
     assert (precious / "notes.txt").read_text() == "mine", "a folder that is not an export is never deleted"
+
+
+def _card_example_query(card: str) -> str:
+    """The one query string of the model card's ``model.encode_query([...])`` example."""
+    calls = re.findall(r"model\.encode_query\(\[(.*?)\]\)", card)
+    assert len(calls) == 1, calls
+    return ast.literal_eval(calls[0])
+
+
+class _FakeHfApi:
+    """huggingface_hub.HfApi without the network: records the repository and what `upload_folder` would send."""
+
+    calls: list[tuple] = []
+
+    def __init__(self, token=None, **_):
+        self.token = token
+
+    def create_repo(self, repo_id, *, private=None, repo_type=None, exist_ok=False, **_):
+        self.calls.append(("create_repo", repo_id, private, repo_type, exist_ok, self.token))
+        return SimpleNamespace(repo_id=repo_id)
+
+    def upload_folder(self, *, repo_id, folder_path, repo_type=None, **_):
+        if repo_id == "me/broken":
+            raise OSError("the Hub is unreachable")
+        folder = Path(folder_path)
+        files = {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+        self.calls.append(("upload_folder", repo_id, folder, repo_type, files))
+        return SimpleNamespace(commit_url=f"https://huggingface.co/{repo_id}/commit/0123")
+
+
+def test_retriever_export_pushes_the_exported_folder_to_the_hub(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    import huggingface_hub
+    from sentence_transformers import SentenceTransformer
+
+    checkpoint = tmp_path / "checkpoint-2"
+    SentenceTransformer(tiny_model_dir, device="cpu").save(str(checkpoint))
+    monkeypatch.setattr(huggingface_hub, "HfApi", _FakeHfApi)
+    monkeypatch.setattr(_FakeHfApi, "calls", [])
+    monkeypatch.setenv("MY_HUB_TOKEN", "hf_secret")
+    out = tmp_path / "exported"
+    export = ["retriever", "export", "--checkpoint", str(checkpoint), "--encoder.model", tiny_model_dir,
+              "--encoder.query-prefix", "query: "]
+    assert main([*export, "--out", str(out), "--push-to-hub", "me/agentic-r", "--private",
+                 "--hub-token-env", "MY_HUB_TOKEN"]) == 0
+    (create, repo, private, repo_type, exist_ok, token), upload = _FakeHfApi.calls
+    assert (create, repo, private, repo_type, exist_ok, token) == ("create_repo", "me/agentic-r", True, "model",
+                                                                   True, "hf_secret")
+    _, repo, folder, repo_type, files = upload
+    assert (repo, folder, repo_type) == ("me/agentic-r", out, "model")
+    assert {"model.safetensors", "modules.json", "config_sentence_transformers.json", "agentic_retriever.json",
+            "train_manifest.json", "README.md"} <= set(files)
+    assert files == {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}, \
+        "the folder is uploaded exactly as exported"
+    assert json.loads(files["agentic_retriever.json"])["query_prefix"] == "query: "
+    card = files["README.md"].decode()
+    assert "SentenceTransformer('me/agentic-r')" in card and "query: query:" not in card
+    assert not any(b"hf_secret" in content for content in files.values()), "the token is never written"
+
+    monkeypatch.setattr(_FakeHfApi, "calls", [])
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    assert main([*export, "--out", str(tmp_path / "public"), "--push-to-hub", "me/public"]) == 0
+    assert _FakeHfApi.calls[0][2] is None and _FakeHfApi.calls[0][5] is None, "the account's default and login"
+    assert main([*export, "--out", str(tmp_path / "bad"), "--push-to-hub", "not a/repo//id"]) == 2
+    assert "repo" in capsys.readouterr().err.lower() and not (tmp_path / "bad").exists(), "refused before exporting"
+    assert main([*export, "--out", str(tmp_path / "offline"), "--push-to-hub", "me/broken"]) == 2
+    assert "the Hub is unreachable" in capsys.readouterr().err, "a network failure is an error line, not a traceback"
+    assert (tmp_path / "offline" / "README.md").is_file(), "a failed push leaves the complete export"
 
 
 def test_demo_reads_the_sections_of_the_steps_it_runs(tmp_path, monkeypatch):

@@ -67,7 +67,8 @@ class RLConfig:
     entropy_coef: float = field(default=0.001, metadata={"help": "entropy bonus weight"})
     kl_coef: float = field(default=0.001, metadata={"help": "KL-to-reference weight (0: no reference model)"})
     kl_placement: Literal["auto", "reward", "loss"] = field(default="auto", metadata={
-        "help": "reward: -kl_coef * KL per token in the reward (PPO); loss: added to the loss (GRPO); auto: by algorithm"})
+        "help": "reward: -kl_coef * KL per token in the reward (PPO; GRPO: the sequence's summed KL comes off its "
+                "score before group normalisation, as in verl); loss: added to the loss (GRPO); auto: by algorithm"})
     kl_estimator: Literal["auto", "k1", "k2", "k3", "low_var_kl"] = field(default="auto", metadata={
         "help": "auto: k1 in the reward, low_var_kl in the loss"})
     dynamic_sampling: bool = field(default=False, metadata={
@@ -82,6 +83,9 @@ class RLConfig:
     save_steps: int = field(default=10, metadata={"help": "checkpoint every N steps (resume continues from the last)"})
     seed: int = field(default=0, metadata={"help": "seed of question order, sampling and initialisation"})
     progress: bool = field(default=True, metadata={"help": "progress bars"})
+    report_to: list[str] = field(default_factory=lambda: ["auto"], metadata={
+        "help": "where the step metrics also go (files in OUT/logs): auto (tensorboard when installed), "
+                "tensorboard, wandb, none; metrics.jsonl and training_curves.png are always written"})
 
     def validate(self) -> None:
         """Raise ValueError on settings that cannot work together (the trainer calls it after every override)."""

@@ -12,6 +12,7 @@ Models", arXiv 2402.03300):
 
 - `gae_advantages`: GAE(gamma, lambda) for PPO, run over the generated tokens only;
 - `group_advantages`: GRPO's group-normalised outcome, (r - mean) / (std + eps) over the n samples of a prompt;
+- `kl_penalised_scores`: GRPO with the KL in the reward: each sequence's score minus kl_coef x its summed KL;
 - `kl_estimate`: k1 (``log p - log q``, PPO's in-reward penalty), k2, k3 / ``low_var_kl`` (GRPO's loss term);
 - `policy_loss`: the clipped surrogate with decoupled eps_low / eps_high (DAPO; equal for PPO and GRPO);
 - `value_loss`: the clipped value loss of PPO's critic;
@@ -25,7 +26,8 @@ from typing import Literal
 import torch
 
 __all__ = ["LossAggregation", "KLEstimator", "aggregate", "entropy_from_logits", "gae_advantages",
-           "group_advantages", "kl_estimate", "masked_mean", "masked_whiten", "policy_loss", "value_loss"]
+           "group_advantages", "kl_estimate", "kl_penalised_scores", "masked_mean", "masked_whiten", "policy_loss",
+           "value_loss"]
 
 LossAggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 KLEstimator = Literal["k1", "k2", "k3", "low_var_kl"]
@@ -102,6 +104,18 @@ def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: K
         kl = torch.exp(-log_ratio) - 1 + log_ratio
         return kl.clamp(-10, 10) if estimator == "low_var_kl" else kl
     raise ValueError(f"unknown KL estimator {estimator!r}; choose k1, k2, k3 or low_var_kl")
+
+
+def kl_penalised_scores(scores: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor,
+                        kl_coef: float, estimator: KLEstimator = "k1") -> torch.Tensor:
+    """Per-sequence rewards with the KL to the reference in the reward, for an outcome-advantage estimator
+    (GRPO with ``kl_placement: reward``): ``score - kl_coef * sum_t KL_t`` over each row's generated tokens.
+
+    verl does the same: its in-reward penalty makes token rewards ``score_t - beta * kl_t`` (k1 by default), and
+    GRPO's outcome advantage sums a row's token rewards before normalising within the group. `scores` is
+    [rows]; the token tensors are [rows, R] with `mask` 1 on generated tokens."""
+    kl = kl_estimate(logprobs, ref_logprobs, estimator) * mask.to(logprobs.dtype)
+    return scores - kl_coef * kl.sum(dim=-1).to(scores.dtype)
 
 
 def aggregate(losses: torch.Tensor, mask: torch.Tensor, mode: LossAggregation, tokens: float | None = None,

@@ -14,13 +14,15 @@ Reinforcement Learning", arXiv 2503.09516, at the values of the authors' release
 3. advantages: GAE over token rewards (the score on the last generated token, minus ``kl_coef`` x k1 on every
    generated token when the KL sits in the reward), or GRPO's group-normalised score on every token (GRPO:
    "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models", arXiv 2402.03300);
+   with the KL in the reward, GRPO normalises the score minus ``kl_coef`` x the sequence's summed k1, as verl does;
 4. ``ppo_epochs`` passes of mini-batch updates: the clipped policy loss, minus the entropy bonus, plus the KL
    loss when the KL sits in the loss; the critic's clipped value loss; gradient clipping.
 
 Every loss, KL and advantage covers the generated tokens only (`agent.rl.core`): retrieved passages and
 invalid-action messages are state, not actions. Metrics go to ``OUT/metrics.jsonl`` and
-``OUT/training_curves.png`` after every step; checkpoints every ``save_steps`` (`agent.rl.checkpoint`); the
-trained policy is saved as an HF model folder ``OUT/policy`` (LoRA merged) that the rollout CLI and vLLM load.
+``OUT/training_curves.png`` after every step, and to TensorBoard and/or W&B (``report_to``, files in
+``OUT/logs``); checkpoints every ``save_steps`` (`agent.rl.checkpoint`); the trained policy is saved as an HF
+model folder ``OUT/policy`` (LoRA merged) that the rollout CLI and vLLM load.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import torch
 from tqdm.auto import tqdm
 
 from agentic_retriever.client import RetrievalClient
-from agentic_retriever.curves import write_training_curves
+from agentic_retriever.curves import ScalarLogger, resolve_report_to, write_training_curves
 from agentic_retriever.llm.device import resolve_device
 from agentic_retriever.llm.transformers import TransformersLLM
 
@@ -48,8 +50,8 @@ from ..rewards import get_reward
 from .batch import Collated, Sample, collate, token_logprobs, token_values
 from .checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import RLConfig
-from .core import (aggregate, gae_advantages, group_advantages, kl_estimate, masked_mean, masked_whiten,
-                   policy_loss, value_loss)
+from .core import (aggregate, gae_advantages, group_advantages, kl_estimate, kl_penalised_scores, masked_mean,
+                   masked_whiten, policy_loss, value_loss)
 from .models import ValueModel, frozen_copy, load_policy, reference_context
 from .rollout import RewardFn, RolloutCollector, questions_at, rollout_metrics
 
@@ -73,6 +75,8 @@ class RLTrainer:
         if not config.out:
             raise ValueError("RLConfig.out: give the run folder")
         self.config, self.client, self.rows = config, client, list(rows)
+        self.scalars = ScalarLogger(resolve_report_to(config.report_to), Path(config.out) / "logs",
+                                    run_name=f"agent rl {Path(config.out).name}", config=dataclasses.asdict(config))
         self.out = Path(config.out)
         self.reward_fn = reward_fn or get_reward(config.reward, **config.reward_options)
         self.device = resolve_device(config.agent.device)
@@ -137,6 +141,7 @@ class RLTrainer:
                 bar.set_postfix(reward=f"{metrics['reward']:.3f}")
                 if self.state.step % self.config.save_steps == 0 and self.state.step < self.config.steps:
                     save_checkpoint(self.out / "checkpoints", self.state, self._modules())
+        self.scalars.close()
         return self.export()
 
     def step(self) -> dict[str, float]:
@@ -158,6 +163,7 @@ class RLTrainer:
         self.state.history.append(metrics)
         write_training_curves(self.state.history, self.out, f"agent RL ({self.config.algorithm}, reward "
                               f"{self.config.reward})", xlabel="RL step")
+        self.scalars.log(metrics, self.state.step)
         return metrics
 
     # ------------------------------------------------------------------------------------------ 1. rollouts
@@ -220,6 +226,10 @@ class RLTrainer:
         if config.algorithm == "grpo":
             scores = torch.tensor([s.score for s in samples])
             groups = torch.tensor([s.group for s in samples])
+            if config.kl_in_reward and config.uses_reference:  # the KL sits in the reward, before normalising
+                batch = collate(samples, "cpu")
+                scores = kl_penalised_scores(scores, batch.tokens["old_logprobs"], batch.tokens["ref_logprobs"],
+                                             batch.mask, config.kl_coef, config.kl_kind)
             per_sequence = group_advantages(scores, groups, config.grpo_normalize_std)
             for sample, advantage in zip(samples, per_sequence.tolist()):
                 mask = torch.tensor(sample.mask, dtype=torch.float)

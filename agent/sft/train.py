@@ -9,7 +9,8 @@ to act on what it reads, not to reproduce retrieved text.
 Training runs on Hugging Face's `transformers.Trainer` (checkpoints, resume, schedule, progress bar);
 this module adds only the trajectory tokenisation with its loss mask, optional LoRA (peft, merged into
 the weights at the end so the result is a plain HF model folder that our backends and vLLM load), the
-atomic export and the training curves (``metrics.jsonl``, ``training_curves.png``).
+atomic export and the training curves (``metrics.jsonl``, ``training_curves.png``); the logs also go to
+TensorBoard or W&B through the Trainer's ``report_to`` (`SFTConfig.report_to`, files in ``OUT.logs/``).
 
     examples = read_sft_examples("sft_train.jsonl")
     train_sft(SFTConfig(epochs=2), LLMConfig(model="default"), examples, out="runs/agent-sft")
@@ -26,7 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agentic_retriever.curves import write_training_curves
+from agentic_retriever.curves import (hf_reporting, point_tensorboard_at, resolve_report_to, wandb_environment,
+                                      write_training_curves)
 from agentic_retriever.jsonl import DataFormatError, atomic_write, iter_jsonl, require_field
 from agentic_retriever.llm import LLMConfig
 
@@ -75,6 +77,9 @@ class SFTConfig:
     save_steps: int = field(default=50, metadata={"help": "checkpoint every N updates (resume continues from the last)"})
     logging_steps: int = field(default=5, metadata={"help": "log loss and learning rate every N updates"})
     seed: int = field(default=0, metadata={"help": "seed of shuffling and initialisation"})
+    report_to: list[str] = field(default_factory=lambda: ["auto"], metadata={
+        "help": "where the logs also go (Hugging Face report_to, events in OUT.logs): auto (tensorboard when "
+                "installed), tensorboard, wandb, none; metrics.jsonl and the curves PNG are always written"})
 
 
 # ------------------------------------------------------------------------------------------------ data
@@ -171,8 +176,10 @@ def train_sft(config: SFTConfig, agent: LLMConfig, examples: Sequence[SFTExample
 
     if not examples:
         raise ValueError("agent sft needs at least one example")
+    report_to = resolve_report_to(config.report_to)
     out = Path(out)
     checkpoints = out.with_name(out.name + ".checkpoints")
+    logs = out.with_name(out.name + ".logs")  # TensorBoard / W&B files: kept (checkpoints are deleted at the end)
     if agent.backend != "transformers":
         raise ValueError(f"agent sft trains with transformers; agent.backend {agent.backend!r} cannot be trained")
     model_path = _resolve_model(agent.model)
@@ -207,12 +214,15 @@ def train_sft(config: SFTConfig, agent: LLMConfig, examples: Sequence[SFTExample
         warmup_steps=config.warmup_ratio, weight_decay=config.weight_decay, lr_scheduler_type="linear",
         logging_steps=config.logging_steps, save_steps=config.save_steps, save_total_limit=2, seed=config.seed,
         data_seed=config.seed, bf16=bf16, fp16=agent.precision == "fp16", use_cpu=not on_gpu, gradient_checkpointing=config.gradient_checkpointing,
-        report_to=[], remove_unused_columns=False, dataloader_num_workers=0, disable_tqdm=False)
+        remove_unused_columns=False, dataloader_num_workers=0, disable_tqdm=False,
+        **hf_reporting(TrainingArguments, report_to, logs, run_name=f"agent sft {out.name}"))
     trainer = Trainer(model=model, args=args, train_dataset=features, data_collator=_PadCollator(tokenizer.pad_token_id))
+    point_tensorboard_at(trainer, logs)
     last = get_last_checkpoint(str(checkpoints)) if checkpoints.is_dir() else None
     if last:
         log.info("resuming agent SFT from %s", last)
-    result = trainer.train(resume_from_checkpoint=last)
+    with wandb_environment(report_to, logs):
+        result = trainer.train(resume_from_checkpoint=last)
 
     trained = trainer.model.merge_and_unload() if config.lora else trainer.model
     manifest = {
@@ -221,6 +231,7 @@ def train_sft(config: SFTConfig, agent: LLMConfig, examples: Sequence[SFTExample
         "examples": len(examples), "examples_trained": len(features), "examples_dropped_too_long": dropped,
         "data_sha256": data_fingerprint(examples), "train_loss": result.training_loss,
         "updates": trainer.state.global_step, "log_history": trainer.state.log_history,
+        "report_to": report_to, "logs": str(logs) if report_to else None,
     } | (extra_manifest or {})
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -1,8 +1,11 @@
 """`agentic-retriever agent sft`: synthesise warm-start trajectories, then fine-tune the agent on them.
 
-The result is cached: its folder name is a hash of the examples, the base model and the training
-settings, so the demo (and anyone calling `warm_start_agent` again with the same inputs) reuses the
-model instead of training it twice. Pass `out` to write it somewhere of your choosing instead.
+The result is cached under ``cache_root()/agents/sft-<key>``, the key a hash of contents, not of paths: the
+examples, the base model's fingerprint (a hash of its config and weights, `agentic_retriever.fingerprint`) and the
+training settings. So the demo (and anyone calling `warm_start_agent` again with the same inputs) reuses the
+model instead of training it twice, also after the cache root moved, and a base model retrained in place is
+trained on again. A folder cached by the previous release (keyed by the base model's path) is adopted when
+found: renamed to its new key. Pass `out` to write it somewhere of your choosing instead.
 
     from agentic_retriever.client import RetrievalConfig
     path = warm_start_agent(WarmStartConfig(qa="runs/quickstart/data/fanoutqa_leaf_train.jsonl",
@@ -15,12 +18,14 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
 from agentic_retriever.client import RetrievalConfig, open_client
 from agentic_retriever.defaults import cache_root, resolve_llm_name
+from agentic_retriever.fingerprint import model_fingerprint
 from agentic_retriever.llm import LLMConfig
 
 from ..qa_data import read_qa_rows
@@ -52,14 +57,56 @@ class WarmStartConfig:
     train: SFTConfig = field(default_factory=SFTConfig)
 
 
-#: The precision as the previous release spelled it in the cache key (so its warm-started agents are reused).
+#: The precision as earlier releases spelled it in the cache key.
 _KEY_DTYPE = {"auto": "auto", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+#: Bumped when what the cache key hashes changes.
+_KEY_VERSION = 2
+#: Training settings that do not change the trained weights (where logs go, how often): not in the key.
+_NOT_IN_KEY = ("report_to", "logging_steps", "save_steps")
+#: The training settings the previous release had, all of them in its key.
+_LEGACY_SETTINGS = ("epochs", "learning_rate", "batch_size", "gradient_accumulation", "max_length", "warmup_ratio",
+                    "weight_decay", "lora", "lora_r", "lora_alpha", "lora_dropout", "gradient_checkpointing",
+                    "save_steps", "logging_steps", "seed")
 
 
-def _cache_key(examples_sha256: str, model_path: str, config: SFTConfig, agent: LLMConfig) -> str:
-    settings = json.dumps(dataclasses.asdict(config) | {"model": agent.model, "dtype": _KEY_DTYPE[agent.precision]},
-                          sort_keys=True)
-    return hashlib.sha256(f"{examples_sha256}|{model_path}|{settings}".encode()).hexdigest()[:16]
+def _cache_key(examples_sha256: str, base_fingerprint: str, config: SFTConfig, agent: LLMConfig) -> str:
+    """The cache folder's key: contents only (the examples, the base model's fingerprint, the settings that change
+    the weights, the precision)."""
+    settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in _NOT_IN_KEY}
+    text = json.dumps(settings | {"dtype": _KEY_DTYPE[agent.precision]}, sort_keys=True)
+    return hashlib.sha256(f"v{_KEY_VERSION}|{examples_sha256}|{base_fingerprint}|{text}".encode()).hexdigest()[:16]
+
+
+def _legacy_cache_key(examples_sha256: str, model_path: str, config: SFTConfig, agent: LLMConfig) -> str:
+    """The previous release's key (the base model's resolved path and name instead of its content); None when a
+    setting it did not have is not at its default (it cannot have trained with it)."""
+    settings = dataclasses.asdict(config)
+    defaults = dataclasses.asdict(SFTConfig())
+    if any(settings[k] != defaults[k] for k in settings if k not in _LEGACY_SETTINGS and k not in _NOT_IN_KEY):
+        return None
+    text = json.dumps({k: settings[k] for k in _LEGACY_SETTINGS}
+                      | {"model": agent.model, "dtype": _KEY_DTYPE[agent.precision]}, sort_keys=True)
+    return hashlib.sha256(f"{examples_sha256}|{model_path}|{text}".encode()).hexdigest()[:16]
+
+
+def _adopt_legacy(legacy: Path, out: Path) -> bool:
+    """Rename a previous release's cache folder (and its examples file) to the new key; leave a link at the old
+    name for whatever still refers to it. False when there is none (or another process took it first)."""
+    if legacy.is_symlink() or not (legacy / MANIFEST).is_file():
+        return False
+    try:
+        os.rename(legacy, out)
+    except OSError:
+        return (out / MANIFEST).is_file()  # a concurrent run adopted it
+    examples = legacy.with_name(legacy.name + ".examples.jsonl")
+    if examples.is_file():
+        os.replace(examples, out.with_name(out.name + ".examples.jsonl"))
+    try:
+        legacy.symlink_to(out.name)
+    except OSError:
+        pass
+    log.info("adopted the warm-started agent cached by the previous release: %s is now %s", legacy, out)
+    return True
 
 
 def warm_start_agent(config: WarmStartConfig) -> Path:
@@ -82,8 +129,15 @@ def warm_start_agent(config: WarmStartConfig) -> Path:
                          f"holds its question's answer ({counts})")
     log.info("synthesised %d warm-start trajectories: %s", len(examples), counts)
     examples_sha = data_fingerprint(examples)
-    out = Path(config.out) if config.out else \
-        cache_root() / "agents" / f"sft-{_cache_key(examples_sha, model_path, config.train, config.agent)}"
+    base = model_fingerprint(model_path)
+    if config.out:
+        out = Path(config.out)
+    else:
+        agents = cache_root() / "agents"
+        out = agents / f"sft-{_cache_key(examples_sha, base, config.train, config.agent)}"
+        legacy_key = _legacy_cache_key(examples_sha, model_path, config.train, config.agent)
+        if legacy_key and not (out / MANIFEST).is_file() and _adopt_legacy(agents / f"sft-{legacy_key}", out):
+            return out
     if (out / MANIFEST).is_file():
         log.info("reusing the warm-started agent in %s", out)
         return out
@@ -91,4 +145,4 @@ def warm_start_agent(config: WarmStartConfig) -> Path:
     write_sft_examples(out.with_name(out.name + ".examples.jsonl"), examples)
     return train_sft(config.train, config.agent, examples, out, extra_manifest={
         "qa": config.qa, "retriever": config.retrieval.index or config.retrieval.url, "synthesis": dataclasses.asdict(config.synthesis),
-        "synthesis_counts": counts})
+        "synthesis_counts": counts, "base_model_fingerprint": base})

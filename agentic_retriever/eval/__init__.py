@@ -1,1 +1,2 @@
-"""Evaluation: retrieval metrics (Recall@k, MRR@k, nDCG@k) and, later, QA metrics."""
+"""Evaluation: retrieval metrics (Recall@k, MRR@k, nDCG@k) on QA files (`retrieval`) and BEIR datasets (`beir`),
+QA metrics (`qa`), the paired bootstrap (`bootstrap`) and reports (`report`)."""

@@ -103,7 +103,13 @@ class RetrievalEvalConfig:
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig, metadata={
         "help": "the index to evaluate (opened in this process: a service URL is not enough)"})
     qa: str = field(default="", metadata={
-        "help": "QA JSONL with supporting_ids or supporting_titles (golden_answers optional)", "required": True})
+        "help": "QA JSONL with supporting_ids or supporting_titles (golden_answers optional); this or beir is needed"})
+    beir: str = field(default="", metadata={
+        "help": "a BEIR dataset folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv) to evaluate on instead of qa, "
+                "with BEIR's graded nDCG, Recall and MRR; the index must be built over its corpus.jsonl"})
+    beir_split: str = field(default="test", metadata={"help": "the BEIR qrels split (qrels/SPLIT.tsv)"})
+    ignore_identical_ids: bool = field(default=True, metadata={
+        "help": "BEIR: drop a retrieved document whose id is the query's (BEIR's default; ArguAna, Quora)"})
     ks: list[int] = field(default_factory=lambda: [1, 5, 20], metadata={"help": "cut-offs for Recall@k and answer_recall@k"})
     mrr_k: int = field(default=10, metadata={"help": "cut-off for MRR"})
     ndcg_k: int = field(default=10, metadata={"help": "cut-off for nDCG"})

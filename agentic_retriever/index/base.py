@@ -3,13 +3,29 @@
 from __future__ import annotations
 
 import abc
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from ..corpus import Corpus, ScoredPassage
+from ..jsonl import atomic_write
 from .manifest import IndexManifest
+
+#: Corpus row of each index position, in an index that left passages out (`IndexManifest.dropped`).
+ROW_MAP_FILE = "rows.npy"
+
+
+def write_row_map(out: Path, keep: np.ndarray | None) -> None:
+    """Write ``rows.npy`` (the corpus row of each index position) when rows were left out; else remove a stale one."""
+    path = out / ROW_MAP_FILE
+    if keep is None:
+        path.unlink(missing_ok=True)
+        return
+    with atomic_write(path, "wb") as handle:
+        np.save(handle, np.flatnonzero(keep).astype(np.int64))
 
 
 @dataclass
@@ -24,9 +40,18 @@ class SearchResult:
 class SearchIndex(abc.ABC):
     """Base of the dense and sparse indexes. Subclasses implement `search_rows` only."""
 
-    def __init__(self, manifest: IndexManifest, corpus: Corpus):
+    def __init__(self, manifest: IndexManifest, corpus: Corpus, index_dir: str | Path | None = None,
+                 positions_are_rows: bool = False):
+        """`index_dir` holds ``rows.npy`` when passages were left out of the index, unless the index's own
+        positions are corpus rows anyway (`positions_are_rows`)."""
         self.manifest = manifest
         self.corpus = corpus
+        self.index_dir = os.path.abspath(index_dir) if index_dir is not None else None
+        self._row_map = None
+        if manifest.dropped and not positions_are_rows:
+            if index_dir is None:
+                raise ValueError("an index that left passages out needs its folder (for rows.npy)")
+            self._row_map = np.load(Path(index_dir) / ROW_MAP_FILE, mmap_mode="r")
 
     def __len__(self) -> int:
         return self.manifest.rows
@@ -39,7 +64,8 @@ class SearchIndex(abc.ABC):
     @abc.abstractmethod
     def search_rows(self, queries: Sequence[str], k: int, questions: Sequence[str | None] | None = None,
                     histories: Sequence[Sequence[str] | None] | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """(scores, rows) arrays of shape (len(queries), k'); row -1 marks an empty slot."""
+        """(scores, rows) arrays of shape (len(queries), k'); rows are index positions (the corpus rows unless
+        passages were left out of the index), -1 marks an empty slot."""
 
     def search(self, queries: Sequence[str], k: int, questions: Sequence[str | None] | None = None,
                histories: Sequence[Sequence[str] | None] | None = None) -> SearchResult:
@@ -48,6 +74,8 @@ class SearchIndex(abc.ABC):
         if not queries:
             return SearchResult([], [], [])
         scores, rows = self.search_rows(list(queries), min(k, len(self)), questions, histories)
+        if self._row_map is not None:
+            rows = np.where(rows >= 0, self._row_map[np.maximum(rows, 0)], -1)
         kept = [r[r >= 0] for r in rows]
         ids_flat = self.corpus.ids_at(np.concatenate(kept)) if sum(len(r) for r in kept) else []
         ids, start = [], 0

@@ -2,8 +2,9 @@
 
 Build: the corpus is encoded chunk by chunk into ``embeddings-<corpus>-<encoder>.npy`` (a memmap) and a
 small state file beside it records how many rows are done, so a killed build resumes at the last finished
-chunk. FAISS is then filled from the memmap (in chunks; Flat in one add of the file-backed memmap): peak
-memory is the FAISS index plus one chunk, whatever the corpus size. Search on GPUs (with faiss-gpu)
+chunk (by default a tenth of the corpus, 256 to 16,384 passages: every corpus gets resume points). FAISS is
+then filled from the memmap (in chunks; Flat in one add of the file-backed memmap): peak memory is the FAISS
+index plus one chunk, whatever the corpus size. Search on GPUs (with faiss-gpu)
 shards the index over all visible GPUs in fp16, as Search-R1's server does for the 64.6 GB fp32 wiki-18
 Flat index.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -25,13 +27,14 @@ from tqdm.auto import tqdm
 from ..corpus import Corpus
 from ..encoder import Encoder
 from ..jsonl import read_json, write_json
-from .base import SearchIndex
+from .base import SearchIndex, write_row_map
 from .manifest import IndexManifest
 
 log = logging.getLogger(__name__)
 
 FAISS_FILE = "index.faiss"
 _PROGRESS_STEP = 1024  # passages per encode call inside a chunk (progress-bar granularity)
+MIN_AUTO_CHUNK, MAX_AUTO_CHUNK = 256, 16_384  # bounds of the default chunk, a tenth of the corpus
 
 
 @dataclass
@@ -47,7 +50,9 @@ class DenseParams:
     pq_nbits: int = dataclasses.field(default=8, metadata={"help": "bits per PQ code"})
     nprobe: int = dataclasses.field(default=64, metadata={"help": "IVF cells visited per query"})
     train_size: int = dataclasses.field(default=262_144, metadata={"help": "vectors sampled to train IVF-PQ"})
-    chunk_size: int = dataclasses.field(default=16_384, metadata={"help": "passages encoded per resumable chunk"})
+    chunk_size: int | None = dataclasses.field(
+        default=None, metadata={"help": "passages encoded per resumable chunk (default: a tenth of the corpus, "
+                                        "at least 256 and at most 16,384)"})
     keep_embeddings: bool = dataclasses.field(default=False, metadata={"help": "keep the passage embeddings after the build"})
     embeddings_dir: str | None = dataclasses.field(
         default=None, metadata={"help": "where passage embeddings are streamed (default: the index folder); "
@@ -76,30 +81,60 @@ def import_faiss():
     return faiss
 
 
-def build_dense_index(corpus: Corpus, encoder: Encoder, out_dir: str | Path, params: DenseParams) -> IndexManifest:
-    """Encode `corpus` with `encoder` into a FAISS index in `out_dir`, resuming an interrupted build."""
+def chunk_rows(params: DenseParams, rows: int) -> int:
+    """Passages per resumable chunk: `params.chunk_size`, or by default a tenth of the corpus within
+    [256, 16,384], so a killed build of any corpus resumes past its start."""
+    if params.chunk_size is not None:
+        if params.chunk_size < 1:
+            raise ValueError(f"chunk_size must be at least 1, got {params.chunk_size}")
+        return params.chunk_size
+    return min(MAX_AUTO_CHUNK, max(MIN_AUTO_CHUNK, math.ceil(rows / 10)))
+
+
+def build_dense_index(corpus: Corpus, encoder: Encoder, out_dir: str | Path, params: DenseParams,
+                      drop_rows: np.ndarray | None = None, empty_passages: dict | None = None) -> IndexManifest:
+    """Encode `corpus` with `encoder` into a FAISS index in `out_dir`, resuming an interrupted build.
+
+    `drop_rows` (ascending corpus rows) are left out of the index; the corpus is still encoded whole (the
+    embeddings file stays shareable between indexes) and ``rows.npy`` maps index positions to corpus rows."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    chunk = chunk_rows(params, len(corpus))
+    log.info("encoding %d passages in resumable chunks of %d", len(corpus), chunk)
     embeddings_path = Path(params.embeddings_dir or out) / f"embeddings-{corpus.sha256[:12]}-{encoder.settings.fingerprint[:12]}.npy"
-    embeddings = _encode_resumable(corpus, encoder, embeddings_path, params.chunk_size)
+    embeddings = _encode_resumable(corpus, encoder, embeddings_path, chunk)
+    keep = None
+    if drop_rows is not None and len(drop_rows):
+        keep = np.ones(len(corpus), dtype=bool)
+        keep[drop_rows] = False
+    rows = len(corpus) if keep is None else int(keep.sum())
+    if rows == 0:
+        raise ValueError(f"no passage of {corpus.source} is left to index: all {len(corpus)} have empty text")
     faiss = import_faiss()
-    index = _new_faiss_index(faiss, params, encoder.dim, len(corpus))
+    index = _new_faiss_index(faiss, params, encoder.dim, rows)
     if not index.is_trained:
-        index.train(_training_sample(embeddings, params.train_size))
-    # A Flat index stores the vectors as they are: one add of the whole (contiguous, file-backed) memmap sizes
-    # its storage once, where chunked adds would grow it geometrically and briefly hold old and new copies.
-    step = len(corpus) if params.type == "flat" else params.chunk_size
-    for start in tqdm(range(0, len(corpus), step), desc=f"adding to {params.type}", unit=" chunks"):
-        index.add(np.ascontiguousarray(embeddings[start:start + step]))
+        index.train(_training_sample(embeddings, params.train_size, keep))
+    if params.type == "flat":
+        # A Flat index stores the vectors as they are: one add of the whole (contiguous, file-backed) memmap sizes
+        # its storage once, where chunked adds would grow it geometrically and briefly hold old and new copies.
+        # Dropped rows are then removed in place (the others keep their order).
+        index.add(np.ascontiguousarray(embeddings))
+        if keep is not None:
+            index.remove_ids(np.asarray(drop_rows, dtype=np.int64))
+    else:
+        for start in tqdm(range(0, len(corpus), chunk), desc=f"adding to {params.type}", unit=" chunks"):
+            part = embeddings[start:start + chunk]
+            index.add(np.ascontiguousarray(part if keep is None else part[keep[start:start + chunk]]))
     tmp = out / f".{FAISS_FILE}.tmp"
     faiss.write_index(index, str(tmp))
     os.replace(tmp, out / FAISS_FILE)
+    write_row_map(out, keep)
     manifest = IndexManifest(
-        backend="dense", index_type=params.type, rows=len(corpus), corpus_path=str(corpus.source),
+        backend="dense", index_type=params.type, rows=rows, corpus_path=str(corpus.source),
         corpus_sha256=corpus.sha256, params=dataclasses.asdict(params),
         encoder=dataclasses.asdict(encoder.settings) | {"config": portable_config(encoder)}, dim=encoder.dim,
-        build_seconds=round(time.perf_counter() - started, 2),
+        build_seconds=round(time.perf_counter() - started, 2), empty_passages=empty_passages,
     )
     manifest.save(out)
     del embeddings
@@ -162,10 +197,11 @@ def _new_faiss_index(faiss, params: DenseParams, dim: int, rows: int):
     raise ValueError(f"unknown dense index type {params.type!r}; choose flat, hnsw or ivfpq")
 
 
-def _training_sample(embeddings: np.ndarray, size: int) -> np.ndarray:
-    """Evenly spaced rows (deterministic, and reads the memmap in order)."""
-    picks = np.linspace(0, len(embeddings) - 1, num=min(size, len(embeddings))).astype(np.int64)
-    return np.ascontiguousarray(embeddings[np.unique(picks)])
+def _training_sample(embeddings: np.ndarray, size: int, keep: np.ndarray | None = None) -> np.ndarray:
+    """Evenly spaced rows among the indexed ones (deterministic, and reads the memmap in order)."""
+    rows = np.arange(len(embeddings)) if keep is None else np.flatnonzero(keep)
+    picks = np.linspace(0, len(rows) - 1, num=min(size, len(rows))).astype(np.int64)
+    return np.ascontiguousarray(embeddings[rows[np.unique(picks)]])
 
 
 class DenseIndex(SearchIndex):
@@ -173,7 +209,7 @@ class DenseIndex(SearchIndex):
 
     def __init__(self, index_dir: str | Path, manifest: IndexManifest, corpus: Corpus, encoder: Encoder,
                  overrides: dict | None = None):
-        super().__init__(manifest, corpus)
+        super().__init__(manifest, corpus, index_dir)
         faiss = import_faiss()
         manifest.check_encoder(encoder.settings.fingerprint, encoder.settings.model)
         self.encoder = encoder

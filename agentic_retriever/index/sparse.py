@@ -21,7 +21,7 @@ import numpy as np
 
 from ..corpus import Corpus
 from ..jsonl import atomic_write
-from .base import SearchIndex
+from .base import SearchIndex, write_row_map
 from .manifest import IndexManifest
 
 BM25_DIR = "bm25"
@@ -46,37 +46,59 @@ def _tokenizer(params: BM25Params):
     return Tokenizer(stemmer=stemmer, stopwords=params.stopwords or [])
 
 
-def build_bm25_index(corpus: Corpus, out_dir: str | Path, params: BM25Params) -> IndexManifest:
-    """Tokenise the corpus in a stream and build a BM25 index in `out_dir`."""
+def build_bm25_index(corpus: Corpus, out_dir: str | Path, params: BM25Params, drop_rows: np.ndarray | None = None,
+                     empty_passages: dict | None = None) -> IndexManifest:
+    """Tokenise the corpus in a stream and build a BM25 index in `out_dir`, leaving out `drop_rows` (ascending
+    corpus rows; ``rows.npy`` then maps bm25s document numbers to corpus rows, Lucene's doc ids are the rows)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    keep = None
+    if drop_rows is not None and len(drop_rows):
+        keep = np.ones(len(corpus), dtype=bool)
+        keep[drop_rows] = False
+    rows = len(corpus) if keep is None else int(keep.sum())
+    if rows == 0:
+        raise ValueError(f"no passage of {corpus.source} is left to index: all {len(corpus)} have empty text")
     if params.engine == "pyserini":
-        _build_lucene(corpus, out / LUCENE_DIR, params)
+        _build_lucene(corpus, out / LUCENE_DIR, params, keep)
+        write_row_map(out, None)
     else:
         import bm25s
 
         tokenizer = _tokenizer(params)
-        texts = (text for batch in corpus.iter_contents() for text in batch)
-        ids = tokenizer.tokenize(texts, update_vocab=True, return_as="ids", length=len(corpus), show_progress=True)
+        ids = tokenizer.tokenize(_kept_contents(corpus, keep), update_vocab=True, return_as="ids", length=rows,
+                                 show_progress=True)
         retriever = bm25s.BM25(k1=params.k1, b=params.b)
         retriever.index(tokenizer.to_tokenized_tuple(ids), show_progress=True)
         retriever.save(str(out / BM25_DIR), show_progress=False)
         tokenizer.save_vocab(str(out / BM25_DIR))
+        write_row_map(out, keep)
     manifest = IndexManifest(
-        backend="bm25", index_type=params.engine, rows=len(corpus), corpus_path=str(corpus.source),
+        backend="bm25", index_type=params.engine, rows=rows, corpus_path=str(corpus.source),
         corpus_sha256=corpus.sha256, params=dataclasses.asdict(params),
-        build_seconds=round(time.perf_counter() - started, 2),
+        build_seconds=round(time.perf_counter() - started, 2), empty_passages=empty_passages,
     )
     manifest.save(out)
     return manifest
+
+
+def _kept_contents(corpus: Corpus, keep: np.ndarray | None):
+    """The Search-R1 contents of the rows kept (all rows without `keep`), in row order, as a stream."""
+    row = 0
+    for batch in corpus.iter_contents():
+        for text in batch:
+            if keep is None or keep[row]:
+                yield text
+            row += 1
 
 
 class BM25Index(SearchIndex):
     """BM25 over the corpus; questions and histories are ignored (the query is searched as written)."""
 
     def __init__(self, index_dir: str | Path, manifest: IndexManifest, corpus: Corpus, overrides: dict | None = None):
-        super().__init__(manifest, corpus)
+        # Lucene's doc ids are corpus rows already; bm25s numbers the indexed documents
+        super().__init__(manifest, corpus, index_dir, positions_are_rows=manifest.index_type == "pyserini")
         self.params = BM25Params(**{**manifest.params, **(overrides or {})})
         if self.params.engine == "pyserini":
             self._searcher = _lucene_searcher(Path(index_dir) / LUCENE_DIR, self.params)
@@ -114,8 +136,9 @@ def _import_pyserini():
                           "(and Java 21)") from error
 
 
-def _build_lucene(corpus: Corpus, lucene_dir: Path, params: BM25Params) -> None:
-    """Write the corpus as a pyserini JsonCollection (doc id = row number) and run pyserini's indexer."""
+def _build_lucene(corpus: Corpus, lucene_dir: Path, params: BM25Params, keep: np.ndarray | None = None) -> None:
+    """Write the corpus (its `keep` rows) as a pyserini JsonCollection (doc id = row number) and run pyserini's
+    indexer."""
     _import_pyserini()
     collection = lucene_dir.parent / "lucene_collection"
     collection.mkdir(parents=True, exist_ok=True)
@@ -123,7 +146,8 @@ def _build_lucene(corpus: Corpus, lucene_dir: Path, params: BM25Params) -> None:
         row = 0
         for batch in corpus.iter_contents():
             for contents in batch:
-                handle.write(json.dumps({"id": str(row), "contents": contents}) + "\n")
+                if keep is None or keep[row]:
+                    handle.write(json.dumps({"id": str(row), "contents": contents}) + "\n")
                 row += 1
     subprocess.run([sys.executable, "-m", "pyserini.index.lucene", "--collection", "JsonCollection",
                     "--input", str(collection), "--index", str(lucene_dir), "--generator", "DefaultLuceneDocumentGenerator",

@@ -28,7 +28,8 @@ class MiningConfig:
 
     dataset: str = field(default="", metadata={"help": "the rows' 'dataset' field; empty: the trajectory file's name"})
     retriever_id: str = field(default="", metadata={
-        "help": "identity of the candidate retriever R_{i-1} in the cache keys; empty: each trajectory's 'retriever'"})
+        "help": "name of the candidate retriever R_{i-1} in the cache keys when its client cannot describe its "
+                "content (no identity(); index folders and services can); empty: each trajectory's 'retriever'"})
     num_candidates: int = field(default=20, metadata={"help": "candidate passages per round (paper: 20)"})
     round_index_limit: int = field(default=5, metadata={"help": "rounds with 1-based index >= this are skipped"})
     retrieval_batch_rounds: int = field(default=1024, metadata={"help": "rounds per retrieval call"})

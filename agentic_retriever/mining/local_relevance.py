@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from ..fingerprint import llm_fingerprint
 from ..llm.base import SamplingParams
 from .parse import parse_scores
 from .prompts import PROMPT_VERSION, relevance_prompt
@@ -76,8 +77,8 @@ class ListwiseScorer:
         return f"listwise (window {self.window})"
 
     def settings(self) -> dict:
-        return {"kind": self.kind, "prompt_version": PROMPT_VERSION, "model": self.llm.name, "window": self.window,
-                "retries": self.retries, "retry_temperature": self.retry_temperature,
+        return {"kind": self.kind, "prompt_version": PROMPT_VERSION, "model": llm_fingerprint(self.llm),
+                "window": self.window, "retries": self.retries, "retry_temperature": self.retry_temperature,
                 "max_new_tokens": self.max_new_tokens, "seed": self.seed}
 
     def windows(self, request: RelevanceRequest) -> list[tuple[int, int]]:
@@ -144,7 +145,7 @@ class PointwiseLikelihoodScorer:
         return f"pointwise {self.mode}"
 
     def settings(self) -> dict:
-        return {"kind": self.kind, "mode": self.mode, "model": self.llm.name, "version": 1}
+        return {"kind": self.kind, "mode": self.mode, "model": llm_fingerprint(self.llm), "version": 1}
 
     def _message(self, request: RelevanceRequest, passage: str) -> str:
         if self.mode == "query_likelihood":

@@ -71,13 +71,17 @@ def round_record(rnd: Round, passages: list[dict], table: list[Candidate], gac_t
 
 
 def run_info(config: MiningConfig, selection: SelectionConfig, scorer_used, agent, scorer, shard, total: int,
-             seconds: float) -> dict:
-    """The run's description in ``mining_stats.json``: models, scorer, settings, shard, wall time."""
+             seconds: float, retriever=None) -> dict:
+    """The run's description in ``mining_stats.json``: models (names and content fingerprints), the candidate
+    retriever's identity, scorer, settings, shard, wall time."""
     return {
         "prompt_version": PROMPT_VERSION,
         "lr_scorer": scorer_used.name if scorer_used is not None else None,
         "scorer_model": scorer.name if scorer is not None else None,
         "agent_model": agent.name if agent is not None else None,
+        "scorer_fingerprint": scorer.fingerprint if scorer is not None and config.needs_scorer_llm else None,
+        "agent_fingerprint": agent.fingerprint if agent is not None and selection.use_gac else None,
+        "retriever": retriever,
         "gac_mode": (f"{config.gac_mode} ({config.gac_metric})" if config.gac_mode == "rollout"
                      else f"{config.gac_mode} ({config.gac_criterion})") if selection.use_gac else None,
         "selection": asdict(selection),

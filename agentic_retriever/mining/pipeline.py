@@ -22,8 +22,13 @@ resumes where it stopped, and changing a setting recomputes the stages it affect
 window: local relevance only; a selection setting: nothing). The outputs are rebuilt from the stores at the
 end of every run. The stage files double as the audit trail: every raw scorer output (each listwise attempt,
 each sub-answer generation) and every continuation's answer, further searches and finish reason are there,
-with each item's share of the calls, tokens and seconds. Models are identified by their names (with the
-settings): give a retrained model a new name or path, or the stores will serve the old one's results.
+with each item's share of the calls, tokens and seconds. The keys name models and the retriever by content,
+not by name or path (`agentic_retriever.fingerprint`): the scorer and the agent by a hash of their config and
+weights (`CountingLLM.fingerprint`), the candidate retriever by what the client says it searches
+(`_retriever_identity`: a local index's manifest identity, a service's ``/health``). Weights retrained in
+place or another index mined into the same folder are recomputed; the same weights or index under another
+path are reused. Served models (an OpenAI-compatible server) and services that report no fingerprint are
+keyed by name or URL, with a warning.
 
 Cost control beyond the paper: rounds with fewer candidates than 1 + ``num_negatives`` are dropped before
 scoring (``too_few_candidates``: selection would drop them); with ``skip_hopeless_gac`` rounds whose best
@@ -71,8 +76,23 @@ __all__ = ["mine"]
 
 log = logging.getLogger(__name__)
 
-#: Bumped when a stage's computation changes, so stored results of the old code are not reused.
+#: Bumped when a stage's computation changes, so stored results of the old code are not reused. (Keying models
+#: and retrievers by content changed no version: a content identity never equals the name or label that the
+#: earlier keys held, so earlier records are never read under the new keys; where no content identity can be
+#: had, the key holds the name or label as before, with the same meaning.)
 STAGE_VERSIONS = {"candidates": 1, "sub_answers": 1, "local_relevance": 2, "gac": 2}
+
+
+def _retriever_identity(client) -> Any:
+    """What the candidates' cache keys name the retriever by: the client's ``identity()`` (its content), or None
+    for a client that has none (the keys then fall back to the retriever's label)."""
+    identity = getattr(client, "identity", None)
+    if callable(identity):
+        return identity()
+    log.warning("the retrieval client %s has no identity(): candidates are keyed by mining.retriever_id or the "
+                "trajectories' retriever label, so mining another retriever into the same folder reuses the "
+                "first one's candidates", type(client).__name__)
+    return None
 
 
 def _chunks(items: list, size: int) -> Iterator[list]:
@@ -84,8 +104,9 @@ class _Miner:
     """One mining run over one shard: the stages in order, sharing stores, counters and LLM usage."""
 
     def __init__(self, config: MiningConfig, client: RetrievalClient | None, agent: CountingLLM | None,
-                 scorer: CountingLLM | None, stores: dict[str, StageStore]):
+                 scorer: CountingLLM | None, stores: dict[str, StageStore], retriever: Any = None):
         self.config, self.client, self.agent, self.scorer, self.stores = config, client, agent, scorer, stores
+        self.retriever = retriever  # `_retriever_identity(client)`
         self.selection = config.resolved_selection()
         self.counters = new_counters()
         self.dropped: dict[str, str] = {}  # round id -> reason
@@ -133,7 +154,7 @@ class _Miner:
     # keys ---------------------------------------------------------------------------------------------------
 
     def candidates_key(self, rnd: Round) -> str:
-        retriever = self.config.retriever_id or rnd.retriever
+        retriever = self.retriever if self.retriever is not None else (self.config.retriever_id or rnd.retriever)
         return stable_hash(["candidates", STAGE_VERSIONS["candidates"], rnd.query, rnd.question, retriever,
                             self.config.num_candidates])
 
@@ -152,7 +173,7 @@ class _Miner:
         mode = ([config.gac_mode, config.gac_metric] if config.gac_mode == "rollout"
                 else [config.gac_mode, config.answer_lead])
         return stable_hash(["gac", STAGE_VERSIONS["gac"], rnd.fingerprint, rnd.question, rnd.golden_answers,
-                            self.candidates_key(rnd), self.agent.name, env, mode])
+                            self.candidates_key(rnd), self.agent.fingerprint, env, mode])
 
     # stages -------------------------------------------------------------------------------------------------
 
@@ -378,9 +399,10 @@ def mine(trajectories_path: str | os.PathLike, client: RetrievalClient | None, a
     trajectories, total = read_shard(trajectories_path, shard)
     log.info("mining %d of %d trajectories from %s (shard %d/%d) into %s", len(trajectories), total,
              trajectories_path, shard[0], shard[1], work)
+    retriever = _retriever_identity(client)
     stores = open_stores(work / "stages", STAGES)
     try:
-        miner = _Miner(config, client, agent, scorer, stores)
+        miner = _Miner(config, client, agent, scorer, stores, retriever)
         miner.counters["trajectories"] = len(trajectories)
         with_candidates = miner.candidates(miner.rounds(trajectories))
         sub_answers = miner.sub_answers(trajectories, with_candidates)
@@ -391,5 +413,6 @@ def mine(trajectories_path: str | os.PathLike, client: RetrievalClient | None, a
     finally:
         for store in stores.values():
             store.close()
-    info = run_info(config, selection, scorer_used, agent, scorer, shard, total, time.perf_counter() - started)
+    info = run_info(config, selection, scorer_used, agent, scorer, shard, total, time.perf_counter() - started,
+                    retriever)
     return write_outputs(work, rows, round_records, summarize(miner.counters, info), config.plot)

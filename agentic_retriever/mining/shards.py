@@ -80,7 +80,8 @@ def merge_shards(out_dir: str | os.PathLike, num_shards: int, plot: bool = True)
     for folder in folders:
         stats = read_json(folder / STATS_FILE)
         first = first or stats
-        for name in ("config", "prompt_version", "scorer_model", "agent_model"):
+        for name in ("config", "prompt_version", "scorer_model", "agent_model", "scorer_fingerprint",
+                     "agent_fingerprint", "retriever"):
             if _settings(stats.get(name)) != _settings(first.get(name)):
                 raise ValueError(f"{folder} was mined with another {name} than {folders[0]}: not merging")
         rows.extend(row for _, row in iter_jsonl(folder / ROWS_FILE))
@@ -89,6 +90,7 @@ def merge_shards(out_dir: str | os.PathLike, num_shards: int, plot: bool = True)
         add_counters(counters, stats["counters"])
         seconds += stats.get("wall_seconds", 0.0)
     info = {k: v for k, v in first.items() if k in ("prompt_version", "lr_scorer", "scorer_model", "agent_model",
+                                                      "scorer_fingerprint", "agent_fingerprint", "retriever",
                                                       "gac_mode", "selection", "trajectories_in_file", "config")}
     info.update(shard=[0, num_shards], merged_shards=num_shards, wall_seconds=round(seconds, 3))
     return write_outputs(Path(out_dir), rows, round_records, summarize(counters, info), plot)

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Self
 
-from ..jsonl import DataFormatError, atomic_write
+from ..jsonl import DataFormatError, atomic_write, json_error_text
 
 __all__ = ["StageStore", "StoreLockedError", "open_stores", "stable_hash"]
 
@@ -105,7 +105,7 @@ class StageStore:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as error:
-            raise DataFormatError(self.path, line_no, f"invalid JSON ({error.msg})") from None
+            raise DataFormatError(self.path, line_no, json_error_text(error)) from None
         if not isinstance(row, dict) or not isinstance(row.get("key"), str):
             raise DataFormatError(self.path, line_no, "expected an object with a string key", field="key")
         return row["key"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..fingerprint import llm_fingerprint
 from ..llm.base import SamplingParams
 from .parse import parse_sub_answers
 from .prompts import PROMPT_VERSION, sub_answer_prompt
@@ -43,8 +44,8 @@ class SubAnswerGenerator:
         self.llm, self.max_new_tokens = llm, max_new_tokens
 
     def settings(self) -> dict:
-        """What changes the result (part of the cache key)."""
-        return {"prompt_version": PROMPT_VERSION, "model": self.llm.name, "max_new_tokens": self.max_new_tokens}
+        """What changes the result (part of the cache key); the model by its content (`fingerprint.llm_fingerprint`)."""
+        return {"prompt_version": PROMPT_VERSION, "model": llm_fingerprint(self.llm), "max_new_tokens": self.max_new_tokens}
 
     def generate(self, requests: Sequence[SubAnswerRequest]) -> list[dict]:
         """Per request: ``answers`` (per search query, None = no sub-answer), ``status``, ``found`` tags, ``raw``."""

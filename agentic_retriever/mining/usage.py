@@ -8,13 +8,17 @@ tokenizer, name) and counts on the way:
 * ``prompt_tokens``: token-id prompts by length, text prompts through the tokenizer when there is one
   (otherwise they are not counted and ``prompt_tokens_exact`` turns False);
 * ``completion_tokens``: generated tokens (scored continuation tokens for ``score``).
+
+It also computes the model's content fingerprint once (``fingerprint``), which the stages key their results on.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from ..fingerprint import llm_fingerprint
 from ..llm.base import Generation, Prompt, SamplingParams
 
 __all__ = ["CountingLLM", "Usage"]
@@ -50,6 +54,11 @@ class CountingLLM:
     @property
     def name(self) -> str:
         return self.llm.name
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """The model's content fingerprint (`fingerprint.llm_fingerprint`), computed once: the stages' cache keys."""
+        return llm_fingerprint(self.llm)
 
     @property
     def tokenizer(self):

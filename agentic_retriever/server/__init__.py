@@ -17,10 +17,17 @@ This package implements that API over any `SearchIndex` (dense FAISS or BM25), w
 * validation of every request (pydantic, `schema`): a bad request gets a 4xx naming the field, never a
   500 or a dead server;
 * dynamic micro-batching (`batcher`): concurrent requests are gathered (up to ``max_batch_queries``
-  queries, or ``max_wait_ms`` after the first one arrived) into ONE ``index.retrieve`` call run in a worker
-  thread, with the largest ``topk`` of the batch, then each request gets its own slice back.
-  ``batching=False`` serves requests strictly one at a time, one index call each (the baseline of
+  queries, or ``max_wait_ms`` after the first one arrived) into one batch, searched in a worker thread as
+  one ``index.retrieve`` call per distinct ``topk`` (each request is searched with its own topk, so its
+  results never depend on its batch-mates), then each request gets its own slice back.
+  ``batching=False`` serves one chunk of one request per index call, one at a time (the baseline of
   ``benchmarks/bench_service.py``), through the same code path;
+* fairness: a big request is searched in chunks (at most ``max_batch_queries`` queries, one chunk of each
+  waiting request per batch, shared max-min fairly, round-robin), so a small request waits about one batch
+  behind it, not the whole big request;
+* limits: more than ``max_queries_per_request`` queries (10,000), or a query, question or history longer than
+  ``max_query_chars`` characters (4,096), get a 413 naming the limit; a request not answered within
+  ``request_timeout_s`` (120 s) gets a 504 and the rest of it is not searched;
 * ``GET /health`` (`app`): backend, index type, model, composition, index size, dimension, uptime, batching.
 
     from agentic_retriever.index import open_index
@@ -30,7 +37,10 @@ This package implements that API over any `SearchIndex` (dense FAISS or BM25), w
 
 from .app import ServerThread, create_app, running_server, serve
 from .config import ServeConfig
-from .schema import DEFAULT_TOPK, MAX_TOPK, RetrieveRequest
+from .schema import (
+    DEFAULT_MAX_QUERIES_PER_REQUEST, DEFAULT_MAX_QUERY_CHARS, DEFAULT_REQUEST_TIMEOUT_S, DEFAULT_TOPK, MAX_TOPK,
+    RetrieveRequest,
+)
 
-__all__ = ["DEFAULT_TOPK", "MAX_TOPK", "RetrieveRequest", "ServeConfig", "ServerThread", "create_app", "running_server",
-           "serve"]
+__all__ = ["DEFAULT_MAX_QUERIES_PER_REQUEST", "DEFAULT_MAX_QUERY_CHARS", "DEFAULT_REQUEST_TIMEOUT_S", "DEFAULT_TOPK",
+           "MAX_TOPK", "RetrieveRequest", "ServeConfig", "ServerThread", "create_app", "running_server", "serve"]

@@ -1,7 +1,8 @@
 """The FastAPI application of the retrieval service and the ways to run it: `create_app` (``POST /retrieve``
-through the request batcher, ``GET /health``: backend, index type, model, composition, index size,
-dimension, uptime, batching), `serve` (uvicorn in the foreground), `ServerThread` and `running_server`
-(uvicorn in a background thread on a loopback port).
+through the request batcher, with its limits: 413 beyond ``max_queries_per_request`` queries or
+``max_query_chars`` characters, 504 after ``request_timeout_s``; ``GET /health``: backend, index type, model,
+composition, encoder fingerprint and corpus hash, index size, dimension, uptime, batching, limits), `serve` (uvicorn in the foreground),
+`ServerThread` and `running_server` (uvicorn in a background thread on a loopback port).
 
     from agentic_retriever.index import open_index
     from agentic_retriever.server import serve
@@ -22,20 +23,36 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from ..index.base import SearchIndex
-from .batcher import _Batcher
-from .schema import RetrieveRequest, _readable_errors, _render
+from .batcher import RequestTimeout, _Batcher
+from .schema import (
+    DEFAULT_MAX_QUERIES_PER_REQUEST, DEFAULT_MAX_QUERY_CHARS, DEFAULT_REQUEST_TIMEOUT_S, RetrieveRequest,
+    _readable_errors, _render, limit_violation,
+)
 
 log = logging.getLogger(__name__)
 
 
-def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: float = 5.0,
-               batching: bool = True) -> FastAPI:
-    """The FastAPI application serving `index` (see the `agentic_retriever.server` docstring for the API)."""
-    if max_batch_queries < 1:
-        raise ValueError(f"max_batch_queries must be at least 1, got {max_batch_queries}")
+def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: float = 5.0, batching: bool = True,
+               max_queries_per_request: int = DEFAULT_MAX_QUERIES_PER_REQUEST,
+               max_query_chars: int = DEFAULT_MAX_QUERY_CHARS,
+               request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S) -> FastAPI:
+    """The FastAPI application serving `index` (see the `agentic_retriever.server` docstring for the API).
+
+    `max_batch_queries` bounds one batch, and so the chunks a big request is searched in; a request with more
+    than `max_queries_per_request` queries, or a query, question or history longer than `max_query_chars`
+    characters, gets a 413; one not answered within `request_timeout_s` seconds (None or 0: no limit) gets a 504
+    and the rest of it is not searched.
+    """
+    for name, value in (("max_batch_queries", max_batch_queries), ("max_queries_per_request", max_queries_per_request),
+                        ("max_query_chars", max_query_chars)):
+        if value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
     if max_wait_ms < 0:
         raise ValueError(f"max_wait_ms must be >= 0, got {max_wait_ms}")
-    batcher = _Batcher(index, max_batch_queries, max_wait_ms / 1000.0, batching)
+    if request_timeout_s is not None and request_timeout_s < 0:
+        raise ValueError(f"request_timeout_s must be >= 0 (0: no limit), got {request_timeout_s}")
+    timeout_s = request_timeout_s or None
+    batcher = _Batcher(index, max_batch_queries, max_wait_ms / 1000.0, batching, timeout_s)
     started = time.time()
     manifest = index.manifest
 
@@ -62,10 +79,19 @@ def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: fl
     async def retrieve(request: RetrieveRequest) -> JSONResponse:
         if not request.queries:
             return JSONResponse({"result": []})
+        if (problem := limit_violation(request, max_queries_per_request, max_query_chars)) is not None:
+            batcher.stats.rejected_requests += 1
+            return JSONResponse(status_code=413, content={"detail": problem})
         batcher.stats.requests += 1
         batcher.stats.queries += len(request.queries)
         try:
             results = await batcher.submit(request)
+        except RequestTimeout as timeout:
+            log.warning("a request of %d queries timed out after %s s (%s)", len(request.queries), timeout_s, timeout)
+            return JSONResponse(status_code=504, content={
+                "detail": f"the request was not answered within {timeout_s:g} s ({timeout}; server setting "
+                          f"request_timeout_s, --request-timeout-s): the server is busy or the request is too "
+                          f"large; retry later or send fewer queries per request"})
         except Exception as error:
             batcher.stats.failed_requests += 1
             log.warning("retrieval failed for a request of %d queries: %s", len(request.queries), error)
@@ -80,6 +106,8 @@ def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: fl
             "backend": manifest.backend,
             "index_type": manifest.index_type,
             "model": (manifest.encoder or {}).get("model"),
+            "encoder_fingerprint": (manifest.encoder or {}).get("fingerprint"),  # what the index's vectors mean:
+            "corpus_sha256": manifest.corpus_sha256,                           # caches of clients key on them
             "composition": index.composition,
             "index_size": len(index),
             "dim": manifest.dim,
@@ -87,6 +115,9 @@ def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: fl
             "batching": batching,
             "max_batch_queries": max_batch_queries,
             "max_wait_ms": max_wait_ms,
+            "max_queries_per_request": max_queries_per_request,
+            "max_query_chars": max_query_chars,
+            "request_timeout_s": timeout_s,
             "stats": batcher.stats.as_dict(),
         }
 
@@ -102,14 +133,22 @@ def _describe(index: SearchIndex) -> str:
 
 
 def serve(index: SearchIndex, host: str = "127.0.0.1", port: int = 8000, max_batch_queries: int = 256,
-          max_wait_ms: float = 5.0, batching: bool = True, log_level: str = "info") -> None:
+          max_wait_ms: float = 5.0, batching: bool = True, log_level: str = "info",
+          max_queries_per_request: int = DEFAULT_MAX_QUERIES_PER_REQUEST,
+          max_query_chars: int = DEFAULT_MAX_QUERY_CHARS,
+          request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S) -> None:
     """Serve `index` with uvicorn until interrupted (one process: the index lives in its memory)."""
     import uvicorn
 
-    app = create_app(index, max_batch_queries=max_batch_queries, max_wait_ms=max_wait_ms, batching=batching)
+    app = create_app(index, max_batch_queries=max_batch_queries, max_wait_ms=max_wait_ms, batching=batching,
+                     max_queries_per_request=max_queries_per_request, max_query_chars=max_query_chars,
+                     request_timeout_s=request_timeout_s)
     log.info("serving %s", _describe(index))
-    log.info("retrieval service on http://%s:%d/retrieve (health: /health); micro-batching %s", host, port,
-             f"on (up to {max_batch_queries} queries, {max_wait_ms} ms)" if batching else "off")
+    log.info("retrieval service on http://%s:%d/retrieve (health: /health); micro-batching %s; limits: %d queries "
+             "per request, %d characters per query, %s per request", host, port,
+             f"on (up to {max_batch_queries} queries, {max_wait_ms} ms)" if batching else "off",
+             max_queries_per_request, max_query_chars,
+             f"{request_timeout_s:g} s" if request_timeout_s else "no time limit")
     uvicorn.run(app, host=host, port=port, log_level=log_level, workers=1)
 
 

@@ -1,7 +1,19 @@
-"""Dynamic micro-batching of concurrent retrieval requests: pending requests are gathered (up to
-``max_batch_queries`` queries, or ``max_wait_s`` after the first one arrived) into ONE ``index.retrieve``
-call run in a worker thread, with the largest ``topk`` of the batch, and each request gets its own slice
-back; a failed batch is retried request by request, so one bad request fails only itself.
+"""Dynamic micro-batching of concurrent retrieval requests, fair to small requests.
+
+Every request is a queue entry whose queries are searched in chunks. A *batch* holds at most
+``max_batch_queries`` queries and at most ONE chunk of each waiting request (`fair_shares`): the small
+requests (each no larger than an equal split of the batch among the waiting requests) are taken whole, and
+what is left of the batch goes to the others oldest first, a big request taking a chunk of what is free. A
+request whose chunk was searched goes back to the END of the queue until its last query is done, so the
+requests that arrived meanwhile are ahead of it (round-robin): a small request waits about one batch behind
+any number of big ones, and the big ones take turns. With ``batching`` off a batch is one chunk of one
+request (the queue's head), taken round-robin the same way.
+
+A batch is searched as one ``index.retrieve`` call per distinct ``topk`` in it, each with that exact topk, so a
+request's results never depend on its batch-mates (HNSW's beam and top-k tie-breaking can depend on k).
+The calls run one at a time in a single worker thread; a failed call is retried chunk by chunk, so one bad
+request fails only itself. A request whose caller gave up (`RequestTimeout`) is dropped from the queue: the
+chunk being searched finishes, the rest of the request is never searched.
 """
 
 from __future__ import annotations
@@ -20,9 +32,13 @@ from .schema import RetrieveRequest
 log = logging.getLogger(__name__)
 
 
-@dataclass
+class RequestTimeout(Exception):
+    """A request was not answered within the server's ``request_timeout_s``."""
+
+
+@dataclass(eq=False)
 class _Pending:
-    """One request waiting for its share of a batch."""
+    """One request: its queries, how many are searched already, and the rows found so far."""
 
     queries: list[str]
     topk: int
@@ -30,6 +46,24 @@ class _Pending:
     histories: list[list[str] | None] | None
     future: asyncio.Future
     arrived: float
+    searched: int = 0
+    rows: list[list[ScoredPassage]] = field(default_factory=list)
+
+    @property
+    def remaining(self) -> int:
+        return len(self.queries) - self.searched
+
+
+@dataclass(eq=False)
+class _Chunk:
+    """Queries ``start:stop`` of one request, searched in one batch."""
+
+    pending: _Pending
+    start: int
+    stop: int
+
+    def __len__(self) -> int:
+        return self.stop - self.start
 
 
 @dataclass
@@ -37,24 +71,54 @@ class _Stats:
     requests: int = 0
     queries: int = 0
     index_calls: int = 0
+    batches: int = 0
     failed_requests: int = 0
+    rejected_requests: int = 0
+    timed_out_requests: int = 0
+    split_requests: int = 0
     largest_batch_queries: int = 0
     largest_batch_requests: int = 0
 
     def as_dict(self) -> dict:
         return {
             "requests": self.requests, "queries": self.queries, "index_calls": self.index_calls,
-            "failed_requests": self.failed_requests, "largest_batch_queries": self.largest_batch_queries,
+            "batches": self.batches, "failed_requests": self.failed_requests,
+            "rejected_requests": self.rejected_requests, "timed_out_requests": self.timed_out_requests,
+            "split_requests": self.split_requests, "largest_batch_queries": self.largest_batch_queries,
             "largest_batch_requests": self.largest_batch_requests,
             "mean_batch_requests": round(self.requests / self.index_calls, 3) if self.index_calls else 0.0,
         }
 
 
+def fair_shares(remaining: list[int], capacity: int) -> list[int]:
+    """How many queries of each waiting request (their counts left, in queue order) the next batch takes.
+
+    Small requests first, whole: visiting them from the smallest, a request is taken whole while it is no
+    larger than an equal split of the capacity still free among the requests not yet visited. The capacity
+    left then goes to the other requests in queue order (oldest first), each taking as much of it as it can,
+    so a big request is cut to what is free and the requests behind it wait for a later batch. The total is
+    min(capacity, sum(remaining)); no request gets more than it has left.
+    """
+    shares = [0] * len(remaining)
+    left = capacity
+    for visited, i in enumerate(sorted(range(len(remaining)), key=lambda i: (remaining[i], i))):
+        if remaining[i] > left // (len(remaining) - visited):
+            break
+        shares[i], left = remaining[i], left - remaining[i]
+    for i, want in enumerate(remaining):
+        if left <= 0:
+            break
+        if not shares[i]:
+            shares[i] = min(want, left)
+            left -= shares[i]
+    return shares
+
+
 @dataclass
 class _Batcher:
-    """Gathers pending requests into index calls; one worker task per event loop, one index thread.
+    """Gathers waiting requests into batches; one worker task per event loop, one index thread.
 
-    With ``batching`` off a batch is exactly one request and nothing waits, so requests are served
+    With ``batching`` off a batch is one chunk of one request and nothing waits, so index calls are
     strictly one after the other through the same queue, worker and thread.
     """
 
@@ -62,11 +126,13 @@ class _Batcher:
     max_batch_queries: int
     max_wait_s: float
     batching: bool
+    timeout_s: float | None = None
     stats: _Stats = field(default_factory=_Stats)
 
     def __post_init__(self):
-        self._pending: collections.deque[_Pending] = collections.deque()
-        self._pending_queries = 0
+        self._waiting: collections.deque[_Pending] = collections.deque()
+        self._waiting_queries = 0
+        self._in_flight: list[_Chunk] = []
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -80,8 +146,8 @@ class _Batcher:
         if self._task is not None and self._loop is loop and not self._task.done():
             return
         if self._loop is not loop:  # a new event loop: whatever waited on the old one is gone with it
-            self._pending.clear()
-            self._pending_queries = 0
+            self._waiting.clear()
+            self._waiting_queries = 0
         self._loop = loop
         self._wakeup = asyncio.Event()
         if self._executor is None:
@@ -94,11 +160,11 @@ class _Batcher:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        while self._pending:
-            pending = self._pending.popleft()
-            if not pending.future.done():
-                pending.future.set_exception(RuntimeError("the retrieval server is shutting down"))
-        self._pending_queries = 0
+        stopped = RuntimeError("the retrieval server is shutting down")
+        _fail([*self._waiting, *(chunk.pending for chunk in self._in_flight)], stopped)
+        self._waiting.clear()
+        self._in_flight = []
+        self._waiting_queries = 0
         if self._executor is not None:
             self._executor.shutdown(wait=False)
             self._executor = None
@@ -106,79 +172,133 @@ class _Batcher:
     # requests ----------------------------------------------------------------------------------
 
     async def submit(self, request: RetrieveRequest) -> list[list[ScoredPassage]]:
+        """The request's result rows; raises `RequestTimeout` after ``timeout_s`` (its rest is then dropped).
+
+        The request is queued before the first ``await``: once this coroutine has started, it is waiting."""
         self.start()
         loop = asyncio.get_running_loop()
         pending = _Pending(request.queries, request.topk, request.questions, request.histories,
                            loop.create_future(), loop.time())
-        self._pending.append(pending)
-        self._pending_queries += len(pending.queries)
+        self._enqueue(pending)
+        if not self.timeout_s:
+            return await pending.future
+        try:
+            return await asyncio.wait_for(pending.future, self.timeout_s)
+        except TimeoutError:  # wait_for cancelled the future: the worker skips what is left of it
+            self._forget(pending)
+            self.stats.timed_out_requests += 1
+            raise RequestTimeout(f"{pending.searched} of {len(pending.queries)} queries searched") from None
+
+    def _enqueue(self, pending: _Pending) -> None:
+        self._waiting.append(pending)
+        self._waiting_queries += pending.remaining
         self._wakeup.set()
-        return await pending.future
+
+    def _forget(self, pending: _Pending) -> None:
+        with contextlib.suppress(ValueError):  # not waiting: in flight, or gone already
+            self._waiting.remove(pending)
+            self._waiting_queries -= pending.remaining
 
     async def _work(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            while not self._pending:
+            while not self._waiting:
                 self._wakeup.clear()
                 await self._wakeup.wait()
             if self.batching and self.max_wait_s > 0:
-                deadline = self._pending[0].arrived + self.max_wait_s
-                while self._pending_queries < self.max_batch_queries and (left := deadline - loop.time()) > 0:
+                deadline = self._waiting[0].arrived + self.max_wait_s
+                while self._waiting_queries < self.max_batch_queries and (left := deadline - loop.time()) > 0:
                     self._wakeup.clear()
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._wakeup.wait(), left)
-            batch = self._take_batch()
-            if batch:
-                try:
-                    await self._run_batch(batch)
-                except Exception as error:  # the worker must survive anything a batch does
-                    log.exception("retrieval batch failed unexpectedly")
-                    _fail(batch, error)
-
-    def _take_batch(self) -> list[_Pending]:
-        batch, size = [], 0
-        while self._pending:
-            head = self._pending[0]
-            if batch and (not self.batching or size + len(head.queries) > self.max_batch_queries):
-                break
-            self._pending.popleft()
-            self._pending_queries -= len(head.queries)
-            if head.future.done():  # the client went away while it waited
+            batch = self._in_flight = self._take_batch()
+            if not batch:
                 continue
-            batch.append(head)
-            size += len(head.queries)
+            try:
+                await self._run_batch(batch)
+            except Exception as error:  # the worker must survive anything a batch does
+                log.exception("retrieval batch failed unexpectedly")
+                _fail([chunk.pending for chunk in batch], error)
+            self._in_flight = []
+            self._settle(batch)
+
+    def _take_batch(self) -> list[_Chunk]:
+        """The next batch's chunks; the requests they belong to leave the queue until `_settle`."""
+        for pending in [p for p in self._waiting if p.future.done()]:  # callers that gave up
+            self._forget(pending)
+        if not self._waiting:
+            return []
+        if not self.batching:
+            head = self._waiting[0]
+            shares = [min(head.remaining, self.max_batch_queries)] + [0] * (len(self._waiting) - 1)
+        else:
+            shares = fair_shares([p.remaining for p in self._waiting], self.max_batch_queries)
+        batch, kept = [], collections.deque()
+        for pending, share in zip(self._waiting, shares):
+            if share:
+                batch.append(_Chunk(pending, pending.searched, pending.searched + share))
+                self._waiting_queries -= pending.remaining
+                if share < len(pending.queries) and pending.searched == 0:
+                    self.stats.split_requests += 1
+            else:
+                kept.append(pending)
+        self._waiting = kept
         return batch
 
-    async def _run_batch(self, batch: list[_Pending]) -> None:
+    def _settle(self, batch: list[_Chunk]) -> None:
+        """After a batch: finished requests get their rows, the others go to the back of the queue."""
+        for chunk in batch:
+            pending = chunk.pending
+            if pending.future.done():
+                continue
+            if pending.remaining:
+                self._enqueue(pending)
+            else:
+                pending.future.set_result(pending.rows)
+
+    async def _run_batch(self, batch: list[_Chunk]) -> None:
+        self.stats.batches += 1
+        by_topk: dict[int, list[_Chunk]] = {}
+        for chunk in batch:
+            by_topk.setdefault(chunk.pending.topk, []).append(chunk)
+        for topk, chunks in by_topk.items():
+            await self._search(topk, [c for c in chunks if not c.pending.future.done()])
+
+    async def _search(self, topk: int, chunks: list[_Chunk]) -> None:
+        if not chunks:
+            return
         try:
-            results = await self._call_index(batch)
+            results = await self._call_index(topk, chunks)
         except Exception as error:
-            if len(batch) == 1:
-                _fail(batch, error)
+            if len(chunks) == 1:
+                _fail([chunks[0].pending], error)
                 return
             # One bad request must not fail the others gathered with it: retry each on its own.
-            log.warning("a batch of %d requests failed (%s); retrying them one by one", len(batch), error)
-            for pending in batch:
-                await self._run_batch([pending])
+            log.warning("an index call for %d requests failed (%s); retrying them one by one", len(chunks), error)
+            for chunk in chunks:
+                await self._search(topk, [chunk])
             return
         start = 0
-        for pending in batch:
-            rows = results[start:start + len(pending.queries)]
-            start += len(pending.queries)
-            if not pending.future.done():
-                pending.future.set_result([row[:pending.topk] for row in rows])
+        for chunk in chunks:
+            rows = results[start:start + len(chunk)]
+            start += len(chunk)
+            chunk.pending.rows.extend(row[:topk] for row in rows)
+            chunk.pending.searched = chunk.stop
 
-    async def _call_index(self, batch: list[_Pending]) -> list[list[ScoredPassage]]:
-        queries = [q for p in batch for q in p.queries]
+    async def _call_index(self, topk: int, chunks: list[_Chunk]) -> list[list[ScoredPassage]]:
+        queries = [q for c in chunks for q in c.pending.queries[c.start:c.stop]]
         questions = histories = None
-        if any(p.questions is not None for p in batch):
-            questions = [q for p in batch for q in (p.questions or [None] * len(p.queries))]
-        if any(p.histories is not None for p in batch):
-            histories = [h for p in batch for h in (p.histories or [None] * len(p.queries))]
-        topk = max(p.topk for p in batch)
+        if any(c.pending.questions is not None for c in chunks):
+            questions = [q for c in chunks
+                         for q in (c.pending.questions[c.start:c.stop] if c.pending.questions is not None
+                                   else [None] * len(c))]
+        if any(c.pending.histories is not None for c in chunks):
+            histories = [h for c in chunks
+                         for h in (c.pending.histories[c.start:c.stop] if c.pending.histories is not None
+                                   else [None] * len(c))]
         self.stats.index_calls += 1
         self.stats.largest_batch_queries = max(self.stats.largest_batch_queries, len(queries))
-        self.stats.largest_batch_requests = max(self.stats.largest_batch_requests, len(batch))
+        self.stats.largest_batch_requests = max(self.stats.largest_batch_requests, len(chunks))
         results = await asyncio.get_running_loop().run_in_executor(
             self._executor, self.index.retrieve, queries, topk, questions, histories)
         if len(results) != len(queries):
@@ -186,7 +306,7 @@ class _Batcher:
         return results
 
 
-def _fail(batch: list[_Pending], error: BaseException) -> None:
-    for pending in batch:
+def _fail(requests: list[_Pending], error: BaseException) -> None:
+    for pending in requests:
         if not pending.future.done():
             pending.future.set_exception(error)

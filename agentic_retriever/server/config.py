@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from ..client import RetrievalConfig
+from .schema import DEFAULT_MAX_QUERIES_PER_REQUEST, DEFAULT_MAX_QUERY_CHARS, DEFAULT_REQUEST_TIMEOUT_S
 
 __all__ = ["ServeConfig"]
 
@@ -21,4 +22,10 @@ class ServeConfig:
     batching: bool = field(default=True, metadata={"help": "gather concurrent requests into one search"})
     max_batch_queries: int = field(default=256, metadata={"help": "most queries gathered into one search"})
     max_wait_ms: float = field(default=5.0, metadata={"help": "longest wait for more requests before searching"})
+    max_queries_per_request: int = field(default=DEFAULT_MAX_QUERIES_PER_REQUEST, metadata={
+        "help": "most queries in one request (more: 413); big requests are searched in chunks of max_batch_queries"})
+    max_query_chars: int = field(default=DEFAULT_MAX_QUERY_CHARS, metadata={
+        "help": "most characters in one query, question or history (more: 413)"})
+    request_timeout_s: float = field(default=DEFAULT_REQUEST_TIMEOUT_S, metadata={
+        "help": "longest time one request may take, queueing included (longer: 504); 0: no limit"})
     gpu: Literal["auto", "on", "off"] = field(default="auto", metadata={"help": "FAISS on GPUs (dense indexes)"})

@@ -1,6 +1,7 @@
 """The wire format of ``POST /retrieve``: the pydantic request model (`RetrieveRequest`, with the optional
-``questions``/``histories`` lists parallel to ``queries``), the rendering of retrieved passages as
-Search-R1 result rows, and pydantic validation errors rendered as one readable line for the 4xx reply.
+``questions``/``histories`` lists parallel to ``queries``), the size limits a request must keep
+(`limit_violation`: the 413 message), the rendering of retrieved passages as Search-R1 result rows, and
+pydantic validation errors rendered as one readable line for the 4xx reply.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from ..corpus import ScoredPassage
 
 MAX_TOPK = 1000
 DEFAULT_TOPK = 3
+DEFAULT_MAX_QUERIES_PER_REQUEST = 10_000
+DEFAULT_MAX_QUERY_CHARS = 4096
+DEFAULT_REQUEST_TIMEOUT_S = 120.0
 
 
 class RetrieveRequest(BaseModel):
@@ -36,6 +40,27 @@ class RetrieveRequest(BaseModel):
         if self.topk is None:  # Search-R1's server accepts a null topk and uses its default
             self.topk = DEFAULT_TOPK
         return self
+
+
+def limit_violation(request: RetrieveRequest, max_queries: int, max_chars: int) -> str | None:
+    """Why `request` is too large to serve (the 413 message, naming the limit and its setting), or None.
+
+    At most `max_queries` queries; each query and each question at most `max_chars` characters, and each
+    query's history (all its entries together) too: the encoder tokenizes all of it before truncating, so a
+    huge string costs every request batched with it."""
+    if len(request.queries) > max_queries:
+        return (f"too many queries in one request: {len(request.queries)}, the limit is {max_queries} "
+                f"(server setting max_queries_per_request, --max-queries-per-request); send them in several requests")
+    for name, values in (("queries", request.queries), ("questions", request.questions or ())):
+        for i, value in enumerate(values):
+            if value is not None and len(value) > max_chars:
+                return (f"{name}[{i}] is too long: {len(value)} characters, the limit is {max_chars} "
+                        f"(server setting max_query_chars, --max-query-chars)")
+    for i, history in enumerate(request.histories or ()):
+        if history is not None and (size := sum(len(h) for h in history)) > max_chars:
+            return (f"histories[{i}] is too long: {size} characters in all, the limit is {max_chars} "
+                    f"(server setting max_query_chars, --max-query-chars)")
+    return None
 
 
 def _readable_errors(errors: Sequence[dict]) -> str:

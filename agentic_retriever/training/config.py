@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..config import Precision
+from ..curves import validate_report_to
 from ..encoder import EncoderConfig
 
 __all__ = ["LOSSES", "SELECT_METRIC_PATTERN", "SOFT_LABEL_KEYS", "RetrieverTrainConfig"]
@@ -79,6 +80,9 @@ class RetrieverTrainConfig:
     logging_steps: int = field(default=5, metadata={"help": "log loss, learning rate and in-batch accuracy every N updates"})
     seed: int = field(default=0, metadata={"help": "seed of shuffling and initialisation"})
     progress: bool = field(default=True, metadata={"help": "progress bar"})
+    report_to: list[str] = field(default_factory=lambda: ["auto"], metadata={
+        "help": "where the logs also go (Hugging Face report_to, events in OUT.logs): auto (tensorboard when "
+                "installed), tensorboard, wandb, none; metrics.jsonl and the curves PNG are always written"})
 
     @property
     def uses_soft_labels(self) -> bool:
@@ -118,3 +122,4 @@ class RetrieverTrainConfig:
             raise ValueError(f"select_metric must be mrr@k, recall@k or ndcg@k, got {self.select_metric!r}")
         if self.select_pool < 1:
             raise ValueError(f"select_pool must be at least 1, got {self.select_pool}")
+        validate_report_to(self.report_to)

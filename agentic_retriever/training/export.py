@@ -12,13 +12,16 @@ Beside the weights it holds:
   score per checkpoint and which was kept, ``base`` or ``epoch-k``) and the training curves.
 
 The folder is written to a temporary sibling and renamed, so it is complete or absent. `retriever train` writes
-it at the end of training; `retriever export` (`export_checkpoint`) writes it from any checkpoint of a run.
+it at the end of training; `retriever export` (`export_checkpoint`) writes it from any checkpoint of a run and,
+with ``push_to_hub``, then uploads the folder as it is to a Hugging Face Hub model repository (network needed).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,15 +30,19 @@ from pathlib import Path
 from ..encoder import SEPARATOR, SETTINGS_FILE, Encoder, EncoderConfig, EncoderSettings, save_model_settings
 from ..jsonl import read_json, write_json
 
-__all__ = ["MANIFEST_FILE", "RetrieverExportConfig", "export_checkpoint", "model_card", "save_trained_encoder"]
+__all__ = ["MANIFEST_FILE", "RetrieverExportConfig", "export_checkpoint", "model_card", "push_folder_to_hub",
+           "save_trained_encoder"]
 
 MANIFEST_FILE = "train_manifest.json"
 
+log = logging.getLogger(__name__)
+
 
 def save_trained_encoder(model, settings: EncoderSettings, out: str | Path, manifest: dict,
-                         extras: Callable[[Path], object] | None = None) -> Path:
+                         extras: Callable[[Path], object] | None = None, model_id: str = "") -> Path:
     """Save `model` (a SentenceTransformer) with `settings`, the manifest and the model card to `out`;
-    `extras(folder)` may add files (the curves) before the rename."""
+    `extras(folder)` may add files (the curves) before the rename. `model_id` is the name the card's example
+    loads the model by (a Hub repository; default: a placeholder for the folder's path)."""
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not (out / MANIFEST_FILE).is_file():
         raise FileExistsError(f"{out} exists and is not an exported retriever (no {MANIFEST_FILE}); it is left "
@@ -47,7 +54,7 @@ def save_trained_encoder(model, settings: EncoderSettings, out: str | Path, mani
     model.save(str(tmp), create_model_card=False)
     save_model_settings(tmp, settings)
     write_json(tmp / MANIFEST_FILE, manifest)
-    (tmp / "README.md").write_text(model_card(settings, manifest), encoding="utf-8")
+    (tmp / "README.md").write_text(model_card(settings, manifest, model_id), encoding="utf-8")
     if extras is not None:
         extras(tmp)
     if out.exists():
@@ -68,13 +75,26 @@ class RetrieverExportConfig:
         default_factory=lambda: EncoderConfig(model="default", composition="question_sep_query"), metadata={
             "help": "the training run's base encoder: its prefixes and query composition are stored with the "
                     "weights (read from the checkpoint instead when it holds agentic_retriever.json)"})
+    push_to_hub: str = field(default="", metadata={
+        "help": "after writing OUT, upload it to this Hugging Face Hub model repository (user/name; created if "
+                "missing; needs network and a write token)"})
+    private: bool = field(default=False, metadata={
+        "help": "create the Hub repository as private (else the account's default; an existing repository keeps "
+                "its visibility)"})
+    hub_token_env: str = field(default="HF_TOKEN", metadata={
+        "help": "environment variable holding the Hub token (unset or empty: huggingface_hub's stored login)"})
 
 
 def export_checkpoint(config: RetrieverExportConfig) -> Path:
     """Write the drop-in folder of `config.checkpoint` to `config.out`: the weights, the query/passage conventions,
-    a manifest (``exported_from``, the updates the checkpoint had made) and the model card."""
+    a manifest (``exported_from``, the updates the checkpoint had made) and the model card; then, with
+    `config.push_to_hub`, upload that folder to the Hub (`push_folder_to_hub`)."""
     from sentence_transformers import SentenceTransformer
 
+    if config.push_to_hub:
+        from huggingface_hub.utils import validate_repo_id
+
+        validate_repo_id(config.push_to_hub)  # a ValueError before any work
     checkpoint = Path(config.checkpoint)
     if not checkpoint.is_dir():
         raise FileNotFoundError(f"retriever export: checkpoint folder {checkpoint} not found")
@@ -85,7 +105,34 @@ def export_checkpoint(config: RetrieverExportConfig) -> Path:
     manifest = {"exported_from": str(checkpoint.resolve()), "base_model": config.encoder.model,
                 "encoder_settings": dataclasses.asdict(settings), "updates": state.get("global_step"),
                 "log_history": state.get("log_history", [])}
-    return save_trained_encoder(SentenceTransformer(str(checkpoint), device="cpu"), settings, config.out, manifest)
+    out = save_trained_encoder(SentenceTransformer(str(checkpoint), device="cpu"), settings, config.out, manifest,
+                               model_id=config.push_to_hub)
+    if config.push_to_hub:
+        token = os.environ.get(config.hub_token_env) if config.hub_token_env else None
+        push_folder_to_hub(out, config.push_to_hub, private=config.private, token=token or None)
+    return out
+
+
+def push_folder_to_hub(folder: str | Path, repo_id: str, private: bool = False, token: str | None = None) -> str:
+    """Upload `folder` (an exported retriever: weights, prompts, agentic_retriever.json, manifest, model card,
+    curves) as it is to the Hub model repository `repo_id`, creating the repository when missing; return the
+    commit's URL. What sentence-transformers' ``push_to_hub(local_model_path=...)`` does, without reloading the
+    weights or letting it write another model card. Needs network; `token` None uses huggingface_hub's login."""
+    from huggingface_hub import HfApi
+
+    folder = Path(folder)
+    api = HfApi(token=token)
+    try:
+        repo = api.create_repo(repo_id, private=private or None, repo_type="model", exist_ok=True)
+        commit = api.upload_folder(repo_id=repo.repo_id, folder_path=str(folder), repo_type="model",
+                                   commit_message=f"Upload the agentic-retriever export {folder.name}")
+    except Exception:
+        log.error("the exported folder %s is complete, but its upload to the Hub repository %s failed", folder,
+                  repo_id)
+        raise
+    url = getattr(commit, "commit_url", None) or str(commit)
+    log.info("pushed %s to the Hub repository %s (%s)", folder, repo.repo_id, url)
+    return url
 
 
 def _loss_text(run: dict) -> str:
@@ -111,8 +158,9 @@ def _selection_text(selection: dict | None) -> str:
             f"never trained on (pool {selection.get('pool')}/question): {scores}; kept {verdict}")
 
 
-def model_card(settings: EncoderSettings, manifest: dict) -> str:
-    """A Hugging Face model card (YAML header + markdown) for the trained retriever."""
+def model_card(settings: EncoderSettings, manifest: dict, model_id: str = "") -> str:
+    """A Hugging Face model card (YAML header + markdown) for the trained retriever; its example loads the model
+    as `model_id` (default: a placeholder PATH)."""
     run = manifest.get("settings", {})
     data = manifest.get("data", {})
     composition = {
@@ -121,9 +169,13 @@ def model_card(settings: EncoderSettings, manifest: dict) -> str:
                               f"(`Q{SEPARATOR}q`, Agentic-R Eq. 4)",
         "history": f"the question and every query so far joined by `{SEPARATOR.strip()}` (Agentic-R Eq. 6)",
     }[settings.composition]
-    example_query = f"{settings.query_prefix}" + ("Who founded the company that makes the iPhone?"
-                                                  f"{SEPARATOR}Apple founders" if settings.composition != "query"
-                                                  else "Apple founders")
+    # Without the query prefix: encode_query applies it (the "query" prompt), so the example must not add it too.
+    example_query = (f"Who founded the company that makes the iPhone?{SEPARATOR}Apple founders"
+                     if settings.composition != "query" else "Apple founders")
+    prompt_note = (f"encode_query prepends the query prefix {settings.query_prefix!r} (the \"query\" prompt)"
+                   if settings.query_prefix else "this model has no query prefix")
+    document_note = (f"encode_document prepends {settings.passage_prefix!r}" if settings.passage_prefix
+                     else "no passage prefix")
     header = "\n".join([
         "---", "library_name: sentence-transformers", "pipeline_tag: sentence-similarity",
         "tags: [sentence-transformers, feature-extraction, retrieval, agentic-retriever, agentic-r]",
@@ -158,9 +210,9 @@ and is locally relevant; negatives are the other candidates of that round.
 ```python
 from sentence_transformers import SentenceTransformer
 
-model = SentenceTransformer("PATH")
-queries = model.encode_query([{example_query!r}])   # the query prefix is applied as the "query" prompt
-passages = model.encode_document(['"Apple Inc."\\nApple was founded by Steve Jobs, ...'])
+model = SentenceTransformer({(model_id or "PATH")!r})
+queries = model.encode_query([{example_query!r}])   # {prompt_note}
+passages = model.encode_document(['"Apple Inc."\\nApple was founded by Steve Jobs, ...'])   # {document_note}
 ```
 
 Compose queries as the model was trained ({composition}). agentic-retriever's index builder, retrieval

@@ -10,7 +10,8 @@ appears twice (the default; `sampler`: two rounds of one question share passages
 each other's false in-batch negatives); a warm-up whose first
 update already learns (`schedule`); model selection on held-out training questions that exports the base
 unchanged when training does not help (`selection`); the in-batch accuracy and KL in the logs, the metrics
-file and curves PNG (`agentic_retriever.curves`); the exported folder with its settings and model card (`export`); and a
+file and curves PNG (`agentic_retriever.curves`), and the logs to TensorBoard or W&B (``report_to``, files in
+``OUT.logs/``); the exported folder with its settings and model card (`export`); and a
 result cache keyed by data and settings.
 
 One process, or several under ``torchrun --nproc_per_node G`` (gloo on CPU, NCCL on GPU): each process takes
@@ -39,7 +40,7 @@ from ..corpus import Corpus
 from ..encoder import Encoder
 from ..jsonl import read_json
 from .config import RetrieverTrainConfig
-from ..curves import write_training_curves
+from ..curves import hf_reporting, point_tensorboard_at, resolve_report_to, wandb_environment, write_training_curves
 from .data import TrainingExample, read_training_examples
 from .export import MANIFEST_FILE, save_trained_encoder
 from .schedule import warmup_linear_schedule
@@ -67,7 +68,8 @@ def examples_dataset(examples: list[TrainingExample]):
 
 def _fingerprint(config: RetrieverTrainConfig, examples: list[TrainingExample]) -> str:
     digest = hashlib.sha256()
-    settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("out", "progress", "save_steps")}
+    settings = {k: v for k, v in dataclasses.asdict(config).items()
+                if k not in ("out", "progress", "save_steps", "report_to")}
     digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
     for example in examples:
         digest.update(json.dumps([example.query, example.positive, example.negatives, example.utilities]).encode())
@@ -113,6 +115,7 @@ def train_retriever(config: RetrieverTrainConfig) -> Path:
     from .losses import build_loss
 
     config.validate()
+    report_to = resolve_report_to(config.report_to)
     started = time.perf_counter()
     encoder = Encoder(dataclasses.replace(config.encoder, precision="fp32", device="cpu"))
     settings = encoder.settings
@@ -134,16 +137,18 @@ def train_retriever(config: RetrieverTrainConfig) -> Path:
     on_gpu = torch.cuda.is_available()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     checkpoints = out.with_name(out.name + ".checkpoints")
+    logs = out.with_name(out.name + ".logs")  # TensorBoard / W&B files: kept (checkpoints are deleted at the end)
     args = SentenceTransformerTrainingArguments(
         output_dir=str(checkpoints), num_train_epochs=config.epochs, max_steps=config.max_steps,
         per_device_train_batch_size=config.per_device_batch_size, learning_rate=config.learning_rate,
         warmup_steps=0, weight_decay=config.weight_decay,  # the schedule is `schedule`'s (_Trainer.create_scheduler)
         gradient_checkpointing=config.gradient_checkpointing, deepspeed=_deepspeed(config),
         logging_steps=config.logging_steps, save_steps=config.save_steps, save_total_limit=2, seed=config.seed,
-        data_seed=config.seed, use_cpu=not on_gpu, report_to=[], disable_tqdm=not config.progress,
+        data_seed=config.seed, use_cpu=not on_gpu, disable_tqdm=not config.progress,
         dataloader_drop_last=world_size > 1,  # cross-device gathering needs equal batches on every process
         ddp_backend=("nccl" if on_gpu else "gloo") if world_size > 1 else None,
         batch_sampler=BatchSamplers.NO_DUPLICATES if config.batch_sampler == "no_duplicates" else BatchSamplers.BATCH_SAMPLER,
+        **hf_reporting(SentenceTransformerTrainingArguments, report_to, logs, run_name=f"retriever {out.name}"),
         **_precision(config, on_gpu))
     model = encoder.model
     loss = build_loss(model, config.loss, config.temperature, config.soft_label_weight, config.label_temperature,
@@ -151,10 +156,12 @@ def train_retriever(config: RetrieverTrainConfig) -> Path:
     record, callbacks = _held_out_selection(config, encoder, checkpoints)
     trainer = _Trainer(model=model, args=args, train_dataset=examples_dataset(examples), loss=loss,
                        callbacks=callbacks, warmup_ratio=config.warmup_ratio)
+    point_tensorboard_at(trainer, logs)
     last = get_last_checkpoint(str(checkpoints)) if checkpoints.is_dir() else None
     if last:
         log.info("resuming retriever training from %s", last)
-    result = trainer.train(resume_from_checkpoint=last)
+    with wandb_environment(report_to, logs):
+        result = trainer.train(resume_from_checkpoint=last)
     if not trainer.is_world_process_zero():
         return out
     exported, history = model, list(trainer.state.log_history)
@@ -170,6 +177,7 @@ def train_retriever(config: RetrieverTrainConfig) -> Path:
         "train_loss": result.training_loss, "seconds": round(time.perf_counter() - started, 1),
         "device": torch.cuda.get_device_name() if on_gpu else "cpu",
         "selection": record.summary(config.select_on, config.select_pool) if record is not None else None,
+        "report_to": report_to, "logs": str(logs) if report_to else None,
     }
     save_trained_encoder(exported, settings, out, manifest,
                          lambda folder: write_training_curves(history, folder, "retriever training"))

@@ -210,3 +210,86 @@ def test_the_warm_started_agent_is_cached_by_its_inputs(tmp_path, tiny_causal_lm
     config.exclude_qa = str(qa)
     with pytest.raises(ValueError, match="no warm-start trajectory"):
         warm_start.warm_start_agent(config)  # its only question is held out
+
+
+def _warm_start_setup(tmp_path, tiny_causal_lm_dir, monkeypatch):
+    """A warm start whose base model lives inside the cache root (as ``default`` does: the embedded model is
+    converted into ``cache_root()/models``), with training replaced by a record of what would be trained."""
+    import shutil
+
+    import agent.sft.warm_start as warm_start
+
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text(json.dumps({"id": ROW.id, "question": ROW.question, "golden_answers": list(ROW.golden_answers),
+                              "supporting_titles": list(ROW.supporting_titles)}) + "\n")
+    monkeypatch.setattr(warm_start, "open_client", lambda retrieval: TableClient({"capital Pakistan": [EVIDENCE]}))
+    monkeypatch.setenv("AGENTIC_RETRIEVER_CACHE", str(tmp_path / "root-a"))
+    base = warm_start.cache_root() / "models" / "base"
+    shutil.copytree(tiny_causal_lm_dir, base)
+    monkeypatch.setattr(warm_start, "resolve_llm_name", lambda name: str(warm_start.cache_root() / "models" / "base"))
+    trained = []
+
+    def fake_train(config, agent, examples, out, extra_manifest=None):
+        trained.append(examples)
+        out.mkdir(parents=True)
+        (out / "sft_manifest.json").write_text(json.dumps(extra_manifest))
+        return out
+
+    monkeypatch.setattr(warm_start, "train_sft", fake_train)
+    config = warm_start.WarmStartConfig(qa=str(qa), retrieval=RetrievalConfig(index="unused"),
+                                        agent=LLMConfig(model="default"))
+    return warm_start, config, base, trained
+
+
+def test_the_warm_start_cache_survives_a_moved_cache_root_and_sees_a_base_retrained_in_place(
+        tmp_path, tiny_causal_lm_dir, monkeypatch):
+    warm_start, config, base, trained = _warm_start_setup(tmp_path, tiny_causal_lm_dir, monkeypatch)
+    first = warm_start.warm_start_agent(config)
+    assert len(trained) == 1 and first.parent == tmp_path / "root-a" / "agents"
+    assert json.loads((first / "sft_manifest.json").read_text())["base_model_fingerprint"].startswith("sha256:")
+    # the cache root moves (the base model, inside it, moves along): still a hit
+    (tmp_path / "root-a").rename(tmp_path / "root-b")
+    monkeypatch.setenv("AGENTIC_RETRIEVER_CACHE", str(tmp_path / "root-b"))
+    moved = warm_start.warm_start_agent(config)
+    assert len(trained) == 1, "same contents under another root: reused"
+    assert moved == tmp_path / "root-b" / "agents" / first.name and (moved / "sft_manifest.json").is_file()
+    # the base model retrained in place (same path, same name): trained again
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    weights = tmp_path / "root-b" / "models" / "base" / "model.safetensors"
+    tensors = load_file(weights)
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name] + torch.ones_like(tensors[name])
+    save_file(tensors, weights, metadata={"format": "pt"})
+    retrained = warm_start.warm_start_agent(config)
+    assert len(trained) == 2 and retrained != moved
+    assert warm_start.warm_start_agent(config) == retrained and len(trained) == 2, "unchanged inputs: reused"
+    config.train.logging_steps, config.train.save_steps = 1, 7  # how often it logs and saves: the same weights
+    assert warm_start.warm_start_agent(config) == retrained and len(trained) == 2
+
+
+def test_a_warm_start_cached_by_the_previous_release_is_adopted(tmp_path, tiny_causal_lm_dir, monkeypatch):
+    warm_start, config, base, trained = _warm_start_setup(tmp_path, tiny_causal_lm_dir, monkeypatch)
+    from agent.sft import data_fingerprint
+
+    import hashlib
+
+    current = warm_start.warm_start_agent(config)
+    # make it what the previous release left: a folder named by its key, a hash of the base model's path, its
+    # name and the training settings it had
+    previous = ("epochs", "learning_rate", "batch_size", "gradient_accumulation", "max_length", "warmup_ratio",
+                "weight_decay", "lora", "lora_r", "lora_alpha", "lora_dropout", "gradient_checkpointing",
+                "save_steps", "logging_steps", "seed")
+    settings = json.dumps({k: getattr(config.train, k) for k in previous} | {"model": "default", "dtype": "auto"},
+                          sort_keys=True)
+    legacy_key = hashlib.sha256(f"{data_fingerprint(trained[0])}|{base}|{settings}".encode()).hexdigest()[:16]
+    legacy = current.with_name(f"sft-{legacy_key}")
+    current.rename(legacy)
+    current.with_name(current.name + ".examples.jsonl").rename(legacy.with_name(legacy.name + ".examples.jsonl"))
+    adopted = warm_start.warm_start_agent(config)
+    assert len(trained) == 1, "the previous release's agent is reused, not trained again"
+    assert adopted == current and (adopted / "sft_manifest.json").is_file()
+    assert adopted.with_name(adopted.name + ".examples.jsonl").is_file()
+    assert legacy.resolve() == adopted.resolve(), "the old name still leads to it"
+    assert warm_start.warm_start_agent(config) == adopted and len(trained) == 1

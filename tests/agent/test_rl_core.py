@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from agent.rl.core import (aggregate, entropy_from_logits, gae_advantages, group_advantages, kl_estimate,
-                           masked_whiten, policy_loss, value_loss)
+                           kl_penalised_scores, masked_whiten, policy_loss, value_loss)
 
 
 def t(*rows) -> torch.Tensor:
@@ -67,6 +67,21 @@ def test_kl_estimators_by_hand():
     assert kl_estimate(ref, ref, "k3").item() == 0.0
     with pytest.raises(ValueError, match="unknown KL estimator"):
         kl_estimate(logp, ref, "k4")
+
+
+def test_kl_in_the_reward_comes_off_each_score_summed_over_the_generated_tokens():
+    """GRPO with the KL in the reward (verl): score - kl_coef * sum_t k1_t over the generated tokens only."""
+    half, quarter = math.log(0.5), math.log(0.25)
+    scores = torch.tensor([1.0, 0.0])
+    logprobs = t([half, half, 99.0], [quarter, half, half])
+    ref = t([quarter, half, -99.0], [half, quarter, 7.0])
+    mask = t([1, 1, 0], [1, 0, 0])  # row 0's third token and row 1's last two were inserted by the environment
+    penalised = kl_penalised_scores(scores, logprobs, ref, mask, kl_coef=0.1)
+    assert torch.allclose(penalised, torch.tensor([1.0 - 0.1 * math.log(2), 0.0 + 0.1 * math.log(2)]))
+    assert torch.equal(kl_penalised_scores(scores, logprobs, ref, mask, kl_coef=0.0), scores)
+    assert torch.equal(kl_penalised_scores(scores, logprobs, logprobs + 5 * (1 - mask), mask, kl_coef=0.1), scores)
+    k3 = kl_penalised_scores(scores, logprobs, ref, mask, kl_coef=1.0, estimator="k3")
+    assert torch.allclose(k3, scores - (kl_estimate(logprobs, ref, "k3") * mask).sum(dim=1))
 
 
 def test_clipped_policy_loss_by_hand():

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ from agent.env import EnvConfig
 from agent.qa_data import QARow
 from agent.rl import RLConfig, RLTrainer
 from agent.rl.batch import Sample, collate, token_logprobs
+from agent.rl.core import group_advantages
 from agent.rl.rollout import questions_at
 from agentic_retriever.llm import LLMConfig
 from tests.fakes import FakeClient
@@ -160,6 +163,65 @@ def test_lora_trains_adapters_against_the_base_and_exports_a_merged_model(tmp_pa
     assert trainer.train() == path  # a finished run is not trained again
 
 
+def grpo_samples() -> list[Sample]:
+    """Two groups of two; policy and reference log-probabilities differ on the generated tokens, and wildly on
+    the inserted ones (which must not count)."""
+    half, quarter = math.log(0.5), math.log(0.25)
+    rows = [([1, 1, 0], 1.0, [half, half, 9.0], [quarter, half, -9.0]),   # sum k1 = log 2
+            ([1, 0, 1], 1.0, [half, 3.0, half], [half, -3.0, half]),      # sum k1 = 0
+            ([1, 1], 0.0, [quarter, quarter], [half, half]),              # sum k1 = -2 log 2
+            ([1, 0], 1.0, [half, 5.0], [quarter, -5.0])]                  # sum k1 = log 2
+    return [Sample([7], [3] * len(mask), mask, group=i // 2, score=score, old_logprobs=torch.tensor(old),
+                   ref_logprobs=torch.tensor(ref)) for i, (mask, score, old, ref) in enumerate(rows)]
+
+
+def grpo_advantages(tmp_path, **overrides) -> list[float]:
+    """Per-sequence advantages of `RLTrainer.advantages` (it reads only the config) under `overrides`."""
+    samples = grpo_samples()
+    settings = RLConfig(qa="qa.jsonl", out=str(tmp_path), algorithm="grpo", samples_per_prompt=2, **overrides)
+    RLTrainer.advantages(SimpleNamespace(config=settings), samples)
+    firsts = []
+    for sample in samples:
+        generated = sample.advantages[torch.tensor(sample.mask, dtype=torch.bool)]
+        assert torch.all(generated == generated[0]) and torch.all(sample.advantages[~torch.tensor(sample.mask,
+                                                                                                  dtype=torch.bool)] == 0)
+        firsts.append(generated[0].item())
+    return firsts
+
+
+def test_grpo_with_the_kl_in_the_reward_normalises_the_penalised_scores(tmp_path):
+    scores, groups = torch.tensor([1.0, 1.0, 0.0, 1.0]), torch.tensor([0, 0, 1, 1])
+    summed_k1 = torch.tensor([math.log(2), 0.0, -2 * math.log(2), math.log(2)])
+    no_kl = grpo_advantages(tmp_path, kl_placement="loss", kl_coef=0.5)
+    assert no_kl == pytest.approx(group_advantages(scores, groups).tolist())
+    assert grpo_advantages(tmp_path, kl_placement="reward", kl_coef=0.0) == pytest.approx(no_kl)
+    in_reward = grpo_advantages(tmp_path, kl_placement="reward", kl_coef=0.5)
+    assert in_reward == pytest.approx(group_advantages(scores - 0.5 * summed_k1, groups).tolist())
+    assert in_reward[0] < 0 < in_reward[1], "equal scores: the sequence further from the reference loses"
+    assert in_reward != pytest.approx(no_kl)
+    assert grpo_advantages(tmp_path, kl_placement="reward", kl_coef=0.1) != pytest.approx(in_reward)
+
+
+@pytest.mark.slow
+def test_grpo_with_the_kl_in_the_reward_pulls_a_drifted_policy_under_a_constant_reward(tmp_path, tiny_causal_lm_dir):
+    """A constant reward gives GRPO nothing to learn from; with the KL in the reward, a policy that has drifted from
+    its reference still gets non-zero advantages (the samples' KL differs) and moves."""
+    trainer = RLTrainer(config(tmp_path, tiny_causal_lm_dir, reward="constant", entropy_coef=0.0,
+                               kl_placement="reward", kl_coef=0.5), FakeClient(), ROWS)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in trainer.policy.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    samples, _ = trainer.collect()
+    trainer.score(samples)
+    assert any(not torch.allclose(s.old_logprobs, s.ref_logprobs) for s in samples)
+    trainer.advantages(samples)
+    assert any(s.advantages.abs().max() > 0 for s in samples)
+    before = weights(trainer.policy)
+    trainer.update(samples)
+    assert any(not torch.equal(before[n], p) for n, p in trainer.policy.named_parameters())
+
+
 def test_settings_that_cannot_work_are_refused(tmp_path, tiny_causal_lm_dir):
     with pytest.raises(ValueError, match="samples_per_prompt must be at least 2"):
         RLTrainer(config(tmp_path, tiny_causal_lm_dir, samples_per_prompt=1), FakeClient(), ROWS)
@@ -213,3 +275,100 @@ def test_micro_batches_accumulate_to_the_same_update_as_one_pass(tmp_path, tiny_
         assert torch.allclose(one[name], four[name], atol=1e-7, rtol=1e-4), name
     assert any(g.abs().sum() > 0 for g in one.values())
     assert m1["pg_loss"] == pytest.approx(m4["pg_loss"], abs=1e-6)
+
+
+# -------------------------------------------------------------- report_to: TensorBoard / W&B of the agent's trainers
+
+
+class _Writer:
+    """Stands in for torch.utils.tensorboard.SummaryWriter (tensorboard is optional): records what it is given."""
+
+    def __init__(self, made, log_dir=None, purge_step=None, **kwargs):
+        self.log_dir, self.purge_step, self.scalars, self.texts, self.closed = log_dir, purge_step, [], {}, False
+        made.append(self)
+
+    def add_scalar(self, tag, value, step=None, *args, **kwargs):
+        self.scalars.append((tag, value, step))
+
+    def add_text(self, tag, text, step=None, *args, **kwargs):
+        self.texts[tag] = text
+
+    def flush(self):
+        pass
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.fixture
+def fake_loggers(monkeypatch):
+    """TensorBoard and W&B 'installed' as recording fakes; returns (writers made, W&B runs started)."""
+    import sys
+    import types
+
+    import agentic_retriever.curves as curves
+
+    writers, runs = [], []
+    tensorboard = types.ModuleType("torch.utils.tensorboard")
+    tensorboard.SummaryWriter = lambda *args, **kwargs: _Writer(writers, *args, **kwargs)
+    wandb = types.ModuleType("wandb")
+
+    def init(**kwargs):
+        run = SimpleNamespace(kwargs=kwargs, logged=[], finished=False)
+        run.log = lambda data, step=None: run.logged.append((data, step))
+        run.finish = lambda: setattr(run, "finished", True)
+        runs.append(run)
+        return run
+
+    wandb.init = init
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", tensorboard)
+    monkeypatch.setitem(sys.modules, "wandb", wandb)
+    monkeypatch.setattr(curves, "integration_installed", lambda name: name in ("tensorboard", "wandb"))
+    monkeypatch.setattr("transformers.integrations.integration_utils.is_tensorboard_available", lambda: True)
+    return writers, runs
+
+
+@pytest.mark.slow
+def test_rl_steps_log_their_metrics_to_tensorboard_and_wandb(tmp_path, tiny_causal_lm_dir, fake_loggers):
+    writers, runs = fake_loggers
+    trainer = RLTrainer(config(tmp_path, tiny_causal_lm_dir, steps=2, report_to=["tensorboard", "wandb"]),
+                        FakeClient(), ROWS, reward_fn=lambda r, gold: float(len(r.response_ids) % 3))
+    trainer.train()
+    (writer,), (run,) = writers, runs
+    assert writer.log_dir == str(tmp_path / "run" / "logs") and writer.purge_step == 1 and writer.closed
+    history = trainer.state.history
+    for step, metrics in enumerate(history, start=1):
+        logged = {tag: value for tag, value, at in writer.scalars if at == step}
+        assert logged["train/reward"] == pytest.approx(metrics["reward"])
+        assert {f"train/{name}" for name in metrics if name != "step"} == set(logged)  # every scalar, no "step"
+        assert run.logged[step - 1] == (logged, step)  # W&B gets the same scalars at the same step
+    assert run.kwargs["dir"] == str(tmp_path / "run" / "logs") and run.kwargs["config"]["steps"] == 2
+    assert run.kwargs["project"] == "agentic-retriever" and run.finished
+    assert [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").open()] == [1, 2]  # as before
+
+
+def test_rl_without_the_asked_for_package_names_it_before_loading_models(tmp_path, tiny_causal_lm_dir, monkeypatch):
+    import agentic_retriever.curves as curves
+
+    monkeypatch.setattr(curves, "integration_installed", lambda name: False)
+    monkeypatch.setattr("agent.rl.trainer.load_policy", lambda *a, **k: pytest.fail("loaded the policy first"))
+    with pytest.raises(ImportError, match=r"report_to wandb needs the wandb package: pip install 'agentic-retriever\[wandb\]'"):
+        RLTrainer(config(tmp_path, tiny_causal_lm_dir, report_to=["wandb"]), FakeClient(), ROWS)
+    with pytest.raises(ImportError, match=r"pip install 'agentic-retriever\[tensorboard\]'"):
+        RLTrainer(config(tmp_path, tiny_causal_lm_dir, report_to=["tensorboard"]), FakeClient(), ROWS)
+
+
+def test_the_warm_start_hands_report_to_to_the_hf_trainer_with_logs_beside_the_model(tmp_path, tiny_causal_lm_dir,
+                                                                                    fake_loggers):
+    from agent.sft.train import SFTConfig, SFTExample, train_sft
+
+    writers, _ = fake_loggers
+    examples = [SFTExample(str(i), "Q?\n", [(f"<answer> {i} </answer>", True)]) for i in range(2)]
+    out = train_sft(SFTConfig(epochs=1, batch_size=1, logging_steps=1, report_to=["tensorboard"]),
+                    LLMConfig(model=tiny_causal_lm_dir), examples, tmp_path / "agent")
+    (writer,) = writers
+    assert writer.log_dir == str(tmp_path / "agent.logs") and writer.closed
+    assert json.loads(writer.texts["args"])["report_to"] == ["tensorboard"]  # the TrainingArguments it was given
+    assert sorted(step for tag, _, step in writer.scalars if tag == "train/loss") == [1, 2]
+    manifest = json.loads((out / "sft_manifest.json").read_text())
+    assert manifest["report_to"] == ["tensorboard"] and (out / "metrics.jsonl").is_file()

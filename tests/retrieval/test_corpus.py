@@ -96,3 +96,21 @@ def test_split_contents_handles_missing_title_line():
     assert split_contents('"A"\nbody') == ("A", "body")
     assert split_contents("no title") == ("", "no title")
     assert split_contents('"Quoted "inner""\nx') == ('Quoted "inner"', "x")
+
+
+def test_empty_rows_finds_passages_with_blank_text_and_those_with_a_blank_title_too(tmp_path):
+    rows = [
+        {"id": "0", "title": "T", "text": "x"},
+        {"id": "1", "title": "T", "text": ""},
+        {"id": "2", "title": "", "text": " \n\t"},
+        {"id": "3", "title": "\u00a0", "text": "\u2003"},   # Unicode spaces are blank too
+        {"id": "4", "contents": '"Only a title"\n'},
+        {"id": "5", "contents": ""},
+        {"id": "6", "title": "", "text": "body without a title"},
+    ]
+    corpus = Corpus.open(write_jsonl(tmp_path / "c.jsonl", rows))
+    for batch_rows in (1 << 20, 2):  # the same across batch boundaries
+        text, title_and_text = corpus.empty_rows(batch_rows=batch_rows)
+        assert text.tolist() == [1, 2, 3, 4, 5] and title_and_text.tolist() == [2, 3, 5]
+    clean = Corpus.open(write_jsonl(tmp_path / "clean.jsonl", rows[:1]))
+    assert [r.tolist() for r in clean.empty_rows()] == [[], []]

@@ -327,3 +327,99 @@ def test_soft_label_training_logs_the_kl_and_names_the_loss(tmp_path, tiny_model
     manifest = json.loads((out / "train_manifest.json").read_text())
     assert manifest["settings"]["soft_label_weight"] == 0.5 and manifest["selection"] is None
     assert "0.5 x KL to softmax(gac+lr utility / 0.1)" in (out / "README.md").read_text()
+
+
+# ------------------------------------------------------------------------------------------------ report_to
+
+
+class RecordingSummaryWriter:
+    """Stands in for torch.utils.tensorboard.SummaryWriter (tensorboard is optional): records what it is given."""
+
+    made: list = []
+
+    def __init__(self, log_dir=None, purge_step=None, **kwargs):
+        self.log_dir, self.purge_step, self.scalars, self.texts, self.closed = log_dir, purge_step, [], {}, False
+        RecordingSummaryWriter.made.append(self)
+
+    def add_scalar(self, tag, value, step=None, *args, **kwargs):
+        self.scalars.append((tag, value, step))
+
+    def add_text(self, tag, text, step=None, *args, **kwargs):
+        self.texts[tag] = text
+
+    def flush(self):
+        pass
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.fixture()
+def fake_tensorboard(monkeypatch):
+    """TensorBoard 'installed': our check and transformers' see it, and SummaryWriter is the recording one."""
+    import sys
+    import types
+
+    import agentic_retriever.curves as curves
+
+    module = types.ModuleType("torch.utils.tensorboard")
+    module.SummaryWriter = RecordingSummaryWriter
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", module)
+    monkeypatch.setattr(RecordingSummaryWriter, "made", [])
+    monkeypatch.setattr(curves, "integration_installed", lambda name: name == "tensorboard")
+    monkeypatch.setattr("transformers.integrations.integration_utils.is_tensorboard_available", lambda: True)
+    return RecordingSummaryWriter.made
+
+
+def test_report_to_auto_none_and_names_of_missing_packages(monkeypatch, tmp_path):
+    import agentic_retriever.curves as curves
+    from transformers import TrainingArguments
+
+    monkeypatch.setattr(curves, "integration_installed", lambda name: False)
+    assert curves.resolve_report_to(["auto"]) == [] and curves.resolve_report_to(["none"]) == []
+    with pytest.raises(ImportError, match=r"report_to wandb needs the wandb package: pip install 'agentic-retriever\[wandb\]'"):
+        curves.resolve_report_to(["wandb"])
+    with pytest.raises(ImportError, match=r"pip install 'agentic-retriever\[tensorboard\]'"):
+        curves.resolve_report_to(["tensorboard"])
+    with pytest.raises(ValueError, match=r"unknown 'mlflow'"):
+        curves.resolve_report_to(["mlflow"])
+    with pytest.raises(ValueError, match=r"'none' turns reporting off"):
+        curves.resolve_report_to(["none", "wandb"])
+    monkeypatch.setattr(curves, "integration_installed", lambda name: True)
+    assert curves.resolve_report_to(["auto"]) == ["tensorboard"]
+    assert curves.resolve_report_to(["wandb", "auto"]) == ["wandb", "tensorboard"]
+    args = TrainingArguments(output_dir=str(tmp_path / "ckpt"),
+                             **curves.hf_reporting(TrainingArguments, ["wandb"], tmp_path / "logs", run_name="r"))
+    assert args.report_to == ["wandb"] and args.run_name == "r"
+
+
+def test_retriever_training_reports_its_logs_to_tensorboard_in_out_logs(tmp_path, tiny_model_dir, train_rows,
+                                                                         corpus_path, fake_tensorboard):
+    from agentic_retriever.training.trainer import train_retriever
+
+    out = train_retriever(_config(tiny_model_dir, train_rows, corpus_path, tmp_path / "r", max_steps=2,
+                                  report_to=["tensorboard"]))
+    (writer,) = fake_tensorboard
+    assert writer.log_dir == str(tmp_path / "r.logs") and writer.closed
+    assert json.loads(writer.texts["args"])["report_to"] == ["tensorboard"]  # the TrainingArguments it was given
+    tags = {tag for tag, _, _ in writer.scalars}
+    assert {"train/loss", "train/in_batch_accuracy", "train/learning_rate"} <= tags
+    assert sorted({step for tag, _, step in writer.scalars if tag == "train/loss"}) == [1, 2]
+    manifest = json.loads((out / "train_manifest.json").read_text())
+    assert manifest["report_to"] == ["tensorboard"] and manifest["logs"] == str(tmp_path / "r.logs")
+    assert (out / "metrics.jsonl").is_file() and (out / "training_curves.png").is_file()  # as before
+
+
+def test_retriever_training_without_the_asked_for_package_names_it_before_training(
+        tmp_path, tiny_model_dir, train_rows, corpus_path, monkeypatch):
+    import agentic_retriever.curves as curves
+    from agentic_retriever.training.trainer import train_retriever
+
+    monkeypatch.setattr(curves, "integration_installed", lambda name: False)
+    with pytest.raises(ImportError, match=r"pip install 'agentic-retriever\[wandb\]'"):
+        train_retriever(_config(tiny_model_dir, train_rows, corpus_path, tmp_path / "r", report_to=["wandb"]))
+    with pytest.raises(ValueError, match=r"report_to: unknown 'tensorbord'"):
+        _config(tiny_model_dir, train_rows, corpus_path, tmp_path / "r", report_to=["tensorbord"]).validate()
+    out = train_retriever(_config(tiny_model_dir, train_rows, corpus_path, tmp_path / "r", max_steps=1))
+    assert json.loads((out / "train_manifest.json").read_text())["report_to"] == []  # auto, nothing installed
+    assert not (tmp_path / "r.logs").exists()
