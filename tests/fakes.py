@@ -306,3 +306,24 @@ def kill_training_after_first_checkpoint(monkeypatch) -> list[int]:
 
     monkeypatch.setattr(Trainer, "_save_checkpoint", killed_after_first_checkpoint)
     return saved_at
+
+
+class RecordingSummaryWriter:
+    """Stands in for torch.utils.tensorboard.SummaryWriter (tensorboard is optional): records what it is given, and
+    appends itself to `made`."""
+
+    def __init__(self, made: list, log_dir=None, purge_step=None, **kwargs):
+        self.log_dir, self.purge_step, self.scalars, self.texts, self.closed = log_dir, purge_step, [], {}, False
+        made.append(self)
+
+    def add_scalar(self, tag, value, step=None, *args, **kwargs):
+        self.scalars.append((tag, value, step))
+
+    def add_text(self, tag, text, step=None, *args, **kwargs):
+        self.texts[tag] = text
+
+    def flush(self):
+        pass
+
+    def close(self):
+        self.closed = True

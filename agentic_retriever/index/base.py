@@ -96,3 +96,16 @@ class SearchIndex(abc.ABC):
             out.append([ScoredPassage(p.id, p.title, p.text, s) for p, s in zip(chunk, scores)])
             start += len(scores)
         return out
+
+
+def kept_rows(corpus: Corpus, drop_rows) -> tuple[np.ndarray | None, int]:
+    """(mask of the corpus rows an index keeps, or None for all; how many it keeps) when `drop_rows` (corpus rows,
+    e.g. the empty passages) are left out; an error when none is left."""
+    keep = None
+    if drop_rows is not None and len(drop_rows):
+        keep = np.ones(len(corpus), dtype=bool)
+        keep[drop_rows] = False
+    rows = len(corpus) if keep is None else int(keep.sum())
+    if rows == 0:
+        raise ValueError(f"no passage of {corpus.source} is left to index: all {len(corpus)} have empty text")
+    return keep, rows

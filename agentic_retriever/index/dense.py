@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from ..corpus import Corpus
 from ..encoder import Encoder
 from ..jsonl import read_json, write_json
-from .base import SearchIndex, write_row_map
+from .base import SearchIndex, kept_rows, write_row_map
 from .manifest import IndexManifest
 
 log = logging.getLogger(__name__)
@@ -104,13 +104,7 @@ def build_dense_index(corpus: Corpus, encoder: Encoder, out_dir: str | Path, par
     log.info("encoding %d passages in resumable chunks of %d", len(corpus), chunk)
     embeddings_path = Path(params.embeddings_dir or out) / f"embeddings-{corpus.sha256[:12]}-{encoder.settings.fingerprint[:12]}.npy"
     embeddings = _encode_resumable(corpus, encoder, embeddings_path, chunk)
-    keep = None
-    if drop_rows is not None and len(drop_rows):
-        keep = np.ones(len(corpus), dtype=bool)
-        keep[drop_rows] = False
-    rows = len(corpus) if keep is None else int(keep.sum())
-    if rows == 0:
-        raise ValueError(f"no passage of {corpus.source} is left to index: all {len(corpus)} have empty text")
+    keep, rows = kept_rows(corpus, drop_rows)
     faiss = import_faiss()
     index = _new_faiss_index(faiss, params, encoder.dim, rows)
     if not index.is_trained:

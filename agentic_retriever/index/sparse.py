@@ -21,7 +21,7 @@ import numpy as np
 
 from ..corpus import Corpus
 from ..jsonl import atomic_write
-from .base import SearchIndex, write_row_map
+from .base import SearchIndex, kept_rows, write_row_map
 from .manifest import IndexManifest
 
 BM25_DIR = "bm25"
@@ -53,13 +53,7 @@ def build_bm25_index(corpus: Corpus, out_dir: str | Path, params: BM25Params, dr
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    keep = None
-    if drop_rows is not None and len(drop_rows):
-        keep = np.ones(len(corpus), dtype=bool)
-        keep[drop_rows] = False
-    rows = len(corpus) if keep is None else int(keep.sum())
-    if rows == 0:
-        raise ValueError(f"no passage of {corpus.source} is left to index: all {len(corpus)} have empty text")
+    keep, rows = kept_rows(corpus, drop_rows)
     if params.engine == "pyserini":
         _build_lucene(corpus, out / LUCENE_DIR, params, keep)
         write_row_map(out, None)

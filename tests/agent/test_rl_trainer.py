@@ -18,7 +18,7 @@ from agent.rl.batch import Sample, collate, token_logprobs
 from agent.rl.core import group_advantages
 from agent.rl.rollout import questions_at
 from agentic_retriever.llm import LLMConfig
-from tests.fakes import FakeClient
+from tests.fakes import FakeClient, RecordingSummaryWriter
 
 ROWS = [QARow(str(i), f"which city is number {i}?", (f"city {i}",)) for i in range(6)]
 
@@ -280,26 +280,6 @@ def test_micro_batches_accumulate_to_the_same_update_as_one_pass(tmp_path, tiny_
 # -------------------------------------------------------------- report_to: TensorBoard / W&B of the agent's trainers
 
 
-class _Writer:
-    """Stands in for torch.utils.tensorboard.SummaryWriter (tensorboard is optional): records what it is given."""
-
-    def __init__(self, made, log_dir=None, purge_step=None, **kwargs):
-        self.log_dir, self.purge_step, self.scalars, self.texts, self.closed = log_dir, purge_step, [], {}, False
-        made.append(self)
-
-    def add_scalar(self, tag, value, step=None, *args, **kwargs):
-        self.scalars.append((tag, value, step))
-
-    def add_text(self, tag, text, step=None, *args, **kwargs):
-        self.texts[tag] = text
-
-    def flush(self):
-        pass
-
-    def close(self):
-        self.closed = True
-
-
 @pytest.fixture
 def fake_loggers(monkeypatch):
     """TensorBoard and W&B 'installed' as recording fakes; returns (writers made, W&B runs started)."""
@@ -310,7 +290,7 @@ def fake_loggers(monkeypatch):
 
     writers, runs = [], []
     tensorboard = types.ModuleType("torch.utils.tensorboard")
-    tensorboard.SummaryWriter = lambda *args, **kwargs: _Writer(writers, *args, **kwargs)
+    tensorboard.SummaryWriter = lambda *args, **kwargs: RecordingSummaryWriter(writers, *args, **kwargs)
     wandb = types.ModuleType("wandb")
 
     def init(**kwargs):

@@ -50,8 +50,9 @@ def test_hnsw_and_ivfpq_agree_mostly_with_flat(corpus_file, tmp_path, tiny_model
     assert open_index(tmp_path / "hnsw").index.hnsw.efSearch == DenseParams().ef_search
 
 
-def test_killed_build_resumes_and_equals_an_uninterrupted_build(corpus_file, tmp_path, tiny_model_dir, monkeypatch):
-    build_index(_config(corpus_file, tmp_path / "whole", tiny_model_dir))
+def _die_on_third_chunk(monkeypatch) -> dict:
+    """The encoder raises KeyboardInterrupt (a killed process) when asked for its third chunk of passages;
+    returns the counter of chunks encoded (``calls["n"]``)."""
     calls = {"n": 0}
     real = Encoder.encode_passages
 
@@ -62,6 +63,12 @@ def test_killed_build_resumes_and_equals_an_uninterrupted_build(corpus_file, tmp
         return real(self, texts, show_progress)
 
     monkeypatch.setattr(Encoder, "encode_passages", dies_on_third_chunk)
+    return calls
+
+
+def test_killed_build_resumes_and_equals_an_uninterrupted_build(corpus_file, tmp_path, tiny_model_dir, monkeypatch):
+    build_index(_config(corpus_file, tmp_path / "whole", tiny_model_dir))
+    calls = _die_on_third_chunk(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         build_index(_config(corpus_file, tmp_path / "resumed", tiny_model_dir))
     state = json.loads(next((tmp_path / "resumed").glob("*.state.json")).read_text())
@@ -490,16 +497,7 @@ def test_a_killed_build_of_a_small_corpus_resumes_past_its_start_by_default(tmp_
                                 encoder=EncoderConfig(model=tiny_model_dir), dense=DenseParams(keep_embeddings=True))
 
     build_index(config("whole"))
-    calls = {"n": 0}
-    real = Encoder.encode_passages
-
-    def dies_on_third_chunk(self, texts, show_progress=False):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt("simulated kill")
-        return real(self, texts, show_progress)
-
-    monkeypatch.setattr(Encoder, "encode_passages", dies_on_third_chunk)
+    calls = _die_on_third_chunk(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         build_index(config("resumed"))
     state = json.loads(next((tmp_path / "resumed").glob("*.state.json")).read_text())

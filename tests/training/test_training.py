@@ -12,7 +12,7 @@ from agentic_retriever.encoder import Encoder, EncoderConfig
 from agentic_retriever.jsonl import DataFormatError
 from agentic_retriever.training.data import passage_utility, read_training_examples
 from agentic_retriever.training.losses import build_infonce_loss, in_batch_accuracy, soft_label_kl
-from tests.fakes import kill_training_after_first_checkpoint
+from tests.fakes import RecordingSummaryWriter, kill_training_after_first_checkpoint
 
 # ------------------------------------------------------------------------------------------------ data
 
@@ -332,28 +332,6 @@ def test_soft_label_training_logs_the_kl_and_names_the_loss(tmp_path, tiny_model
 # ------------------------------------------------------------------------------------------------ report_to
 
 
-class RecordingSummaryWriter:
-    """Stands in for torch.utils.tensorboard.SummaryWriter (tensorboard is optional): records what it is given."""
-
-    made: list = []
-
-    def __init__(self, log_dir=None, purge_step=None, **kwargs):
-        self.log_dir, self.purge_step, self.scalars, self.texts, self.closed = log_dir, purge_step, [], {}, False
-        RecordingSummaryWriter.made.append(self)
-
-    def add_scalar(self, tag, value, step=None, *args, **kwargs):
-        self.scalars.append((tag, value, step))
-
-    def add_text(self, tag, text, step=None, *args, **kwargs):
-        self.texts[tag] = text
-
-    def flush(self):
-        pass
-
-    def close(self):
-        self.closed = True
-
-
 @pytest.fixture()
 def fake_tensorboard(monkeypatch):
     """TensorBoard 'installed': our check and transformers' see it, and SummaryWriter is the recording one."""
@@ -362,13 +340,13 @@ def fake_tensorboard(monkeypatch):
 
     import agentic_retriever.curves as curves
 
+    made: list = []
     module = types.ModuleType("torch.utils.tensorboard")
-    module.SummaryWriter = RecordingSummaryWriter
+    module.SummaryWriter = lambda *args, **kwargs: RecordingSummaryWriter(made, *args, **kwargs)
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", module)
-    monkeypatch.setattr(RecordingSummaryWriter, "made", [])
     monkeypatch.setattr(curves, "integration_installed", lambda name: name == "tensorboard")
     monkeypatch.setattr("transformers.integrations.integration_utils.is_tensorboard_available", lambda: True)
-    return RecordingSummaryWriter.made
+    return made
 
 
 def test_report_to_auto_none_and_names_of_missing_packages(monkeypatch, tmp_path):
