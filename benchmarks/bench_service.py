@@ -1,5 +1,6 @@
 """Retrieval service: throughput with micro-batching ON vs OFF (``--mode throughput``, the default), and
-fairness to small requests while a big one is searched (``--mode fairness``), measured in the same run.
+fairness to small requests while a big one is searched (``--mode fairness``), measured in the same run. (Over
+400 lines: both modes share the server, client and report harness of this one file.)
 
 Baseline: the same server with ``batching=False``, which serves requests strictly one at a time, one
 index call per request. Load: `--clients` concurrent clients (default 64) each sending `--requests` one-query

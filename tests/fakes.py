@@ -18,6 +18,7 @@ import functools
 import json
 import math
 import re
+import threading
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,6 +37,10 @@ WORDS = ("river mountain castle violin comet harbor desert glacier falcon librar
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+#: Queries about the passages of `synthetic_rows` (by words that occur in them).
+SYNTHETIC_QUERIES = ["river castle", "comet near the glacier", "item 42", "holds item 7 of kind reef"]
 
 
 def synthetic_rows(n: int) -> list[dict]:
@@ -327,3 +332,41 @@ class RecordingSummaryWriter:
 
     def close(self):
         self.closed = True
+
+
+def result_ids(result_lists):
+    """The document ids of a /retrieve answer's result lists."""
+    return [[hit["document"]["id"] for hit in hits] for hits in result_lists]
+
+
+def result_scores(result_lists):
+    """The scores of a /retrieve answer's result lists."""
+    return [[hit["score"] for hit in hits] for hits in result_lists]
+
+
+class CountingRetrieve:
+    """Wraps index.retrieve: counts calls (their queries and k) and the most calls ever running at once.
+
+    With `hold_first`, the first call waits until that event is set: what arrives meanwhile is queued."""
+
+    def __init__(self, index, fail_on: str | None = None, hold_first: threading.Event | None = None):
+        self.original, self.fail_on, self.hold_first = index.retrieve, fail_on, hold_first
+        self.calls, self.ks, self.active, self.max_active = [], [], 0, 0
+        self._lock = threading.Lock()
+
+    def __call__(self, queries, k, questions=None, histories=None):
+        with self._lock:
+            self.calls.append(list(queries))
+            self.ks.append(k)
+            self.active += 1
+            self.max_active = max(self.max_active, self.active)
+            first = len(self.calls) == 1
+        try:
+            if first and self.hold_first is not None:
+                assert self.hold_first.wait(60), "the test never released the first index call"
+            if self.fail_on is not None and self.fail_on in queries:
+                raise RuntimeError(f"the index is on fire ({self.fail_on})")
+            return self.original(queries, k, questions, histories)
+        finally:
+            with self._lock:
+                self.active -= 1

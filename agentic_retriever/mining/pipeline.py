@@ -1,5 +1,7 @@
 """The miner: utility mining end to end, trajectories -> retriever_train.jsonl ("Agentic-R: Learning to Retrieve
-for Agentic Search", section 4.1.1; docs/mining.md). `mine` runs the stages, each a module of this package:
+for Agentic Search", section 4.1.1; docs/mining.md). This file is a little over 400 lines: the stages' order,
+resume and cache keys are one piece of state, kept in `_Miner`; settings, shards and outputs live apart. `mine`
+runs the stages, each a module of this package:
 
 1. rounds (`rounds`): one per search call, index < ``round_index_limit``;
 2. candidates (`candidates`): top ``num_candidates`` (20) from the current retriever R_{i-1};
