@@ -23,12 +23,15 @@ import contextlib
 import dataclasses
 import importlib.util
 import json
+import logging
 import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from .jsonl import atomic_write
+
+log = logging.getLogger(__name__)
 
 __all__ = ["REPORT_TO", "ScalarLogger", "hf_reporting", "integration_installed", "point_tensorboard_at",
            "resolve_report_to", "validate_report_to", "wandb_environment", "write_training_curves"]
@@ -138,7 +141,7 @@ def hf_reporting(args_class: type, report_to: Sequence[str], log_dir: str | Path
     return kwargs
 
 
-def point_tensorboard_at(trainer, log_dir: str | Path) -> None:
+def _point_tensorboard_at(trainer, log_dir: str | Path) -> None:
     """Make the TensorBoard callback of a Hugging Face `trainer` write to `log_dir` (transformers 5 takes the
     folder from the callback, or TENSORBOARD_LOGGING_DIR, not from the arguments)."""
     for callback in trainer.callback_handler.callbacks:
@@ -147,7 +150,7 @@ def point_tensorboard_at(trainer, log_dir: str | Path) -> None:
 
 
 @contextlib.contextmanager
-def wandb_environment(report_to: Sequence[str], log_dir: str | Path) -> Iterator[None]:
+def _wandb_environment(report_to: Sequence[str], log_dir: str | Path) -> Iterator[None]:
     """While a Hugging Face trainer runs with ``wandb`` in `report_to`: W&B's local files under `log_dir` and
     the project ``agentic-retriever``, unless WANDB_DIR / WANDB_PROJECT say otherwise (restored afterwards)."""
     if "wandb" not in report_to:
@@ -165,6 +168,19 @@ def wandb_environment(report_to: Sequence[str], log_dir: str | Path) -> Iterator
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def train_resuming(trainer, checkpoints: Path, report_to: Sequence[str], log_dir: str | Path, what: str):
+    """Run a Hugging Face `trainer`, resuming from the last checkpoint in `checkpoints` if there is one, with its
+    TensorBoard and W&B logs under `log_dir`; returns ``trainer.train``'s output."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    _point_tensorboard_at(trainer, log_dir)
+    last = get_last_checkpoint(str(checkpoints)) if checkpoints.is_dir() else None
+    if last:
+        log.info("resuming %s from %s", what, last)
+    with _wandb_environment(report_to, log_dir):
+        return trainer.train(resume_from_checkpoint=last)
 
 
 def _summary_writer_class():

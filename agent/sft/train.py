@@ -27,8 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agentic_retriever.curves import (hf_reporting, point_tensorboard_at, resolve_report_to, wandb_environment,
-                                      write_training_curves)
+from agentic_retriever.curves import hf_reporting, resolve_report_to, train_resuming, write_training_curves
 from agentic_retriever.jsonl import DataFormatError, atomic_write, iter_jsonl, require_field
 from agentic_retriever.llm import LLMConfig
 
@@ -172,7 +171,6 @@ def train_sft(config: SFTConfig, agent: LLMConfig, examples: Sequence[SFTExample
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
-    from transformers.trainer_utils import get_last_checkpoint
 
     if not examples:
         raise ValueError("agent sft needs at least one example")
@@ -213,16 +211,12 @@ def train_sft(config: SFTConfig, agent: LLMConfig, examples: Sequence[SFTExample
         per_device_train_batch_size=config.batch_size, gradient_accumulation_steps=config.gradient_accumulation,
         warmup_steps=config.warmup_ratio, weight_decay=config.weight_decay, lr_scheduler_type="linear",
         logging_steps=config.logging_steps, save_steps=config.save_steps, save_total_limit=2, seed=config.seed,
-        data_seed=config.seed, bf16=bf16, fp16=agent.precision == "fp16", use_cpu=not on_gpu, gradient_checkpointing=config.gradient_checkpointing,
+        data_seed=config.seed, bf16=bf16, fp16=agent.precision == "fp16", use_cpu=not on_gpu,
+        gradient_checkpointing=config.gradient_checkpointing,
         remove_unused_columns=False, dataloader_num_workers=0, disable_tqdm=False,
         **hf_reporting(TrainingArguments, report_to, logs, run_name=f"agent sft {out.name}"))
     trainer = Trainer(model=model, args=args, train_dataset=features, data_collator=_PadCollator(tokenizer.pad_token_id))
-    point_tensorboard_at(trainer, logs)
-    last = get_last_checkpoint(str(checkpoints)) if checkpoints.is_dir() else None
-    if last:
-        log.info("resuming agent SFT from %s", last)
-    with wandb_environment(report_to, logs):
-        result = trainer.train(resume_from_checkpoint=last)
+    result = train_resuming(trainer, checkpoints, report_to, logs, "agent SFT")
 
     trained = trainer.model.merge_and_unload() if config.lora else trainer.model
     manifest = {

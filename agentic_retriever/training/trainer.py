@@ -40,7 +40,7 @@ from ..corpus import Corpus
 from ..encoder import Encoder
 from ..jsonl import read_json
 from .config import RetrieverTrainConfig
-from ..curves import hf_reporting, point_tensorboard_at, resolve_report_to, wandb_environment, write_training_curves
+from ..curves import hf_reporting, resolve_report_to, train_resuming, write_training_curves
 from .data import TrainingExample, read_training_examples
 from .export import MANIFEST_FILE, save_trained_encoder
 from .schedule import warmup_linear_schedule
@@ -110,7 +110,6 @@ def train_retriever(config: RetrieverTrainConfig) -> Path:
     import torch
     from sentence_transformers import SentenceTransformerTrainingArguments
     from sentence_transformers.base.sampler import BatchSamplers
-    from transformers.trainer_utils import get_last_checkpoint
 
     from .losses import build_loss
 
@@ -156,12 +155,7 @@ def train_retriever(config: RetrieverTrainConfig) -> Path:
     record, callbacks = _held_out_selection(config, encoder, checkpoints)
     trainer = _Trainer(model=model, args=args, train_dataset=examples_dataset(examples), loss=loss,
                        callbacks=callbacks, warmup_ratio=config.warmup_ratio)
-    point_tensorboard_at(trainer, logs)
-    last = get_last_checkpoint(str(checkpoints)) if checkpoints.is_dir() else None
-    if last:
-        log.info("resuming retriever training from %s", last)
-    with wandb_environment(report_to, logs):
-        result = trainer.train(resume_from_checkpoint=last)
+    result = train_resuming(trainer, checkpoints, report_to, logs, "retriever training")
     if not trainer.is_world_process_zero():
         return out
     exported, history = model, list(trainer.state.log_history)
