@@ -8,8 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def _shared_length(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token lists (slice comparisons: C speed, log steps)."""
+def shared_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences of one type (both lists or both tuples;
+    slice comparisons: C speed, log steps)."""
     length = min(len(a), len(b))
     if a[:length] == b[:length]:
         return length
@@ -27,7 +28,7 @@ def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
     """Length of the longest token prefix that all rows share."""
     first, length = list(rows[0]), min(len(row) for row in rows)
     for row in rows[1:]:
-        length = min(length, _shared_length(first, list(row)))
+        length = min(length, shared_length(first, list(row)))
     return length
 
 
@@ -46,7 +47,7 @@ def batch_order(rows: Sequence[list[int]], reuse_prefix: bool) -> list[int]:
     for r in lexical:
         if families:
             last = rows[families[-1][-1]]
-            if 2 * _shared_length(last, rows[r]) >= min(len(last), len(rows[r])):
+            if 2 * shared_length(last, rows[r]) >= min(len(last), len(rows[r])):
                 families[-1].append(r)
                 continue
         families.append([r])
@@ -65,7 +66,7 @@ def prefix_groups(rows: Sequence[list[int]], limits: Sequence[int]) -> list[tupl
     run, and a row whose own context is much longer is not pooled at the shorter context they share.
     """
     n = len(rows)
-    neighbours = [_shared_length(rows[i], rows[i + 1]) for i in range(n - 1)]
+    neighbours = [shared_length(rows[i], rows[i + 1]) for i in range(n - 1)]
     cost = [0] * (n + 1)  # cost[j]: the fewest tokens computed for the first j rows
     start = [0] * (n + 1)
     for j in range(1, n + 1):

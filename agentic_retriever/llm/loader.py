@@ -8,6 +8,7 @@ from typing import ClassVar, Literal
 
 from ..config import Precision
 from .base import LLM
+from .prefix_cache import DEFAULT_PREFIX_CACHE_TOKENS
 
 #: The torch dtype name of each precision, as the backends take it.
 _DTYPES = {"auto": "auto", "fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -48,8 +49,11 @@ class LLMConfig:
     gpu_memory_utilization: float = dataclasses.field(
         default=0.85, metadata={"help": "vllm: share of GPU memory to use"})
     tensor_parallel_size: int = dataclasses.field(default=1, metadata={"help": "vllm: GPUs per model"})
-    enable_prefix_caching: bool = dataclasses.field(
-        default=True, metadata={"help": "vllm: reuse the KV cache of shared prefixes"})
+    enable_prefix_caching: bool = dataclasses.field(default=True, metadata={
+        "help": "vllm and transformers: keep KV caches across calls, so a prompt that starts like an earlier "
+                "sequence (an agent's next turn) computes only its new tokens"})
+    prefix_cache_tokens: int = dataclasses.field(default=DEFAULT_PREFIX_CACHE_TOKENS, metadata={
+        "help": "transformers: budget of the prefix cache in tokens, least recently used out first"})
     max_model_len: int | None = dataclasses.field(
         default=None, metadata={"help": "vllm: context length (model's own if unset)"})
 
@@ -60,7 +64,8 @@ def load_llm(config: LLMConfig) -> LLM:
         from .transformers import TransformersLLM
 
         return TransformersLLM.load(config.model, dtype=_DTYPES[config.precision], device=config.device,
-                                    max_batch_size=config.max_batch_size, progress=config.progress)
+                                    max_batch_size=config.max_batch_size, progress=config.progress,
+                                    prefix_cache_tokens=config.prefix_cache_tokens if config.enable_prefix_caching else 0)
     if config.backend == "vllm":
         from .vllm import VLLMLLM
 

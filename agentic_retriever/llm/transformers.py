@@ -4,21 +4,27 @@ Why not ``model.generate``: an agent batch needs per-sequence stop strings, and 
 finished (EOS, a stop string such as ``</search>``, or its token cap) should leave the batch so the
 others continue cheaper. The loop here does exactly that:
 
-1. prefill: rows that share a token prefix (the n samples of one prompt, or the 20 candidate
-   continuations of one agent context) have that prefix run once and its KV cache repeated for each of
-   them, and only the rows' own suffixes are computed after it. Rows
-   are batched prefix-aware (`batch_order`): sorted by their token ids, so rows sharing a prefix are
-   neighbours, in families of rows sharing at least half their tokens, shorter families first; a batch
-   may hold several groups of rows with different shared prefixes (`prefix_groups`), whose prefixes are
-   computed before the suffixes. Prefixes, then suffixes, go through the model in left-padded passes of
-   (nearly) equal length (`length_groups`, which weighs the padding a pass would compute against the cost
-   of one more pass: one row a pass on a CPU for prompts of different lengths, few passes on a GPU), and
-   the passes' caches are merged, each left-padded to the batch's width, into one cache for decoding (the
-   batch plan comes from `agentic_retriever.llm.batching`);
+1. prefill: each row starts from the longest KV cache at hand for a prefix of it, and only the rest of
+   the row is computed:
+   - the prefix cache (`agentic_retriever.llm.prefix_cache`): the KV caches of sequences finished by
+     earlier calls, so an agent's next turn (its previous prompt + the generated turn + the observation)
+     computes only the observation, and a prompt sharing instructions with an earlier one reuses them;
+   - a prefix shared within the batch: rows that share a token prefix (the n samples of one prompt, or the
+     20 candidate continuations of one agent context) have it computed once (itself after the longest
+     prefix cache entry it starts with). Rows are batched prefix-aware (`batch_order`): sorted by their
+     token ids, so rows sharing a prefix are neighbours, in families of rows sharing at least half their
+     tokens, shorter families first; a batch may hold several groups of rows with different shared
+     prefixes (`prefix_groups`).
+   Shared prefixes, then the rows' own tokens, go through the model in left-padded passes of (nearly) equal
+   length (`length_groups`, which weighs the padding a pass would compute against the cost of one more
+   pass: one row a pass on a CPU for prompts of different lengths, few passes on a GPU), and the passes'
+   caches are merged, each left-padded to the batch's width, into one cache for decoding (the batch plan
+   comes from `agentic_retriever.llm.batching`, the cache plumbing from `agentic_retriever.llm.kv_rows`);
 2. decode: one token per step per active row from a `DynamicCache`, greedy or sampled (temperature,
    top-p, a seeded `torch.Generator`);
 3. a row finishes on EOS, on a stop string (searched in the decoded tail of its generated text), or at
-   `max_new_tokens`; finished rows are index-selected out of the cache, mask and positions.
+   `max_new_tokens`; its KV cache goes to the prefix cache, and it is index-selected out of the cache, mask
+   and positions.
 
 Log-probabilities (generation and `score`) are ``log_softmax`` of the model's raw logits, i.e. of the
 temperature-1 distribution, whatever temperature and top-p sampled the token: this is the policy
@@ -27,8 +33,10 @@ probability that RL ratios and likelihood scorers need.
 
 from __future__ import annotations
 
+import logging
 import operator
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from tqdm.auto import tqdm
@@ -39,7 +47,11 @@ from ..defaults import resolve_llm_name
 from .base import Generation, Prompt, SamplingParams
 from .batching import batch_order, length_groups, prefix_groups
 from .device import resolve_device, resolve_dtype
+from .kv_rows import cached_row, pass_row, row_kv, stack_rows
+from .prefix_cache import DEFAULT_PREFIX_CACHE_TOKENS, PrefixCache
 from .text import find_stop, render_chat_prompt
+
+log = logging.getLogger(__name__)
 
 #: Tokens of a sequence's generated tail that are decoded to look for a stop string, beyond 4 per
 #: character of the longest stop string (a token decodes to at least one byte of text, except special tokens).
@@ -50,6 +62,17 @@ _STOP_WINDOW_SLACK = 16
 #: about the same up to thousands of tokens (SmolLM2-135M on an H100: 16 prompts of 230-600 tokens prefill in
 #: 0.13 s in one padded pass, 0.18 s at a cost of 1024, 0.85 s one length a pass); a larger model may use less.
 _PASS_COST = {"cpu": 32, "cuda": 4096}
+
+
+@dataclass
+class PrefillStats:
+    """Prompt tokens since the backend was made: given (`prompt_tokens`), held by a prefix cache entry
+    (`cached_tokens`) and run through the model (`computed_tokens`; the others were cached or computed once
+    for several rows that share them)."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    computed_tokens: int = 0
 
 
 def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -67,11 +90,14 @@ class TransformersLLM:
         llm.score(["The capital of France is"], [" Paris"])       # [[log p(" Paris")]]
 
     ``TransformersLLM(model, tokenizer)`` wraps a model that lives elsewhere, e.g. the policy an RL
-    trainer is updating (generation then sees its current weights; the caller puts it in eval mode).
+    trainer is updating (generation then sees its current weights; the caller puts it in eval mode; the
+    prefix cache is emptied whenever a parameter was changed in place or replaced since the last call).
+    `prefix_cache_tokens` is the prefix cache's budget in tokens (0: no prefix cache).
     """
 
     def __init__(self, model, tokenizer, name: str | None = None, max_batch_size: int = 16, progress: bool = False,
-                 reuse_prefix: bool = True, pass_cost: int | None = None):
+                 reuse_prefix: bool = True, pass_cost: int | None = None,
+                 prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
         self.model = model
@@ -86,8 +112,16 @@ class TransformersLLM:
         #: What one more prefill pass costs, in tokens computed (`length_groups`; None: by device type).
         self.pass_cost = pass_cost if pass_cost is not None else _PASS_COST.get(self.device.type, _PASS_COST["cuda"])
         #: Passes can be merged into one cache where every cache layer holds all its keys and values (not a
-        #: sliding window); otherwise a batch's prefill is one padded pass.
+        #: sliding window); otherwise a batch's prefill is one padded pass, with no prefix reused.
         self._mergeable = all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)
+        #: The KV caches of finished sequences, kept across calls (`agentic_retriever.llm.prefix_cache`): a
+        #: prompt that starts with one prefills only its new tokens. None: off (`prefix_cache_tokens` 0, or a
+        #: model with sliding-window layers, whose caches cannot be cut into rows).
+        self.prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens > 0 and self._mergeable else None
+        if prefix_cache_tokens > 0 and not self._mergeable:
+            log.info("%s has sliding-window cache layers: no prefix cache, no shared prefixes", self.name)
+        self._weights = self._weights_version()
+        self.prefill_stats = PrefillStats()
         self.vocab_size = model.get_input_embeddings().num_embeddings
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
         eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
@@ -99,14 +133,15 @@ class TransformersLLM:
 
     @classmethod
     def load(cls, model: str = "default", dtype: str = "auto", device: str = "auto", max_batch_size: int = 16,
-             progress: bool = False) -> TransformersLLM:
+             progress: bool = False, prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS) -> TransformersLLM:
         """Load a hub name, a local folder or ``default`` (the embedded SmolLM2-135M-Instruct)."""
         path = resolve_llm_name(model)
         torch_device = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, torch_device)
         tokenizer = AutoTokenizer.from_pretrained(path)
         lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(torch_device).eval()
-        return cls(lm, tokenizer, name=model, max_batch_size=max_batch_size, progress=progress)
+        return cls(lm, tokenizer, name=model, max_batch_size=max_batch_size, progress=progress,
+                   prefix_cache_tokens=prefix_cache_tokens)
 
     @property
     def tokenizer(self):
@@ -140,12 +175,14 @@ class TransformersLLM:
         Rows (prompt x sample) are run in batches of at most `max_batch_size`. With `reuse_prefix` (None:
         the `reuse_prefix` attribute, True by default), rows are batched by their token ids (`batch_order`)
         and the prefix that each group of a batch's rows shares is computed once; without it, rows are
-        batched by length and computed whole. Greedy results are the same either way. Sampling with a `seed`
-        is reproducible for the same prompts, parameters, `max_batch_size` and `reuse_prefix` (one generator
+        batched by length and computed whole (after the prefix cache's longest entry for each, if any). Greedy
+        results are the same either way, and with or without the prefix cache. Sampling with a `seed` is
+        reproducible for the same prompts, parameters, `max_batch_size` and `reuse_prefix` (one generator
         serves the whole call, so a row's sample depends on its batch).
         """
         reuse = self.reuse_prefix if reuse_prefix is None else reuse_prefix
         ids = [self.encode(p, f"prompt {i}") for i, p in enumerate(prompts)]
+        self._forget_stale_prefixes()
         rows = [prompt_ids for prompt_ids in ids for _ in range(params.n)]
         generator = None
         if params.seed is not None:
@@ -176,6 +213,7 @@ class TransformersLLM:
                     if isinstance(continuation, str) else continuation)
             cont = self.encode(cont, f"continuation {i}") if len(cont) else []
             pairs.append((self.encode(prompt, f"prompt {i}"), cont))
+        self._forget_stale_prefixes()
         rows = [p + c for p, c in pairs]
         order = batch_order(rows, reuse)
         scores: list[list[float]] = [[] for _ in pairs]
@@ -194,39 +232,64 @@ class TransformersLLM:
     def _prefill(self, rows: list[list[int]], limits: list[int], reuse_prefix: bool,
                  logits_to_keep: int) -> tuple[torch.Tensor, DynamicCache, torch.Tensor, torch.Tensor]:
         """Run the prompts through the model: (logits of the last `logits_to_keep` positions, cache,
-        attention mask, next position per row). With `reuse_prefix`, the prefix each run of `prefix_groups`
-        shares (at most `limits[i]` tokens of row i) is computed once, its cache copied to the run's rows,
-        and then only the rows' suffixes are computed. Prefixes, then suffixes, go through the model in
-        passes of (nearly) equal length (`length_groups`: little padding), whose caches are merged,
-        left-padded, into the batch's cache for decoding."""
-        n = len(rows)
-        shared, owner = [0] * n, [0] * n  # a row outside every run points at run 0, its prefix masked out
-        runs = [run for run in prefix_groups(rows, limits) if run[2] > 0] if reuse_prefix and n > 1 else []
-        for k, (start, end, length) in enumerate(runs):
-            for r in range(start, end):
-                owner[r], shared[r] = k, length
-        past = None
+        attention mask, next position per row). Row i starts from the longest KV cache at hand for at most
+        its first `limits[i]` tokens: a prefix cache entry (`prefix_cache`), or, with `reuse_prefix`, the
+        prefix its run of `prefix_groups` shares, computed once for the run (itself after the longest
+        prefix cache entry it starts with). Only the rest of each row is computed."""
+        self.prefill_stats.prompt_tokens += sum(len(row) for row in rows)
+        starts = [self._cached(row, limit) for row, limit in zip(rows, limits)]
+        self.prefill_stats.cached_tokens += sum(length for _, length in starts)
+        runs = [(start, end, length) for start, end, length in prefix_groups(rows, limits) if end - start > 1
+                and length > 0] if reuse_prefix and len(rows) > 1 and self._mergeable else []
         if runs:
-            heads = [rows[start][:length] for start, _, length in runs]
-            blocks, where = [], [(0, 0)] * len(runs)
-            for group in self._length_groups([len(head) for head in heads]):
-                _, cache, mask = self._forward([heads[k] for k in group], [0] * len(group), None, 1)
-                for slot, k in enumerate(group):
-                    where[k] = (len(blocks), slot)
-                blocks.append((cache, mask))
-            cache, mask = self._merge(blocks, [where[owner[r]] for r in range(n)])
-            past = (cache, mask * torch.tensor([s > 0 for s in shared], device=self.device)[:, None])
-        suffixes = [row[s:] for row, s in zip(rows, shared)]
+            heads = self._heads([rows[start][:length] for start, _, length in runs])
+            for (start, end, length), head in zip(runs, heads):
+                for r in range(start, end):
+                    if length > starts[r][1]:
+                        starts[r] = (head, length)
+        logits, cache, mask = self._extend(rows, starts, logits_to_keep)
+        return logits, cache, mask, torch.tensor([len(row) for row in rows], device=self.device)
+
+    def _cached(self, ids: list[int], limit: int) -> tuple[torch.Tensor | None, int]:
+        """The prefix cache's longest entry for at most `limit` tokens of `ids`, and that length."""
+        if self.prefix_cache is None or limit < 1:
+            return None, 0
+        return self.prefix_cache.longest(ids, limit)
+
+    def _heads(self, heads: list[list[int]]) -> list[torch.Tensor]:
+        """The KV cache ([layers, 2, kv heads, tokens, head dim]) of each shared prefix, computed after the
+        longest prefix cache entry it starts with (nothing to compute when an entry holds all of it)."""
+        starts = [self._cached(head, len(head)) for head in heads]
+        kvs = [kv if length == len(head) else None for head, (kv, length) in zip(heads, starts)]
+        todo = [k for k, kv in enumerate(kvs) if kv is None]
+        if todo:
+            _, cache, mask = self._extend([heads[k] for k in todo], [starts[k] for k in todo], 1)
+            for slot, k in enumerate(todo):
+                kvs[k] = row_kv(cache, mask, slot)
+        return kvs
+
+    def _extend(self, rows: list[list[int]], starts: list[tuple[torch.Tensor | None, int]],
+                logits_to_keep: int) -> tuple[torch.Tensor, DynamicCache, torch.Tensor]:
+        """Compute each row after the KV cache it starts from (`starts[i]`: a [layers, 2, kv heads, tokens,
+        head dim] tensor whose first `length` positions are the cache of ``rows[i][:length]``, or (None, 0)).
+        The rest of the rows go through the model in passes of (nearly) equal length (`length_groups`: little
+        padding), whose caches are merged, left-padded, into one cache for decoding. Returns (logits of the
+        last `logits_to_keep` positions, right-aligned, the cache, the attention mask)."""
+        n = len(rows)
+        suffixes = [row[length:] for row, (_, length) in zip(rows, starts)]
         groups = self._length_groups([len(suffix) for suffix in suffixes])
         blocks, where, pieces = [], [(0, 0)] * n, []
         for group in groups:
-            group_past = past if len(groups) == 1 or past is None else self._take(past, group)
-            logits, cache, mask = self._forward([suffixes[r] for r in group], [shared[r] for r in group],
-                                                group_past, logits_to_keep)
+            past = None
+            if any(starts[r][1] for r in group):
+                past = stack_rows([cached_row(*starts[r]) for r in group], self.model.config, self.device)
+            logits, cache, mask = self._forward([suffixes[r] for r in group], [starts[r][1] for r in group],
+                                                past, logits_to_keep)
             for slot, r in enumerate(group):
                 where[r] = (len(blocks), slot)
             blocks.append((cache, mask))
             pieces.append(logits)
+        self.prefill_stats.computed_tokens += sum(len(suffix) for suffix in suffixes)
         cache, mask = self._merge(blocks, where)
         if len(pieces) == 1:
             logits = pieces[0]
@@ -236,7 +299,20 @@ class TransformersLLM:
             for r, (b, slot) in enumerate(where):
                 piece = pieces[b][slot]
                 logits[r, keep - piece.shape[0]:] = piece
-        return logits, cache, mask, torch.tensor([len(row) for row in rows], device=self.device)
+        return logits, cache, mask
+
+    def _weights_version(self) -> tuple[tuple[int, int], ...]:
+        """Where each parameter's data lives and how often it was changed in place: an optimizer step, a
+        loaded state dict or replaced weights change it (an RL trainer updates the model this backend wraps)."""
+        return tuple((p.data_ptr(), p._version) for p in self.model.parameters())
+
+    def _forget_stale_prefixes(self) -> None:
+        """Empty the prefix cache when the weights changed since it was filled: its KV caches are theirs."""
+        version = self._weights_version()
+        if version != self._weights:
+            self._weights = version
+            if self.prefix_cache is not None:
+                self.prefix_cache.clear()
 
     def _length_groups(self, lengths: list[int]) -> list[list[int]]:
         if not self._mergeable:  # the caches of separate passes cannot be merged: one padded pass
@@ -277,37 +353,7 @@ class TransformersLLM:
                 cache.batch_select_indices(index)
                 mask = mask[index]
             return cache, mask
-        width = max(mask.shape[1] for _, mask in blocks)
-        offsets = [0]
-        for _, mask in blocks:
-            offsets.append(offsets[-1] + len(mask))
-        index = torch.tensor([offsets[b] + slot for b, slot in where], device=self.device)
-
-        def stacked(parts: list[torch.Tensor]) -> torch.Tensor:  # [rows, heads, width, head dim]
-            return torch.cat([torch.nn.functional.pad(part, (0, 0, width - part.shape[2], 0)) for part in parts])[index]
-
-        merged = DynamicCache(config=self.model.config)
-        for layer in range(len(blocks[0][0].layers)):
-            merged.update(stacked([cache.layers[layer].keys for cache, _ in blocks]),
-                          stacked([cache.layers[layer].values for cache, _ in blocks]), layer)
-        mask = torch.cat([torch.nn.functional.pad(mask, (width - mask.shape[1], 0)) for _, mask in blocks])[index]
-        return merged, mask
-
-    def _take(self, past: tuple[DynamicCache, torch.Tensor],
-              rows: list[int]) -> tuple[DynamicCache, torch.Tensor] | None:
-        """A new cache and attention mask of some rows of `past`, without the leading slots that are masked
-        in all of them (None: nothing left)."""
-        cache, mask = past
-        index = torch.tensor(rows, device=self.device)
-        mask = mask[index]
-        used = mask.any(0).nonzero()
-        if len(used) == 0:
-            return None
-        cut = int(used[0])
-        taken = DynamicCache(config=self.model.config)
-        for layer, cached in enumerate(cache.layers):
-            taken.update(cached.keys[index, :, cut:], cached.values[index, :, cut:], layer)
-        return taken, mask[:, cut:]
+        return stack_rows([pass_row(*blocks[b], slot) for b, slot in where], self.model.config, self.device)
 
     def _generate_batch(self, rows: list[list[int]], params: SamplingParams, generator: torch.Generator | None,
                         reuse_prefix: bool, progress: tqdm) -> list[Generation]:
@@ -328,8 +374,10 @@ class TransformersLLM:
                 results[row] = self._finished(generated[row], logprobs[row] if params.logprobs else None, params)
                 if results[row] is None:
                     keep.append(slot)
-                else:
-                    progress.update(1)
+                    continue
+                progress.update(1)
+                if self.prefix_cache is not None:  # its cache holds every token but the last generated one
+                    self.prefix_cache.store(rows[row] + generated[row][:-1], row_kv(cache, mask, slot))
             if not keep:
                 break
             if len(keep) < len(active):

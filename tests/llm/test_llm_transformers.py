@@ -28,11 +28,13 @@ def _one_torch_thread():
 
 @pytest.fixture(scope="module")
 def llm(tiny_causal_lm_dir) -> TransformersLLM:
-    return TransformersLLM.load(tiny_causal_lm_dir, device="cpu")
+    """Without the prefix cache: these tests pin what one call computes (test_llm_prefix_cache.py: across calls)."""
+    return TransformersLLM.load(tiny_causal_lm_dir, device="cpu", prefix_cache_tokens=0)
 
 
 def with_batch_size(llm: TransformersLLM, max_batch_size: int) -> TransformersLLM:
-    return TransformersLLM(llm.model, llm.tokenizer, name=llm.name, max_batch_size=max_batch_size)
+    return TransformersLLM(llm.model, llm.tokenizer, name=llm.name, max_batch_size=max_batch_size,
+                           prefix_cache_tokens=0)
 
 
 def ids_of(outputs) -> list[list[list[int]]]:
