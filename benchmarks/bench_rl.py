@@ -59,10 +59,11 @@ def _worker(name: str, args: dict) -> dict:
 
     # baseline: our policy update on one step's rollouts vs a plain causal-LM loss on the same tokens
     samples, _ = trainer.collect()
-    trainer.score(samples)
+    on_policy = config.on_policy(len(samples))  # as the trainer's steps do
+    trainer.score(samples, rollout_policy=not on_policy)
     trainer.advantages(samples)
     started = time.perf_counter()
-    trainer._update_policy(samples, lambda *a: None)
+    trainer._update_policy(samples, lambda *a: None, on_policy)
     ours = time.perf_counter() - started
     started = time.perf_counter()
     for micro in trainer._micro_batches(samples):

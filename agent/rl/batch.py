@@ -5,20 +5,22 @@ response: generated and inserted segments, `agent.env.Rollout`), its loss mask (
 trainer attaches to it (score, log-probabilities, values, advantages), per response token.
 
 `collate` left-pads the sequences, so every row's response ends in the last column: per-token tensors are
-[rows, longest response], right-aligned, and one forward pass keeps only the logits of the response region
-(``logits_to_keep``), which is what makes the passes affordable for long prompts.
+[rows, longest response], right-aligned. `token_logprobs` runs the transformer once over a batch and projects
+only the generated positions' hidden states onto the vocabulary, a chunk at a time (`agent.rl.logprobs`):
+retrieved text and long prompts cost the transformer's pass and nothing more, and no [rows, tokens,
+vocabulary] logits tensor is ever built.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from .core import entropy_from_logits
+from .logprobs import chunked_logprobs
 
-__all__ = ["Collated", "Sample", "collate", "token_logprobs", "token_values"]
+__all__ = ["Collated", "Sample", "collate", "output_projection", "token_logprobs", "token_values"]
 
 #: Per-token fields of a `Sample` that `collate` pads into tensors.
 TOKEN_FIELDS = ("old_logprobs", "ref_logprobs", "values", "advantages", "returns")
@@ -98,26 +100,37 @@ def collate(samples: Sequence[Sample], device: torch.device | str = "cpu", pad_i
                     mask.to(device), {k: v.to(device) for k, v in tokens.items()})
 
 
+def output_projection(model) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The map from a causal LM's last hidden states to its logits: the output layer, then the final-logit
+    soft-capping of the models that have it (Gemma 2: ``cap * tanh(z / cap)``), as their forward pass does."""
+    head = model.get_output_embeddings()
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    if not cap:
+        return head
+    return lambda hidden: cap * torch.tanh(head(hidden) / cap)
+
+
 def token_logprobs(model, batch: Collated, temperature: float = 1.0, with_entropy: bool = False,
-                   entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probability of every response token under `model` (logits divided by the sampling `temperature`,
-    as the tokens were drawn) and, when asked, the entropy of each next-token distribution (without a graph
-    unless `entropy_grad`: a metric only); [rows, R] each, right-aligned like `batch.response_ids` (values at
-    padding are meaningless; mask them). One log-sum-exp over the vocabulary serves both."""
+                   entropy_grad: bool = True, chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probability of every generated response token under `model` (logits divided by the sampling
+    `temperature`, as the tokens were drawn) and, when asked, the entropy of each next-token distribution
+    (without a graph unless `entropy_grad`: a metric only); [rows, R] each, right-aligned like
+    `batch.response_ids`, 0 wherever `batch.mask` is 0 (inserted tokens and padding: no loss reads them).
+
+    The transformer runs once over the batch; its hidden states at the generated positions go through the
+    output layer `chunk_size` positions at a time (`agent.rl.logprobs.chunked_logprobs`), so no [rows, R,
+    vocabulary] logits tensor is ever built and inserted positions (most of a search agent's response) are
+    never projected at all."""
     width = batch.response_width
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
-                use_cache=False, logits_to_keep=width + 1)
-    logits = out.logits[:, :-1].float()  # position j predicts token j + 1: the last `width` tokens
-    if temperature != 1.0:
-        logits = logits / temperature
-    picked = logits.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
-    log_normaliser = torch.logsumexp(logits, dim=-1)
-    logprobs = picked - log_normaliser
-    entropy = None
-    if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = entropy_from_logits(logits, log_normaliser)
-    return logprobs, entropy
+    hidden = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                                 position_ids=batch.position_ids, use_cache=False).last_hidden_state
+    generated = batch.mask.bool()
+    # position j predicts token j + 1: the hidden states before the last `width` tokens
+    picked, entropy = chunked_logprobs(hidden[:, -width - 1:-1][generated], batch.response_ids[generated],
+                                       output_projection(model), chunk_size, temperature, with_entropy, entropy_grad)
+    zeros = torch.zeros(batch.mask.shape, dtype=torch.float32, device=batch.mask.device)
+    logprobs = zeros.index_put((generated,), picked)
+    return logprobs, zeros.index_put((generated,), entropy) if with_entropy else None
 
 
 def token_values(critic, batch: Collated) -> torch.Tensor:

@@ -49,6 +49,9 @@ class RLConfig:
     mini_batch_size: int | None = field(default=None, metadata={
         "help": "sequences per optimiser update (None: all of the step's)"})
     micro_batch_size: int = field(default=4, metadata={"help": "sequences per forward/backward pass"})
+    logprob_chunk_size: int = field(default=1024, metadata={
+        "help": "generated positions projected onto the vocabulary at a time in every log-prob pass (bounds the "
+                "logits held at once to this many x vocabulary floats; agent.rl.logprobs)"})
     ppo_epochs: int = field(default=1, metadata={"help": "passes over each step's rollouts"})
     actor_lr: float = field(default=1e-6, metadata={"help": "policy learning rate"})
     critic_lr: float = field(default=1e-5, metadata={"help": "critic learning rate (PPO)"})
@@ -89,7 +92,8 @@ class RLConfig:
 
     def validate(self) -> None:
         """Raise ValueError on settings that cannot work together (the trainer calls it after every override)."""
-        for name in ("steps", "prompts_per_step", "samples_per_prompt", "micro_batch_size", "ppo_epochs",
+        for name in ("steps", "prompts_per_step", "samples_per_prompt", "micro_batch_size", "logprob_chunk_size",
+                     "ppo_epochs",
                      "save_steps", "generation_batch_size", "dynamic_sampling_max_batches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RLConfig.{name} must be at least 1, got {getattr(self, name)}")
@@ -105,6 +109,17 @@ class RLConfig:
             raise ValueError("agent train runs in fp32 or under bf16 autocast; agent.precision fp16 is not supported")
         if not 0 <= self.clip_low < 1 or self.clip_high < 0:
             raise ValueError(f"clip_low must be in [0, 1) and clip_high >= 0, got {self.clip_low}, {self.clip_high}")
+
+    def on_policy(self, batch_size: int) -> bool:
+        """Whether the update of a step of `batch_size` rollouts may take the rollout policy's ("old")
+        log-probabilities from its own forward pass instead of a separate pass before it: exact when the policy
+        cannot change between the rollouts and the update's loss (one epoch, one mini-batch holding the whole
+        batch: the update's log-probabilities are the rollout policy's, so the ratio is 1 and the clipped
+        surrogate's gradient is the plain policy gradient; verl's actor, ``verl/workers/actor/dp_actor.py``, takes
+        the same shortcut) and when no advantage reads the old log-probabilities before the update (the KL in the
+        reward does)."""
+        one_update = self.ppo_epochs == 1 and (self.mini_batch_size is None or self.mini_batch_size >= batch_size)
+        return one_update and not (self.kl_in_reward and self.uses_reference)
 
     @property
     def uses_critic(self) -> bool:

@@ -10,7 +10,9 @@ Reinforcement Learning", arXiv 2503.09516, at the values of the authors' release
    rewards are all equal are dropped and more questions are rolled out, up to ``dynamic_sampling_max_batches``
    batches;
 2. log-prob passes without gradients: the rollout policy's log-probabilities (PPO's "old" policy), the
-   reference model's (for the KL) and, for PPO, the critic's values;
+   reference model's (for the KL) and, for PPO, the critic's values. The rollout policy's pass is skipped when
+   the update is on-policy (`RLConfig.on_policy`: one epoch over one mini-batch, no KL in the reward): its
+   log-probabilities are then exactly the update's own, detached (metric ``on_policy``);
 3. advantages: GAE over token rewards (the score on the last generated token, minus ``kl_coef`` x k1 on every
    generated token when the KL sits in the reward), or GRPO's group-normalised score on every token (GRPO:
    "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models", arXiv 2402.03300);
@@ -98,6 +100,7 @@ class RLTrainer:
         self.critic_opt, self.critic_sched = (self._optimizer(self.critic, config.critic_lr) if self.critic
                                               else (None, None))
         self.state = TrainerState(history=[])
+        self._on_policy: bool | None = None  # the last step's on-policy decision, logged when it changes
         self.bf16 = config.agent.precision == "bf16" or (config.agent.precision == "auto" and self.device.type == "cuda"
                                                     and torch.cuda.is_bf16_supported())
 
@@ -149,17 +152,22 @@ class RLTrainer:
         timer = time.perf_counter()
         samples, kept_groups = self.collect()
         seconds_generate = time.perf_counter() - timer
+        on_policy = self.config.on_policy(len(samples))
+        if on_policy != self._on_policy:
+            log.info("on-policy update: %s", "the rollout policy's log-probabilities are the update's own, their "
+                     "pass is skipped" if on_policy else "the rollout policy's log-probabilities get their own pass")
+            self._on_policy = on_policy
         timer = time.perf_counter()
-        self.score(samples)
+        self.score(samples, rollout_policy=not on_policy)
         self.advantages(samples)
         seconds_logprobs = time.perf_counter() - timer
         timer = time.perf_counter()
-        update = self.update(samples)
+        update = self.update(samples, on_policy)
         seconds_update = time.perf_counter() - timer
         self.state.step += 1
         metrics = {"step": self.state.step, **self.rollout_metrics(samples), **update, "groups_kept": kept_groups,
-                   "seconds_generate": seconds_generate, "seconds_logprobs": seconds_logprobs,
-                   "seconds_update": seconds_update}
+                   "on_policy": float(on_policy), "seconds_generate": seconds_generate,
+                   "seconds_logprobs": seconds_logprobs, "seconds_update": seconds_update}
         self.state.history.append(metrics)
         write_training_curves(self.state.history, self.out, f"agent RL ({self.config.algorithm}, reward "
                               f"{self.config.reward})", xlabel="RL step")
@@ -196,27 +204,28 @@ class RLTrainer:
         return collate(samples, self.device, self.llm.pad_id)
 
     @torch.no_grad()
-    def score(self, samples: Sequence[Sample]) -> None:
-        """Attach the rollout policy's log-probabilities, the reference's and the critic's values."""
-        temperature = self._temperature
+    def score(self, samples: Sequence[Sample], rollout_policy: bool = True) -> None:
+        """Attach the rollout policy's log-probabilities (unless not `rollout_policy`: an on-policy update takes
+        them from its own pass), the reference's and the critic's values."""
         for micro in self._micro_batches(samples):
             batch = self._collate(micro)
             with self._autocast():
-                old, _ = token_logprobs(self.policy, batch, temperature)
+                old = self._logprobs(self.policy, batch)[0] if rollout_policy else None
                 ref = None
                 if self.config.uses_reference:
                     with reference_context(self.policy, self.reference) as reference:
-                        ref, _ = token_logprobs(reference, batch, temperature)
+                        ref, _ = self._logprobs(reference, batch)
                 values = token_values(self.critic, batch) if self.critic is not None else None
             for row, sample in enumerate(micro):
                 n = len(sample.response_ids)
-                sample.old_logprobs = old[row, -n:].cpu()
+                sample.old_logprobs = old[row, -n:].cpu() if old is not None else None
                 sample.ref_logprobs = ref[row, -n:].cpu() if ref is not None else None
                 sample.values = values[row, -n:].float().cpu() if values is not None else None
 
-    @property
-    def _temperature(self) -> float:
-        return self.config.env.temperature if self.config.env.temperature > 0 else 1.0
+    def _logprobs(self, model, batch: Collated, with_entropy: bool = False, entropy_grad: bool = True):
+        """`token_logprobs` at the sampling temperature (1 for greedy rollouts) and the configured chunk size."""
+        temperature = self.config.env.temperature if self.config.env.temperature > 0 else 1.0
+        return token_logprobs(model, batch, temperature, with_entropy, entropy_grad, self.config.logprob_chunk_size)
 
     # ------------------------------------------------------------------------------------------ 3. advantages
     def advantages(self, samples: Sequence[Sample]) -> None:
@@ -251,9 +260,14 @@ class RLTrainer:
             sample.advantages, sample.returns = advantages[row, -n:], returns[row, -n:]
 
     # ------------------------------------------------------------------------------------------ 4. update
-    def update(self, samples: Sequence[Sample]) -> dict[str, float]:
-        """`ppo_epochs` passes of mini-batch updates of the policy (and the critic); averaged statistics."""
+    def update(self, samples: Sequence[Sample], on_policy: bool = False) -> dict[str, float]:
+        """`ppo_epochs` passes of mini-batch updates of the policy (and the critic); averaged statistics.
+        `on_policy`: the policy loss's old log-probabilities are its own, detached (only where
+        `RLConfig.on_policy` says that is exact); otherwise the samples carry them from `score`."""
         config = self.config
+        if on_policy and not config.on_policy(len(samples)):
+            raise ValueError("an on-policy update needs one epoch over one mini-batch of the whole batch and no KL "
+                             "in the reward (RLConfig.on_policy)")
         totals: dict[str, float] = {}
         weights: dict[str, float] = {}
 
@@ -268,7 +282,7 @@ class RLTrainer:
                 order = torch.randperm(len(samples), generator=generator).tolist()
                 for start in range(0, len(order), size):
                     mini = [samples[i] for i in order[start:start + size]]
-                    self._update_policy(mini, record)
+                    self._update_policy(mini, record, on_policy)
                     if self.critic is not None:
                         self._update_critic(mini, record)
         stats = {name: totals[name] / weights[name] for name in totals if weights[name]}
@@ -278,7 +292,7 @@ class RLTrainer:
     def _normalisers(self, mini: Sequence[Sample]) -> tuple[float, float]:
         return float(max(1, sum(s.generated_tokens for s in mini))), float(len(mini))
 
-    def _update_policy(self, mini: Sequence[Sample], record) -> None:
+    def _update_policy(self, mini: Sequence[Sample], record, on_policy: bool = False) -> None:
         config = self.config
         tokens, sequences = self._normalisers(mini)
         self.actor_opt.zero_grad(set_to_none=True)
@@ -286,9 +300,10 @@ class RLTrainer:
         for micro in self._micro_batches(mini):
             batch = self._collate(micro)
             with self._autocast():
-                logprobs, entropy = token_logprobs(self.policy, batch, self._temperature, with_entropy=True,
+                logprobs, entropy = self._logprobs(self.policy, batch, with_entropy=True,
                                                    entropy_grad=config.entropy_coef != 0)
-            mask, old = batch.mask, batch.tokens["old_logprobs"]
+            mask = batch.mask
+            old = logprobs.detach() if on_policy else batch.tokens["old_logprobs"]
             loss, stats = policy_loss(logprobs, old, batch.tokens["advantages"], mask, config.clip_low,
                                       config.clip_high, config.loss_aggregation, tokens, sequences)
             share = float(mask.sum()) / tokens

@@ -49,7 +49,9 @@ def test_left_padded_batches_give_each_sequence_its_own_log_probs(tiny_causal_lm
             logits = model(input_ids=ids).logits[0, len(sample.prompt_ids) - 1:-1].float() / 0.7
             alone = logits.log_softmax(-1).gather(1, torch.tensor(sample.response_ids)[:, None]).squeeze(1)
             n = len(sample.response_ids)
-            assert torch.allclose(batched[row, -n:], alone, atol=1e-4)
+            generated = torch.tensor(sample.mask, dtype=torch.bool)
+            assert torch.allclose(batched[row, -n:][generated], alone[generated], atol=1e-4)
+            assert torch.all(batched[row, -n:][~generated] == 0)  # inserted tokens are never projected
 
 
 def test_collate_right_aligns_responses_and_masks():
@@ -86,6 +88,8 @@ def test_a_step_updates_the_policy_and_logs_every_metric(tmp_path, tiny_causal_l
     if algorithm == "ppo":
         expected |= {"value_loss", "vf_clip_frac", "critic_grad_norm"}
     assert expected <= set(metrics)
+    # GRPO (KL in the loss, one mini-batch) takes the old log-probs from its update; PPO's KL in the reward needs them first
+    assert metrics["on_policy"] == (1.0 if algorithm == "grpo" else 0.0)
     assert 0 < metrics["masked_share"] < 1  # the fake retriever's observations are masked
     assert metrics["kl"] == pytest.approx(0.0, abs=1e-6)  # the first update starts at the reference
     logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
@@ -275,6 +279,65 @@ def test_micro_batches_accumulate_to_the_same_update_as_one_pass(tmp_path, tiny_
         assert torch.allclose(one[name], four[name], atol=1e-7, rtol=1e-4), name
     assert any(g.abs().sum() > 0 for g in one.values())
     assert m1["pg_loss"] == pytest.approx(m4["pg_loss"], abs=1e-6)
+
+
+def test_the_on_policy_shortcut_holds_only_where_it_is_exact(tmp_path):
+    def settings(**overrides) -> RLConfig:
+        return RLConfig(qa="qa.jsonl", out=str(tmp_path), **overrides)
+
+    assert settings(algorithm="grpo").on_policy(16)
+    assert settings(algorithm="grpo", mini_batch_size=16).on_policy(16)
+    assert not settings(algorithm="grpo", mini_batch_size=8).on_policy(16)  # the second mini-batch is off-policy
+    assert not settings(algorithm="grpo", ppo_epochs=2).on_policy(16)  # so is the second epoch
+    assert not settings(algorithm="grpo", kl_placement="reward").on_policy(16)  # the advantages read them first
+    assert not settings(algorithm="ppo").on_policy(16)  # PPO's k1 in the reward
+    assert settings(algorithm="ppo", kl_coef=0.0).on_policy(16)
+    assert settings(algorithm="grpo", kl_placement="reward", kl_coef=0.0).on_policy(16)
+
+
+@pytest.mark.slow
+def test_an_on_policy_update_equals_the_update_with_a_separate_old_log_prob_pass(tmp_path, tiny_causal_lm_dir):
+    """The shortcut skips the rollout policy's pass; the loss, every statistic but the ratio's and every gradient
+    are those of the update that reads the old log-probabilities from a pass of their own."""
+    def reward(response, golden):
+        return float(sum(response.response_ids) % 5)
+
+    results = []
+    for on_policy in (False, True):
+        trainer = RLTrainer(config(tmp_path / str(on_policy), tiny_causal_lm_dir, micro_batch_size=3, entropy_coef=0.01,
+                                   kl_coef=0.1), FakeClient(), ROWS, reward_fn=reward)
+        torch.manual_seed(1)
+        with torch.no_grad():  # a policy away from its reference, so the KL loss has a gradient too
+            for p in trainer.policy.parameters():
+                p.add_(0.02 * torch.randn_like(p))
+        samples, _ = trainer.collect()
+        trainer.score(samples, rollout_policy=not on_policy)
+        assert all((s.old_logprobs is None) == on_policy and s.ref_logprobs is not None for s in samples)
+        trainer.advantages(samples)
+        gradients = {}
+        stepped = trainer._step
+
+        def step(model, optimizer, schedule):
+            gradients.update({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+            return stepped(model, optimizer, schedule)
+
+        trainer._step = step
+        results.append((trainer.update(samples, on_policy=on_policy), gradients, weights(trainer.policy)))
+    (separate, separate_grads, separate_after), (shortcut, shortcut_grads, shortcut_after) = results
+    for name in ("pg_loss", "kl", "entropy", "grad_norm"):
+        assert shortcut[name] == pytest.approx(separate[name], rel=1e-5, abs=1e-7), name
+    assert shortcut["clip_frac"] == shortcut["approx_kl"] == 0.0  # ratio exactly 1
+    assert separate["approx_kl"] < 1e-10
+    assert separate_grads.keys() == shortcut_grads.keys() and any(g.abs().sum() > 0 for g in shortcut_grads.values())
+    for name, gradient in separate_grads.items():
+        assert torch.allclose(shortcut_grads[name], gradient, atol=1e-7, rtol=1e-4), name
+        assert torch.allclose(shortcut_after[name], separate_after[name], atol=1e-7), name
+
+
+def test_an_on_policy_update_is_refused_where_it_would_not_be_exact(tmp_path, tiny_causal_lm_dir):
+    trainer = RLTrainer(config(tmp_path, tiny_causal_lm_dir, ppo_epochs=2), FakeClient(), ROWS)
+    with pytest.raises(ValueError, match="an on-policy update needs one epoch"):
+        trainer.update([Sample([1], [2], [1], group=0)], on_policy=True)
 
 
 # -------------------------------------------------------------- report_to: TensorBoard / W&B of the agent's trainers
