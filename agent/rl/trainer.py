@@ -94,7 +94,9 @@ class RLTrainer:
             self.critic = ValueModel.from_pretrained(critic_path, self.device, config.lora, config.lora_r,
                                                      config.lora_alpha, config.gradient_checkpointing)
         self.llm = TransformersLLM(self.policy, self.tokenizer, name=config.agent.model,
-                                   max_batch_size=config.generation_batch_size)
+                                   max_batch_size=config.generation_batch_size,
+                                   prefix_cache_tokens=config.agent.prefix_cache_tokens
+                                   if config.agent.enable_prefix_caching else 0)
         self.rollouts = RolloutCollector(config, self.rows, self.llm, client, self.reward_fn, self.policy)
         self.actor_opt, self.actor_sched = self._optimizer(self.policy, config.actor_lr)
         self.critic_opt, self.critic_sched = (self._optimizer(self.critic, config.critic_lr) if self.critic
@@ -179,6 +181,10 @@ class RLTrainer:
         """Roll out the step's questions (`RolloutCollector.collect`) and advance the question stream; returns
         the samples and the number of groups kept."""
         samples, kept_groups, self.state.cursor = self.rollouts.collect(self.state.step, self.state.cursor)
+        if self.llm.prefix_cache is not None:
+            # the rollouts' KV caches serve the next turn of the same weights only; the update is about to change
+            # them, and held through the passes they would add up to the cache's budget to the step's peak memory
+            self.llm.prefix_cache.clear()
         return samples, kept_groups
 
     def rollout_samples(self, rows: Sequence[QARow], samples_per_prompt: int, seed: int | None,

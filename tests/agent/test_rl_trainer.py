@@ -90,6 +90,8 @@ def test_a_step_updates_the_policy_and_logs_every_metric(tmp_path, tiny_causal_l
     assert expected <= set(metrics)
     # GRPO (KL in the loss, one mini-batch) takes the old log-probs from its update; PPO's KL in the reward needs them first
     assert metrics["on_policy"] == (1.0 if algorithm == "grpo" else 0.0)
+    # the rollouts' KV caches (the generation backend's prefix cache) are not held through the passes and the update
+    assert trainer.llm.prefix_cache is not None and len(trainer.llm.prefix_cache) == 0
     assert 0 < metrics["masked_share"] < 1  # the fake retriever's observations are masked
     assert metrics["kl"] == pytest.approx(0.0, abs=1e-6)  # the first update starts at the reference
     logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
