@@ -1,15 +1,19 @@
-"""GAC continuations: the round context's KV cache reused across candidates vs every continuation from scratch.
+"""GAC continuations: the round context's KV cache reused across candidates (and each continuation's earlier
+turns kept in the prefix cache) vs every continuation from scratch.
 
 The utility miner's global-answer-correctness step (`agentic_retriever.mining.gac.rollout_gac`) continues
 the agent once per (round, candidate): `--rounds` rounds x `--candidates` candidates, all in one
 `agent.env.rollout` call with one `Prefix` per pair, so the continuations of a round share the round's
 whole context and differ only in the candidate passage of its ``<information>``; later turns retrieve
-normally. Both contenders run exactly that path (`rollout_gac`) with the transformers backend, the same
-model and the same prompts; only `TransformersLLM.reuse_prefix` differs: True batches rows by their token
-ids and computes each round's context once per batch, False recomputes every row whole. They alternate
-(a noisy neighbour slows both alike). Prints continuations per second of each and the ratio (target:
-reuse >= 2x), generated tokens, the share of wall time in `generate`, and whether both generated the
-same tokens (greedy: they should, up to float noise on near-ties, e.g. in bfloat16).
+normally. Every contender runs exactly that path (`rollout_gac`) with the transformers backend, the same
+model and the same prompts, in a new backend per run (an empty prefix cache); only what is reused differs:
+"reuse + cache" batches rows by their token ids, computes each round's context once per batch and keeps
+finished sequences' KV caches across calls (`TransformersLLM.prefix_cache`: a continuation's later turns
+prefill only their new tokens); "reuse" does the first two without a prefix cache; "recompute" computes
+every row whole, every turn. They alternate (a noisy neighbour slows all alike). Prints continuations per
+second of each and the ratios (target: reuse >= 2x recompute), generated tokens, prompt tokens computed, the
+share of wall time in `generate`, and whether all generated the same tokens (greedy: they should, up to
+float noise on near-ties, e.g. in bfloat16).
 
 Rounds come from real trajectories with `--trajectories` (`mining.rounds.extract_rounds`; candidates
 retrieved from `--index` for the round's query, as mining does), else from synthetic contexts: round r
@@ -126,6 +130,8 @@ def trajectory_requests(path: str, rounds: int, candidates: int, client, max_tur
 
 
 def main() -> None:
+    from agentic_retriever.llm.prefix_cache import DEFAULT_PREFIX_CACHE_TOKENS
+
     parser = base_parser(__doc__)
     parser.add_argument("--model", default="default", help="agent model (hub name, folder or 'default')")
     parser.add_argument("--trajectories", help="JSONL trajectories to take rounds from; unset: synthetic contexts")
@@ -138,6 +144,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=32, help="generated tokens per turn")
     parser.add_argument("--max-turns", type=int, default=4, help="EnvConfig.max_turns of the GAC agent")
     parser.add_argument("--batch-size", type=int, default=16, help="TransformersLLM.max_batch_size")
+    parser.add_argument("--prefix-cache-tokens", type=int, default=DEFAULT_PREFIX_CACHE_TOKENS,
+                        help="the prefix cache's budget in the 'reuse + cache' contender")
     parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "fp16", "bf16"],
                         help="weights: auto (fp32 on CPU, bf16 on GPU), fp32, bf16, fp16")
     parser.add_argument("--think-words", type=int, default=60, help="synthetic: words per earlier <think>")
@@ -186,42 +194,49 @@ def main() -> None:
 
     last: dict[str, dict] = {}
 
-    def contender(reuse: bool):
+    def contender(name: str, reuse: bool, cached: bool):
         def run():
-            llm.reuse_prefix = reuse
-            counted = CountedGenerate(llm.generate)
-            llm.generate = counted
-            try:
-                started = time.perf_counter()
-                records = rollout_gac(requests, llm, client, env)
-                wall = time.perf_counter() - started
-            finally:
-                del llm.generate  # back to the class method
-                llm.reuse_prefix = True
-            last["reuse" if reuse else "recompute"] = {"records": records, "counted": counted, "wall": wall}
+            backend = TransformersLLM(llm.model, llm.tokenizer, name=llm.name, max_batch_size=args.batch_size,
+                                      reuse_prefix=reuse, prefix_cache_tokens=args.prefix_cache_tokens if cached else 0)
+            counted = CountedGenerate(backend.generate)
+            backend.generate = counted
+            started = time.perf_counter()
+            records = rollout_gac(requests, backend, client, env)
+            wall = time.perf_counter() - started
+            last[name] = {"records": records, "counted": counted, "wall": wall, "stats": backend.prefill_stats}
         return run
 
-    seconds = alternate({"reuse": contender(True), "recompute": contender(False)}, args.repeats, args.warmup)
+    contenders = {"reuse + cache": contender("reuse + cache", True, True), "reuse": contender("reuse", True, False),
+                  "recompute": contender("recompute", False, False)}
+    seconds = alternate(contenders, args.repeats, args.warmup)
     figures = {}
-    for name in ("reuse", "recompute"):
+    for name in contenders:
         run = last[name]
         figures[name] = summarize(seconds[name], pairs) | {
             "generated_tokens": run["counted"].tokens, "generate_calls": run["counted"].calls,
             "generation_share": round(run["counted"].seconds / run["wall"], 3),
             "answers": sum(a is not None for rec in run["records"] for a in rec["answers"]),
+            "prompt_tokens": run["stats"].prompt_tokens, "computed_tokens": run["stats"].computed_tokens,
+            "cached_tokens": run["stats"].cached_tokens,
         }
         f = figures[name]
-        print(f"  {name:<10} {f['median_per_s']:>8.2f} continuations/s (best {f['best_per_s']:.2f}, median "
+        print(f"  {name:<13} {f['median_per_s']:>8.2f} continuations/s (best {f['best_per_s']:.2f}, median "
               f"{f['median_s']:.2f} s)  {f['generated_tokens']} generated tokens in {f['generate_calls']} generate "
-              f"calls ({f['generated_tokens'] / f['median_s']:.1f}/s)  generation {f['generation_share']:.0%}  "
-              f"{f['answers']} answers", flush=True)
-    same = last["reuse"]["counted"].generated == last["recompute"]["counted"].generated
-    ratio = figures["reuse"]["median_per_s"] / figures["recompute"]["median_per_s"]
-    print(f"same generated tokens from both (greedy): {'yes' if same else 'NO (float noise flipped a near-tie)'}")
-    print(f"RATIO reuse/recompute continuations per second (medians): {ratio:.2f}x  [target >= 2x]")
+              f"calls ({f['generated_tokens'] / f['median_s']:.1f}/s)  prompt tokens {f['prompt_tokens']}: computed "
+              f"{f['computed_tokens']}, from the prefix cache {f['cached_tokens']}  generation "
+              f"{f['generation_share']:.0%}  {f['answers']} answers", flush=True)
+    same = all(last[name]["counted"].generated == last["recompute"]["counted"].generated for name in contenders)
+    per_s = {name: f["median_per_s"] for name, f in figures.items()}
+    ratios = {"reuse/recompute": per_s["reuse"] / per_s["recompute"],
+              "reuse + cache/reuse": per_s["reuse + cache"] / per_s["reuse"],
+              "reuse + cache/recompute": per_s["reuse + cache"] / per_s["recompute"]}
+    print(f"same generated tokens from all (greedy): {'yes' if same else 'NO (float noise flipped a near-tie)'}")
+    for label, value in ratios.items():
+        print(f"ratio {label} continuations per second (medians): {value:.2f}x")
+    print(f"RATIO reuse/recompute continuations per second (medians): {ratios['reuse/recompute']:.2f}x  [target >= 2x]")
     write_json(args.json, "bench_gac", args, device,
-               figures | {"ratio": round(ratio, 3), "same_generations": same, "continuations": pairs,
-                          "context_tokens": contexts, "source": source})
+               figures | {"ratios": {k: round(v, 3) for k, v in ratios.items()}, "same_generations": same,
+                          "continuations": pairs, "context_tokens": contexts, "source": source})
 
 
 def _prompt(question: str) -> str:

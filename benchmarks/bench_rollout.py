@@ -1,11 +1,16 @@
-"""Agent rollout throughput: the batched environment against one question at a time, same backend.
+"""Agent rollout throughput: the batched environment against one question at a time, same backend, with and
+without the transformers backend's prefix cache.
 
-Both contenders run `agent.env.rollout` with the transformers backend and the same retriever on the same
-`--questions` FanOutQA dev leaf questions (greedy, so both produce the same trajectories up to batching
-noise in float arithmetic): the baseline calls it once per question, ours once per `--batch-size`
-questions. Prints trajectories per minute of each and their ratio (target: batched >= 3x), generated
-tokens per second, and the share of wall time spent in generation and in retrieval (timed around
-`LLM.generate` and `RetrievalClient.retrieve`).
+Every contender runs `agent.env.rollout` with the transformers backend over the same weights and the same
+retriever on the same `--questions` FanOutQA dev leaf questions (greedy, so all produce the same
+trajectories up to float noise): "one at a time" calls it once per question, "batched" once per
+`--batch-size` questions; "+ cache" keeps each finished sequence's KV cache across calls
+(`TransformersLLM.prefix_cache`), so a trajectory's next turn prefills only its new tokens, "no cache"
+recomputes every turn's whole context. The contenders run in turn, `--repeats` rounds, each round in a new
+backend (an empty cache). Prints per contender the median trajectories per minute, generated tokens per
+second, prompt tokens given, computed and taken from the cache, seconds in prefill and in decoding
+(`LLM.generate` minus prefill) and the share in retrieval; then the ratios: batched/one at a time with the
+cache (target: >= 3x) and without it, and what the cache gains each mode.
 
     python benchmarks/bench_rollout.py --model default --index runs/quickstart/index/minilm-flat
     python benchmarks/bench_rollout.py --model ~/.cache/agentic_retriever/agents/sft-XXXX   # the warm-started agent
@@ -71,6 +76,33 @@ def random_weights_llm(folder: str, batch_size: int):
                            max_batch_size=batch_size)
 
 
+CONTENDERS = (("one at a time + cache", 1, True), ("batched + cache", None, True),
+              ("one at a time, no cache", 1, False), ("batched, no cache", None, False))
+
+
+def run_contender(llm, client, questions: list[str], batch: int, config) -> dict:
+    """Roll the questions out `batch` at a time with `llm`; the figures of that run."""
+    from agent.env import rollout
+
+    generate, prefill, retrieve = Timed(llm.generate), Timed(llm._prefill), Timed(client.retrieve)
+    llm.generate, llm._prefill, client.retrieve = generate, prefill, retrieve
+    started = time.perf_counter()
+    results = []
+    for start in range(0, len(questions), batch):
+        results.extend(rollout(questions[start:start + batch], llm, client, config))
+    wall = time.perf_counter() - started
+    del llm.generate, llm._prefill, client.retrieve  # back to the class methods
+    tokens = sum(sum(len(s.token_ids) for s in r.segments if s.generated) for r in results)
+    stats = llm.prefill_stats
+    return {"wall_s": wall, "trajectories_per_min": len(results) / wall * 60, "generated_tokens": tokens,
+            "generated_tokens_per_s": tokens / wall, "prefill_s": prefill.seconds,
+            "decode_s": generate.seconds - prefill.seconds, "retrieval_share": retrieve.seconds / wall,
+            "prompt_tokens": stats.prompt_tokens, "cached_tokens": stats.cached_tokens,
+            "computed_tokens": stats.computed_tokens, "searches": sum(r.num_searches for r in results),
+            "answers": sum(r.answer is not None for r in results),
+            "response_ids": [r.response_ids for r in results]}
+
+
 def main() -> None:
     parser = base_parser(__doc__)
     parser.add_argument("--model", default="default", help="agent model (hub name, folder or 'default')")
@@ -80,14 +112,18 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16, help="questions per batched rollout call")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="generated tokens per turn")
     parser.add_argument("--max-turns", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=1, help="rounds of all contenders; medians are reported")
     parser.add_argument("--random-weights", metavar="FOLDER", help="FOLDER's architecture and tokenizer, random weights")
     parser.add_argument("--fixed-passages", metavar="CORPUS", help="answer every search with CORPUS's first passages")
     args = parser.parse_args()
+
+    import statistics
 
     from agent.env import EnvConfig, rollout
     from agent.qa_data import read_qa_rows
     from agentic_retriever.client import LocalRetrievalClient
     from agentic_retriever.llm import LLMConfig, load_llm
+    from agentic_retriever.llm.transformers import TransformersLLM
 
     def open_index(folder):
         from agentic_retriever.index import open_index as open_folder
@@ -97,42 +133,56 @@ def main() -> None:
     device = describe_device()
     print(device_line(device))
     rows = read_qa_rows(args.qa)[: args.questions]
-    llm = (random_weights_llm(args.random_weights, args.batch_size) if args.random_weights
-           else load_llm(LLMConfig(model=args.model, max_batch_size=args.batch_size)))
+    loaded = (random_weights_llm(args.random_weights, args.batch_size) if args.random_weights
+              else load_llm(LLMConfig(model=args.model, max_batch_size=args.batch_size)))
     client = FixedPassages(args.fixed_passages) if args.fixed_passages else LocalRetrievalClient(open_index(args.index))
     config = EnvConfig(max_turns=args.max_turns, max_new_tokens_per_turn=args.max_new_tokens)
     questions = [r.question for r in rows]
     model = f"{args.random_weights} (random weights)" if args.random_weights else args.model
     retriever = f"first passages of {args.fixed_passages}" if args.fixed_passages else f"index {args.index}"
     print(f"rollouts: {len(questions)} questions from {args.qa}; model {model}; {retriever}; "
-          f"max {args.max_turns} turns x {args.max_new_tokens} new tokens; greedy", flush=True)
-    rollout(questions[:2], llm, client, config)  # warm-up, not measured
+          f"max {args.max_turns} turns x {args.max_new_tokens} new tokens; greedy; "
+          f"prefix cache of {loaded.prefix_cache.max_tokens} tokens", flush=True)
+
+    def backend(cached: bool) -> TransformersLLM:  # a new one per run: an empty prefix cache
+        return TransformersLLM(loaded.model, loaded.tokenizer, name=loaded.name, max_batch_size=args.batch_size,
+                               prefix_cache_tokens=loaded.prefix_cache.max_tokens if cached else 0)
+
+    rollout(questions[:2], backend(True), client, config)  # warm-up, not measured
+    runs: dict[str, list[dict]] = {name: [] for name, _, _ in CONTENDERS}
+    for round_ in range(args.repeats):
+        order = CONTENDERS if round_ % 2 == 0 else CONTENDERS[::-1]
+        for name, batch, cached in order:
+            run = run_contender(backend(cached), client, questions, batch or args.batch_size, config)
+            runs[name].append(run)
+            print(f"  round {round_ + 1} {name:<24} {run['trajectories_per_min']:>6.2f} trajectories/min "
+                  f"({run['wall_s']:.1f} s)", flush=True)
 
     figures = {}
-    for name, batch in (("one at a time", 1), ("batched", args.batch_size)):
-        generate, retrieve = Timed(llm.generate), Timed(client.retrieve)
-        llm.generate, client.retrieve = generate, retrieve
-        started = time.perf_counter()
-        results = []
-        for start in range(0, len(questions), batch):
-            results.extend(rollout(questions[start:start + batch], llm, client, config))
-        wall = time.perf_counter() - started
-        del llm.generate, client.retrieve  # back to the class methods
-        tokens = sum(sum(len(s.token_ids) for s in r.segments if s.generated) for r in results)
-        figures[name] = {
-            "wall_s": round(wall, 2), "trajectories_per_min": round(len(results) / wall * 60, 2),
-            "generated_tokens": tokens, "generated_tokens_per_s": round(tokens / wall, 1),
-            "generation_share": round(generate.seconds / wall, 3), "retrieval_share": round(retrieve.seconds / wall, 3),
-            "searches": sum(r.num_searches for r in results), "answers": sum(r.answer is not None for r in results),
-        }
-        f = figures[name]
-        print(f"  {name:<14} {f['trajectories_per_min']:>7.2f} trajectories/min  {f['generated_tokens_per_s']:>7.1f} "
-              f"generated tokens/s  generation {f['generation_share']:.0%}  retrieval {f['retrieval_share']:.1%}  "
-              f"({f['generated_tokens']} tokens, {f['searches']} searches, {f['answers']} answers, {f['wall_s']} s)",
-              flush=True)
-    ratio = figures["batched"]["trajectories_per_min"] / figures["one at a time"]["trajectories_per_min"]
-    print(f"RATIO batched/one-at-a-time trajectories per minute: {ratio:.2f}x  [target >= 3x]")
-    write_json(args.json, "bench_rollout", args, device, figures | {"ratio": round(ratio, 3)})
+    for name, _, _ in CONTENDERS:
+        f = {key: statistics.median(run[key] for run in runs[name]) for key in runs[name][0] if key != "response_ids"}
+        f["walls_s"] = [round(run["wall_s"], 2) for run in runs[name]]
+        figures[name] = f
+        print(f"  {name:<24} {f['trajectories_per_min']:>7.2f} trajectories/min  {f['generated_tokens_per_s']:>6.1f} "
+              f"generated tokens/s  prefill {f['prefill_s']:.1f} s, decode {f['decode_s']:.1f} s, retrieval "
+              f"{f['retrieval_share']:.1%}  prompt tokens {f['prompt_tokens']:.0f}: computed {f['computed_tokens']:.0f}, "
+              f"cached {f['cached_tokens']:.0f}  ({f['generated_tokens']:.0f} tokens, {f['searches']:.0f} searches, "
+              f"{f['answers']:.0f} answers, median of {f['walls_s']} s)", flush=True)
+    same = {name: runs[name][0]["response_ids"] == runs["batched, no cache"][0]["response_ids"] for name in runs}
+    print(f"  same trajectories as 'batched, no cache': {same}")
+    per_min = {name: f["trajectories_per_min"] for name, f in figures.items()}
+    ratios = {
+        "batched/one at a time, with the cache": per_min["batched + cache"] / per_min["one at a time + cache"],
+        "batched/one at a time, no cache": per_min["batched, no cache"] / per_min["one at a time, no cache"],
+        "batched: cache/no cache": per_min["batched + cache"] / per_min["batched, no cache"],
+        "one at a time: cache/no cache": per_min["one at a time + cache"] / per_min["one at a time, no cache"],
+        "batched + cache/one at a time, no cache": per_min["batched + cache"] / per_min["one at a time, no cache"],
+    }
+    for label, value in ratios.items():
+        print(f"ratio {label}: {value:.2f}x")
+    print(f"RATIO batched/one-at-a-time trajectories per minute (both with the prefix cache): "
+          f"{ratios['batched/one at a time, with the cache']:.2f}x  [target >= 3x]")
+    write_json(args.json, "bench_rollout", args, device, figures | {"ratios": ratios, "same_trajectories": same})
 
 
 if __name__ == "__main__":

@@ -91,3 +91,40 @@ def test_resumed_rollout_with_a_real_model_and_index(searching_llm, client):
     expected = client.retrieve(["river"], 1, questions=["Which river?"])[0]
     assert result.turns[1].retrieved[0].ids == [expected[0].id]
     assert result.finish_reason == "max_turns" and len(result.turns) == 3
+
+
+def test_later_turns_and_gac_continuations_reuse_the_prefix_cache_and_change_nothing(tiny_causal_lm_dir, client):
+    """The backend's prefix cache across the environment's turns (the random Llama writes no tag, so every
+    turn ends in an invalid-action message and the next one extends the context): the rollouts are those of
+    recomputing every context, and each later turn takes its context up to its last generated token from
+    the cache."""
+    config = EnvConfig(max_turns=3, topk=2, max_new_tokens_per_turn=10, observation_max_tokens=60,
+                       max_context_tokens=1024)
+    settings = {"backend": "transformers", "model": tiny_causal_lm_dir, "device": "cpu"}
+    cached = load_llm(LLMConfig(**settings))
+    plain = load_llm(LLMConfig(**settings, enable_prefix_caching=False))
+    assert cached.prefix_cache is not None and plain.prefix_cache is None
+    questions = ["Which river is near the castle?", "Where is item 7 kept?", "Who built the tower?"]
+    candidates = [ScoredPassage(f"c{k}", f"Candidate {k}", f"candidate passage {k} about the river", 0.0)
+                  for k in range(3)]
+    gac = [Prefix("<think>look it up</think>\n<search>river castle</search>", [c], 1) for c in candidates]
+
+    for prefixes in (None, gac):
+        computed_before = cached.prefill_stats.computed_tokens, plain.prefill_stats.computed_tokens
+        cached_before = cached.prefill_stats.cached_tokens
+        ours = rollout(questions, cached, client, config, prefixes=prefixes)
+
+        assert [r.response_ids for r in ours] == [r.response_ids for r in rollout(questions, plain, client, config,
+                                                                                  prefixes=prefixes)]
+        ends = []  # per later turn: the context's length after the previous generated turn
+        for result in ours:
+            length, generated_ends = len(result.prompt_ids), []
+            for segment in result.segments:
+                length += len(segment.token_ids)
+                if segment.generated:
+                    generated_ends.append(length)
+            ends.extend(generated_ends[:-1])
+        assert len(ends) >= len(questions)
+        assert cached.prefill_stats.cached_tokens - cached_before >= sum(end - 1 for end in ends)
+        ours_computed = cached.prefill_stats.computed_tokens - computed_before[0]
+        assert ours_computed < (plain.prefill_stats.computed_tokens - computed_before[1]) / 2
