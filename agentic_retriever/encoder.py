@@ -140,6 +140,7 @@ class Encoder:
             dtype = torch.float16
         if dtype is not None:
             self.model.to(dtype)
+        self.model.eval()
 
         stored = read_model_settings(path)
         st_prompts = getattr(self.model, "prompts", None) or {}
@@ -185,11 +186,35 @@ class Encoder:
     def _encode(self, texts: list[str], show_progress: bool) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
+        if len(texts) <= self.config.batch_size and not show_progress and self._one_pass_equals_encode():
+            return self._encode_one_batch(texts)
         embeddings = self.model.encode(
             texts, batch_size=self.config.batch_size, show_progress_bar=show_progress,
             normalize_embeddings=self.config.normalize, convert_to_numpy=True,
         )
         return np.ascontiguousarray(embeddings, dtype=np.float32)
+
+    def _one_pass_equals_encode(self) -> bool:
+        """False for a model whose `encode` also adds a default prompt or truncates its embeddings."""
+        return (getattr(self.model, "default_prompt_name", None) is None
+                and getattr(self.model, "truncate_dim", None) is None)
+
+    def _encode_one_batch(self, texts: list[str]) -> np.ndarray:
+        """`texts` as one forward pass: what `SentenceTransformer.encode` computes for a single batch, without its
+        per-call bookkeeping (mode switch, device resolution, length sort, progress bar). That bookkeeping is
+        about a tenth of the time of one short query on a CPU, which is what a retrieval service answering a
+        lone agent pays on every request (benchmarks/RESULTS.md, "Retrieval service")."""
+        import torch
+
+        preprocess = getattr(self.model, "preprocess", None) or self.model.tokenize  # sentence-transformers < 5
+        features = preprocess(texts)
+        device = self.model.device
+        features = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
+        with torch.inference_mode():
+            embeddings = self.model(features)["sentence_embedding"]
+            if self.config.normalize:
+                embeddings = torch.nn.functional.normalize(embeddings, p=2, dim=-1)
+            return np.ascontiguousarray(embeddings.float().cpu().numpy(), dtype=np.float32)
 
     def _weights_fingerprint(self) -> str:
         """Hash of every parameter and buffer, taken before any dtype cast so CPU and GPU loads agree."""

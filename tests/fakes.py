@@ -19,9 +19,12 @@ import json
 import math
 import re
 import threading
+import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+
+import httpx
 
 from agent.dialects import SearchR1Dialect
 from agent.trajectory import Retrieved, Trajectory, Turn
@@ -370,3 +373,24 @@ class CountingRetrieve:
         finally:
             with self._lock:
                 self.active -= 1
+
+
+def wait_until(condition, what: str, timeout: float = 60.0) -> None:
+    """Poll `condition` (not a timing assertion: the bound only stops a broken test from hanging)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.005)
+
+
+def post_in_thread(url: str, body: dict, responses: dict, key, finished: list) -> threading.Thread:
+    """POST `body` to the service at `url` from a new thread: the response goes to responses[key], and `key` is
+    appended to `finished` when it is answered (the order requests finished in)."""
+    def send():
+        with httpx.Client(timeout=120) as http:
+            responses[key] = http.post(f"{url}/retrieve", json=body)
+        finished.append(key)
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    return thread

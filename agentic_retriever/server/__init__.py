@@ -16,8 +16,10 @@ This package implements that API over any `SearchIndex` (dense FAISS or BM25), w
   accepts and ignores them;
 * validation of every request (pydantic, `schema`): a bad request gets a 4xx naming the field, never a
   500 or a dead server;
-* dynamic micro-batching (`batcher`): concurrent requests are gathered (up to ``max_batch_queries``
-  queries, or ``max_wait_ms`` after the first one arrived) into one batch, searched in a worker thread as
+* dynamic micro-batching (`batcher`): a batch is searched as soon as the index is free and gathers (up to
+  ``max_batch_queries`` queries) the requests that arrived while it was busy, so a lone client waits for
+  nothing and many clients share encoder batches; ``max_wait_ms`` > 0 adds a fixed window after a batch's
+  first request (off by default). A batch is searched in a worker thread as
   one ``index.retrieve`` call per distinct ``topk`` (each request is searched with its own topk, so its
   results never depend on its batch-mates), then each request gets its own slice back.
   ``batching=False`` serves one chunk of one request per index call, one at a time (the baseline of
@@ -38,9 +40,10 @@ This package implements that API over any `SearchIndex` (dense FAISS or BM25), w
 from .app import ServerThread, create_app, running_server, serve
 from .config import ServeConfig
 from .schema import (
-    DEFAULT_MAX_QUERIES_PER_REQUEST, DEFAULT_MAX_QUERY_CHARS, DEFAULT_REQUEST_TIMEOUT_S, DEFAULT_TOPK, MAX_TOPK,
-    RetrieveRequest,
+    DEFAULT_MAX_QUERIES_PER_REQUEST, DEFAULT_MAX_QUERY_CHARS, DEFAULT_MAX_WAIT_MS, DEFAULT_REQUEST_TIMEOUT_S,
+    DEFAULT_TOPK, MAX_TOPK, RetrieveRequest,
 )
 
-__all__ = ["DEFAULT_MAX_QUERIES_PER_REQUEST", "DEFAULT_MAX_QUERY_CHARS", "DEFAULT_REQUEST_TIMEOUT_S", "DEFAULT_TOPK",
+__all__ = ["DEFAULT_MAX_QUERIES_PER_REQUEST", "DEFAULT_MAX_QUERY_CHARS", "DEFAULT_MAX_WAIT_MS", "DEFAULT_REQUEST_TIMEOUT_S",
+           "DEFAULT_TOPK",
            "MAX_TOPK", "RetrieveRequest", "ServeConfig", "ServerThread", "create_app", "running_server", "serve"]

@@ -25,20 +25,25 @@ from fastapi.responses import JSONResponse
 from ..index.base import SearchIndex
 from .batcher import RequestTimeout, _Batcher
 from .schema import (
-    DEFAULT_MAX_QUERIES_PER_REQUEST, DEFAULT_MAX_QUERY_CHARS, DEFAULT_REQUEST_TIMEOUT_S, RetrieveRequest,
+    DEFAULT_MAX_QUERIES_PER_REQUEST, DEFAULT_MAX_QUERY_CHARS, DEFAULT_MAX_WAIT_MS, DEFAULT_REQUEST_TIMEOUT_S,
+    RetrieveRequest,
     _readable_errors, _render, limit_violation,
 )
 
 log = logging.getLogger(__name__)
 
 
-def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: float = 5.0, batching: bool = True,
+def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: float = DEFAULT_MAX_WAIT_MS,
+               batching: bool = True,
                max_queries_per_request: int = DEFAULT_MAX_QUERIES_PER_REQUEST,
                max_query_chars: int = DEFAULT_MAX_QUERY_CHARS,
                request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S) -> FastAPI:
     """The FastAPI application serving `index` (see the `agentic_retriever.server` docstring for the API).
 
-    `max_batch_queries` bounds one batch, and so the chunks a big request is searched in; a request with more
+    `max_batch_queries` bounds one batch, and so the chunks a big request is searched in. A batch is searched as
+    soon as the index is free and gathers the requests that arrived while it was busy; `max_wait_ms` > 0 also
+    holds a batch open that long after its first request arrived (bigger batches for a GPU encoder, at a cost in
+    latency to a lone client). A request with more
     than `max_queries_per_request` queries, or a query, question or history longer than `max_query_chars`
     characters, gets a 413; one not answered within `request_timeout_s` seconds (None or 0: no limit) gets a 504
     and the rest of it is not searched.
@@ -133,7 +138,7 @@ def _describe(index: SearchIndex) -> str:
 
 
 def serve(index: SearchIndex, host: str = "127.0.0.1", port: int = 8000, max_batch_queries: int = 256,
-          max_wait_ms: float = 5.0, batching: bool = True, log_level: str = "info",
+          max_wait_ms: float = DEFAULT_MAX_WAIT_MS, batching: bool = True, log_level: str = "info",
           max_queries_per_request: int = DEFAULT_MAX_QUERIES_PER_REQUEST,
           max_query_chars: int = DEFAULT_MAX_QUERY_CHARS,
           request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S) -> None:
@@ -146,7 +151,8 @@ def serve(index: SearchIndex, host: str = "127.0.0.1", port: int = 8000, max_bat
     log.info("serving %s", _describe(index))
     log.info("retrieval service on http://%s:%d/retrieve (health: /health); micro-batching %s; limits: %d queries "
              "per request, %d characters per query, %s per request", host, port,
-             f"on (up to {max_batch_queries} queries, {max_wait_ms} ms)" if batching else "off",
+             f"on (up to {max_batch_queries} queries" + (f", {max_wait_ms:g} ms window)" if max_wait_ms else ")")
+             if batching else "off",
              max_queries_per_request, max_query_chars,
              f"{request_timeout_s:g} s" if request_timeout_s else "no time limit")
     uvicorn.run(app, host=host, port=port, log_level=log_level, workers=1)

@@ -9,6 +9,11 @@ requests that arrived meanwhile are ahead of it (round-robin): a small request w
 any number of big ones, and the big ones take turns. With ``batching`` off a batch is one chunk of one
 request (the queue's head), taken round-robin the same way.
 
+When a batch is taken: as soon as the index thread is free (``max_wait_s`` 0, the default), so a lone
+request is searched at once and the requests that arrive while a batch is searched form the next one: the
+batching window is the index's own busy time, which grows with the load (continuous batching). A
+``max_wait_s`` > 0 also keeps a batch open that long after its oldest request arrived, or until it is full.
+
 A batch is searched as one ``index.retrieve`` call per distinct ``topk`` in it, each with that exact topk, so a
 request's results never depend on its batch-mates (HNSW's beam and top-k tie-breaking can depend on k).
 The calls run one at a time in a single worker thread; a failed call is retried chunk by chunk, so one bad

@@ -6,7 +6,9 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from ..client import RetrievalConfig
-from .schema import DEFAULT_MAX_QUERIES_PER_REQUEST, DEFAULT_MAX_QUERY_CHARS, DEFAULT_REQUEST_TIMEOUT_S
+from .schema import (
+    DEFAULT_MAX_QUERIES_PER_REQUEST, DEFAULT_MAX_QUERY_CHARS, DEFAULT_MAX_WAIT_MS, DEFAULT_REQUEST_TIMEOUT_S,
+)
 
 __all__ = ["ServeConfig"]
 
@@ -21,7 +23,9 @@ class ServeConfig:
     port: int = field(default=8000, metadata={"help": "port to listen on"})
     batching: bool = field(default=True, metadata={"help": "gather concurrent requests into one search"})
     max_batch_queries: int = field(default=256, metadata={"help": "most queries gathered into one search"})
-    max_wait_ms: float = field(default=5.0, metadata={"help": "longest wait for more requests before searching"})
+    max_wait_ms: float = field(default=DEFAULT_MAX_WAIT_MS, metadata={
+        "help": "extra window a batch stays open for more requests after its first (0: search as soon as the index "
+                "is free; requests arriving meanwhile form the next batch)"})
     max_queries_per_request: int = field(default=DEFAULT_MAX_QUERIES_PER_REQUEST, metadata={
         "help": "most queries in one request (more: 413); big requests are searched in chunks of max_batch_queries"})
     max_query_chars: int = field(default=DEFAULT_MAX_QUERY_CHARS, metadata={

@@ -17,6 +17,8 @@ DEFAULT_TOPK = 3
 DEFAULT_MAX_QUERIES_PER_REQUEST = 10_000
 DEFAULT_MAX_QUERY_CHARS = 4096
 DEFAULT_REQUEST_TIMEOUT_S = 120.0
+#: No fixed batching window: a batch gathers the requests that arrived while the index searched the one before.
+DEFAULT_MAX_WAIT_MS = 0.0
 
 
 class RetrieveRequest(BaseModel):

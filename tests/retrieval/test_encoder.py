@@ -22,6 +22,33 @@ def test_default_encoder_equals_sentence_transformers_encode(minilm):
     assert minilm.settings.query_prefix == "" and minilm.settings.pooling == "mean" and minilm.dim == 384
 
 
+def test_one_pass_and_batched_encoding_agree_normalised_or_not(tiny_model_dir):
+    texts = [f"text number {i} " * (i + 1) for i in range(5)]
+    for normalize in (True, False):
+        encoder = Encoder(EncoderConfig(model=tiny_model_dir, batch_size=2, normalize=normalize))
+        batched = encoder.encode_passages(texts)  # more texts than a batch: SentenceTransformer.encode
+        one_by_one = np.concatenate([encoder.encode_passages([t]) for t in texts])  # one forward pass each
+        reference = encoder.model.encode(texts, normalize_embeddings=normalize)
+        assert np.allclose(one_by_one, batched, atol=1e-6) and np.allclose(one_by_one, reference, atol=1e-6)
+        assert one_by_one.dtype == np.float32 and one_by_one.flags["C_CONTIGUOUS"]
+        assert np.allclose(np.linalg.norm(one_by_one, axis=1), 1.0, atol=1e-6) == normalize
+
+
+@pytest.mark.parametrize("setting", ["default_prompt", "truncate_dim"])
+def test_a_model_whose_encode_adds_a_prompt_or_truncates_is_encoded_by_sentence_transformers(tiny_model_dir, setting):
+    encoder = Encoder(EncoderConfig(model=tiny_model_dir))
+    if setting == "default_prompt":
+        encoder.model.prompts, encoder.model.default_prompt_name = {"query": "query: "}, "query"
+    else:
+        encoder.model.truncate_dim = 8
+    expected = encoder.model.encode(["who"], normalize_embeddings=True)
+    assert np.allclose(encoder.encode_queries(["who"]), expected, atol=1e-6)
+    if setting == "default_prompt":  # the prompt changes the embedding: a plain forward pass would miss it
+        assert not np.allclose(expected, encoder._encode_one_batch(["who"]), atol=1e-6)
+    else:
+        assert expected.shape == (1, 8)
+
+
 def test_prefixes_and_cls_pooling_match_a_hand_built_sentence_transformer(tiny_model_dir):
     encoder = Encoder(EncoderConfig(model=tiny_model_dir, pooling="cls", query_prefix="query: ", passage_prefix="passage: "))
     transformer = models.Transformer(tiny_model_dir)

@@ -3,7 +3,6 @@ batch-mates: test_server_fairness.py; its clients: test_client.py; the shared in
 
 from __future__ import annotations
 
-import json
 import threading
 
 import httpx
@@ -12,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from agentic_retriever.encoder import SEPARATOR
 from agentic_retriever.server import ServerThread, create_app
-from tests.fakes import CountingRetrieve, result_ids, result_scores
+from tests.fakes import CountingRetrieve, post_in_thread, result_ids, result_scores, wait_until
 from tests.retrieval.topics import CONTENTS, PASSAGES, QUERIES
 
 
@@ -275,3 +274,27 @@ def test_batching_off_serves_one_request_per_index_call_one_at_a_time(bm25, monk
     assert counter.max_active == 1
     for body, response in zip(bodies, responses):
         assert result_ids(response.json()["result"]) == bm25.search(body["queries"], body["topk"]).ids
+
+
+def test_by_default_a_lone_request_is_searched_at_once_and_later_ones_join_the_next_batch(bm25, monkeypatch):
+    """No fixed window (max_wait_ms 0): the first request goes to the index alone, and the requests that arrive
+    while the index is busy with it are searched together in the very next index call."""
+    release = threading.Event()
+    counter = CountingRetrieve(bm25, hold_first=release)
+    monkeypatch.setattr(bm25, "retrieve", counter)
+    bodies = [{"queries": [QUERIES[i % len(QUERIES)]], "topk": 2, "return_scores": True} for i in range(7)]
+    app = create_app(bm25)
+    responses, finished, threads = {}, [], []
+    with ServerThread(app) as url:
+        threads.append(post_in_thread(url, bodies[0], responses, 0, finished))
+        wait_until(lambda: len(counter.calls) == 1, "the lone request to be searched")
+        threads += [post_in_thread(url, body, responses, i, finished) for i, body in enumerate(bodies[1:], 1)]
+        wait_until(lambda: app.state.batcher.stats.requests == len(bodies), "the later requests to be queued")
+        release.set()
+        for thread in threads:
+            thread.join()
+        assert httpx.get(f"{url}/health").json()["max_wait_ms"] == 0
+    assert [len(call) for call in counter.calls] == [1, len(bodies) - 1]
+    for i, body in enumerate(bodies):
+        assert responses[i].status_code == 200
+        assert result_ids(responses[i].json()["result"]) == bm25.search(body["queries"], 2).ids

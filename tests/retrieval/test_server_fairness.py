@@ -3,9 +3,7 @@ limits (413) and the time bound (504), and results that do not depend on batch-m
 
 from __future__ import annotations
 
-import json
 import threading
-import time
 
 import httpx
 import pytest
@@ -15,27 +13,10 @@ from agentic_retriever.encoder import EncoderConfig
 from agentic_retriever.index import DenseParams, IndexBuildConfig, build_index, open_index
 from agentic_retriever.server import ServerThread, create_app
 from agentic_retriever.server.batcher import fair_shares
-from tests.fakes import WORDS, CountingRetrieve, result_ids, result_scores, synthetic_rows, write_jsonl
+from tests.fakes import (
+    WORDS, CountingRetrieve, post_in_thread, result_ids, result_scores, synthetic_rows, wait_until, write_jsonl,
+)
 from tests.retrieval.topics import QUERIES
-
-
-def _wait_until(condition, what: str, timeout: float = 60.0) -> None:
-    """Poll `condition` (not a timing assertion: the bound only stops a broken test from hanging)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.005)
-
-
-def _post_in_thread(url: str, body: dict, responses: dict, key, finished: list) -> threading.Thread:
-    def send():
-        with httpx.Client(timeout=120) as http:
-            responses[key] = http.post(f"{url}/retrieve", json=body)
-        finished.append(key)
-
-    thread = threading.Thread(target=send)
-    thread.start()
-    return thread
 
 
 def test_fair_shares_take_small_requests_whole_and_the_rest_oldest_first():
@@ -67,11 +48,11 @@ def test_a_small_request_is_served_about_one_batch_behind_big_ones(bm25, monkeyp
     responses, finished, threads = {}, [], []
     with ServerThread(app) as url:
         for b in range(bigs):
-            threads.append(_post_in_thread(url, {"queries": big_queries, "topk": 3}, responses, f"big{b}", finished))
-            _wait_until(lambda: app.state.batcher.stats.requests == b + 1, "the big request to be queued")
-        _wait_until(lambda: len(counter.calls) == 1, "the first chunk to be searched")
-        threads.append(_post_in_thread(url, {"queries": ["chess"], "topk": 3}, responses, "small", finished))
-        _wait_until(lambda: app.state.batcher.stats.requests == bigs + 1, "the small request to be queued")
+            threads.append(post_in_thread(url, {"queries": big_queries, "topk": 3}, responses, f"big{b}", finished))
+            wait_until(lambda: app.state.batcher.stats.requests == b + 1, "the big request to be queued")
+        wait_until(lambda: len(counter.calls) == 1, "the first chunk to be searched")
+        threads.append(post_in_thread(url, {"queries": ["chess"], "topk": 3}, responses, "small", finished))
+        wait_until(lambda: app.state.batcher.stats.requests == bigs + 1, "the small request to be queued")
         hold.set()
         for thread in threads:
             thread.join()
@@ -133,9 +114,9 @@ def test_a_request_over_its_time_limit_gets_504_and_the_rest_of_it_is_never_sear
     app = create_app(bm25, max_batch_queries=2, request_timeout_s=1.0)
     responses, finished = {}, []
     with ServerThread(app) as url:
-        slow = _post_in_thread(url, {"queries": ["mercury", "python", "venus", "board game"]}, responses, "slow", finished)
-        _wait_until(lambda: len(counter.calls) == 1, "the first chunk to be searched")
-        queued = _post_in_thread(url, {"queries": ["largest river"]}, responses, "queued", finished)
+        slow = post_in_thread(url, {"queries": ["mercury", "python", "venus", "board game"]}, responses, "slow", finished)
+        wait_until(lambda: len(counter.calls) == 1, "the first chunk to be searched")
+        queued = post_in_thread(url, {"queries": ["largest river"]}, responses, "queued", finished)
         slow.join()
         queued.join()
         hold.set()  # the chunk in flight finishes; what is left of both requests is dropped
@@ -191,8 +172,8 @@ def test_results_do_not_depend_on_batch_mates_with_a_larger_topk(tie_prone_index
     responses, finished, threads = {}, [], []
     with ServerThread(app) as url:
         for n, (name, body) in enumerate(bodies.items(), start=1):
-            threads.append(_post_in_thread(url, body, responses, name, finished))
-            _wait_until(lambda: app.state.batcher.stats.requests == n and len(counter.calls) == 1, f"{name} queued")
+            threads.append(post_in_thread(url, body, responses, name, finished))
+            wait_until(lambda: app.state.batcher.stats.requests == n and len(counter.calls) == 1, f"{name} queued")
         hold.set()  # mine and both mates are waiting: they form one batch
         for thread in threads:
             thread.join()
