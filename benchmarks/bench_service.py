@@ -1,18 +1,27 @@
-"""Retrieval service: throughput with micro-batching ON vs OFF (``--mode throughput``, the default), and
-fairness to small requests while a big one is searched (``--mode fairness``), measured in the same run. (Over
-400 lines: both modes share the server, client and report harness of this one file.)
+"""Retrieval service: our service against a peer at 1, 16 and 64 concurrent clients (``--mode throughput``,
+the default), and fairness to small requests while a big one is searched (``--mode fairness``).
 
-Baseline: the same server with ``batching=False``, which serves requests strictly one at a time, one
-index call per request. Load: `--clients` concurrent clients (default 64) each sending `--requests` one-query
-requests (default 20) back to back over loopback HTTP to a real uvicorn server on 127.0.0.1. The
-clients are asyncio tasks on plain keep-alive HTTP/1.1 connections (``--client raw``, cheap, like wrk)
-or httpx.AsyncClient (``--client httpx``); they run in this process, next to the server.
-The two modes alternate for --repeats rounds (other load on a shared machine then hits both alike).
-Prints requests/s, p50/p95/p99 latency, index calls and mean batch size per round and mode, the
-medians, their ratios (target: batched >= 3x requests/s with p95 no worse) and the device.
+Throughput mode. Contenders, all over the same index (same FAISS file, corpus and encoder weights), each a real
+uvicorn server on 127.0.0.1 in this process, unless a URL is given:
 
-    python benchmarks/bench_service.py                         # builds a small MiniLM index itself
-    python benchmarks/bench_service.py --index runs/quickstart/index --json bench_service.json
+* ``peer``: the baseline. By default a per-request server in the design of Search-R1's own (`_reference_server.py`:
+  a synchronous FastAPI endpoint, a plain transformers encoder and one FAISS search per request); with
+  ``--peer-url URL`` any running server that speaks Search-R1's ``POST /retrieve`` (Search-R1's own, FlashRAG's,
+  yours), which should serve the same corpus for the answer-agreement line to mean anything;
+* ``ours``: `create_app` with the service's default settings (`ServeConfig`);
+* ``ours, batching off``: one index call per request, strictly one after the other.
+
+Load: for each `--clients` count (default 1, 16, 64), that many keep-alive connections send one-query requests
+(topk `--topk`) back to back, `--total-requests` in all (at least 5 per client), cheap raw HTTP/1.1 clients on
+asyncio streams in this process (`_service_load.py`). The contenders alternate for `--repeats` rounds at each
+count (drifting load on a shared machine hits them alike) and the medians are compared. Prints requests/s and
+p50/p95/p99 latency per contender and count, the ratios ours/peer (targets: at 1 client throughput >= 0.95x and
+p50 latency <= 1/0.95x the peer's; at the largest count throughput >= 4x), how often ours and the peer return the
+same top-k ids, and the device and load average.
+
+    python benchmarks/bench_service.py                                   # builds a small MiniLM index itself
+    python benchmarks/bench_service.py --index runs/quickstart/index/minilm-flat --json bench_service.json
+    python benchmarks/bench_service.py --index DIR --peer-url http://127.0.0.1:8000   # against your own server
     python benchmarks/bench_service.py --mode fairness --big-queries 10000
 
 Fairness mode: `--probe-clients` clients (default 4) send one-query requests back to back: `--probes` each
@@ -23,24 +32,24 @@ server searched a big request before chunking; the modes alternate for --repeats
 p50/p95/max latency in each mode, the ratios with/without the big request, and the most index calls (batches)
 and queries a probe waited for (the calls that ended while it waited: the server searches a big request in
 chunks of --max-batch-queries, one chunk per batch, and a probe joins the next batch, so it waits for the
-batch in flight and its own: 2), and
-the answer to one query of 1 MB (a 413). The big request's answer (about 20 MB for 10,000 queries) is read
-but not parsed: the clients share the server's process.
+batch in flight and its own: 2), and the answer to one query of 1 MB (a 413). The big request's answer (about
+20 MB for 10,000 queries) is read but not parsed: the clients share the server's process.
 
 Without --index it indexes the first --passages passages of ``runs/quickstart/data/corpus.jsonl`` (the
 embedded default corpus, written by `agentic-retriever data prepare`) when that file exists,
 else a synthetic corpus of --passages passages, with the embedded default MiniLM encoder, in a temporary
-folder removed at the end. Only loopback traffic; a fixed number of requests; stops by itself.
+folder removed at the end. Only loopback traffic (or the --peer-url the user names); a fixed number of
+requests; stops by itself.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import math
-import os
 import random
 import statistics
 import tempfile
@@ -50,16 +59,11 @@ from pathlib import Path
 import httpx
 
 from _common import base_parser, describe_device, device_line, load_passages, write_json
+from _reference_server import create_reference_app
+from _service_load import RawConnection, closed_loop, host_port, load_average, percentile
 
 from agentic_retriever.index import IndexBuildConfig, SearchIndex, build_index, open_index
-from agentic_retriever.server import DEFAULT_MAX_QUERIES_PER_REQUEST, ServerThread, create_app
-
-def _load_average() -> list[float] | None:
-    """1/5/15-minute load averages: other work on a shared machine shows up here (and in the figures)."""
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
+from agentic_retriever.server import DEFAULT_MAX_QUERIES_PER_REQUEST, ServeConfig, ServerThread, create_app
 
 
 def build_bench_index(workdir: Path, passages: int) -> tuple[SearchIndex, str]:
@@ -86,93 +90,89 @@ def make_queries(index: SearchIndex, count: int, rng: random.Random) -> list[str
     return queries
 
 
-# ---------------------------------------------------------------------------------------------- load
+# ---------------------------------------------------------------------------------------------- throughput
 
 
-class _RawConnection:
-    """A minimal HTTP/1.1 keep-alive client on asyncio streams: a load generator that costs the server's
-    process far less CPU than httpx (whose per-request overhead would otherwise dominate both modes)."""
-
-    def __init__(self, host: str, port: int):
-        self.host, self.port = host, port
-        self.reader = self.writer = None
-
-    async def post_json(self, path: str, body: dict) -> tuple[int, bytes]:
-        if self.writer is None:
-            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        payload = json.dumps(body).encode()
-        self.writer.write(f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
-                          f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
-        await self.writer.drain()
-        head = await self.reader.readuntil(b"\r\n\r\n")
-        lines = head.split(b"\r\n")
-        status = int(lines[0].split()[1])
-        length = next((int(line.split(b":", 1)[1]) for line in lines[1:] if line.lower().startswith(b"content-length:")),
-                      None)
-        if length is None:
-            raise RuntimeError(f"response without Content-Length: {head[:200]!r}")
-        return status, await self.reader.readexactly(length)
-
-    async def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            await self.writer.wait_closed()
+def _our_app(index: SearchIndex, batching: bool):
+    defaults = ServeConfig()
+    return create_app(index, max_batch_queries=defaults.max_batch_queries, max_wait_ms=defaults.max_wait_ms,
+                      batching=batching)
 
 
-async def _load(url: str, queries: list[str], clients: int, per_client: int, topk: int, client_kind: str) -> dict:
-    latencies: list[float] = []
-    answers: dict[int, list[str]] = {}
-    errors: list[str] = []
-    host, port = url.rsplit("//", 1)[1].rsplit(":", 1)
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(base_url=url, timeout=120.0, limits=limits) as http:
-        async def client(c: int) -> None:
-            raw = _RawConnection(host, int(port)) if client_kind == "raw" else None
-            try:
-                for r in range(per_client):
-                    number = c * per_client + r
-                    body = {"queries": [queries[number % len(queries)]], "topk": topk, "return_scores": True}
-                    started = time.perf_counter()
-                    if raw is not None:
-                        status, content = await raw.post_json("/retrieve", body)
-                    else:
-                        response = await http.post("/retrieve", json=body)
-                        status, content = response.status_code, response.content
-                    latencies.append(time.perf_counter() - started)
-                    if status != 200:
-                        errors.append(f"{status}: {content[:200]!r}")
-                        continue
-                    answers[number] = [hit["document"]["id"] for hit in json.loads(content)["result"][0]]
-            finally:
-                if raw is not None:
-                    await raw.close()
-
-        before = (await http.get("/health")).json()["stats"]
-        started = time.perf_counter()
-        await asyncio.gather(*(client(c) for c in range(clients)))
-        wall = time.perf_counter() - started
-        after = (await http.get("/health")).json()["stats"]
-    calls = after["index_calls"] - before["index_calls"]
-    ordered = sorted(latencies)
-
-    def pct(p: float) -> float:
-        return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))] * 1000
-
-    return {"requests": len(latencies), "errors": len(errors), "first_errors": errors[:3],
-            "wall_s": round(wall, 3), "requests_per_s": round(len(latencies) / wall, 1),
-            "p50_ms": round(pct(50), 1), "p95_ms": round(pct(95), 1), "p99_ms": round(pct(99), 1),
-            "mean_ms": round(statistics.fmean(latencies) * 1000, 1),
-            "index_calls": calls, "mean_batch_requests": round(len(latencies) / calls, 2) if calls else 0.0,
-            "largest_batch_queries": after["largest_batch_queries"], "answers": answers}
+def _contenders(index: SearchIndex, args) -> dict[str, object]:
+    """name -> an app to serve in this process, or the URL of a running server."""
+    peer = args.peer_url.rstrip("/") if args.peer_url else create_reference_app(index, default_topk=args.topk)
+    return {"peer": peer, "ours": _our_app(index, batching=True), "ours, batching off": _our_app(index, batching=False)}
 
 
-def run_mode(index: SearchIndex, batching: bool, queries: list[str], args) -> dict:
-    app = create_app(index, max_batch_queries=args.max_batch_queries, max_wait_ms=args.max_wait_ms, batching=batching)
-    with ServerThread(app) as url:
-        with httpx.Client(base_url=url, timeout=60) as http:  # warm-up, not measured
-            for query in queries[: args.warmup]:
-                http.post("/retrieve", json={"queries": [query], "topk": args.topk}).raise_for_status()
-        return asyncio.run(_load(url, queries, args.clients, args.requests, args.topk, args.client))
+def _warm_up(url: str, queries: list[str], topk: int) -> None:
+    with httpx.Client(base_url=url, timeout=60) as http:
+        for query in queries:
+            http.post("/retrieve", json={"queries": [query], "topk": topk}).raise_for_status()
+
+
+def _agreement(ours: dict[int, list[str]], peer: dict[int, list[str]]) -> tuple[int, int]:
+    both = [i for i in ours if i in peer]
+    return sum(ours[i] == peer[i] for i in both), len(both)
+
+
+def run_throughput(index: SearchIndex, rng: random.Random, args) -> dict:
+    counts = [int(c) for c in str(args.clients).split(",")]
+    queries = make_queries(index, max(args.total_requests, max(counts) * 5), rng)
+    contenders = _contenders(index, args)
+    print(f"load: one-query requests (topk {args.topk}) back to back from {', '.join(map(str, counts))} keep-alive "
+          f"client(s), {args.total_requests} requests per round (at least 5 per client); peer: "
+          f"{args.peer_url or 'per-request reference server (benchmarks/_reference_server.py)'}; ours: the service's "
+          f"defaults (batching, max_wait_ms {ServeConfig().max_wait_ms:g})", flush=True)
+    results: dict[int, dict[str, list[dict]]] = {n: {name: [] for name in contenders} for n in counts}
+    with contextlib.ExitStack() as stack:
+        urls = {name: target if isinstance(target, str) else stack.enter_context(ServerThread(target))
+                for name, target in contenders.items()}
+        for url in urls.values():
+            _warm_up(url, queries[: args.warmup], args.topk)
+        for clients in counts:
+            per_client = max(5, args.total_requests // clients)
+            for round_no in range(1, args.repeats + 1):
+                for name, url in urls.items():
+                    r = asyncio.run(closed_loop(url, queries, clients, per_client, args.topk))
+                    results[clients][name].append(r)
+                    print(f"  {clients:>3} client(s) round {round_no}  {name:<19} {r['requests_per_s']:>8.1f} req/s  "
+                          f"p50 {r['p50_ms']:>7.1f} ms  p95 {r['p95_ms']:>7.1f} ms  p99 {r['p99_ms']:>7.1f} ms  "
+                          f"errors {r['errors']}", flush=True)
+    return _throughput_report(counts, results)
+
+
+def _throughput_report(counts: list[int], results: dict[int, dict[str, list[dict]]]) -> dict:
+    keys = ("requests_per_s", "p50_ms", "p95_ms", "p99_ms", "mean_ms")
+    medians = {n: {name: {k: round(statistics.median(r[k] for r in runs), 2) for k in keys}
+                   for name, runs in by_name.items()} for n, by_name in results.items()}
+    print("medians (requests/s, p50 ms, p95 ms) and ratios ours/peer:")
+    ratios = {}
+    for n in counts:
+        m = medians[n]
+        ratios[n] = {name: {"throughput": round(m[name]["requests_per_s"] / m["peer"]["requests_per_s"], 3),
+                            "p50_latency": round(m[name]["p50_ms"] / m["peer"]["p50_ms"], 3),
+                            "p95_latency": round(m[name]["p95_ms"] / m["peer"]["p95_ms"], 3)}
+                     for name in m if name != "peer"}
+        for name, r in m.items():
+            line = f"  {n:>3} client(s)  {name:<19} {r['requests_per_s']:>8.1f}  {r['p50_ms']:>7.1f}  {r['p95_ms']:>7.1f}"
+            if name in ratios[n]:
+                x = ratios[n][name]
+                line += f"   x{x['throughput']:.2f} throughput, x{x['p50_latency']:.2f} p50, x{x['p95_latency']:.2f} p95"
+            print(line)
+    lone, crowd = ratios[min(counts)]["ours"], ratios[max(counts)]["ours"]
+    targets = {f"{min(counts)} client(s): throughput >= 0.95x": lone["throughput"] >= 0.95,
+               f"{min(counts)} client(s): p50 latency <= 1/0.95x": lone["p50_latency"] <= 1 / 0.95,
+               f"{max(counts)} clients: throughput >= 4x": crowd["throughput"] >= 4}
+    for target, met in targets.items():
+        print(f"  target {target}: {'met' if met else 'NOT MET'}")
+    same, compared = _agreement(results[counts[0]]["ours"][0]["answers"], results[counts[0]]["peer"][0]["answers"])
+    errors = sum(r["errors"] for by_name in results.values() for runs in by_name.values() for r in runs)
+    print(f"top-k ids identical to the peer's: {same} of {compared} requests; errors: {errors}")
+    rounds = {n: {name: [{k: v for k, v in r.items() if k != "answers"} for r in runs] for name, runs in by_name.items()}
+              for n, by_name in results.items()}
+    return {"medians": medians, "ratios": ratios, "targets": targets, "same_topk_as_peer": [same, compared],
+            "errors": errors, "rounds": rounds}
 
 
 # ---------------------------------------------------------------------------------------------- fairness
@@ -207,11 +207,6 @@ class _CallLog:
         return len(waited), sum(waited)
 
 
-def _percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
-
-
 async def _probes(host: str, port: int, queries: list[str], clients: int, per_client: int, topk: int,
                   big: asyncio.Future | None) -> tuple[list[tuple[float, float]], list[str]]:
     """One-query requests back to back from `clients` connections: `per_client` each, or with `big`, as many
@@ -219,7 +214,7 @@ async def _probes(host: str, port: int, queries: list[str], clients: int, per_cl
     times, errors = [], []
 
     async def client(c: int) -> None:
-        connection = _RawConnection(host, port)
+        connection = RawConnection(host, port)
         try:
             r = 0
             while (r < per_client) if big is None else (r == 0 or not big.done()):
@@ -239,12 +234,11 @@ async def _probes(host: str, port: int, queries: list[str], clients: int, per_cl
 
 async def _fairness_round(url: str, calls: _CallLog, probe_queries: list[str], big_queries: list[str], args,
                           with_big: bool) -> dict:
-    host, port = url.rsplit("//", 1)[1].rsplit(":", 1)
-    port = int(port)
+    host, port = host_port(url)
     big = None
     if with_big:
         async def send_big() -> tuple[int, float, int]:
-            connection = _RawConnection(host, port)
+            connection = RawConnection(host, port)
             started = time.perf_counter()
             try:  # the answer is read, not parsed: parsing megabytes here would stall the server's thread too
                 status, content = await connection.post_json("/retrieve", {"queries": big_queries, "topk": args.topk})
@@ -259,16 +253,16 @@ async def _fairness_round(url: str, calls: _CallLog, probe_queries: list[str], b
     times, errors = await _probes(host, port, probe_queries, args.probe_clients, args.probes, args.topk, big)
     latencies = [answered - sent for sent, answered in times]
     result = {"probes": len(latencies), "errors": len(errors), "first_errors": errors[:3],
-              "p50_ms": round(_percentile(latencies, 50) * 1000, 1),
-              "p95_ms": round(_percentile(latencies, 95) * 1000, 1),
+              "p50_ms": round(percentile(latencies, 50) * 1000, 1),
+              "p95_ms": round(percentile(latencies, 95) * 1000, 1),
               "max_ms": round(max(latencies) * 1000, 1)}
     if big is not None:
         status, seconds, size = await big
         waited = [calls.waited(sent, answered) for sent, answered in times]
         result |= {"big_status": status, "big_s": round(seconds, 3), "big_response_bytes": size,
-                   "probe_index_calls_waited_p95": _percentile([w[0] for w in waited], 95),
+                   "probe_index_calls_waited_p95": percentile([w[0] for w in waited], 95),
                    "probe_index_calls_waited_max": max(w[0] for w in waited),
-                   "probe_queries_waited_p95": _percentile([w[1] for w in waited], 95),
+                   "probe_queries_waited_p95": percentile([w[1] for w in waited], 95),
                    "probe_queries_waited_max": max(w[1] for w in waited)}
     return result
 
@@ -343,29 +337,23 @@ def run_fairness(index: SearchIndex, rng: random.Random, args) -> dict:
             "errors": errors, "big_statuses": statuses, "rounds": rounds}
 
 
-def _median_round(runs: list[dict]) -> dict:
-    """Per figure, the median over the rounds (robust to a round disturbed by other load on the machine)."""
-    keys = ("requests_per_s", "p50_ms", "p95_ms", "p99_ms", "mean_ms", "mean_batch_requests")
-    return {k: round(statistics.median(r[k] for r in runs), 2) for k in keys} | {
-        "requests_per_round": runs[0]["requests"], "index_calls": [r["index_calls"] for r in runs]}
-
-
 def main(argv: list[str] | None = None) -> dict:
     parser = base_parser(__doc__)
     parser.add_argument("--mode", choices=("throughput", "fairness"), default="throughput",
-                        help="batching on vs off under many small requests, or small probes with vs without a big request")
+                        help="ours vs a peer under one-query requests, or small probes with vs without a big request")
     parser.add_argument("--index", help="a built index folder (default: build a small MiniLM index in a temp folder)")
     parser.add_argument("--passages", type=int, default=2000, help="passages in the index built without --index")
-    parser.add_argument("--clients", type=int, default=64, help="concurrent clients")
-    parser.add_argument("--requests", type=int, default=20, help="one-query requests per client")
+    parser.add_argument("--clients", default="1,16,64", help="throughput mode: concurrent client counts, comma-separated")
+    parser.add_argument("--total-requests", type=int, default=400,
+                        help="throughput mode: one-query requests per round and contender (at least 5 per client)")
+    parser.add_argument("--peer-url", help="throughput mode: a running Search-R1-compatible server to compare against "
+                                           "(default: the per-request reference server over the same index)")
     parser.add_argument("--topk", type=int, default=3)
-    parser.add_argument("--max-batch-queries", type=int, default=256)
-    parser.add_argument("--max-wait-ms", type=float, default=5.0)
-    parser.add_argument("--warmup", type=int, default=8, help="unmeasured requests before each mode")
-    parser.add_argument("--client", choices=("raw", "httpx"), default="raw",
-                        help="load generator: raw asyncio HTTP/1.1 keep-alive connections, or httpx.AsyncClient "
-                             "(heavier: its own CPU cost then dominates both modes on a small CPU)")
-    parser.add_argument("--repeats", type=int, default=3, help="rounds of (off, on); the medians are compared")
+    parser.add_argument("--max-batch-queries", type=int, default=256, help="fairness mode: the servers' batch bound")
+    parser.add_argument("--max-wait-ms", type=float, default=ServeConfig().max_wait_ms,
+                        help="fairness mode: the servers' batching window")
+    parser.add_argument("--warmup", type=int, default=8, help="unmeasured requests to each server first")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of each contender; the medians are compared")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--big-queries", type=int, default=DEFAULT_MAX_QUERIES_PER_REQUEST,
                         help="fairness mode: queries in the big request")
@@ -385,64 +373,18 @@ def main(argv: list[str] | None = None) -> dict:
             index, origin = open_index(args.index), args.index
         else:
             index, origin = build_bench_index(Path(tmp), args.passages)
-        device = describe_device() | {"load_average_at_start": _load_average()}
+        device = describe_device() | {"load_average_at_start": load_average()}
         m = index.manifest
         print(f"{device_line(device)}; load average {device['load_average_at_start']}")
         print(f"index: {m.backend}/{m.index_type}, {len(index)} passages ({origin}), "
               f"encoder {(m.encoder or {}).get('model')}, dim {m.dim}")
-        if args.mode == "fairness":
-            figures = run_fairness(index, rng, args)
-            device["load_average_at_end"] = _load_average()
-            print(f"load average at the end: {device['load_average_at_end']}")
-            figures["index"] = {"backend": m.backend, "type": m.index_type, "passages": len(index), "origin": origin,
-                                "encoder": (m.encoder or {}).get("model")}
-            write_json(args.json, "bench_service_fairness", args, device, figures)
-            return figures
-        queries = make_queries(index, args.clients * args.requests, rng)
-        print(f"load: {args.clients} concurrent clients ({args.client}) x {args.requests} requests of 1 query, topk {args.topk}; "
-              f"server on 127.0.0.1 (uvicorn, same process); batching: max {args.max_batch_queries} queries, "
-              f"{args.max_wait_ms} ms", flush=True)
-
-        rounds: dict[str, list[dict]] = {"batching off": [], "batching on": []}
-        for round_no in range(1, args.repeats + 1):  # alternate the modes: drifting load hits both alike
-            for name, batching in (("batching off", False), ("batching on", True)):
-                r = run_mode(index, batching, queries, args)
-                rounds[name].append(r)
-                print(f"  round {round_no}  {name:<13} {r['requests_per_s']:>8.1f} req/s  p50 {r['p50_ms']:>7.1f} ms  "
-                      f"p95 {r['p95_ms']:>7.1f} ms  p99 {r['p99_ms']:>7.1f} ms  index calls {r['index_calls']:>5}  "
-                      f"mean batch {r['mean_batch_requests']:>6.2f} req  errors {r['errors']}", flush=True)
-
-    summary = {name: _median_round(runs) for name, runs in rounds.items()}
-    off, on = summary["batching off"], summary["batching on"]
-    print(f"median of {args.repeats} round(s):")
-    for name, r in summary.items():
-        print(f"  {name:<13} {r['requests_per_s']:>8.1f} req/s  p50 {r['p50_ms']:>7.1f} ms  p95 {r['p95_ms']:>7.1f} ms  "
-              f"p99 {r['p99_ms']:>7.1f} ms")
-    answers_off, answers_on = rounds["batching off"][0]["answers"], rounds["batching on"][0]["answers"]
-    same = sum(answers_off.get(i) == answers_on.get(i) for i in answers_off)
-    errors = sum(r["errors"] for runs in rounds.values() for r in runs)
-    throughput_ratio = on["requests_per_s"] / off["requests_per_s"]
-    p95_ratio = on["p95_ms"] / off["p95_ms"]
-    print(f"ratio batched/unbatched (medians): throughput x{throughput_ratio:.2f} (target >= 3), "
-          f"p95 latency x{p95_ratio:.2f} (target <= 1), p50 latency x{on['p50_ms'] / off['p50_ms']:.2f}")
-    print(f"answers identical in both modes: {same} of {len(answers_off)} requests; errors: {errors}")
-    verdict = throughput_ratio >= 3 and p95_ratio <= 1 and not errors
-    print("target met" if verdict else "TARGET NOT MET")
-    device["load_average_at_end"] = _load_average()
+        figures = run_fairness(index, rng, args) if args.mode == "fairness" else run_throughput(index, rng, args)
+    device["load_average_at_end"] = load_average()
     print(f"load average at the end: {device['load_average_at_end']}")
-
-    figures = {
-        "index": {"backend": m.backend, "type": m.index_type,
-                                                                 "passages": len(index), "origin": origin,
-                                                                 "encoder": (m.encoder or {}).get("model")},
-        "load": {"clients": args.clients, "client": args.client, "requests_per_client": args.requests, "queries_per_request": 1,
-                 "topk": args.topk, "max_batch_queries": args.max_batch_queries, "max_wait_ms": args.max_wait_ms},
-        "repeats": args.repeats, "baseline": off, "batched": on,
-        "rounds": {name: [{k: v for k, v in r.items() if k != "answers"} for r in runs] for name, runs in rounds.items()},
-        "throughput_ratio": round(throughput_ratio, 3), "p95_ratio": round(p95_ratio, 3),
-        "identical_answers": same, "errors": errors, "target_met": verdict,
-    }
-    write_json(args.json, "bench_service", args, device, figures)
+    figures["index"] = {"backend": m.backend, "type": m.index_type, "passages": len(index), "origin": origin,
+                        "encoder": (m.encoder or {}).get("model")}
+    write_json(args.json, "bench_service" if args.mode == "throughput" else "bench_service_fairness", args, device,
+               figures)
     return figures
 
 
