@@ -6,7 +6,8 @@ What it shares with that server, and so what the comparison measures: a synchron
 runs it in its thread pool, so concurrent requests run side by side, each with its own forward pass), a plain
 Hugging Face ``AutoModel`` encoder (tokenize, forward, mean pooling, L2 norm) called once per request, one FAISS
 search per request, and documents taken from an in-memory list. It serves the same FAISS index, corpus and
-encoder weights as the contender, so both return the same passages; only the serving differs. It is written
+encoder weights as the contender (on the same device, in the same precision), so both return the same
+passages; only the serving differs. It is written
 here from that design, not copied; the real server can be measured as it is with ``--peer-url``.
 
 Not a benchmark itself (run_all.py only runs ``bench_*.py``).
@@ -29,24 +30,24 @@ class _Query(BaseModel):
 class _MeanPoolingEncoder:
     """Queries -> L2-normalised mean-pooled embeddings with a plain transformers model, one call per request."""
 
-    def __init__(self, model_path: str, query_prefix: str, max_length: int):
+    def __init__(self, model_path: str, query_prefix: str, max_length: int, device, dtype):
         import torch
         from transformers import AutoModel, AutoTokenizer
 
         self.torch = torch
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.model = AutoModel.from_pretrained(model_path).eval()
-        self.prefix, self.max_length = query_prefix, max_length
+        self.model = AutoModel.from_pretrained(model_path).to(device=device, dtype=dtype).eval()
+        self.device, self.prefix, self.max_length = device, query_prefix, max_length
 
     def encode(self, queries: list[str]):
         torch = self.torch
         inputs = self.tokenizer([self.prefix + q for q in queries], max_length=self.max_length, padding=True,
-                                truncation=True, return_tensors="pt")
+                                truncation=True, return_tensors="pt").to(self.device)
         with torch.inference_mode():
             hidden = self.model(**inputs).last_hidden_state
         mask = inputs["attention_mask"].unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
-        return torch.nn.functional.normalize(pooled, dim=-1).numpy()
+        return torch.nn.functional.normalize(pooled.float(), dim=-1).cpu().numpy()
 
 
 def create_reference_app(index: DenseIndex, default_topk: int = 3):
@@ -57,7 +58,9 @@ def create_reference_app(index: DenseIndex, default_topk: int = 3):
         raise ValueError(f"the reference server needs an index of every corpus row; {index.index_dir} left "
                          f"{index.manifest.dropped} passages out (built with --drop-empty)")
     settings = index.encoder.settings
-    encoder = _MeanPoolingEncoder(resolve_model_name(settings.model), settings.query_prefix, settings.max_length)
+    ours = index.encoder.model  # the same device and precision as the contender's encoder
+    encoder = _MeanPoolingEncoder(resolve_model_name(settings.model), settings.query_prefix, settings.max_length,
+                                  ours.device, next(ours.parameters()).dtype)
     documents = [{"id": p.id, "contents": p.contents} for p in index.corpus.passages_at(list(range(len(index))))]
     app = FastAPI()
 

@@ -1,10 +1,14 @@
-"""Passage encoding throughput: our Encoder against plain sentence-transformers on the same model.
+"""Encoding: our Encoder against plain sentence-transformers on the same model, in bulk and one query at a time.
 
-Measures passages/s of ``Encoder(EncoderConfig()).encode_passages(texts)`` (the embedded MiniLM) and of
-``SentenceTransformer(minilm_model_dir()).encode(texts, batch_size=64, normalize_embeddings=True)`` on the
-same passages, in the same process, alternating A B A B after a warm-up, and checks that both give the
-same embeddings. Target: ratio ours / sentence-transformers >= 1.0x (no overhead from our wrapper;
-0.98-1.02 is noise).
+1. Passages/s of ``Encoder(EncoderConfig()).encode_passages(texts)`` (the embedded MiniLM) and of
+   ``SentenceTransformer(minilm_model_dir()).encode(texts, batch_size=64, normalize_embeddings=True)`` on the
+   same passages. Target: ratio ours / sentence-transformers >= 1.0x (no overhead from our wrapper; 0.98-1.02
+   is noise).
+2. Queries/s encoding `--queries` short queries one call each (what a retrieval service pays per request of a
+   lone agent): ``encode_queries([q])``, which runs one forward pass without ``encode``'s per-call
+   bookkeeping, against ``SentenceTransformer.encode([q])``. Target: >= 1.0x.
+
+Both in the same process, alternating A B A B after a warm-up, and both check that the embeddings agree.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from _common import alternate, base_parser, describe_device, device_line, load_p
 def main() -> None:
     parser = base_parser(__doc__)
     parser.add_argument("--passages", type=int, default=256, help="passages encoded per timed run")
+    parser.add_argument("--queries", type=int, default=200, help="short queries encoded one call each per timed run")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs of each encoder (alternating)")
     parser.add_argument("--corpus", help="corpus file to take passages from (default: runs/quickstart corpus, "
                                          "else synthetic passages)")
@@ -68,11 +73,38 @@ def main() -> None:
     print(f"  embeddings allclose: yes (max |diff| {max_diff:.2e}, atol {atol:g}, dim {st_vectors.shape[1]})")
     print(f"RATIO ours/sentence-transformers: {ratio_median:.3f}x (median), {ratio_best:.3f}x (best)  "
           f"[target >= 1.0x, 0.98-1.02 is noise]")
+    single = one_query_at_a_time(ours, baseline, [" ".join(t.split()[1:7]) for t in texts][: args.queries],
+                                 args.repeats, atol)
     write_json(args.json, "encode", args, device, {
         "passages": len(texts), "source": source, "torch_device": torch_device, "torch_threads": torch.get_num_threads(),
         "ours_dtype": str(next(ours.model.parameters()).dtype), **results,
-        "max_abs_diff": max_diff, "ratio_median": ratio_median, "ratio_best": ratio_best,
+        "max_abs_diff": max_diff, "ratio_median": ratio_median, "ratio_best": ratio_best, "one_query_at_a_time": single,
     })
+
+
+def one_query_at_a_time(ours, baseline, queries: list[str], repeats: int, atol: float) -> dict:
+    """Queries/s of one `encode` call per query, ours against sentence-transformers, and the largest difference."""
+    outputs: dict[str, list] = {"ours": [], "st": []}
+
+    def run_ours() -> None:
+        outputs["ours"] = [ours.encode_queries([q])[0] for q in queries]
+
+    def run_st() -> None:
+        outputs["st"] = [baseline.encode([q], normalize_embeddings=True, show_progress_bar=False)[0] for q in queries]
+
+    seconds = alternate({"ours": run_ours, "sentence_transformers": run_st}, repeats=repeats, warmup=1)
+    max_diff = float(np.abs(np.stack(outputs["ours"]) - np.stack(outputs["st"])).max())
+    np.testing.assert_allclose(np.stack(outputs["ours"]), np.stack(outputs["st"]), atol=atol, rtol=0,
+                               err_msg="our query embeddings differ from sentence-transformers'")
+    results = {name: summarize(times, len(queries)) for name, times in seconds.items()}
+    ratio = results["ours"]["median_per_s"] / results["sentence_transformers"]["median_per_s"]
+    print(f"one query per call ({len(queries)} short queries):")
+    for name, r in results.items():
+        print(f"  {name:22s} median {r['median_per_s']:8.1f} queries/s ({1000 / r['median_per_s']:.2f} ms each)   "
+              f"best {r['best_per_s']:8.1f} queries/s")
+    print(f"  embeddings allclose: yes (max |diff| {max_diff:.2e})")
+    print(f"RATIO ours/sentence-transformers, one query per call: {ratio:.3f}x (median)  [target >= 1.0x]")
+    return {"queries": len(queries), **results, "max_abs_diff": max_diff, "ratio_median": ratio}
 
 
 if __name__ == "__main__":
