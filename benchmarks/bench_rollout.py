@@ -76,8 +76,8 @@ def random_weights_llm(folder: str, batch_size: int):
                            max_batch_size=batch_size)
 
 
-CONTENDERS = (("one at a time + cache", 1, True), ("batched + cache", None, True),
-              ("one at a time, no cache", 1, False), ("batched, no cache", None, False))
+CONTENDERS = (("batched + cache", None, True), ("batched, no cache", None, False),
+              ("one at a time + cache", 1, True), ("one at a time, no cache", 1, False))
 
 
 def run_contender(llm, client, questions: list[str], batch: int, config) -> dict:
@@ -103,6 +103,14 @@ def run_contender(llm, client, questions: list[str], batch: int, config) -> dict
             "response_ids": [r.response_ids for r in results]}
 
 
+def describe(f: dict) -> str:
+    return (f"{f['trajectories_per_min']:>7.2f} trajectories/min  {f['generated_tokens_per_s']:>6.1f} generated tokens/s  "
+            f"prefill {f['prefill_s']:.1f} s, decode {f['decode_s']:.1f} s, retrieval {f['retrieval_share']:.1%}  "
+            f"prompt tokens {f['prompt_tokens']:.0f}: computed {f['computed_tokens']:.0f}, cached {f['cached_tokens']:.0f}  "
+            f"({f['generated_tokens']:.0f} tokens, {f['searches']:.0f} searches, {f['answers']:.0f} answers, "
+            f"{f['wall_s']:.1f} s)")
+
+
 def main() -> None:
     parser = base_parser(__doc__)
     parser.add_argument("--model", default="default", help="agent model (hub name, folder or 'default')")
@@ -113,6 +121,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128, help="generated tokens per turn")
     parser.add_argument("--max-turns", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=1, help="rounds of all contenders; medians are reported")
+    parser.add_argument("--skip", action="append", default=[], choices=[name for name, _, _ in CONTENDERS],
+                        help="leave this contender out (repeatable; its ratios are not printed)")
     parser.add_argument("--random-weights", metavar="FOLDER", help="FOLDER's architecture and tokenizer, random weights")
     parser.add_argument("--fixed-passages", metavar="CORPUS", help="answer every search with CORPUS's first passages")
     args = parser.parse_args()
@@ -149,39 +159,34 @@ def main() -> None:
                                prefix_cache_tokens=loaded.prefix_cache.max_tokens if cached else 0)
 
     rollout(questions[:2], backend(True), client, config)  # warm-up, not measured
-    runs: dict[str, list[dict]] = {name: [] for name, _, _ in CONTENDERS}
+    contenders = [c for c in CONTENDERS if c[0] not in args.skip]
+    runs: dict[str, list[dict]] = {name: [] for name, _, _ in contenders}
     for round_ in range(args.repeats):
-        order = CONTENDERS if round_ % 2 == 0 else CONTENDERS[::-1]
+        order = contenders if round_ % 2 == 0 else contenders[::-1]
         for name, batch, cached in order:
             run = run_contender(backend(cached), client, questions, batch or args.batch_size, config)
             runs[name].append(run)
-            print(f"  round {round_ + 1} {name:<24} {run['trajectories_per_min']:>6.2f} trajectories/min "
-                  f"({run['wall_s']:.1f} s)", flush=True)
+            print(f"  round {round_ + 1} {name:<24} {describe(run)}", flush=True)
 
     figures = {}
-    for name, _, _ in CONTENDERS:
+    for name in runs:
         f = {key: statistics.median(run[key] for run in runs[name]) for key in runs[name][0] if key != "response_ids"}
         f["walls_s"] = [round(run["wall_s"], 2) for run in runs[name]]
         figures[name] = f
-        print(f"  {name:<24} {f['trajectories_per_min']:>7.2f} trajectories/min  {f['generated_tokens_per_s']:>6.1f} "
-              f"generated tokens/s  prefill {f['prefill_s']:.1f} s, decode {f['decode_s']:.1f} s, retrieval "
-              f"{f['retrieval_share']:.1%}  prompt tokens {f['prompt_tokens']:.0f}: computed {f['computed_tokens']:.0f}, "
-              f"cached {f['cached_tokens']:.0f}  ({f['generated_tokens']:.0f} tokens, {f['searches']:.0f} searches, "
-              f"{f['answers']:.0f} answers, median of {f['walls_s']} s)", flush=True)
-    same = {name: runs[name][0]["response_ids"] == runs["batched, no cache"][0]["response_ids"] for name in runs}
-    print(f"  same trajectories as 'batched, no cache': {same}")
+        print(f"  {name:<24} {describe(f)} (median of {f['walls_s']} s)", flush=True)
+    first = next(iter(runs))
+    same = {name: runs[name][0]["response_ids"] == runs[first][0]["response_ids"] for name in runs}
+    print(f"  same trajectories as '{first}': {same}")
     per_min = {name: f["trajectories_per_min"] for name, f in figures.items()}
-    ratios = {
-        "batched/one at a time, with the cache": per_min["batched + cache"] / per_min["one at a time + cache"],
-        "batched/one at a time, no cache": per_min["batched, no cache"] / per_min["one at a time, no cache"],
-        "batched: cache/no cache": per_min["batched + cache"] / per_min["batched, no cache"],
-        "one at a time: cache/no cache": per_min["one at a time + cache"] / per_min["one at a time, no cache"],
-        "batched + cache/one at a time, no cache": per_min["batched + cache"] / per_min["one at a time, no cache"],
-    }
+    ratios = {f"{ours} / {theirs}": per_min[ours] / per_min[theirs] for ours, theirs in (
+        ("batched + cache", "one at a time + cache"), ("batched, no cache", "one at a time, no cache"),
+        ("batched + cache", "batched, no cache"), ("one at a time + cache", "one at a time, no cache"),
+        ("batched + cache", "one at a time, no cache")) if ours in per_min and theirs in per_min}
     for label, value in ratios.items():
         print(f"ratio {label}: {value:.2f}x")
-    print(f"RATIO batched/one-at-a-time trajectories per minute (both with the prefix cache): "
-          f"{ratios['batched/one at a time, with the cache']:.2f}x  [target >= 3x]")
+    if "batched + cache / one at a time + cache" in ratios:
+        print(f"RATIO batched/one-at-a-time trajectories per minute (both with the prefix cache): "
+              f"{ratios['batched + cache / one at a time + cache']:.2f}x  [target >= 3x]")
     write_json(args.json, "bench_rollout", args, device, figures | {"ratios": ratios, "same_trajectories": same})
 
 
