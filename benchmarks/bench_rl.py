@@ -8,8 +8,8 @@
    advantages are 0 and only the KL and entropy terms move the policy. Reported per run: reward before ->
    after (ratio), its components, the KL to the initial policy at the last step; the curves are copied to
    ``--figures`` (``rl_<run>_curves.png``).
-2. Cost of a step (from the same runs): mean seconds of generation, log-prob passes (rollout policy,
-   reference, critic) and update, the share of response tokens masked (retrieved text), peak RSS. Baseline
+2. Cost of a step (from the same runs): mean seconds of generation, log-prob passes (rollout policy unless
+   the update is on-policy, reference, critic; `agent.rl.RLConfig.on_policy`) and update, the share of response tokens masked (retrieved text), peak RSS. Baseline
    in the same process: one update of the policy on a step's rollouts against a plain Hugging Face causal-LM
    loss (cross-entropy on the same tokens, one backward per micro-batch): the ratio is what our RL loss costs
    over a supervised pass.
@@ -142,7 +142,9 @@ def main() -> None:
             print(f"  step cost: generation {_mean(history, 'seconds_generate'):.1f} s, log-prob passes "
                   f"{_mean(history, 'seconds_logprobs'):.1f} s, update {_mean(history, 'seconds_update'):.1f} s; "
                   f"{_mean(history, 'response_tokens'):.0f} response tokens per rollout, "
-                  f"{100 * _mean(history, 'masked_share'):.0f}% masked; peak RSS {result['peak_rss_mib']:.0f} MiB")
+                  f"{100 * _mean(history, 'masked_share'):.0f}% masked; on-policy update in "
+                  f"{sum(h.get('on_policy', 0) for h in history):.0f} of {len(history)} steps; "
+                  f"peak RSS {result['peak_rss_mib']:.0f} MiB")
             print(f"ratio {name} update vs plain causal-LM loss on the same tokens: "
                   f"{result['update_seconds'] / result['plain_causal_lm_seconds']:.2f}x "
                   f"({result['update_seconds']:.1f} s vs {result['plain_causal_lm_seconds']:.1f} s)")
