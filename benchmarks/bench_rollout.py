@@ -125,7 +125,13 @@ def main() -> None:
                         help="leave this contender out (repeatable; its ratios are not printed)")
     parser.add_argument("--random-weights", metavar="FOLDER", help="FOLDER's architecture and tokenizer, random weights")
     parser.add_argument("--fixed-passages", metavar="CORPUS", help="answer every search with CORPUS's first passages")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's); 1 on a busy machine, "
+                                                      "where a waiting thread spins and one-row steps crawl")
     args = parser.parse_args()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
 
     import statistics
 
