@@ -1,4 +1,6 @@
-"""Generation with a Hugging Face causal LM, written out step by step (CPU and GPU).
+"""Generation with a Hugging Face causal LM, written out step by step (CPU and GPU). (A little over 400 lines:
+prefill, decoding and the prefix cache's bookkeeping share one call's batch state; the batch plan, the KV-row
+plumbing and the cache itself live in `batching`, `kv_rows` and `prefix_cache`.)
 
 Why not ``model.generate``: an agent batch needs per-sequence stop strings, and a sequence that has
 finished (EOS, a stop string such as ``</search>``, or its token cap) should leave the batch so the
