@@ -56,9 +56,10 @@ def searching_llm(tiny_causal_lm_dir):
 def client(tmp_path_factory, tiny_model_dir):
     folder = tmp_path_factory.mktemp("e2e-index")
     corpus = write_jsonl(folder / "corpus.jsonl", synthetic_rows(40))
-    build_index(IndexBuildConfig(corpus=str(corpus), out=str(folder / "index"),
+    cache = str(folder / "cache")  # module scope: set up before the autouse cache isolation, so name it here
+    build_index(IndexBuildConfig(corpus=str(corpus), out=str(folder / "index"), corpus_cache=cache,
                                  encoder=EncoderConfig(model=tiny_model_dir), dense=DenseParams(chunk_size=64)))
-    return LocalRetrievalClient(open_index(folder / "index"))
+    return LocalRetrievalClient(open_index(folder / "index", corpus_cache=cache))
 
 
 def test_rollout_with_a_real_model_and_index(searching_llm, client):
