@@ -68,7 +68,8 @@ from agent.rl.config import RLConfig
 from agentic_retriever.client import HttpRetrievalClient
 from agentic_retriever.jsonl import atomic_write
 
-__all__ = ["SearchTool", "VerlRun", "VerlSettings", "prepare_verl_run", "start_verl_run", "verl_overrides",
+__all__ = ["SearchTool", "VerlRun", "VerlSettings", "finished_checkpoint", "prepare_verl_run", "search_tool_config",
+           "start_verl_run", "verl_overrides", "write_verl_parquet",
            "wait_for_checkpoint"]
 
 DATA_SOURCE = "agentic_retriever"
