@@ -37,11 +37,13 @@ def host_port(url: str) -> tuple[str, int]:
 
 class RawConnection:
     """A minimal HTTP/1.1 keep-alive client on asyncio streams: a load generator that costs the server's
-    process far less CPU than httpx (whose per-request overhead would otherwise dominate on a small CPU)."""
+    process far less CPU than httpx (whose per-request overhead would otherwise dominate on a small CPU).
+    `headers` holds the last response's headers (names in lower case)."""
 
     def __init__(self, host: str, port: int):
         self.host, self.port = host, port
         self.reader = self.writer = None
+        self.headers: dict[str, str] = {}
 
     async def post_json(self, path: str, body: dict) -> tuple[int, bytes]:
         if self.writer is None:
@@ -53,11 +55,11 @@ class RawConnection:
         head = await self.reader.readuntil(b"\r\n\r\n")
         lines = head.split(b"\r\n")
         status = int(lines[0].split()[1])
-        length = next((int(line.split(b":", 1)[1]) for line in lines[1:] if line.lower().startswith(b"content-length:")),
-                      None)
-        if length is None:
+        self.headers = {name.strip().lower().decode("latin-1"): value.strip().decode("latin-1")
+                        for name, _, value in (line.partition(b":") for line in lines[1:] if line)}
+        if "content-length" not in self.headers:
             raise RuntimeError(f"response without Content-Length: {head[:200]!r}")
-        return status, await self.reader.readexactly(length)
+        return status, await self.reader.readexactly(int(self.headers["content-length"]))
 
     async def close(self) -> None:
         if self.writer is not None:

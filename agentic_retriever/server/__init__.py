@@ -30,20 +30,42 @@ This package implements that API over any `SearchIndex` (dense FAISS or BM25), w
 * limits: more than ``max_queries_per_request`` queries (10,000), or a query, question or history longer than
   ``max_query_chars`` characters (4,096), get a 413 naming the limit; a request not answered within
   ``request_timeout_s`` (120 s) gets a 504 and the rest of it is not searched;
-* ``GET /health`` (`app`): backend, index type, model, composition, index size, dimension, uptime, batching.
+* ``GET /health`` (`app`): the CURRENT index's folder and ``generation``, backend, index type, model,
+  composition, encoder fingerprint, corpus hash, size, dimension; uptime, batching, limits, whether admin is on;
+* swapping the index without a restart (`slot`), for the co-training loop that builds a new index per iteration:
+
+      POST /admin/swap-index  {"index": "/path/to/index/folder"}   header  Authorization: Bearer TOKEN
+        -> {"previous": {"index_dir", "generation", "backend", "model", "composition", "index_size", "dim",
+                         "corpus_sha256", ..}, "new": {..}, "generation": 1, "load_s": 2.4}
+
+  The admin token (`auth`) is ``create_app(admin_token=...)`` / ``ServeConfig.admin_token``, else the environment
+  variable ``AGENTIC_RETRIEVER_ADMIN_TOKEN``; with neither the endpoint answers 403 (off). A missing or wrong
+  token gets a 401 (compared with ``hmac.compare_digest``), a folder that is missing, not an index or fails to
+  open a 422 naming it and why, a swap while another is loading a 409 (refused, not queued); the old index keeps
+  serving in every case. The new folder is opened with `open_index` in a worker thread while the old index keeps
+  serving, then the reference is replaced: each request pins the index current when it ARRIVES and all its
+  chunks are searched on it, so requests in flight finish on the old index, no answer mixes two indexes, none
+  fails, and the old index is freed when the last request pinning it is answered. Each ``/retrieve`` answer
+  carries the header ``X-Index-Generation`` (0: the index the service started with, +1 per swap); its body
+  stays Search-R1's exactly. `swap_index` (`admin`) is the Python call.
 
     from agentic_retriever.index import open_index
-    from agentic_retriever.server import serve
-    serve(open_index("runs/quickstart/index/minilm-flat"), port=8000)
+    from agentic_retriever.server import serve, swap_index
+    serve(open_index("runs/quickstart/index/minilm-flat"), port=8000)    # with AGENTIC_RETRIEVER_ADMIN_TOKEN set
+    swap_index("http://127.0.0.1:8000", "/abs/runs/r1/iter_2/index", token="...")   # from another process
 """
 
-from .app import ServerThread, create_app, running_server, serve
+from .admin import swap_index
+from .app import GENERATION_HEADER, ServerThread, create_app, running_server, serve
+from .auth import ADMIN_TOKEN_ENV
 from .config import ServeConfig
 from .schema import (
     DEFAULT_MAX_QUERIES_PER_REQUEST, DEFAULT_MAX_QUERY_CHARS, DEFAULT_MAX_WAIT_MS, DEFAULT_REQUEST_TIMEOUT_S,
     DEFAULT_TOPK, MAX_TOPK, RetrieveRequest,
 )
 
-__all__ = ["DEFAULT_MAX_QUERIES_PER_REQUEST", "DEFAULT_MAX_QUERY_CHARS", "DEFAULT_MAX_WAIT_MS", "DEFAULT_REQUEST_TIMEOUT_S",
-           "DEFAULT_TOPK",
-           "MAX_TOPK", "RetrieveRequest", "ServeConfig", "ServerThread", "create_app", "running_server", "serve"]
+__all__ = ["ADMIN_TOKEN_ENV",
+           "DEFAULT_MAX_QUERIES_PER_REQUEST", "DEFAULT_MAX_QUERY_CHARS", "DEFAULT_MAX_WAIT_MS", "DEFAULT_REQUEST_TIMEOUT_S",
+           "DEFAULT_TOPK", "GENERATION_HEADER",
+           "MAX_TOPK", "RetrieveRequest", "ServeConfig", "ServerThread", "create_app", "running_server", "serve",
+           "swap_index"]

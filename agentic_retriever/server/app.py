@@ -1,8 +1,11 @@
 """The FastAPI application of the retrieval service and the ways to run it: `create_app` (``POST /retrieve``
 through the request batcher, with its limits: 413 beyond ``max_queries_per_request`` queries or
-``max_query_chars`` characters, 504 after ``request_timeout_s``; ``GET /health``: backend, index type, model,
-composition, encoder fingerprint and corpus hash, index size, dimension, uptime, batching, limits), `serve` (uvicorn in the foreground),
-`ServerThread` and `running_server` (uvicorn in a background thread on a loopback port).
+``max_query_chars`` characters, 504 after ``request_timeout_s``, and the header ``X-Index-Generation`` naming the
+index generation that answered; ``GET /health``: the current index's folder, generation, backend, index type,
+model, composition, encoder fingerprint and corpus hash, size, dimension, and uptime, batching, limits;
+``POST /admin/swap-index``: serve another index folder without a restart, `slot`, behind the admin token, `auth`),
+`serve` (uvicorn in the foreground), `ServerThread` and `running_server` (uvicorn in a background thread on a
+loopback port).
 
     from agentic_retriever.index import open_index
     from agentic_retriever.server import serve
@@ -21,14 +24,20 @@ from collections.abc import Iterator
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 
 from ..index.base import SearchIndex
+from .auth import admin_refusal, resolve_admin_token
 from .batcher import RequestTimeout, _Batcher
 from .schema import (
     DEFAULT_MAX_QUERIES_PER_REQUEST, DEFAULT_MAX_QUERY_CHARS, DEFAULT_MAX_WAIT_MS, DEFAULT_REQUEST_TIMEOUT_S,
-    RetrieveRequest,
+    RetrieveRequest, SwapRequest,
     _readable_errors, _render, limit_violation,
 )
+from .slot import IndexSlot, SwapRefused
+
+#: The response header of ``POST /retrieve`` naming the index generation that answered (the body stays Search-R1's).
+GENERATION_HEADER = "X-Index-Generation"
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +46,8 @@ def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: fl
                batching: bool = True,
                max_queries_per_request: int = DEFAULT_MAX_QUERIES_PER_REQUEST,
                max_query_chars: int = DEFAULT_MAX_QUERY_CHARS,
-               request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S) -> FastAPI:
+               request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S,
+               admin_token: str | None = None) -> FastAPI:
     """The FastAPI application serving `index` (see the `agentic_retriever.server` docstring for the API).
 
     `max_batch_queries` bounds one batch, and so the chunks a big request is searched in. A batch is searched as
@@ -47,6 +57,11 @@ def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: fl
     than `max_queries_per_request` queries, or a query, question or history longer than `max_query_chars`
     characters, gets a 413; one not answered within `request_timeout_s` seconds (None or 0: no limit) gets a 504
     and the rest of it is not searched.
+
+    `admin_token` (None or empty: ``$AGENTIC_RETRIEVER_ADMIN_TOKEN``; that empty too: admin endpoints off, 403)
+    guards ``POST /admin/swap-index`` (`auth`). A swap opens the new folder in a worker thread while `index`
+    keeps serving, then serves it to the requests arriving from then on; a second swap while one is loading gets
+    a 409 (`slot`).
     """
     for name, value in (("max_batch_queries", max_batch_queries), ("max_queries_per_request", max_queries_per_request),
                         ("max_query_chars", max_query_chars)):
@@ -57,9 +72,10 @@ def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: fl
     if request_timeout_s is not None and request_timeout_s < 0:
         raise ValueError(f"request_timeout_s must be >= 0 (0: no limit), got {request_timeout_s}")
     timeout_s = request_timeout_s or None
-    batcher = _Batcher(index, max_batch_queries, max_wait_ms / 1000.0, batching, timeout_s)
+    slot = IndexSlot(index)
+    batcher = _Batcher(slot, max_batch_queries, max_wait_ms / 1000.0, batching, timeout_s)
+    token = resolve_admin_token(admin_token)
     started = time.time()
-    manifest = index.manifest
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -70,9 +86,10 @@ def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: fl
             await batcher.stop()
 
     app = FastAPI(title="agentic-retriever retrieval service", version="1",
-                  description="Search-R1 compatible POST /retrieve, plus GET /health", lifespan=lifespan)
+                  description="Search-R1 compatible POST /retrieve, plus GET /health and POST /admin/swap-index",
+                  lifespan=lifespan)
     app.state.batcher = batcher
-    app.state.index = index
+    app.state.slot = slot
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
@@ -83,14 +100,14 @@ def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: fl
     @app.post("/retrieve")
     async def retrieve(request: RetrieveRequest) -> JSONResponse:
         if not request.queries:
-            return JSONResponse({"result": []})
+            return JSONResponse({"result": []}, headers={GENERATION_HEADER: str(slot.current.generation)})
         if (problem := limit_violation(request, max_queries_per_request, max_query_chars)) is not None:
             batcher.stats.rejected_requests += 1
             return JSONResponse(status_code=413, content={"detail": problem})
         batcher.stats.requests += 1
         batcher.stats.queries += len(request.queries)
         try:
-            results = await batcher.submit(request)
+            results, generation = await batcher.submit(request)
         except RequestTimeout as timeout:
             log.warning("a request of %d queries timed out after %s s (%s)", len(request.queries), timeout_s, timeout)
             return JSONResponse(status_code=504, content={
@@ -102,20 +119,34 @@ def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: fl
             log.warning("retrieval failed for a request of %d queries: %s", len(request.queries), error)
             return JSONResponse(status_code=500,
                                 content={"detail": f"retrieval failed: {type(error).__name__}: {error}"})
-        return JSONResponse({"result": [_render(rows, request.return_scores) for rows in results]})
+        return JSONResponse({"result": [_render(rows, request.return_scores) for rows in results]},
+                            headers={GENERATION_HEADER: str(generation)})
+
+    @app.post("/admin/swap-index")
+    async def swap_index(request: Request) -> JSONResponse:
+        if (refusal := admin_refusal(request.headers.get("authorization"), token)) is not None:
+            status, message = refusal
+            log.warning("refused %s /admin/swap-index from %s (%d): %s", request.method,
+                        request.client.host if request.client else "?", status, message)
+            return JSONResponse(status_code=status, content={"detail": message},
+                                headers={"WWW-Authenticate": "Bearer"} if status == 401 else None)
+        try:
+            body = SwapRequest.model_validate_json(await request.body())
+        except ValidationError as error:
+            return JSONResponse(status_code=422, content={"detail": _readable_errors(error.errors())})
+        try:
+            return JSONResponse(await slot.swap(body.index))
+        except SwapRefused as refused:
+            log.warning("swap to %s refused (%d): %s", body.index, refused.status_code, refused)
+            return JSONResponse(status_code=refused.status_code, content={"detail": str(refused)})
 
     @app.get("/health")
     async def health() -> dict:
         return {
             "status": "ok",
-            "backend": manifest.backend,
-            "index_type": manifest.index_type,
-            "model": (manifest.encoder or {}).get("model"),
-            "encoder_fingerprint": (manifest.encoder or {}).get("fingerprint"),  # what the index's vectors mean:
-            "corpus_sha256": manifest.corpus_sha256,                           # caches of clients key on them
-            "composition": index.composition,
-            "index_size": len(index),
-            "dim": manifest.dim,
+            **slot.current.describe(),
+            "swap_loading": slot.loading,
+            "admin": token is not None,
             "uptime_s": round(time.time() - started, 3),
             "batching": batching,
             "max_batch_queries": max_batch_queries,
@@ -141,13 +172,14 @@ def serve(index: SearchIndex, host: str = "127.0.0.1", port: int = 8000, max_bat
           max_wait_ms: float = DEFAULT_MAX_WAIT_MS, batching: bool = True, log_level: str = "info",
           max_queries_per_request: int = DEFAULT_MAX_QUERIES_PER_REQUEST,
           max_query_chars: int = DEFAULT_MAX_QUERY_CHARS,
-          request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S) -> None:
-    """Serve `index` with uvicorn until interrupted (one process: the index lives in its memory)."""
+          request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S, admin_token: str | None = None) -> None:
+    """Serve `index` with uvicorn until interrupted (one process: the index lives in its memory; an admin
+    token, given or from ``$AGENTIC_RETRIEVER_ADMIN_TOKEN``, turns on ``POST /admin/swap-index``)."""
     import uvicorn
 
     app = create_app(index, max_batch_queries=max_batch_queries, max_wait_ms=max_wait_ms, batching=batching,
                      max_queries_per_request=max_queries_per_request, max_query_chars=max_query_chars,
-                     request_timeout_s=request_timeout_s)
+                     request_timeout_s=request_timeout_s, admin_token=admin_token)
     log.info("serving %s", _describe(index))
     log.info("retrieval service on http://%s:%d/retrieve (health: /health); micro-batching %s; limits: %d queries "
              "per request, %d characters per query, %s per request", host, port,
@@ -155,6 +187,8 @@ def serve(index: SearchIndex, host: str = "127.0.0.1", port: int = 8000, max_bat
              if batching else "off",
              max_queries_per_request, max_query_chars,
              f"{request_timeout_s:g} s" if request_timeout_s else "no time limit")
+    log.info("admin endpoints (POST /admin/swap-index) %s", "on" if resolve_admin_token(admin_token) else
+             "off (set AGENTIC_RETRIEVER_ADMIN_TOKEN to turn them on)")
     uvicorn.run(app, host=host, port=port, log_level=log_level, workers=1)
 
 
@@ -202,6 +236,7 @@ class ServerThread:
 
 @contextlib.contextmanager
 def running_server(index: SearchIndex, **options) -> Iterator[str]:
-    """`create_app(index, **options)` served on a free loopback port for the duration of the block."""
+    """`create_app(index, **options)` served on a free loopback port for the duration of the block (`options`
+    include ``admin_token``)."""
     with ServerThread(create_app(index, **options)) as url:
         yield url

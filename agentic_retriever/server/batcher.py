@@ -14,8 +14,12 @@ request is searched at once and the requests that arrive while a batch is search
 batching window is the index's own busy time, which grows with the load (continuous batching). A
 ``max_wait_s`` > 0 also keeps a batch open that long after its oldest request arrived, or until it is full.
 
-A batch is searched as one ``index.retrieve`` call per distinct ``topk`` in it, each with that exact topk, so a
-request's results never depend on its batch-mates (HNSW's beam and top-k tie-breaking can depend on k).
+Each request pins the index generation current when it arrives (`IndexSlot.current`), and every chunk of it is
+searched on that index, so a swap (`IndexSlot.swap`) never mixes two indexes in one answer: requests that arrived
+before it finish on the old index, which is freed once no waiting request pins it. A batch is searched as one
+``index.retrieve`` call per distinct (pinned index, ``topk``) in it, each with that exact topk on that index, so
+one index call never mixes indexes and a request's results never depend on its batch-mates (HNSW's beam and
+top-k tie-breaking can depend on k).
 The calls run one at a time in a single worker thread; a failed call is retried chunk by chunk, so one bad
 request fails only itself. A request whose caller gave up (`RequestTimeout`) is dropped from the queue: the
 chunk being searched finishes, the rest of the request is never searched.
@@ -31,8 +35,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..corpus import ScoredPassage
-from ..index.base import SearchIndex
 from .schema import RetrieveRequest
+from .slot import IndexSlot, ServedIndex
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +47,8 @@ class RequestTimeout(Exception):
 
 @dataclass(eq=False)
 class _Pending:
-    """One request: its queries, how many are searched already, and the rows found so far."""
+    """One request: its queries, the index it pinned on arrival, how many are searched already, and the rows
+    found so far."""
 
     queries: list[str]
     topk: int
@@ -51,6 +56,7 @@ class _Pending:
     histories: list[list[str] | None] | None
     future: asyncio.Future
     arrived: float
+    served: ServedIndex
     searched: int = 0
     rows: list[list[ScoredPassage]] = field(default_factory=list)
 
@@ -127,7 +133,7 @@ class _Batcher:
     strictly one after the other through the same queue, worker and thread.
     """
 
-    index: SearchIndex
+    slot: IndexSlot
     max_batch_queries: int
     max_wait_s: float
     batching: bool
@@ -176,19 +182,22 @@ class _Batcher:
 
     # requests ----------------------------------------------------------------------------------
 
-    async def submit(self, request: RetrieveRequest) -> list[list[ScoredPassage]]:
-        """The request's result rows; raises `RequestTimeout` after ``timeout_s`` (its rest is then dropped).
+    async def submit(self, request: RetrieveRequest) -> tuple[list[list[ScoredPassage]], int]:
+        """The request's result rows and the generation of the index that answered all of them (the one current
+        when it arrived); raises `RequestTimeout` after ``timeout_s`` (its rest is then dropped).
 
-        The request is queued before the first ``await``: once this coroutine has started, it is waiting."""
+        The request is queued, with its index pinned, before the first ``await``: once this coroutine has started,
+        it is waiting."""
         self.start()
         loop = asyncio.get_running_loop()
+        served = self.slot.current
         pending = _Pending(request.queries, request.topk, request.questions, request.histories,
-                           loop.create_future(), loop.time())
+                           loop.create_future(), loop.time(), served)
         self._enqueue(pending)
         if not self.timeout_s:
-            return await pending.future
+            return await pending.future, served.generation
         try:
-            return await asyncio.wait_for(pending.future, self.timeout_s)
+            return await asyncio.wait_for(pending.future, self.timeout_s), served.generation
         except TimeoutError:  # wait_for cancelled the future: the worker skips what is left of it
             self._forget(pending)
             self.stats.timed_out_requests += 1
@@ -216,16 +225,21 @@ class _Batcher:
                     self._wakeup.clear()
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._wakeup.wait(), left)
-            batch = self._in_flight = self._take_batch()
-            if not batch:
-                continue
-            try:
-                await self._run_batch(batch)
-            except Exception as error:  # the worker must survive anything a batch does
-                log.exception("retrieval batch failed unexpectedly")
-                _fail([chunk.pending for chunk in batch], error)
-            self._in_flight = []
-            self._settle(batch)
+            # no local holds the batch between batches: a finished request (and the index it pinned) is freed
+            await self._serve(self._take_batch())
+
+    async def _serve(self, batch: list[_Chunk]) -> None:
+        """Search one batch, then answer its finished requests and queue the others again."""
+        if not batch:
+            return
+        self._in_flight = batch
+        try:
+            await self._run_batch(batch)
+        except Exception as error:  # the worker must survive anything a batch does
+            log.exception("retrieval batch failed unexpectedly")
+            _fail([chunk.pending for chunk in batch], error)
+        self._in_flight = []
+        self._settle(batch)
 
     def _take_batch(self) -> list[_Chunk]:
         """The next batch's chunks; the requests they belong to leave the queue until `_settle`."""
@@ -263,10 +277,10 @@ class _Batcher:
 
     async def _run_batch(self, batch: list[_Chunk]) -> None:
         self.stats.batches += 1
-        by_topk: dict[int, list[_Chunk]] = {}
+        groups: dict[tuple[int, int], list[_Chunk]] = {}
         for chunk in batch:
-            by_topk.setdefault(chunk.pending.topk, []).append(chunk)
-        for topk, chunks in by_topk.items():
+            groups.setdefault((chunk.pending.served.generation, chunk.pending.topk), []).append(chunk)
+        for (_, topk), chunks in groups.items():
             await self._search(topk, [c for c in chunks if not c.pending.future.done()])
 
     async def _search(self, topk: int, chunks: list[_Chunk]) -> None:
@@ -291,6 +305,8 @@ class _Batcher:
             chunk.pending.searched = chunk.stop
 
     async def _call_index(self, topk: int, chunks: list[_Chunk]) -> list[list[ScoredPassage]]:
+        """One ``retrieve`` call on the index the chunks pinned (one index: `_run_batch` groups by it)."""
+        index = chunks[0].pending.served.index
         queries = [q for c in chunks for q in c.pending.queries[c.start:c.stop]]
         questions = histories = None
         if any(c.pending.questions is not None for c in chunks):
@@ -305,7 +321,7 @@ class _Batcher:
         self.stats.largest_batch_queries = max(self.stats.largest_batch_queries, len(queries))
         self.stats.largest_batch_requests = max(self.stats.largest_batch_requests, len(chunks))
         results = await asyncio.get_running_loop().run_in_executor(
-            self._executor, self.index.retrieve, queries, topk, questions, histories)
+            self._executor, index.retrieve, queries, topk, questions, histories)
         if len(results) != len(queries):
             raise RuntimeError(f"the index returned {len(results)} result lists for {len(queries)} queries")
         return results

@@ -32,4 +32,8 @@ class ServeConfig:
         "help": "most characters in one query, question or history (more: 413)"})
     request_timeout_s: float = field(default=DEFAULT_REQUEST_TIMEOUT_S, metadata={
         "help": "longest time one request may take, queueing included (longer: 504); 0: no limit"})
+    admin_token: str = field(default="", metadata={
+        "help": "token of the admin endpoints (POST /admin/swap-index, header 'Authorization: Bearer TOKEN'); empty: "
+                "the environment variable AGENTIC_RETRIEVER_ADMIN_TOKEN, and when that is empty too, admin endpoints "
+                "are off (prefer the variable: a flag shows in the process list)"})
     gpu: Literal["auto", "on", "off"] = field(default="auto", metadata={"help": "FAISS on GPUs (dense indexes)"})

@@ -1,7 +1,8 @@
 """The wire format of ``POST /retrieve``: the pydantic request model (`RetrieveRequest`, with the optional
 ``questions``/``histories`` lists parallel to ``queries``), the size limits a request must keep
 (`limit_violation`: the 413 message), the rendering of retrieved passages as Search-R1 result rows, and
-pydantic validation errors rendered as one readable line for the 4xx reply.
+pydantic validation errors rendered as one readable line for the 4xx reply; and the body of
+``POST /admin/swap-index`` (`SwapRequest`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,15 @@ class RetrieveRequest(BaseModel):
         if self.topk is None:  # Search-R1's server accepts a null topk and uses its default
             self.topk = DEFAULT_TOPK
         return self
+
+
+class SwapRequest(BaseModel):
+    """Body of ``POST /admin/swap-index``: the index folder to serve from now on (relative paths: the server's
+    working directory)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    index: str = Field(min_length=1)
 
 
 def limit_violation(request: RetrieveRequest, max_queries: int, max_chars: int) -> str | None:

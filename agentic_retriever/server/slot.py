@@ -1,0 +1,112 @@
+"""The index a running service searches, and swapping it for another folder without a restart.
+
+`IndexSlot.current` is the `ServedIndex` that new requests pin when they arrive (the batcher keeps that pin for
+every chunk of the request). `IndexSlot.swap` opens the new folder with `open_index` in a worker thread while
+the current index keeps serving, then replaces the reference in one assignment on the event loop: requests that
+arrived before it finish on the old index, later ones use the new one, and the old index is freed when the last
+request pinning it is answered. A second swap while one is loading is refused (409), not queued: the caller
+learns at once that its folder was not loaded, and no load waits behind another for minutes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+from ..index import open_index
+from ..index.base import SearchIndex
+from ..index.manifest import MANIFEST_FILE
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, eq=False)
+class ServedIndex:
+    """One index as served: the index, its generation (0: the one the service started with, +1 per swap),
+    its folder (None when unknown) and the seconds its swap spent opening it (0 for generation 0)."""
+
+    index: SearchIndex
+    generation: int
+    index_dir: str | None
+    load_s: float = 0.0
+
+    def describe(self) -> dict:
+        """What ``/health`` and the swap's answer say about this index."""
+        m = self.index.manifest
+        return {
+            "index_dir": self.index_dir,
+            "generation": self.generation,
+            "backend": m.backend,
+            "index_type": m.index_type,
+            "model": (m.encoder or {}).get("model"),
+            "encoder_fingerprint": (m.encoder or {}).get("fingerprint"),  # what the index's vectors mean:
+            "corpus_sha256": m.corpus_sha256,                           # caches of clients key on them
+            "composition": self.index.composition,
+            "index_size": len(self.index),
+            "dim": m.dim,
+        }
+
+
+class SwapRefused(Exception):
+    """A swap that did not happen (the current index keeps serving): the HTTP status and the reason."""
+
+    def __init__(self, status_code: int, message: str):
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class IndexSlot:
+    """Holds the served index; `swap` replaces it atomically (see the module docstring)."""
+
+    def __init__(self, index: SearchIndex):
+        self.current = ServedIndex(index, 0, index.index_dir)
+        self._loading: str | None = None
+
+    @property
+    def loading(self) -> str | None:
+        """The folder a swap in progress is opening, or None."""
+        return self._loading
+
+    async def swap(self, index_dir: str) -> dict:
+        """Open `index_dir` in a worker thread and serve it from now on; returns what changed (previous and new
+        folder, generation, size, dim, composition, corpus hashes, load seconds). Raises `SwapRefused`: 409
+        while another swap is loading, 422 for a folder that is missing, not an index, or fails to open."""
+        if self._loading is not None:
+            raise SwapRefused(409, f"a swap to {self._loading} is loading; the service keeps serving generation "
+                                   f"{self.current.generation} ({self.current.index_dir}); retry when it has finished")
+        folder = os.path.abspath(index_dir)  # relative paths: the server's working directory
+        if (problem := _not_an_index(folder)) is not None:
+            raise SwapRefused(422, f"index folder {folder}: {problem}; the service keeps serving generation "
+                                   f"{self.current.generation} ({self.current.index_dir})")
+        self._loading = folder
+        started = time.perf_counter()
+        try:
+            index = await asyncio.to_thread(open_index, folder)
+        except Exception as error:
+            raise SwapRefused(422, f"index folder {folder} could not be opened ({type(error).__name__}: {error}); "
+                                   f"the service keeps serving generation {self.current.generation} "
+                                   f"({self.current.index_dir})") from error
+        finally:
+            self._loading = None
+        previous = self.current
+        self.current = ServedIndex(index, previous.generation + 1, index.index_dir or folder,
+                                   time.perf_counter() - started)
+        log.info("now serving generation %d: %s (%d passages, opened in %.2f s); generation %d (%s) is dropped "
+                 "once its requests are answered", self.current.generation, self.current.index_dir, len(index),
+                 self.current.load_s, previous.generation, previous.index_dir)
+        return {"previous": previous.describe(), "new": self.current.describe(), "generation": self.current.generation,
+                "load_s": round(self.current.load_s, 3)}
+
+
+def _not_an_index(folder: str) -> str | None:
+    """Why `folder` cannot be an index (missing, not a folder, no manifest), or None."""
+    if not os.path.exists(folder):
+        return "no such folder"
+    if not os.path.isdir(folder):
+        return "not a folder"
+    if not os.path.isfile(os.path.join(folder, MANIFEST_FILE)):
+        return f"not a complete index ({MANIFEST_FILE} is missing: build it with `agentic-retriever index build`)"
+    return None
