@@ -80,7 +80,21 @@ def _index_serve(config) -> None:
     serve(index, host=config.host, port=config.port, batching=config.batching,
           max_batch_queries=config.max_batch_queries, max_wait_ms=config.max_wait_ms,
           max_queries_per_request=config.max_queries_per_request, max_query_chars=config.max_query_chars,
-          request_timeout_s=config.request_timeout_s)
+          request_timeout_s=config.request_timeout_s, admin_token=config.admin_token or None)
+
+
+def _index_swap(config) -> None:
+    import os
+
+    from .server import ADMIN_TOKEN_ENV, swap_index
+
+    token = config.token or os.environ.get(ADMIN_TOKEN_ENV, "")
+    if not token:
+        raise ValueError(f"index swap: give the service's admin token (--token, or ${ADMIN_TOKEN_ENV})")
+    answer = swap_index(config.url, config.index, token, config.timeout_s)
+    new = answer.get("new", {})
+    print(f"{config.url} now serves {new.get('index_dir') or config.index} (generation {answer.get('generation')}, "
+          f"{new.get('index_size')} passages, loaded in {answer.get('load_s', 0):.1f} s)")
 
 
 def _eval_retrieval(config) -> None:
@@ -216,13 +230,36 @@ def _demo(config, args: argparse.Namespace) -> None:
     run_demo(MainJob(config, step("agent_sft"), step("agent_rollout"), step("mine_run"), step("retriever_train")))
 
 
+def _loop(config, args: argparse.Namespace) -> None:
+    from .commands import command
+    from .loop import LoopJob, LoopManifest, run_loop, status_table
+
+    if getattr(args, "_status_dir", None):
+        print(status_table(LoopManifest.load(args._status_dir)))
+        return
+
+    def step(section: str, optional: bool = False, set_by_loop: tuple[str, ...] = ()):
+        """A step's settings from its section of the same config file (defaults when it has none); None for an
+        optional step the file leaves out."""
+        if optional and not has_section(args.config, section):
+            return None
+        return build_config(command(section).config_class(), section, argparse.Namespace(workdir=args.workdir),
+                            args.config, set_by_caller=set_by_loop)
+
+    job = LoopJob(config, agent_train=step("agent_train"), rollout=step("agent_rollout", set_by_loop=("qa",)),
+                  mine=step("mine_run"), train=step("retriever_train"), index=step("index_build", set_by_loop=("out",)),
+                  warm_start=step("agent_sft", True),
+                  prepare=step("data_prepare", True), config_file=args.config or "")
+    run_loop(job, args._from_iteration, args._from_step)
+
+
 #: What each command does with its settings, by section.
 HANDLERS: dict[str, Callable] = {
     "data_prepare": _data_prepare, "index_build": _index_build, "index_search": _index_search,
-    "index_serve": _index_serve, "eval_retrieval": _eval_retrieval, "eval_agent": _eval_agent,
+    "index_serve": _index_serve, "index_swap": _index_swap, "eval_retrieval": _eval_retrieval, "eval_agent": _eval_agent,
     "agent_sft": _agent_sft, "agent_rollout": _agent_rollout, "agent_train": _agent_train, "mine_run": _mine_run,
     "mine_merge": _mine_merge, "mine_audit": _mine_audit, "retriever_train": _retriever_train,
-    "retriever_export": _retriever_export, "demo": _demo,
+    "retriever_export": _retriever_export, "demo": _demo, "loop": _loop,
 }
 
 
@@ -246,7 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
     groups: dict[str, argparse._SubParsersAction] = {}
     for command in COMMANDS:
         if not command.group:
-            _add(top, command)
+            sub = _add(top, command)
+            if command.section == "loop":
+                _add_loop_options(sub)
             continue
         if command.group not in groups:
             verbs = [c.verb for c in COMMANDS if c.group == command.group]
@@ -256,6 +295,19 @@ def build_parser() -> argparse.ArgumentParser:
         if command.section == "mine_audit":
             sub.add_argument("run", nargs="?", default=argparse.SUPPRESS, metavar="RUN", help="mining run folder")
     return parser
+
+
+def _add_loop_options(parser: argparse.ArgumentParser) -> None:
+    """`loop`'s own options (how to run it, not settings) and its `loop status DIR` form."""
+    from .loop import STEPS
+
+    parser.add_argument("--from-iteration", dest="_from_iteration", type=int, default=None, metavar="I",
+                        help="force a redo from this iteration's --from-step onwards (new artifact folders)")
+    parser.add_argument("--from-step", dest="_from_step", choices=STEPS, default=None,
+                        help="the step of --from-iteration to redo from")
+    verbs = parser.add_subparsers(dest="_loop_verb", metavar="status DIR")
+    verbs.add_parser("status", help="print a loop folder's record (loop.json) as a table").add_argument(
+        "_status_dir", metavar="DIR", help="the loop folder (loop.out, e.g. runs/quickstart/loop)")
 
 
 def _deprecated(old: str, new: str) -> None:
@@ -292,13 +344,16 @@ def modernize(argv: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.captureWarnings(True)
+    from .client import RetrievalServiceError
+
     args = build_parser().parse_args(modernize(list(sys.argv[1:] if argv is None else argv)))
     command: Command = args.command_spec
     try:
         config = _settings(command, args)
         handler = HANDLERS[command.section]
-        handler(config, args) if command.section == "demo" else handler(config)
-    except (ValueError, OSError, KeyError) as error:  # bad input, missing or refused files, network failures
+        handler(config, args) if command.section in ("demo", "loop") else handler(config)
+    except (ValueError, OSError, KeyError, RetrievalServiceError) as error:  # bad input, missing or refused files,
+        # network failures, a service's refusal
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0

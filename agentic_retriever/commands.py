@@ -2,7 +2,7 @@
 settings class it reads.
 
 The section of ``GROUP VERB`` is ``GROUP_VERB`` (``index build`` reads ``index_build``); ``demo`` reads
-``demo``. Classes are named by import path and imported only when asked for, so reading the registry (the
+``demo`` and ``loop`` reads ``loop``. Classes are named by import path and imported only when asked for, so reading the registry (the
 config loader does, to reject unknown sections) stays cheap. The command line (`cli`) adds a handler per
 command; `docs/cli.md` lists the same commands and a test keeps them in step.
 """
@@ -46,6 +46,8 @@ COMMANDS: tuple[Command, ...] = (
             "search an index (or a retrieval service) from the shell"),
     Command("index", "serve", "agentic_retriever.server:ServeConfig",
             "serve an index over HTTP (Search-R1's /retrieve API)"),
+    Command("index", "swap", "agentic_retriever.server.config:IndexSwapConfig",
+            "make a running service serve another index folder, without a restart (needs its admin token)"),
     Command("eval", "retrieval", "agentic_retriever.eval.retrieval:RetrievalEvalConfig",
             "Recall@k, MRR@k, nDCG@k and answer recall@k of an index on a QA file or a BEIR folder"),
     Command("eval", "agent", "agent.evaluate:AgentEvalConfig",
@@ -68,6 +70,8 @@ COMMANDS: tuple[Command, ...] = (
             "a training checkpoint -> the drop-in encoder folder"),
     Command("", "demo", "agentic_retriever.demo:DemoConfig",
             "the main job on the embedded default stack (make demo)"),
+    Command("", "loop", "agentic_retriever.loop.config:LoopConfig",
+            "the agent <-> retriever co-training loop (Algorithm 1), resumable; `loop status DIR` shows its record"),
 )
 
 #: Spellings of the previous release (argv prefix) -> the command that replaces them.

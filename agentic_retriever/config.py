@@ -220,8 +220,8 @@ def load_config_file(path: str | Path, extra_sections: tuple[str, ...] = ()) -> 
 def _flag_values(args: argparse.Namespace | None) -> dict:
     nested: dict = {}
     for dest, value in vars(args or argparse.Namespace()).items():
-        if dest in ("command", "verb", "command_spec", "config", "workdir"):
-            continue
+        if dest in ("command", "verb", "command_spec", "config", "workdir") or dest.startswith("_"):
+            continue  # the command's own options (dest "_name": how to run it, not a setting)
         node = nested
         *parents, leaf = dest.split(".")
         for part in parents:
@@ -250,9 +250,11 @@ def has_section(config_file: str | None, section: str) -> bool:
 
 
 def build_config(cls: type[T], section: str, args: argparse.Namespace | None = None,
-                 config_file: str | None = None, extra_sections: tuple[str, ...] = ()) -> T:
+                 config_file: str | None = None, extra_sections: tuple[str, ...] = (),
+                 set_by_caller: tuple[str, ...] = ()) -> T:
     """Defaults, then the shared settings, then the command's section, then the given flags; then the paths
-    derived from the work folder, then the check of required settings."""
+    derived from the work folder, then the check of required settings (except the dotted names in `set_by_caller`:
+    an orchestrator fills them, e.g. the loop sets each rollout's questions)."""
     data = load_config_file(config_file, extra_sections) if config_file else {}
     config = cls()
     names = {f.name for f in dataclasses.fields(cls)}
@@ -269,7 +271,8 @@ def build_config(cls: type[T], section: str, args: argparse.Namespace | None = N
             if "{index}" in template and not index:
                 continue
             setattr(owner, f.name, template.format(workdir=workdir, index=index))
-    missing = [dotted for owner, f, dotted in _walk(config) if f.metadata.get("required") and _empty(getattr(owner, f.name))]
+    missing = [dotted for owner, f, dotted in _walk(config) if f.metadata.get("required") and dotted not in set_by_caller
+               and _empty(getattr(owner, f.name))]
     if missing:
         where = f"the '{section}' section of {config_file} or " if config_file else ""
         raise ValueError(f"{section.replace('_', ' ', 1)}: required setting{'s' * (len(missing) > 1)} "

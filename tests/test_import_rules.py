@@ -105,7 +105,7 @@ def retriever_violations(imports: list[Import]) -> list[Import]:
     """Rule 2: `agentic_retriever` imports `agent` only in the orchestrators and, from `agent.env`, in the seam."""
     bad = []
     for i in imports:
-        if not (_under(i.module, "agentic_retriever") and _under(i.name, "agent")) or i.module in ORCHESTRATORS:
+        if not (_under(i.module, "agentic_retriever") and _under(i.name, "agent")) or _under(i.module, ORCHESTRATORS):
             continue
         if i.module == MINING_SEAM and _under(i.name, SEAM_MAY_IMPORT):
             continue

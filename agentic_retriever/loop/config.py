@@ -1,0 +1,101 @@
+"""Settings of `agentic-retriever loop` (section ``loop``) and the step sections it runs.
+
+The ``loop`` section holds what chains the iterations (how many, where each agent and retriever starts from, the
+questions of each step, the service, the evaluation); every step takes the rest of its settings from its own
+command's section of the same file (``agent_train``, ``agent_rollout``, ``mine_run``, ``retriever_train``,
+``index_build``, and, for the initial agent, ``agent_sft``), exactly as that command would read them. The loop then
+sets what it chains: the model each step starts from, the retriever it searches, its input and its output folder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .verl import VerlSettings
+
+
+__all__ = ["LoopConfig", "LoopEvalConfig", "LoopJob", "LoopServiceConfig", "STEPS"]
+
+#: The steps of one iteration of Algorithm 1, in order ("Agentic-R: Learning to Retrieve for Agentic Search",
+#: arXiv 2601.11888, section 4.2).
+STEPS = ("agent", "trajectories", "mining", "retriever", "index", "evaluate")
+
+
+@dataclass
+class LoopServiceConfig:
+    """The retrieval service every step searches: one kept running across iterations, its index swapped in
+    place (``POST /admin/swap-index``) when an iteration's retriever is ready."""
+
+    url: str = field(default="", metadata={
+        "help": "a service already running (started with an admin token); empty: the loop serves in this process"})
+    admin_token_env: str = field(default="AGENTIC_RETRIEVER_ADMIN_TOKEN", metadata={
+        "help": "environment variable holding the admin token of the service at url (a served-here service gets a "
+                "fresh random token)"})
+    host: str = field(default="127.0.0.1", metadata={"help": "address of a served-here service"})
+    port: int = field(default=0, metadata={"help": "port of a served-here service (0: a free one)"})
+
+
+@dataclass
+class LoopEvalConfig:
+    """Step 6: retrieval on the leaf dev questions and multi-hop evidence recall for Agentic-R_{i-1} and
+    Agentic-R_i, and the agent Agent_i with each. Reads evidence labels: dev data only, never training data."""
+
+    leaf_qa: str = field(default="", metadata={"help": "leaf dev questions with evidence (retrieval metrics)",
+                                               "derive": "{workdir}/data/fanoutqa_leaf_dev.jsonl"})
+    multihop_qa: str = field(default="", metadata={"help": "multi-hop dev questions with evidence (recall)",
+                                                   "derive": "{workdir}/data/fanoutqa_multihop_dev.jsonl"})
+    agent_qa: str = field(default="", metadata={"help": "questions the agent answers with each retriever",
+                                                "derive": "{workdir}/data/fanoutqa_leaf_dev_in_corpus.jsonl"})
+    agent_questions: int = field(default=48, metadata={"help": "first N of agent_qa (0: skip the agent)"})
+    ks: list[int] = field(default_factory=lambda: [1, 5, 20], metadata={"help": "Recall@k cut-offs"})
+    mrr_k: int = field(default=10, metadata={"help": "MRR cut-off"})
+    ndcg_k: int = field(default=10, metadata={"help": "nDCG cut-off"})
+
+
+@dataclass
+class LoopConfig:
+    """Settings of `agentic-retriever loop` (section ``loop``)."""
+
+    workdir: str = field(default="", metadata={"help": "run folder", "derive": "{workdir}"})
+    out: str = field(default="", metadata={"help": "the loop's folder: loop.json, iter_*/, loop_report.*",
+                                           "derive": "{workdir}/loop"})
+    iterations: int = field(default=2, metadata={"help": "K, the number of iterations (the paper: 2)"})
+    base_index: str = field(default="", metadata={
+        "help": "index of the initial retriever Agentic-R_0 (built with index_build's settings when missing)",
+        "derive": "{index}"})
+    mining_qa: str = field(default="", metadata={
+        "help": "training questions Q the agent rolls out on to mine retriever training rows",
+        "derive": "{workdir}/data/fanoutqa_leaf_train_mining.jsonl"})
+    agent_init: Literal["previous", "initial"] = field(default="previous", metadata={
+        "help": "Agent_i starts from Agent_{i-1} (previous) or from the initial agent every time (initial: the "
+                "paper's 'we initialize the search agent with Qwen2.5-7B-Base', read per iteration)"})
+    retriever_init: Literal["initial", "previous"] = field(default="initial", metadata={
+        "help": "Agentic-R_i is trained from the base encoder (initial: the paper, 'we initialize our Agentic-R "
+                "with E5') or from Agentic-R_{i-1} (previous)"})
+    agent_trainer: Literal["embedded", "verl"] = field(default="embedded", metadata={
+        "help": "embedded: agent train in this process; verl: write verl's run config and wait for its checkpoint"})
+    retriever_launcher: str = field(default="", metadata={
+        "help": "run step 4 as `LAUNCHER -m agentic_retriever.cli retriever train --config FILE ...` (e.g. `torchrun "
+                "--nproc_per_node 8` for cross-device negatives, or with retriever_train.deepspeed), reading "
+                "retriever_train from the loop's config file; empty: in this process"})
+    verl: VerlSettings = field(default_factory=VerlSettings)
+    service: LoopServiceConfig = field(default_factory=LoopServiceConfig)
+    eval: LoopEvalConfig = field(default_factory=LoopEvalConfig)
+    progress: bool = field(default=True, metadata={"help": "progress bars"})
+
+
+@dataclass
+class LoopJob:
+    """The loop's settings plus the sections of the steps it runs (`warm_start` None: the shared ``agent.model``
+    is the initial agent; `prepare` None: the data files are already there)."""
+
+    loop: LoopConfig
+    agent_train: Any          # agent.rl.config.RLConfig (section agent_train)
+    rollout: Any              # agent.rollouts.RolloutConfig (section agent_rollout)
+    mine: Any                 # mining.job.MineJobConfig (section mine_run)
+    train: Any                # training.config.RetrieverTrainConfig (section retriever_train)
+    index: Any                # index.IndexBuildConfig (section index_build)
+    warm_start: Any = None    # agent.sft.WarmStartConfig (section agent_sft)
+    prepare: Any = None       # data.prepare.PrepareConfig (section data_prepare): the data, when the file has it
+    config_file: str = ""

@@ -1,0 +1,78 @@
+"""The one retrieval service of a loop, kept running across iterations (or one the user runs), moved onto each
+iteration's index with ``POST /admin/swap-index`` instead of a restart.
+
+    with LoopService(settings, base_index) as service:
+        service.serve(index_dir)     # a swap when the service holds another index, else nothing
+        service.url                  # what every step's retrieval points at
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+from pathlib import Path
+
+import httpx
+
+from ..client import RetrievalServiceError
+from .config import LoopServiceConfig
+
+__all__ = ["LoopService"]
+
+log = logging.getLogger(__name__)
+
+
+class LoopService:
+    """A served-here service (uvicorn thread on a loopback port, a fresh random admin token) when ``url`` is
+    empty, else the service at ``url`` with the token in ``admin_token_env``."""
+
+    def __init__(self, settings: LoopServiceConfig, first_index: str):
+        self.settings, self.first_index = settings, first_index
+        self.url = settings.url.rstrip("/").removesuffix("/retrieve")
+        self._thread = None
+        self.token = os.environ.get(settings.admin_token_env, "") if settings.url else secrets.token_urlsafe(32)
+        self.swaps: list[dict] = []
+
+    def __enter__(self) -> LoopService:
+        if self.settings.url:
+            if not self.token:
+                raise ValueError(f"loop.service.url {self.settings.url} is given but ${self.settings.admin_token_env} "
+                                 "is empty: export the admin token the service was started with (index serve "
+                                 "--admin-token, or the same variable), so the loop can swap its index")
+            return self
+        from ..index import open_index
+        from ..server import ServerThread, create_app
+
+        app = create_app(open_index(self.first_index), admin_token=self.token)
+        self._thread = ServerThread(app, host=self.settings.host, port=self.settings.port)
+        self.url = self._thread.start()
+        log.info("retrieval service for the loop on %s/retrieve, serving %s", self.url, self.first_index)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._thread is not None:
+            self._thread.stop()
+            self._thread = None
+
+    def serving(self) -> str:
+        """The index folder the service holds now (its ``/health``)."""
+        try:
+            health = httpx.get(f"{self.url}/health", timeout=30.0).json()
+        except httpx.HTTPError as error:
+            raise RetrievalServiceError(f"{self.url}/health could not be read ({error})", url=self.url) from None
+        return health.get("index_dir") or ""
+
+    def serve(self, index_dir: str) -> dict | None:
+        """Make the service hold `index_dir` (a swap, recorded in `swaps`), unless it already does."""
+        from ..server import swap_index
+
+        wanted = str(Path(index_dir).resolve())
+        current = self.serving()
+        if current and Path(current).resolve() == Path(wanted):
+            return None
+        answer = swap_index(self.url, wanted, self.token)
+        self.swaps.append({"index": wanted, "generation": answer.get("generation"), "load_s": answer.get("load_s")})
+        print(f"retrieval service now serves {wanted} (generation {answer.get('generation')}, "
+              f"loaded in {answer.get('load_s', 0):.1f} s)", flush=True)
+        return answer

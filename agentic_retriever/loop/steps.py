@@ -1,0 +1,178 @@
+"""The six steps of one iteration of Algorithm 1 ("Agentic-R: Learning to Retrieve for Agentic Search", arXiv
+2601.11888, section 4.2), each a call of the library function its command runs, with what the loop chains set:
+
+1. `train_agent`: RL of Agent_i (PPO by default, as the paper) against the service, which serves Agentic-R_{i-1};
+2. `roll_out`: Agent_i on the training questions Q, searching with Agentic-R_{i-1};
+3. `mine_rows`: candidates from Agentic-R_{i-1}, local relevance from the scorer, answer correctness from Agent_i's
+   continuations (section 4.1.1);
+4. `train_retriever_step`: Agentic-R_i (section 4.1.2) from the base encoder or from Agentic-R_{i-1};
+5. `build_index_step`: the corpus re-encoded with Agentic-R_i (the runner then swaps the service onto it);
+6. `evaluate_iteration`: the iteration's row of the report (reads dev evidence labels; never training data).
+
+Each returns the summary the manifest keeps and the report reads. Every one resumes inside its folder when run
+again after a kill (the functions it calls resume), so the runner simply calls it again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shlex
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from ..client import RetrievalConfig
+from ..encoder import EncoderConfig
+from ..jsonl import iter_jsonl, read_json
+from .config import LoopJob
+
+__all__ = ["build_index_step", "evaluate_iteration", "mine_rows", "roll_out", "train_agent", "train_retriever_step"]
+
+log = logging.getLogger(__name__)
+
+#: The mining statistics the report shows.
+MINING_STATS = ("rounds", "rows", "dropped", "gac", "local_relevance", "lr_scorer", "gac_mode")
+
+
+def with_model(llm_config, model: str):
+    return dataclasses.replace(llm_config, model=str(model))
+
+
+def reward_curve(metrics_file: Path) -> list[float]:
+    """Mean reward of every RL step in the trainer's ``metrics.jsonl``."""
+    if not metrics_file.is_file():
+        return []
+    return [round(float(row["reward"]), 4) for _, row in iter_jsonl(metrics_file) if "reward" in row]
+
+
+def train_agent(job: LoopJob, init_model: str, service_url: str, out: Path) -> dict[str, Any]:
+    """Step 1 on the embedded trainer: `agent train` from `init_model` against the service; the policy folder."""
+    from agent.rl import run_rl_job
+
+    config = dataclasses.replace(job.agent_train, agent=with_model(job.agent_train.agent, init_model),
+                                 retrieval=RetrievalConfig(url=service_url), out=str(out))
+    policy = run_rl_job(config)
+    return {"model": str(policy), "trainer": "embedded", "algorithm": config.algorithm, "steps": config.steps,
+            "rewards": reward_curve(out / "metrics.jsonl")}
+
+
+def train_agent_on_verl(job: LoopJob, init_model: str, service_url: str, out: Path) -> dict[str, Any]:
+    """Step 1 on verl: write the run config and launch command, start it when ``verl.launch`` says so, and wait for
+    its final checkpoint as a model folder (docs/verl.md)."""
+    from .verl import prepare_verl_run, start_verl_run, wait_for_checkpoint
+
+    run = prepare_verl_run(out, job.loop.verl, job.agent_train, service_url, init_model, job.agent_train.qa,
+                           job.loop.eval.agent_qa)
+    print(f"verl run written to {run.out_dir}; launch it with: bash {run.launch_script}", flush=True)
+    process = start_verl_run(run) if job.loop.verl.launch else None
+    if process is None:
+        print("waiting for its checkpoint (run the command above; the loop picks the checkpoint up)", flush=True)
+    model = wait_for_checkpoint(run, job.loop.verl, process)
+    return {"model": str(model), "trainer": "verl", "algorithm": job.agent_train.algorithm,
+            "steps": run.final_step, "rewards": []}
+
+
+def roll_out(job: LoopJob, agent_model: str, service_url: str, out: Path) -> dict[str, Any]:
+    """Step 2: Agent_i on the mining questions, searching with the service (Agentic-R_{i-1})."""
+    from agent.rollouts import run_rollout_job
+
+    config = dataclasses.replace(job.rollout, qa=job.loop.mining_qa, out=str(out / "trajectories.jsonl"),
+                                 retrieval=RetrievalConfig(url=service_url), limit=None,
+                                 agent=with_model(job.rollout.agent, agent_model))
+    summary = run_rollout_job(config)
+    return {"trajectories": config.out, "questions": summary.questions}
+
+
+def mine_rows(job: LoopJob, trajectories: str, agent_model: str, service_url: str, out: Path) -> dict[str, Any]:
+    """Step 3: utility mining of Agent_i's trajectories; candidates and later GAC turns from the service."""
+    from ..mining.job import run_mine_job
+
+    config = dataclasses.replace(job.mine, trajectories=trajectories, out=str(out),
+                                 retrieval=RetrievalConfig(url=service_url),
+                                 agent=with_model(job.mine.agent, agent_model))
+    result = run_mine_job(config)
+    if not result.rows:
+        raise RuntimeError(f"mining produced no training row (see {result.stats_path}); Agentic-R_i cannot be "
+                           "trained. Mine more questions (loop.mining_qa) or relax mine_run.mining.selection "
+                           "(docs/mining.md), then run the loop again: it continues at this step")
+    return {"rows_path": str(result.rows_path)} | {k: result.stats[k] for k in MINING_STATS if k in result.stats}
+
+
+def train_retriever_step(job: LoopJob, rows: str, init_encoder: str, out: Path) -> dict[str, Any]:
+    """Step 4: contrastive training of Agentic-R_i from `init_encoder` on the mined rows."""
+    from ..training.trainer import train_retriever
+
+    config = dataclasses.replace(job.train, data=rows, corpus=job.index.corpus, out=str(out / "model"),
+                                 encoder=dataclasses.replace(job.train.encoder, model=str(init_encoder)))
+    trained = _launch_retriever_training(job, config) if job.loop.retriever_launcher else train_retriever(config)
+    selection = read_json(trained / "train_manifest.json").get("selection") or {}
+    return {"model": str(trained), "init": str(init_encoder), "kept": selection.get("kept")}
+
+
+def _launch_retriever_training(job: LoopJob, config) -> Path:
+    """`retriever train` under the configured launcher (torchrun, deepspeed, or a plain interpreter): the settings
+    of the config file's ``retriever_train`` section, with the paths the loop chains given as flags."""
+    if not job.config_file:
+        raise ValueError("loop.retriever_launcher runs `retriever train --config FILE` in new processes: start the "
+                         "loop from a config file (agentic-retriever loop --config FILE)")
+    command = [*shlex.split(job.loop.retriever_launcher), "-m", "agentic_retriever.cli", "retriever", "train",
+               "--config", job.config_file, "--data", config.data, "--corpus", config.corpus, "--out", config.out,
+               "--encoder.model", config.encoder.model]
+    print(f"retriever training: {shlex.join(command)}", flush=True)
+    finished = subprocess.run(command, check=False)
+    if finished.returncode != 0:
+        raise RuntimeError(f"retriever training exited with status {finished.returncode}: {shlex.join(command)}")
+    return Path(config.out)
+
+
+def build_index_step(job: LoopJob, encoder_model: str, out: Path) -> dict[str, Any]:
+    """Step 5: the corpus encoded with Agentic-R_i into a new index folder (the base index's settings)."""
+    from ..index import build_index
+
+    encoder = EncoderConfig(model=str(encoder_model), batch_size=job.index.encoder.batch_size,
+                            device=job.index.encoder.device, precision=job.index.encoder.precision)
+    manifest = build_index(dataclasses.replace(job.index, out=str(out), backend="dense", encoder=encoder))
+    return {"index": str(out), "passages": manifest.rows, "composition": manifest.composition}
+
+
+def _retrieval(job: LoopJob, index_dir: str) -> dict[str, Any]:
+    """Leaf-question metrics (composed with the parent question when the encoder composes ``Q [SEP] q``, as the
+    agent searches with it) and multi-hop evidence recall of one index."""
+    from ..eval.retrieval import composition_questions, evaluate_retrieval, load_judged_questions
+    from ..index import open_index
+
+    settings = job.loop.eval
+    index = open_index(index_dir)
+    leaf = load_judged_questions(settings.leaf_qa)
+    composed = (composition_questions(leaf, "parent", settings.multihop_qa) if index.composition != "query" else None)
+    leaf_report = evaluate_retrieval(index, leaf, settings.ks, settings.mrr_k, settings.ndcg_k,
+                                     search_questions=composed)
+    multihop = evaluate_retrieval(index, load_judged_questions(settings.multihop_qa), settings.ks, settings.mrr_k,
+                                  settings.ndcg_k)
+    return {"leaf": leaf_report["metrics"], "leaf_questions": leaf_report["questions_evaluated"],
+            "composed_with_parent": composed is not None, "multihop": multihop["metrics"],
+            "multihop_questions": multihop["questions_evaluated"]}
+
+
+def _agent(job: LoopJob, agent_model: str, index_dir: str, out: Path) -> dict[str, Any]:
+    from agent.evaluate import evaluate_trajectories
+    from agent.rollouts import run_rollout_job
+
+    config = dataclasses.replace(job.rollout, qa=job.loop.eval.agent_qa, out=str(out),
+                                 retrieval=RetrievalConfig(index=index_dir), limit=job.loop.eval.agent_questions,
+                                 agent=with_model(job.rollout.agent, agent_model))
+    run_rollout_job(config)
+    metrics = evaluate_trajectories(out, job.loop.eval.agent_qa)
+    return {"em": metrics["em"], "f1": metrics["f1"], "searches": metrics["avg_searches"],
+            "questions": metrics["trajectories"]}
+
+
+def evaluate_iteration(job: LoopJob, previous_index: str, index: str, agent_model: str, out: Path) -> dict[str, Any]:
+    """Step 6: both retrievers on the dev questions, and Agent_i with each (reads dev evidence labels)."""
+    out.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {"retrieval": {"previous": _retrieval(job, previous_index), "new": _retrieval(job, index)}}
+    if job.loop.eval.agent_questions:
+        report["agent"] = {"previous": _agent(job, agent_model, previous_index, out / "agent_previous_retriever.jsonl"),
+                           "new": _agent(job, agent_model, index, out / "agent_new_retriever.jsonl")}
+    return report
