@@ -132,6 +132,28 @@ def test_index_search_and_serve_take_the_shared_retrieval_setting(tmp_path, corp
     assert "opens the index in this process" in capsys.readouterr().err
 
 
+def test_index_swap_moves_a_running_service_and_a_refusal_is_an_error_not_a_traceback(tmp_path, corpus_file, capsys,
+                                                                                       monkeypatch):
+    from agentic_retriever.index import open_index
+    from agentic_retriever.server import running_server
+
+    folders = {}
+    for name, k1 in (("a", 1.2), ("b", 0.9)):
+        folders[name] = tmp_path / name
+        assert main(["index", "build", "--corpus", str(corpus_file), "--out", str(folders[name]), "--backend", "bm25",
+                     "--bm25.k1", str(k1)]) == 0
+    capsys.readouterr()
+    with running_server(open_index(str(folders["a"])), admin_token="s3cret") as url:
+        monkeypatch.setenv("AGENTIC_RETRIEVER_ADMIN_TOKEN", "s3cret")
+        assert main(["index", "swap", "--url", url, "--index", str(folders["b"])]) == 0
+        assert f"now serves {folders['b']} (generation 1, 300 passages" in capsys.readouterr().out
+        assert main(["index", "swap", "--url", url, "--index", str(folders["a"]), "--token", "wrong"]) == 2
+        assert "refused the swap" in capsys.readouterr().err
+        monkeypatch.delenv("AGENTIC_RETRIEVER_ADMIN_TOKEN")
+        assert main(["index", "swap", "--url", url, "--index", str(folders["a"])]) == 2
+        assert "give the service's admin token" in capsys.readouterr().err
+
+
 def test_retriever_export_turns_a_checkpoint_into_the_drop_in_folder(tmp_path, tiny_model_dir, capsys):
     from sentence_transformers import SentenceTransformer
 

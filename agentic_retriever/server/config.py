@@ -1,4 +1,4 @@
-"""Settings of `agentic-retriever index serve` (section ``index_serve``)."""
+"""Settings of `agentic-retriever index serve` (section ``index_serve``) and `index swap` (section ``index_swap``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from .schema import (
     DEFAULT_MAX_QUERIES_PER_REQUEST, DEFAULT_MAX_QUERY_CHARS, DEFAULT_MAX_WAIT_MS, DEFAULT_REQUEST_TIMEOUT_S,
 )
 
-__all__ = ["ServeConfig"]
+__all__ = ["IndexSwapConfig", "ServeConfig"]
 
 
 @dataclass
@@ -37,3 +37,17 @@ class ServeConfig:
                 "the environment variable AGENTIC_RETRIEVER_ADMIN_TOKEN, and when that is empty too, admin endpoints "
                 "are off (prefer the variable: a flag shows in the process list)"})
     gpu: Literal["auto", "on", "off"] = field(default="auto", metadata={"help": "FAISS on GPUs (dense indexes)"})
+
+
+@dataclass
+class IndexSwapConfig:
+    """Settings of `agentic-retriever index swap`: make a running service serve another index folder."""
+
+    url: str = field(default="", metadata={"help": "the running service's URL", "required": True})
+    index: str = field(default="", metadata={
+        "help": "index folder to serve, as a path on the server's machine (absolute: the server resolves a relative "
+                "one against its own working folder)", "required": True})
+    token: str = field(default="", metadata={
+        "help": "the service's admin token (empty: $AGENTIC_RETRIEVER_ADMIN_TOKEN, which keeps it out of the "
+                "process list)"})
+    timeout_s: float = field(default=600.0, metadata={"help": "longest wait for the new index to load"})
