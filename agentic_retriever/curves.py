@@ -7,8 +7,8 @@ the agent may not import `training` (docs/architecture.md, "Import rules").
 
 The same three trainers also report their logs to TensorBoard and/or Weights & Biases (``report_to``):
 `resolve_report_to` turns the setting into the integrations to use; the Hugging Face trainers (retriever
-training, warm start) get them as ``TrainingArguments.report_to`` (`hf_reporting`, `point_tensorboard_at`,
-`wandb_environment`), and the RL trainer's custom loop writes its step metrics through `ScalarLogger`. Both
+training, warm start) get them as ``TrainingArguments.report_to`` (`hf_reporting`, `train_resuming`), and the RL
+trainer's custom loop writes its step metrics through `ScalarLogger`. Both
 write tags ``train/<metric>`` at the update (RL: the step), and both are imported only when asked for.
 
     report_to = resolve_report_to(["auto"])           # ["tensorboard"] when it is installed, else []
@@ -33,8 +33,8 @@ from .jsonl import atomic_write
 
 log = logging.getLogger(__name__)
 
-__all__ = ["REPORT_TO", "ScalarLogger", "hf_reporting", "integration_installed", "point_tensorboard_at",
-           "resolve_report_to", "validate_report_to", "wandb_environment", "write_training_curves"]
+__all__ = ["REPORT_TO", "ScalarLogger", "hf_reporting", "integration_installed", "resolve_report_to",
+           "train_resuming", "validate_report_to", "write_training_curves"]
 
 #: Values of a ``report_to`` setting: auto (TensorBoard when it is installed), none, or the integrations.
 REPORT_TO = ("auto", "none", "tensorboard", "wandb")
@@ -132,7 +132,7 @@ def resolve_report_to(report_to: str | Sequence[str] | None) -> list[str]:
 def hf_reporting(args_class: type, report_to: Sequence[str], log_dir: str | Path, run_name: str = "") -> dict:
     """Keyword arguments of a Hugging Face ``TrainingArguments`` (`args_class`) that report to `report_to`
     (already resolved) with TensorBoard events in `log_dir`: ``report_to``, ``run_name`` and, on transformers
-    versions that have the setting (before 5), ``logging_dir``; on later ones `point_tensorboard_at` does it."""
+    versions that have the setting (before 5), ``logging_dir``; on later ones `train_resuming` does it."""
     kwargs: dict = {"report_to": list(report_to)}
     if run_name:
         kwargs["run_name"] = run_name
