@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable
 
 from .commands import COMMANDS, DEPRECATED_COMMANDS, Command
-from .config import add_dataclass_arguments, build_config, has_section, renamed_flags
+from .config import add_dataclass_arguments, build_config, has_section, load_config_file, renamed_flags
 
 
 def _settings(command: Command, args: argparse.Namespace):
@@ -250,6 +250,8 @@ def _loop(config, args: argparse.Namespace) -> None:
                   mine=step("mine_run"), train=step("retriever_train"), index=step("index_build", set_by_loop=("out",)),
                   warm_start=step("agent_sft", True),
                   prepare=step("data_prepare", True), config_file=args.config or "")
+    if "algorithm" not in ((load_config_file(args.config) if args.config else {}).get("agent_train") or {}):
+        job.agent_train.algorithm = "ppo"   # the loop's agent is trained with PPO, as the paper's, unless the file says
     run_loop(job, args._from_iteration, args._from_step)
 
 

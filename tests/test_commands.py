@@ -275,6 +275,28 @@ def test_demo_reads_the_sections_of_the_steps_it_runs(tmp_path, monkeypatch):
     assert job.mine.out == "v/mining" and job.train.epochs == 1
 
 
+def test_loop_reads_its_section_and_the_steps_sections_and_trains_the_agent_with_ppo_unless_told(tmp_path,
+                                                                                                 monkeypatch):
+    import agentic_retriever.loop as loop
+
+    seen = []
+    monkeypatch.setattr(loop, "run_loop", lambda job, i, s: seen.append((job, i, s)))
+    text = ("workdir: w\nretrieval:\n  index: i\nloop:\n  iterations: 3\n  agent_init: initial\n"
+            "agent_train:\n  qa: t\nagent_rollout:\n  batch_size: 4\nmine_run:\n  shard: 0/1\n"
+            "retriever_train:\n  epochs: 1\n")
+    path = _write(tmp_path, text)
+    assert main(["loop", "--config", path, "--iterations", "2", "--from-iteration", "2", "--from-step", "mining"]) == 0
+    job, iteration, step = seen[-1]
+    assert (iteration, step) == (2, "mining")
+    assert job.loop.iterations == 2 and job.loop.agent_init == "initial" and job.loop.out == "w/loop"
+    assert job.loop.base_index == "i" and job.loop.mining_qa == "w/data/fanoutqa_leaf_train_mining.jsonl"
+    assert job.agent_train.qa == "t" and job.agent_train.algorithm == "ppo" and job.rollout.batch_size == 4
+    assert job.train.epochs == 1 and job.warm_start is None and job.prepare is None and job.config_file == path
+    path = _write(tmp_path, text.replace("  qa: t\n", "  qa: t\n  algorithm: grpo\n"))
+    assert main(["loop", "--config", path]) == 0
+    assert seen[-1][0].agent_train.algorithm == "grpo" and seen[-1][1:] == (None, None)
+
+
 def test_docs_cli_lists_exactly_the_commands_of_the_parser():
     import re
     from pathlib import Path
