@@ -112,6 +112,9 @@ def test_search_tool_yaml_points_at_the_service_and_the_tool_speaks_its_api(run)
     assert isinstance(tool, SearchTool)
     assert tool.search(["capital of France"]) == '\n\n<information>Doc 1(Title: "Paris") Capital.</information>\n\n'
     assert seen == [("/retrieve", {"queries": ["capital of France"], "topk": 3, "return_scores": True})]
+    tool._questions["row-1"] = "What is the capital of France?"   # what create() keeps from the row's create_kwargs
+    assert "Paris" in tool.search(["capital"], tool._questions["row-1"])
+    assert seen[-1][1]["questions"] == ["What is the capital of France?"]
 
 
 def test_reward_file_loads_by_path_as_verl_loads_it_and_scores(run):
