@@ -1,0 +1,176 @@
+"""Our `RLConfig` and `VerlSettings` as verl's Hydra overrides of ``verl.trainer.main_ppo`` (`verl_overrides`).
+
+**reward**: ``reward.custom_reward_function`` = ``agent/rewards/verl.py`` (absolute path, `REWARD_FILE`),
+``compute_score``, ``reward_kwargs`` = ``{"reward": rl.reward, **rl.reward_options}``.
+
+RLConfig fields without a verl counterpart (refused when they differ from what verl does, else ignored):
+``whiten_advantages`` (verl always whitens GAE advantages; False is refused), ``value_clip`` None (verl always
+clips; refused), ``dynamic_sampling`` / ``dynamic_sampling_max_batches`` (not in ``verl.trainer.main_ppo``; True is
+refused), ``env.dialect`` other than ``search_r1`` (refused), ``env.max_new_tokens_per_turn`` (verl bounds the
+whole response, ``VerlSettings.max_response_length``), ``env.max_context_tokens`` (verl: max_prompt_length +
+max_response_length), ``env.seed``, ``env.store_token_ids``, ``logprob_chunk_size``, ``generation_batch_size``,
+``progress``, ``report_to``, ``limit``, ``qa`` and ``retrieval`` (the loop passes the questions and the service
+URL), ``out`` (the run folder is `prepare_verl_run`'s ``out_dir``), ``agent`` (the loop passes ``init_model``;
+verl picks device and precision itself).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import agent.rewards.verl as verl_rewards
+from agent.rl.config import RLConfig
+
+from .settings import VerlSettings
+
+CHARS_PER_TOKEN = 4  # verl cuts tool responses by characters; our observation cut is in tokens
+REWARD_FILE = Path(verl_rewards.__file__).resolve()
+
+
+def _kl_overrides(rl: RLConfig) -> dict[str, Any]:
+    """The KL to the reference: in the reward (algorithm.*) or in the actor's loss (actor.*), or none."""
+    use = rl.uses_reference
+    return {
+        "algorithm.use_kl_in_reward": use and rl.kl_in_reward,    # kl_placement reward: -coef * KL in the reward
+        "algorithm.kl_penalty": rl.kl_kind,                       # kl_estimator (verl: kl|k1, mse|k2, low_var_kl|k3)
+        "algorithm.kl_ctrl.kl_coef": rl.kl_coef,                  # kl_coef, fixed controller
+        "actor_rollout_ref.actor.use_kl_loss": use and not rl.kl_in_reward,  # kl_placement loss
+        "actor_rollout_ref.actor.kl_loss_coef": rl.kl_coef,       # kl_coef
+        "actor_rollout_ref.actor.kl_loss_type": rl.kl_kind,       # kl_estimator
+    }
+
+
+def _check_mappable(rl: RLConfig) -> None:
+    """Refuse RLConfig settings verl's PPO trainer cannot honour (module docstring, "without a verl counterpart")."""
+    refused = {
+        "whiten_advantages=False": rl.uses_critic and not rl.whiten_advantages,
+        "value_clip=None": rl.uses_critic and rl.value_clip is None,
+        "dynamic_sampling=True": rl.dynamic_sampling,
+        f"env.dialect={rl.env.dialect}": rl.env.dialect != "search_r1",
+    }
+    bad = [name for name, is_bad in refused.items() if is_bad]
+    if bad:
+        raise ValueError(f"RLConfig settings verl's main_ppo cannot run: {', '.join(bad)} "
+                         "(agentic_retriever/loop/verl/overrides.py)")
+    sequences = rl.mini_batch_size or rl.prompts_per_step * rl.samples_per_prompt
+    if sequences % rl.samples_per_prompt:
+        raise ValueError(f"RLConfig.mini_batch_size ({rl.mini_batch_size} sequences) must be a multiple of "
+                         f"samples_per_prompt ({rl.samples_per_prompt}): verl counts mini-batches in prompts")
+
+
+def _rl_overrides(rl: RLConfig) -> dict[str, Any]:
+    """Our RLConfig onto verl's names, one entry per setting (comment: our field)."""
+    mini_prompts = (rl.mini_batch_size or rl.prompts_per_step * rl.samples_per_prompt) // rl.samples_per_prompt
+    actor, critic = "actor_rollout_ref.actor", "critic"
+    return {
+        "algorithm.adv_estimator": "gae" if rl.uses_critic else "grpo",  # algorithm (ppo: GAE + critic)
+        "algorithm.gamma": rl.gamma,                                     # gamma
+        "algorithm.lam": rl.lam,                                         # lam
+        "algorithm.norm_adv_by_std_in_grpo": rl.grpo_normalize_std,      # grpo_normalize_std
+        "data.train_batch_size": rl.prompts_per_step,                    # prompts_per_step
+        "data.seed": rl.seed,                                            # seed (question order)
+        "actor_rollout_ref.rollout.n": rl.samples_per_prompt,            # samples_per_prompt
+        f"{actor}.ppo_mini_batch_size": mini_prompts,                    # mini_batch_size (verl: in prompts)
+        f"{actor}.ppo_micro_batch_size_per_gpu": rl.micro_batch_size,    # micro_batch_size
+        f"{critic}.ppo_micro_batch_size_per_gpu": rl.micro_batch_size,   # micro_batch_size
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": rl.micro_batch_size,  # micro_batch_size
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": rl.micro_batch_size,      # micro_batch_size
+        f"{actor}.ppo_epochs": rl.ppo_epochs,                            # ppo_epochs (critic follows)
+        f"{actor}.optim.lr": rl.actor_lr,                                # actor_lr
+        f"{critic}.optim.lr": rl.critic_lr,                              # critic_lr
+        f"{actor}.optim.lr_warmup_steps": rl.warmup_steps,               # warmup_steps
+        f"{critic}.optim.lr_warmup_steps": rl.warmup_steps,              # warmup_steps
+        f"{actor}.optim.weight_decay": rl.weight_decay,                  # weight_decay
+        f"{critic}.optim.weight_decay": rl.weight_decay,                 # weight_decay
+        f"{actor}.grad_clip": rl.grad_clip,                              # grad_clip
+        f"{critic}.grad_clip": rl.grad_clip,                             # grad_clip
+        f"{actor}.clip_ratio_low": rl.clip_low,                          # clip_low
+        f"{actor}.clip_ratio_high": rl.clip_high,                        # clip_high
+        f"{critic}.cliprange_value": rl.value_clip if rl.value_clip is not None else 0.5,  # value_clip
+        f"{actor}.loss_agg_mode": rl.loss_aggregation,                   # loss_aggregation (same names)
+        f"{actor}.entropy_coeff": rl.entropy_coef,                       # entropy_coef
+        **_kl_overrides(rl),                                             # kl_coef, kl_placement, kl_estimator
+        "actor_rollout_ref.model.lora_rank": rl.lora_r if rl.lora else 0,  # lora, lora_r (0: no LoRA)
+        "actor_rollout_ref.model.lora_alpha": rl.lora_alpha,             # lora_alpha
+        "actor_rollout_ref.model.enable_gradient_checkpointing": rl.gradient_checkpointing,  # gradient_checkpointing
+        f"{critic}.model.enable_gradient_checkpointing": rl.gradient_checkpointing,         # gradient_checkpointing
+        "actor_rollout_ref.rollout.temperature": rl.env.temperature,     # env.temperature
+        "actor_rollout_ref.rollout.top_p": rl.env.top_p,                 # env.top_p
+        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": rl.env.max_turns + 1,  # env.max_turns + the last
+        "actor_rollout_ref.rollout.multi_turn.max_user_turns": rl.env.max_turns,           # env.max_turns (searches)
+        "actor_rollout_ref.rollout.multi_turn.max_tool_response_length":                   # env.observation_max_tokens
+            rl.env.observation_max_tokens * CHARS_PER_TOKEN,
+        "reward.custom_reward_function.name": "compute_score",           # reward (by the reward_kwargs below)
+        "+reward.custom_reward_function.reward_kwargs.reward": rl.reward,  # reward
+        **{f"+reward.custom_reward_function.reward_kwargs.{k}": v for k, v in rl.reward_options.items()},  # reward_options
+    }
+
+
+def _run_overrides(settings: VerlSettings, rl: RLConfig, out_dir: Path, init_model: str) -> dict[str, Any]:
+    """The launch, data, model, tool, reward-file and checkpoint settings of one run."""
+    rollout, turn = "actor_rollout_ref.rollout", "actor_rollout_ref.rollout.multi_turn"
+    return {
+        "data.train_files": str(out_dir / "train.parquet"),
+        "data.val_files": str(out_dir / "val.parquet"),
+        "data.max_prompt_length": settings.max_prompt_length,
+        "data.max_response_length": settings.max_response_length,
+        "data.return_raw_chat": True,
+        "data.truncation": "error",
+        "actor_rollout_ref.model.path": init_model,
+        "critic.model.path": rl.critic_model or init_model,
+        f"{rollout}.name": settings.rollout_engine,
+        f"{rollout}.mode": "async",
+        f"{rollout}.tensor_model_parallel_size": settings.tensor_parallel_size,
+        f"{rollout}.gpu_memory_utilization": settings.gpu_memory_utilization,
+        f"{rollout}.agent.default_agent_loop": "tool_agent",
+        f"{turn}.enable": True,
+        f"{turn}.format": "hermes",
+        f"{turn}.tool_config_path": str(out_dir / "search_tool.yaml"),
+        f"{turn}.tool_response_truncate_side": "right",
+        "reward.custom_reward_function.path": str(REWARD_FILE),
+        "actor_rollout_ref.actor.checkpoint.save_contents": ["model", "optimizer", "extra", "hf_model"],
+        "trainer.default_local_dir": str(out_dir / "checkpoints"),
+        "trainer.n_gpus_per_node": settings.n_gpus_per_node,
+        "trainer.nnodes": settings.nnodes,
+        "trainer.total_training_steps": final_step(settings, rl),
+        "trainer.save_freq": settings.save_freq or rl.save_steps,
+        "trainer.test_freq": settings.test_freq,
+        "trainer.resume_mode": "auto",
+        "trainer.project_name": "agentic_retriever",
+        "trainer.experiment_name": out_dir.name,
+        "trainer.logger": ["console"],
+    }
+
+
+def final_step(settings: VerlSettings, rl: RLConfig) -> int:
+    """The step verl trains to (and saves last): ``settings.total_training_steps``, else ``rl.steps``."""
+    return settings.total_training_steps or rl.steps
+
+
+_PLAIN = re.compile(r"[A-Za-z0-9_./:~@%+-]+")
+
+
+def _hydra_value(value: Any) -> str:
+    """A value in Hydra's override grammar: lists as [a,b], booleans as true/false, odd strings single-quoted."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_hydra_value(v) for v in value) + "]"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    text = str(value)
+    if _PLAIN.fullmatch(text) and text.lower() not in ("true", "false", "null"):
+        return text
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def verl_overrides(settings: VerlSettings, rl: RLConfig, out_dir: str | os.PathLike, init_model: str) -> list[str]:
+    """verl's Hydra overrides for the run in `out_dir`: ours, then ``settings.overrides`` (last wins)."""
+    _check_mappable(rl)
+    merged = {**_rl_overrides(rl), **_run_overrides(settings, rl, Path(out_dir).resolve(), init_model)}
+    return [f"{key}={_hydra_value(value)}" for key, value in merged.items()] + list(settings.overrides)

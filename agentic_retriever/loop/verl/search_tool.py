@@ -1,0 +1,83 @@
+"""verl's search tool: `SearchTool`, and verl's native-tool config that names it (`search_tool_config`).
+
+verl 0.9.1 ships no search tool (``verl.tools`` holds only the base and function-tool classes; the ``SearchTool``
+of earlier verl releases is gone), so the tool config names `SearchTool`, a native verl tool that queries our
+service through `HttpRetrievalClient` (``POST /retrieve`` with ``{"queries", "topk", "return_scores": true}``, the
+request verl's former search tool sent) and returns Search-R1's ``<information>Doc 1(Title: ...) ...</information>``
+text (`SearchR1Dialect.format_observation`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+from uuid import uuid4
+
+from agent.dialects.search_r1 import SearchR1Dialect
+from agentic_retriever.client import HttpRetrievalClient
+
+TOOL_NAME = "search"
+
+
+def search_tool_config(service_url: str, topk: int) -> dict[str, Any]:
+    """verl's native-tool config (``multi_turn.tool_config_path``): `SearchTool` at our service."""
+    return {"tools": [{
+        "class_name": f"{__name__}.SearchTool",
+        "config": {"type": "native", "retrieval_service_url": service_url, "topk": topk, "timeout": 60},
+        "tool_schema": {"type": "function", "function": {
+            "name": TOOL_NAME,
+            "description": "Searches the knowledge corpus for passages relevant to each query.",
+            "parameters": {"type": "object", "required": ["query_list"], "properties": {
+                "query_list": {"type": "array", "description": "the search queries"}}}}},
+    }]}
+
+
+class SearchTool:
+    """A native verl tool (``verl.tools.base_tool.BaseTool``'s interface) searching our retrieval service.
+
+    verl builds it from `search_tool_config`: ``config`` holds ``retrieval_service_url``, ``topk`` and ``timeout``;
+    ``tool_schema`` is verl's ``OpenAIFunctionToolSchema``. The model calls it with ``{"query_list": [...]}``; the
+    answer is Search-R1's observation of all passages (`SearchR1Dialect.format_observation`). Each instance keeps
+    the row's question (its ``create_kwargs``) and sends it along with every query, so a service serving an
+    Agentic-R retriever searches with ``Q [SEP] q``, as our own environment does. verl is imported only inside
+    `create` and `execute`, which run in verl's workers, so this module imports without it.
+    """
+
+    def __init__(self, config: dict[str, Any], tool_schema: Any):
+        self.config, self.tool_schema = config, tool_schema
+        self.name = tool_schema.function.name
+        self.topk = int(config.get("topk", 3))
+        self._client = HttpRetrievalClient(config["retrieval_service_url"], timeout=float(config.get("timeout", 60)))
+        self._questions: dict[str, str | None] = {}
+
+    def get_openai_tool_schema(self) -> Any:
+        return self.tool_schema
+
+    def search(self, query_list: list[str] | str, question: str | None = None) -> str:
+        """The Search-R1 ``<information>`` text of the top-k passages of every query (`question`: the agent's
+        question, for retrievers that compose ``Q [SEP] q``)."""
+        queries = [query_list] if isinstance(query_list, str) else [str(q) for q in query_list]
+        queries = [q.strip() for q in queries if q and q.strip()]
+        if not queries:
+            return "No search query given: call search with a non-empty query_list."
+        return SearchR1Dialect().format_observation(
+            self._client.retrieve(queries, self.topk, questions=[question] * len(queries) if question else None))
+
+    async def create(self, instance_id: str | None = None, **kwargs: Any) -> tuple[str, Any]:
+        from verl.tools.schemas import ToolResponse
+
+        instance_id = instance_id or str(uuid4())
+        self._questions[instance_id] = kwargs.get("question")
+        return instance_id, ToolResponse()
+
+    async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any) -> tuple[Any, float, dict]:
+        from verl.tools.schemas import ToolResponse
+
+        text = await asyncio.to_thread(self.search, parameters.get("query_list", []), self._questions.get(instance_id))
+        return ToolResponse(text=text), 0.0, {}
+
+    async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
+        return 0.0
+
+    async def release(self, instance_id: str, **kwargs: Any) -> None:
+        self._questions.pop(instance_id, None)

@@ -1,0 +1,68 @@
+"""The launch settings of a verl run (`VerlSettings`) and what `prepare_verl_run` wrote for one (`VerlRun`)."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+
+@dataclass
+class VerlSettings:
+    """The ``verl`` section of the loop's config: the launch details of a verl run that `RLConfig` does not hold."""
+
+    n_gpus_per_node: int = field(default=8, metadata={"help": "GPUs per node (trainer.n_gpus_per_node)"})
+    nnodes: int = field(default=1, metadata={"help": "nodes (trainer.nnodes)"})
+    rollout_engine: Literal["vllm", "sglang"] = field(default="vllm", metadata={
+        "help": "rollout engine (actor_rollout_ref.rollout.name)"})
+    tensor_parallel_size: int = field(default=1, metadata={
+        "help": "tensor parallel size of the rollout engine (actor_rollout_ref.rollout.tensor_model_parallel_size)"})
+    gpu_memory_utilization: float = field(default=0.5, metadata={
+        "help": "share of GPU memory the rollout engine takes (actor_rollout_ref.rollout.gpu_memory_utilization)"})
+    total_training_steps: int | None = field(default=None, metadata={
+        "help": "PPO steps (trainer.total_training_steps; None: the agent step's RLConfig.steps)"})
+    save_freq: int | None = field(default=None, metadata={
+        "help": "checkpoint every N steps, and always on the last (trainer.save_freq; None: RLConfig.save_steps)"})
+    test_freq: int = field(default=-1, metadata={"help": "validate every N steps (trainer.test_freq; -1: never)"})
+    max_prompt_length: int = field(default=1024, metadata={"help": "prompt token budget (data.max_prompt_length)"})
+    max_response_length: int = field(default=3072, metadata={
+        "help": "token budget of all turns, tool answers included (data.max_response_length)"})
+    launcher: str = field(default="python3", metadata={
+        "help": "the python executable or launcher prefix that runs `-m verl.trainer.main_ppo` (split like a shell)"})
+    overrides: list[str] = field(default_factory=list, metadata={
+        "help": "extra Hydra overrides, appended last (they win over the generated ones)"})
+    launch: bool = field(default=False, metadata={
+        "help": "start launch.sh from the loop (log in verl.log); false: write it and wait for the user to run it"})
+    poll_seconds: float = field(default=30.0, metadata={"help": "seconds between checks for the final checkpoint"})
+    timeout_seconds: float = field(default=7 * 24 * 3600.0, metadata={
+        "help": "give up waiting for the final checkpoint after this many seconds"})
+
+    def __post_init__(self):
+        for name in ("n_gpus_per_node", "nnodes", "tensor_parallel_size", "max_prompt_length", "max_response_length"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"VerlSettings.{name} must be at least 1, got {getattr(self, name)}")
+        if self.rollout_engine not in ("vllm", "sglang"):
+            raise ValueError(f"VerlSettings.rollout_engine must be vllm or sglang, got {self.rollout_engine!r}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"VerlSettings.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        for name in ("total_training_steps", "save_freq"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"VerlSettings.{name} must be None or at least 1 (the loop picks up the final "
+                                 f"checkpoint), got {getattr(self, name)}")
+        if self.poll_seconds <= 0 or self.timeout_seconds <= 0:
+            raise ValueError("VerlSettings.poll_seconds and timeout_seconds must be positive")
+        if not shlex.split(self.launcher):
+            raise ValueError("VerlSettings.launcher is empty: give the python executable, e.g. python3")
+
+
+@dataclass(frozen=True)
+class VerlRun:
+    """What `prepare_verl_run` wrote: the run folder, the command, its script, its log and where checkpoints go."""
+
+    out_dir: Path
+    command: list[str]
+    launch_script: Path
+    log_path: Path
+    checkpoint_root: Path
+    final_step: int
