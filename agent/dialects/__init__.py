@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from .base import Action, ActionKind, Dialect
+from .s3 import S3Dialect
 from .search_r1 import SearchR1Dialect
 
-__all__ = ["DIALECTS", "Action", "ActionKind", "Dialect", "SearchR1Dialect", "get_dialect"]
+__all__ = ["DIALECTS", "Action", "ActionKind", "Dialect", "S3Dialect", "SearchR1Dialect", "get_dialect"]
 
-DIALECTS: dict[str, type[Dialect]] = {SearchR1Dialect.name: SearchR1Dialect}
+DIALECTS: dict[str, type[Dialect]] = {SearchR1Dialect.name: SearchR1Dialect, S3Dialect.name: S3Dialect}
 
 
 def get_dialect(name: str) -> Dialect:
-    """A fresh dialect by registry name (``search_r1``...)."""
+    """A fresh dialect by registry name (``search_r1``, ``s3``)."""
     try:
         return DIALECTS[name]()
     except KeyError:

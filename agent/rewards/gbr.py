@@ -1,0 +1,82 @@
+"""Gain Beyond RAG, s3's reward ("s3: You Don't Need That Much Data to Train a Search Agent via RL",
+arXiv 2505.14146, section 3.2, Eq. 1), as pure functions of two accuracies.
+
+    paper   [P]  GBR(Q) = Acc(G(Q, D_s3), A) - Acc(G(Q, D_RAG), A)
+    release [R]  GBR(Q) = (Acc_s3 - Acc_RAG) + Acc_s3     (``compute_score_rag`` of github.com/pat-jj/s3)
+
+Acc is Generation Accuracy (`agent.rewards.generation`); D_RAG is the naive top-3 retrieval with the question
+itself, whose accuracy [P] precomputes once per question (training keeps the questions where it is 0, where both
+variants give 2 x Acc_s3 and Acc_s3). The release variant is the default, as it produced the reported numbers
+(docs/paper-deviations.md).
+
+These rewards score accuracies, not a response, so they live in a registry of their own (`GAINS`), chosen by
+name like the response rewards of `agent.rewards.registry` (``get_gain("s3_gbr")``), options validated the same
+way: an unknown name or option raises ValueError listing what exists.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+from collections.abc import Callable
+
+__all__ = ["GAINS", "GainFn", "gain_beyond_rag", "gain_beyond_rag_paper", "gain_options", "get_gain"]
+
+GainFn = Callable[..., float]
+
+GAINS: dict[str, GainFn] = {}
+
+
+def _register(name: str) -> Callable[[GainFn], GainFn]:
+    def decorate(fn: GainFn) -> GainFn:
+        if name in GAINS:
+            raise ValueError(f"a gain named {name!r} is already registered ({GAINS[name].__qualname__})")
+        GAINS[name] = fn
+        return fn
+    return decorate
+
+
+def _accuracies(acc_s3: float, acc_rag: float) -> tuple[float, float]:
+    for name, value in (("acc_s3", acc_s3), ("acc_rag", acc_rag)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or \
+                not 0.0 <= value <= 1.0:
+            raise ValueError(f"{name} must be an accuracy in [0, 1], got {value!r}")
+    return float(acc_s3), float(acc_rag)
+
+
+@_register("s3_gbr_paper")
+def gain_beyond_rag_paper(acc_s3: float, acc_rag: float) -> float:
+    """Eq. 1 [P]: Acc_s3 - Acc_RAG, in [-1, 1]."""
+    acc_s3, acc_rag = _accuracies(acc_s3, acc_rag)
+    return acc_s3 - acc_rag
+
+
+@_register("s3_gbr")
+def gain_beyond_rag(acc_s3: float, acc_rag: float) -> float:
+    """The release's GBR [R]: (Acc_s3 - Acc_RAG) + Acc_s3, in [-1, 2] (the gain plus the generation score)."""
+    acc_s3, acc_rag = _accuracies(acc_s3, acc_rag)
+    return (acc_s3 - acc_rag) + acc_s3
+
+
+def gain_options(name: str) -> dict[str, object]:
+    """The options (keyword-only arguments) of a registered gain, with their defaults."""
+    params = inspect.signature(_lookup(name)).parameters.values()
+    return {p.name: p.default for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+
+def get_gain(name: str, **options) -> Callable[[float, float], float]:
+    """The gain registered as `name`, as ``gain(acc_s3, acc_rag)`` with `options` bound."""
+    fn = _lookup(name)
+    unknown = sorted(set(options) - set(gain_options(name)))
+    if unknown:
+        raise ValueError(f"gain {name!r} takes no option {', '.join(unknown)}; its options: "
+                         f"{', '.join(gain_options(name)) or 'none'}")
+    return functools.partial(fn, **options) if options else fn
+
+
+def _lookup(name: str) -> GainFn:
+    try:
+        return GAINS[name]
+    except KeyError:
+        raise ValueError(f"unknown gain {name!r}; choose one of {', '.join(sorted(GAINS))}") from None
