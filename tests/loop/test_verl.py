@@ -1,4 +1,4 @@
-"""The co-training loop's agent step on verl (agentic_retriever/loop/verl.py).
+"""The co-training loop's agent step on verl (agentic_retriever/loop/verl/).
 
 The overrides are checked against verl 0.9.1's own config: Hydra's compose API composes ``ppo_trainer`` from the
 installed package's ``verl/trainer/config`` folder (found with `importlib.util.find_spec`, which does not run
