@@ -10,7 +10,15 @@ release of Search-R1, arXiv 2503.09516, written [R] below):
    question, for retrievers trained on ``Q [SEP] q``) and the formatted passages are inserted; an invalid
    action gets the dialect's invalid-action message;
 3. every inserted text is cut to `EnvConfig.observation_max_tokens` tokens ([R] cuts each observation's
-   token ids, so the cut may fall inside ``</information>``).
+   token ids, so the cut may fall inside ``</information>``), except the observations of a dialect whose
+   document tracker bounds them itself (below).
+
+Each trajectory has its dialect's `DocumentTracker` (`Dialect.document_tracker`; Search-R1's passes everything
+through): every result list, the searches before turn 1 included, goes through `DocumentTracker.observe`, whose
+passages are the ones the prompt or the observation shows; every generated turn goes to
+`DocumentTracker.read_turn`; the finished `Rollout.selection` is `DocumentTracker.selected`. For s3 ("s3: You Don't
+Need That Much Data to Train a Search Agent via RL", arXiv 2505.14146, section 3.1) that is `S3Selection`: whole
+documents within the per-turn token budget, and D_s3 with its counters.
 
 Turns are generation steps, as in [R]: an invalid action uses one. After `max_turns` turns a dialect with
 `search_disabled_on_last_turn` gets one last generation whose searches are not executed ([R]'s final
@@ -27,7 +35,8 @@ back exactly its text, which is what RL's state masking needs (retrieved tokens 
 Resuming (global answer correctness of "Agentic-R: Learning to Retrieve for Agentic Search", section 4.1.1;
 docs/mining.md): a `Prefix` starts a
 trajectory from a response-so-far ending with a search call; the first observation shows the given
-passages (Doc 1...) instead of retrieving, later turns retrieve normally.
+passages (Doc 1...) instead of retrieving, later turns retrieve normally. The document tracker sees the prompt's
+documents and what follows the prefix, not the prefix's own turns.
 
 This module is the agent's public face toward the retriever side (mining, the co-training loop): `__all__`
 lists what it offers, including the re-exported `Trajectory` (with `Trajectory.from_json` to read one) and
@@ -44,7 +53,7 @@ from agentic_retriever.client import RetrievalClient
 from agentic_retriever.corpus import ScoredPassage
 from agentic_retriever.llm.base import LLM, Generation, SamplingParams
 
-from .dialects import Action, Dialect, get_dialect
+from .dialects import Action, Dialect, DocumentTracker, SelectedDocuments, get_dialect
 from .trajectory import FinishReason, Retrieved, Trajectory, Turn
 
 __all__ = ["EnvConfig", "Prefix", "Rollout", "Segment", "Trajectory", "cut_to_tokens", "get_dialect", "rollout"]
@@ -60,7 +69,8 @@ class EnvConfig:
     max_turns: int = field(default=4, metadata={"help": "generation turns before the search-disabled last one"})
     topk: int = field(default=3, metadata={"help": "passages per search query"})
     max_new_tokens_per_turn: int = field(default=512, metadata={"help": "generated tokens per turn"})
-    observation_max_tokens: int = field(default=500, metadata={"help": "cut of every inserted text, in tokens"})
+    observation_max_tokens: int = field(default=500, metadata={
+        "help": "cut of every inserted text, in tokens (not of observations the dialect bounds itself, e.g. s3's)"})
     max_context_tokens: int = field(default=4096, metadata={"help": "budget of prompt + response tokens"})
     temperature: float = field(default=0.0, metadata={"help": "0 = greedy"})
     top_p: float = field(default=1.0, metadata={"help": "nucleus sampling mass"})
@@ -113,7 +123,8 @@ class Segment:
 
 @dataclass
 class Rollout:
-    """One question's finished rollout."""
+    """One question's finished rollout; `selection` holds the documents the dialect's searcher selected for a
+    frozen generator and its counters (s3's D_s3), None for dialects that select none."""
 
     question: str
     prompt: str
@@ -124,6 +135,7 @@ class Rollout:
     finish_reason: FinishReason
     prefix: str = ""
     prefix_turns: int = 0
+    selection: SelectedDocuments | None = None
 
     @property
     def response_text(self) -> str:
@@ -149,6 +161,7 @@ class _State:
     question: str
     prompt: str
     prompt_ids: list[int]
+    tracker: DocumentTracker
     turns_used: int = 0
     prefix: str = ""
     prefix_turns: int = 0
@@ -197,6 +210,16 @@ class _Session:
         """An inserted text as the model will see it: its tokens, cut to the observation budget."""
         text, ids = cut_to_tokens(self.tokenizer, text, self.config.observation_max_tokens)
         return Segment(text, ids, generated=False)
+
+    def observation(self, tracker: DocumentTracker, results: Sequence[Sequence[ScoredPassage]]) -> Segment:
+        """The observation of a search's result lists: the passages `tracker` shows, formatted by the dialect;
+        cut to the observation budget unless the tracker bounds it."""
+        text = self.dialect.format_observation([tracker.observe(hits) for hits in results])
+        return Segment(text, self.encode(text), generated=False) if tracker.bounds_observations else self.inserted(text)
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of `text` with the LLM's tokenizer (what a document tracker's budget counts)."""
+        return len(self.encode(text))
 
     def generated(self, generation: Generation) -> Segment:
         """A generated turn cut right after its first stop string, with the token ids that produced it."""
@@ -255,7 +278,7 @@ def rollout(questions: Sequence[str], llm: LLM, client: RetrievalClient, config:
             _observe(session, searches)
         step += 1
     return [Rollout(s.question, s.prompt, s.prompt_ids, s.segments, s.turns, s.answer, s.finish, s.prefix,
-                    s.prefix_turns) for s in states]
+                    s.prefix_turns, s.tracker.selected()) for s in states]
 
 
 def _start(session: _Session, questions: list[str], prefixes: list[Prefix | None]) -> list[_State]:
@@ -269,8 +292,9 @@ def _start(session: _Session, questions: list[str], prefixes: list[Prefix | None
         per_question[i].append(hits)
     states = []
     for question, queries, passages, prefix in zip(questions, initial, per_question, prefixes):
-        prompt = session.llm.chat_prompt(dialect.build_prompt(question, passages))
-        state = _State(question, prompt, session.encode(prompt))
+        tracker = dialect.document_tracker(session.count_tokens)
+        prompt = session.llm.chat_prompt(dialect.build_prompt(question, [tracker.observe(h) for h in passages]))
+        state = _State(question, prompt, session.encode(prompt), tracker)
         if queries:
             state.turns.append(Turn("", "search", list(queries), [_retrieved(h) for h in passages]))
         if prefix is not None:
@@ -289,7 +313,7 @@ def _apply_prefix(session: _Session, state: _State, prefix: Prefix) -> None:
     state.turns_used = state.prefix_turns = used
     state.prefix = prefix.response_text
     state.append(Segment(prefix.response_text, session.encode(prefix.response_text), generated=False))
-    observation = session.inserted(session.dialect.format_observation([list(prefix.forced_passages)]))
+    observation = session.observation(state.tracker, [prefix.forced_passages])
     state.append(observation)
     state.turns.append(Turn("", "search", [], [_retrieved(prefix.forced_passages)], observation.text, forced=True))
 
@@ -299,6 +323,7 @@ def _take_turn(session: _Session, state: _State, generation: Generation) -> tupl
     dialect, config = session.dialect, session.config
     segment = session.generated(generation)
     state.append(segment)
+    state.tracker.read_turn(segment.text)
     action = dialect.parse_action(segment.text)
     search_disabled = state.turns_used >= config.max_turns  # this was the last, search-disabled generation
     state.turns_used += 1
@@ -326,7 +351,7 @@ def _observe(session: _Session, searches: list[tuple[_State, Turn, Action]]) -> 
     results = iter(session.retrieve(queries, questions))
     for state, turn, action in searches:
         hits = [next(results) for _ in action.queries]
-        observation = session.inserted(session.dialect.format_observation(hits))
+        observation = session.observation(state.tracker, hits)
         state.append(observation)
         turn.retrieved = [_retrieved(h) for h in hits]
         turn.observation = observation.text

@@ -52,7 +52,8 @@ class RolloutRunSummary:
 
 
 def make_trajectory(row: QARow, result: Rollout, config: EnvConfig, model: str, retriever: str) -> Trajectory:
-    """A finished rollout as a trajectory record, with its answer scored against the golden answers."""
+    """A finished rollout as a trajectory record, with its answer scored against the golden answers (and, for s3,
+    its selected documents D_s3 and their counters)."""
     scores = qa_scores(result.answer, list(row.golden_answers))
     return Trajectory(
         question_id=row.id, question=row.question, golden_answers=list(row.golden_answers), dialect=config.dialect,
@@ -60,7 +61,7 @@ def make_trajectory(row: QARow, result: Rollout, config: EnvConfig, model: str, 
         em=scores.em, f1=scores.f1, contains_em=scores.contains_em, finish_reason=result.finish_reason,
         prefix=result.prefix, prefix_turns=result.prefix_turns,
         token_ids=result.response_ids if config.store_token_ids else None,
-        mask=result.response_mask if config.store_token_ids else None,
+        mask=result.response_mask if config.store_token_ids else None, selection=result.selection,
     )
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from .base import Action, ActionKind, Dialect
+from .base import Action, ActionKind, Dialect, DocumentTracker, SelectedDocuments
 from .s3 import S3Dialect
 from .search_r1 import SearchR1Dialect
 
-__all__ = ["DIALECTS", "Action", "ActionKind", "Dialect", "S3Dialect", "SearchR1Dialect", "get_dialect"]
+__all__ = ["DIALECTS", "Action", "ActionKind", "Dialect", "DocumentTracker", "S3Dialect", "SearchR1Dialect",
+           "SelectedDocuments", "get_dialect"]
 
 DIALECTS: dict[str, type[Dialect]] = {SearchR1Dialect.name: SearchR1Dialect, S3Dialect.name: S3Dialect}
 

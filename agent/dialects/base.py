@@ -11,7 +11,12 @@ The environment loop (`agent.env`) is the same for every method; a dialect suppl
 * `invalid_action_message`: the text inserted after an invalid turn;
 * `extract_answer`: a whole response -> the final answer (None when there is none);
 * `search_disabled_on_last_turn`: after `max_turns` turns the agent gets one more generation whose searches
-  are not executed (Search-R1's final rollout); when False the trajectory ends after `max_turns` turns.
+  are not executed (Search-R1's final rollout); when False the trajectory ends after `max_turns` turns;
+* `document_tracker`: a fresh per-trajectory `DocumentTracker`, the hooks through which a dialect decides which
+  retrieved documents the agent is shown and which it selects for a frozen generator. The base tracker passes
+  everything through and selects nothing (Search-R1); s3's `S3Selection` shows whole documents within a per-turn
+  token budget and collects D_s3 ("s3: You Don't Need That Much Data to Train a Search Agent via RL",
+  arXiv 2505.14146, section 3.1).
 
 Adding a method is adding a subclass and registering it in `agent.dialects`: QAgent returns several queries
 per search action and formats one block for all of them; s3's searcher overrides `initial_queries` and
@@ -22,14 +27,14 @@ environment); when-to-search changes the prompt and tag set only.
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from agentic_retriever.corpus import ScoredPassage
+from agentic_retriever.corpus import Passage, ScoredPassage
 from agentic_retriever.llm.text import find_stop
 
-__all__ = ["Action", "ActionKind", "Dialect"]
+__all__ = ["Action", "ActionKind", "Dialect", "DocumentTracker", "SelectedDocuments"]
 
 ActionKind = Literal["search", "answer", "invalid"]
 
@@ -52,6 +57,45 @@ class Action:
             raise ValueError("a search action needs at least one query")
         if self.kind != "search" and self.queries:
             raise ValueError(f"an {self.kind} action carries no queries")
+
+
+@dataclass
+class SelectedDocuments:
+    """The documents a searcher selected for a frozen generator, in order (s3's D_s3, "s3: You Don't Need That
+    Much Data to Train a Search Agent via RL", arXiv 2505.14146, section 3.1), and the counters of the
+    bookkeeping that selected them (what it ignored or could not read, by name)."""
+
+    documents: list[Passage]
+    counters: dict[str, int]
+
+
+class DocumentTracker:
+    """One trajectory's document bookkeeping; the environment calls its hooks in the order things happen:
+
+    * `observe` for each result list of a search (the searches before turn 1 included): it returns the passages
+      the agent is shown, which go to `Dialect.build_prompt` or `Dialect.format_observation`;
+    * `read_turn` with every generated turn's text (invalid turns and the search-disabled last turn included);
+    * `selected` once the trajectory is finished: the selected documents, or None when the dialect selects none.
+
+    When `bounds_observations` is True, `observe` keeps every observation within the dialect's own token budget
+    and the environment does not cut it to `EnvConfig.observation_max_tokens` (a cut could split a document).
+    This base class is the pass-through of dialects that show every retrieved passage and select nothing
+    (Search-R1).
+    """
+
+    bounds_observations: ClassVar[bool] = False
+
+    def observe(self, passages: Sequence[ScoredPassage]) -> list[ScoredPassage]:
+        """The passages of one result list that the agent is shown, in order (all of them)."""
+        return list(passages)
+
+    def read_turn(self, turn_text: str) -> object:
+        """Take note of one generated turn (nothing to note)."""
+        return None
+
+    def selected(self) -> SelectedDocuments | None:
+        """The trajectory's selected documents (none)."""
+        return None
 
 
 class Dialect(abc.ABC):
@@ -81,6 +125,11 @@ class Dialect(abc.ABC):
     @abc.abstractmethod
     def extract_answer(self, response_text: str) -> str | None:
         """The final answer in a response (generated and inserted text, prompt excluded), or None."""
+
+    def document_tracker(self, count_tokens: Callable[[str], int]) -> DocumentTracker:
+        """A fresh tracker for one trajectory; `count_tokens` counts a text's tokens with the agent's tokenizer
+        (the pass-through: every passage shown, none selected)."""
+        return DocumentTracker()
 
     def truncate_turn(self, text: str) -> str:
         """`text` cut right after the earliest stop string in it (unchanged when it holds none)."""

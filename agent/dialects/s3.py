@@ -31,6 +31,11 @@ differ this module follows [R] unless said otherwise:
 
 Defaults are the main run of [P] (Table 3, Appendix A.2): 8 retrieved, at most 3 selected per block, 3 turns,
 at most 1,400 document tokens shown per block, an 8,000-token context (`S3Settings`).
+
+In the environment (`agent.env.rollout` with ``EnvConfig(dialect="s3")``) the dialect's `document_tracker` is one
+`S3Selection` per trajectory: the prompt and every observation show the whole documents that fit the per-turn
+budget (observations are not cut to ``EnvConfig.observation_max_tokens``), every generated turn is read for its
+selection, and the rollout and its trajectory record carry D_s3 and the counters (``selection``).
 """
 
 from __future__ import annotations
@@ -38,11 +43,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import ClassVar
 
-from agentic_retriever.corpus import ScoredPassage
+from agentic_retriever.corpus import Passage, ScoredPassage
 
-from .base import Action, Dialect
+from .base import Action, Dialect, DocumentTracker, SelectedDocuments
 from .search_r1 import search_r1_question
 
 __all__ = ["INVALID_ACTION_MESSAGE", "S3Counters", "S3Dialect", "S3Selection", "S3Settings", "S3Turn",
@@ -88,7 +94,7 @@ class S3Settings:
     """The s3 loop's sizes; defaults are [P]'s main run (8 -> 3, 3 turns; Appendix A.2 for the token budgets).
 
     The environment's share is ``EnvConfig(dialect="s3", topk=topk, max_turns=max_turns,
-    max_context_tokens=max_context_tokens)``; `S3Selection` takes `max_selected` and `max_doc_tokens`.
+    max_context_tokens=max_context_tokens)``; the dialect's `S3Selection` takes `max_selected` and `max_doc_tokens`.
     """
 
     topk: int = 8
@@ -189,6 +195,9 @@ class S3Dialect(Dialect):
     invalid_action_message = INVALID_ACTION_MESSAGE
     search_disabled_on_last_turn = True
 
+    def __init__(self, settings: S3Settings | None = None):
+        self.settings = settings if settings is not None else S3Settings()
+
     def initial_queries(self, question: str) -> tuple[str, ...]:
         """q_0 = Q ("Begin with Search", section 3.1), the question as the prompt shows it."""
         return (search_r1_question(question),)
@@ -219,6 +228,10 @@ class S3Dialect(Dialect):
     def extract_answer(self, response_text: str) -> str | None:
         """None: the searcher never answers; the frozen generator does (`agent.rewards.generation`)."""
         return None
+
+    def document_tracker(self, count_tokens: Callable[[str], int]) -> S3Selection:
+        """D_s3's bookkeeping for one episode, with the settings' `max_selected` and `max_doc_tokens`."""
+        return S3Selection(count_tokens, self.settings.max_selected, self.settings.max_doc_tokens)
 
 
 @dataclass
@@ -255,7 +268,7 @@ class _Block:
 
 
 @dataclass
-class S3Selection:
+class S3Selection(DocumentTracker):
     """D_s3 of one episode: feed it every block of retrieved documents (`observe`) and every generated turn
     (`read_turn`) in the order they happen; `documents` is the selected, deduplicated context.
 
@@ -271,8 +284,12 @@ class S3Selection:
         shown = selection.observe(hits_of_query_1)  # the observation of turn 1
         ...
         selection.documents(), selection.counters
+
+    As the environment's `DocumentTracker` it bounds the observations itself (whole documents within
+    `max_doc_tokens`), and `selected` hands over D_s3 and the counters.
     """
 
+    bounds_observations: ClassVar[bool] = True
     count_tokens: Callable[[str], int]
     max_selected: int = 3
     max_doc_tokens: int = 1400
@@ -337,3 +354,8 @@ class S3Selection:
                 out.append(passage)
         self.counters.duplicate_docs = duplicates
         return out
+
+    def selected(self) -> SelectedDocuments:
+        """D_s3 (id, title, text of each document, in order) and the counters, by `S3Counters` field name."""
+        documents = [Passage(p.id, p.title, p.text) for p in self.documents()]
+        return SelectedDocuments(documents, asdict(self.counters))
