@@ -8,22 +8,46 @@
 * ``evidence_recall`` (when QA rows with ``supporting_titles`` are given): per trajectory, the share of its
   supporting titles among the titles retrieved anywhere in it, averaged over the trajectories that have any;
 * ``finish_reasons``: count per finish reason.
+
+With a frozen generator (`evaluate_generation`; ``eval agent --generator.model M``), the report adds s3's answer
+metrics ("s3: You Don't Need That Much Data to Train a Search Agent via RL", arXiv 2505.14146, section 3.2 Eq. 1
+and section 4.1 Eq. 3), averaged over trajectories:
+
+* ``gen_acc``: Generation Accuracy (span check OR judge; span check only without a judge) of the generator's
+  answer from each trajectory's documents (`trajectory_documents`);
+* ``naive_rag_gen_acc``: the same generator's accuracy from the top-``naive_rag_topk`` passages that
+  ``retrieval`` returns for the question itself (`agent.naive_rag.NaiveRagCache`, cached on disk);
+* ``gbr`` and ``gbr_paper``: Gain Beyond RAG per question, in the release's and the paper's variants
+  (`agent.rewards.gbr`);
+* ``documents_per_question``: documents given to the generator (``avg_searches`` is the searches per question);
+* ``generation``: what produced them: generator and judge fingerprints, ``check`` ("span_or_judge" or
+  "span_only"), judge calls and malformed verdicts on the trajectories' answers, the naive-RAG top-k and cache
+  file, and ``documents_without_text`` (retrieved passages whose text no observation shows, left out).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentic_retriever.client import RetrievalClient, RetrievalConfig, open_client
+from agentic_retriever.corpus import Passage
 from agentic_retriever.eval.qa import qa_scores
+from agentic_retriever.fingerprint import llm_fingerprint
+from agentic_retriever.llm import LLMConfig
+from agentic_retriever.llm.base import LLM
 
+from .naive_rag import NaiveRagCache, generation_accuracies, retriever_identity
 from .qa_data import QARow, as_qa_rows
-from .trajectory import read_trajectories
+from .rewards.gbr import gain_beyond_rag, gain_beyond_rag_paper
+from .trajectory import Trajectory, Turn, read_trajectories
 
-__all__ = ["AgentEvalConfig", "evaluate_trajectories"]
+__all__ = ["AgentEvalConfig", "evaluate_agent", "evaluate_generation", "evaluate_trajectories",
+           "trajectory_documents"]
 
 
 @dataclass
@@ -34,15 +58,32 @@ class AgentEvalConfig:
                                                     "derive": "{workdir}/agent/trajectories.jsonl"})
     qa: str = field(default="", metadata={"help": "QA rows with supporting_titles, for evidence recall (optional)"})
     out: str = field(default="", metadata={"help": "write the report as JSON here (optional)"})
+    generator: LLMConfig = field(default_factory=functools.partial(LLMConfig, model=""), metadata={
+        "help": "frozen generator for gen_acc, naive_rag_gen_acc and gbr (model empty: off)"})
+    judge: LLMConfig = field(default_factory=functools.partial(LLMConfig, model=""), metadata={
+        "help": "judge LLM of Generation Accuracy (model empty: span check only)"})
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    naive_rag_topk: int = field(default=3, metadata={"help": "passages of the naive-RAG baseline (with a generator)"})
+    cache: str = field(default="", metadata={"help": "folder of the naive-RAG accuracy cache",
+                                             "derive": "{workdir}/agent/naive_rag"})
 
 
 def evaluate_trajectories(path: str | os.PathLike,
                           qa_rows: Sequence[QARow | dict[str, Any]] | str | os.PathLike | None = None
                           ) -> dict[str, Any]:
-    """Mean metrics of the trajectories in `path` (see the module docstring)."""
+    """Mean metrics of the trajectories in `path` (see the module docstring; no generator)."""
+    return _answer_report(_read(path), qa_rows)
+
+
+def _read(path: str | os.PathLike) -> list[Trajectory]:
     trajectories = list(read_trajectories(path))
     if not trajectories:
         raise ValueError(f"{path} holds no trajectories")
+    return trajectories
+
+
+def _answer_report(trajectories: list[Trajectory],
+                   qa_rows: Sequence[QARow | dict[str, Any]] | str | os.PathLike | None) -> dict[str, Any]:
     n = len(trajectories)
     scores = [qa_scores(t.answer, t.golden_answers) for t in trajectories]
     report: dict[str, Any] = {
@@ -62,3 +103,102 @@ def evaluate_trajectories(path: str | os.PathLike,
         report["evidence_recall"] = sum(recalls) / len(recalls) if recalls else None
         report["evidence_questions"] = len(recalls)
     return report
+
+
+def trajectory_documents(trajectory: Trajectory) -> tuple[list[Passage], int]:
+    """The documents a frozen generator gets for a trajectory, and how many retrieved passages had no text.
+
+    A trajectory with a ``selection`` (s3's D_s3, "s3: You Don't Need That Much Data to Train a Search Agent via
+    RL", arXiv 2505.14146, section 3.1) gives its selected documents. Any other gives every passage it retrieved,
+    deduplicated by id, first occurrence first. A trajectory stores only the ids and titles of its passages; their
+    texts are read back from the observations' ``Doc {i}(Title: "{title}") {text}`` lines (the format of the
+    Search-R1 and s3 dialects), i.e. the text the agent was shown: a passage cut short by
+    `EnvConfig.observation_max_tokens` keeps its shown part, and one cut off entirely (or shown only in the
+    prompt) is left out and counted.
+    """
+    if trajectory.selection is not None:
+        return list(trajectory.selection.documents), 0
+    documents: dict[str, Passage] = {}
+    missing = 0
+    for turn in trajectory.turns:
+        ids = [pid for hits in turn.retrieved for pid in hits.ids]
+        titles = [title for hits in turn.retrieved for title in hits.titles]
+        for pid, title, text in zip(ids, titles, _shown_texts(turn, titles)):
+            if text is None:
+                missing += 1
+            elif pid not in documents:
+                documents[pid] = Passage(pid, title, text)
+    return list(documents.values()), missing
+
+
+def _shown_texts(turn: Turn, titles: list[str]) -> list[str | None]:
+    """The text of each passage in the turn's observation (None when its line is not there), parallel to `titles`."""
+    observation, texts, position = turn.observation, [], 0
+    for number, title in enumerate(titles, start=1):
+        header = f'Doc {number}(Title: "{title}") '
+        found = observation.find(header, position)
+        if found < 0:
+            texts.extend([None] * (len(titles) - len(texts)))
+            break
+        start = found + len(header)
+        ends = [end for end in (observation.find(f"\nDoc {number + 1}(", start),
+                                observation.find("</information>", start)) if end >= 0]
+        position = min(ends, default=len(observation))
+        texts.append(observation[start:position].strip())
+    return texts
+
+
+def evaluate_generation(path: str | os.PathLike, generator: LLM, judge: LLM | None, client: RetrievalClient,
+                        cache: NaiveRagCache, qa_rows: Sequence[QARow | dict[str, Any]] | str | os.PathLike | None
+                        = None, batch_size: int = 64) -> dict[str, Any]:
+    """`evaluate_trajectories` plus s3's generator metrics (see the module docstring): the generator answers from
+    each trajectory's documents, `batch_size` trajectories per call; the naive-RAG baseline comes from `cache`
+    (computed with `client` for the questions it lacks)."""
+    trajectories = _read(path)
+    report = _answer_report(trajectories, qa_rows)
+    found = [trajectory_documents(t) for t in trajectories]
+    items = []
+    for start in range(0, len(trajectories), batch_size):
+        batch = trajectories[start:start + batch_size]
+        documents = [docs for docs, _ in found[start:start + batch_size]]
+        items += generation_accuracies([t.question for t in batch], documents, [t.golden_answers for t in batch],
+                                       generator, judge)
+    rows = [QARow(t.question_id, t.question, tuple(t.golden_answers)) for t in trajectories]
+    naive = cache.accuracies(rows, client, generator, judge, batch_size)
+    acc_s3 = [item.accuracy for item in items]
+    acc_rag = [naive[t.question_id] for t in trajectories]
+    n = len(trajectories)
+    report.update({
+        "gen_acc": sum(acc_s3) / n,
+        "naive_rag_gen_acc": sum(acc_rag) / n,
+        "gbr": sum(map(gain_beyond_rag, acc_s3, acc_rag)) / n,
+        "gbr_paper": sum(map(gain_beyond_rag_paper, acc_s3, acc_rag)) / n,
+        "documents_per_question": sum(len(docs) for docs, _ in found) / n,
+        "generation": {
+            "generator": cache.generator_identity, "judge": cache.judge_identity,
+            "check": "span_only" if judge is None else "span_or_judge",
+            "judge_calls": sum(item.judge_answer is not None for item in items),
+            "judge_malformed": sum(item.judge_malformed for item in items),
+            "naive_rag_topk": cache.topk, "naive_rag_cache": str(cache.path),
+            "documents_without_text": sum(missing for _, missing in found),
+        },
+    })
+    return report
+
+
+def evaluate_agent(config: AgentEvalConfig) -> dict[str, Any]:
+    """`agentic-retriever eval agent`: `evaluate_trajectories`, or with ``generator.model`` set, load the generator
+    (and the judge when ``judge.model`` is set), open ``retrieval`` and run `evaluate_generation`."""
+    if not config.generator.model:
+        if config.judge.model:
+            raise ValueError("eval agent: judge.model is set but generator.model is not (the judge checks the "
+                             "generator's answers)")
+        return evaluate_trajectories(config.trajectories, config.qa or None)
+    from agentic_retriever.llm import load_llm
+
+    with open_client(config.retrieval) as client:
+        generator = load_llm(config.generator)
+        judge = load_llm(config.judge) if config.judge.model else None
+        cache = NaiveRagCache(config.cache, retriever_identity(client), llm_fingerprint(generator),
+                              llm_fingerprint(judge) if judge is not None else None, config.naive_rag_topk)
+        return evaluate_generation(config.trajectories, generator, judge, client, cache, config.qa or None)

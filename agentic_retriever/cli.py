@@ -156,9 +156,9 @@ def _eval_retrieval(config) -> None:
 
 
 def _eval_agent(config) -> None:
-    from agent.evaluate import evaluate_trajectories
+    from agent.evaluate import evaluate_agent
 
-    _print_report(evaluate_trajectories(config.trajectories, config.qa or None), config.out)
+    _print_report(evaluate_agent(config), config.out)
 
 
 def _agent_sft(config) -> None:
