@@ -3,6 +3,9 @@
 Defaults are the values of Search-R1's release (arXiv 2503.09516; docs/rl.md): clip 0.2, entropy 0.001, gradient clip
 1.0, one epoch over each batch, KL 0.001; PPO with GAE gamma = lambda = 1, the k1 KL in the reward and a
 value clip of 0.5; GRPO with the low-variance (k3) KL in the loss and (r - mean) / (std + 1e-6) advantages.
+The s3 settings (`generator`, `judge`, `naive_rag_cache`, `keep_naive_rag_failures`, `drop_yes_no`) serve the Gain
+Beyond RAG rewards ("s3: You Don't Need That Much Data to Train a Search Agent via RL", arXiv 2505.14146, sections
+3.2 and 4.1; `agent.rl.batch_reward`) and are read only when `reward` names one.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from agentic_retriever.client import RetrievalConfig
 from agentic_retriever.llm import LLMConfig
 
 from ..env import EnvConfig
+from ..rewards import REWARDS
+from ..rewards.gbr import GAINS
 from .core import KLEstimator, LossAggregation
 
 __all__ = ["RLConfig"]
@@ -78,8 +83,22 @@ class RLConfig:
         "help": "DAPO: drop groups whose rewards are all equal and sample more prompts to refill the step"})
     dynamic_sampling_max_batches: int = field(default=3, metadata={"help": "prompt batches tried per step"})
     # -------------------------------------------------------------------- reward and environment
-    reward: str = field(default="search_r1_em", metadata={"help": "registered reward name (agent.rewards)"})
+    reward: str = field(default="search_r1_em", metadata={
+        "help": "registered reward name: a response reward (agent.rewards) or a gain scored by a frozen generator "
+                "(s3_gbr, s3_gbr_paper: agent.rewards.gbr; they need generator.model and env.dialect s3)"})
     reward_options: dict[str, Any] = field(default_factory=dict, metadata={"help": "the reward's options"})
+    generator: LLMConfig = field(default_factory=lambda: LLMConfig(model=""), metadata={
+        "help": "the frozen generator of the s3 rewards, loaded once on its own (empty model: none; the searcher's "
+                "base model only where named here, and never the trained policy)"})
+    judge: LLMConfig = field(default_factory=lambda: LLMConfig(model=""), metadata={
+        "help": "the judge of Generation Accuracy, asked on span-check failures (empty model: span check only)"})
+    naive_rag_cache: str = field(default="", metadata={
+        "help": "folder of the cached naive-RAG accuracies (the generator on the question's top-3 passages)",
+        "derive": "{workdir}/naive_rag"})
+    keep_naive_rag_failures: bool = field(default=True, metadata={
+        "help": "s3 rewards: train only on questions whose naive-RAG accuracy is 0 (s3, section 4.1)"})
+    drop_yes_no: bool = field(default=True, metadata={
+        "help": "s3 rewards: drop yes/no and true/false questions (s3, section 4.1)"})
     env: EnvConfig = field(default_factory=lambda: EnvConfig(temperature=1.0))
     generation_batch_size: int = field(default=16, metadata={"help": "sequences generated together"})
     # -------------------------------------------------------------------- run
@@ -109,6 +128,19 @@ class RLConfig:
             raise ValueError("agent train runs in fp32 or under bf16 autocast; agent.precision fp16 is not supported")
         if not 0 <= self.clip_low < 1 or self.clip_high < 0:
             raise ValueError(f"clip_low must be in [0, 1) and clip_high >= 0, got {self.clip_low}, {self.clip_high}")
+        if self.reward not in REWARDS and self.reward not in GAINS:
+            raise ValueError(f"unknown reward {self.reward!r}; choose a response reward ({', '.join(sorted(REWARDS))}) "
+                             f"or a gain scored by a frozen generator ({', '.join(sorted(GAINS))})")
+        if self.uses_generator:
+            if not self.generator.model:
+                raise ValueError(f"reward {self.reward} scores the documents the searcher selected with a frozen "
+                                 "generator: set generator.model (--generator.model; e.g. the searcher's base model, "
+                                 "loaded separately and frozen)")
+            if self.env.dialect != "s3":
+                raise ValueError(f"reward {self.reward} scores the documents an s3 searcher selected: set env.dialect "
+                                 f"s3 (got {self.env.dialect!r})")
+            if not self.naive_rag_cache:
+                raise ValueError(f"reward {self.reward} compares with cached naive-RAG accuracies: set naive_rag_cache")
 
     def on_policy(self, batch_size: int) -> bool:
         """Whether the update of a step of `batch_size` rollouts may take the rollout policy's ("old")
@@ -120,6 +152,12 @@ class RLConfig:
         reward does)."""
         one_update = self.ppo_epochs == 1 and (self.mini_batch_size is None or self.mini_batch_size >= batch_size)
         return one_update and not (self.kl_in_reward and self.uses_reference)
+
+    @property
+    def uses_generator(self) -> bool:
+        """Whether the reward is a gain over naive RAG (`agent.rewards.gbr`): scored by a frozen generator on the
+        selected documents of a whole step at once (`agent.rl.batch_reward`)."""
+        return self.reward in GAINS
 
     @property
     def uses_critic(self) -> bool:

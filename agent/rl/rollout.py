@@ -4,8 +4,9 @@ scored training samples.
 * `questions_at`: the seeded, endless question stream (a function of its position, so a resumed run draws
   what the uninterrupted one would);
 * `RolloutCollector.rollout_samples`: ``samples_per_prompt`` rollouts of each question through
-  `agent.env.rollout` with the policy as the LLM and the fixed retriever, each scored by the reward
-  (`agent.rewards`) and logged with its diagnostics (`components`), as `agent.rl.batch.Sample`;
+  `agent.env.rollout` with the policy as the LLM and the fixed retriever, scored together by the
+  `agent.rl.batch_reward.BatchReward` (a response reward per rollout, or s3's Gain Beyond RAG with one generator
+  call for all of them) and logged with its diagnostics (`components`), as `agent.rl.batch.Sample`;
 * `RolloutCollector.collect`: the samples of one step; with dynamic sampling (DAPO, "DAPO: An Open-Source LLM
   Reinforcement Learning System at Scale", arXiv 2503.14476) groups whose rewards are all equal are dropped
   and more questions are rolled out, up to ``dynamic_sampling_max_batches`` batches;
@@ -33,13 +34,14 @@ from ..env import Rollout, rollout
 from ..qa_data import QARow
 from ..rewards import gold_in_information, is_valid_sequence
 from .batch import Sample
+from .batch_reward import BatchReward
 from .config import RLConfig
 
 __all__ = ["RewardFn", "RolloutCollector", "StepSamples", "questions_at", "rollout_metrics"]
 
 log = logging.getLogger(__name__)
 
-RewardFn = Callable[[str, Sequence[str]], float]
+RewardFn = Callable[[Rollout, Sequence[str]], float]
 
 
 def questions_at(rows: Sequence[QARow], seed: int, start: int, count: int) -> list[QARow]:
@@ -70,9 +72,9 @@ class RolloutCollector:
     """
 
     def __init__(self, config: RLConfig, rows: Sequence[QARow], llm: LLM, client: RetrievalClient,
-                 reward_fn: RewardFn, policy: torch.nn.Module | None = None):
+                 reward: BatchReward, policy: torch.nn.Module | None = None):
         self.config, self.rows, self.llm, self.client = config, list(rows), llm, client
-        self.reward_fn, self.policy = reward_fn, policy
+        self.reward, self.policy = reward, policy
 
     def collect(self, step: int, cursor: int) -> StepSamples:
         """The samples of step ``step + 1``, drawing questions from position `cursor` of the stream; with
@@ -101,7 +103,8 @@ class RolloutCollector:
     def rollout_samples(self, rows: Sequence[QARow], samples_per_prompt: int, seed: int | None,
                         first_group: int = 0) -> list[Sample]:
         """`samples_per_prompt` rollouts of each question with the current policy (sampling seeded by `seed`),
-        scored; the samples of ``rows[i]`` form group ``first_group + i``."""
+        scored in one `BatchReward.score` call (rollouts that generated nothing are left out); the samples of
+        ``rows[i]`` form group ``first_group + i``."""
         n = samples_per_prompt
         env = dataclasses.replace(self.config.env, seed=seed)
         questions = [row.question for row in rows for _ in range(n)]
@@ -112,19 +115,23 @@ class RolloutCollector:
         finally:
             if self.policy is not None:
                 self.policy.train()
+        kept = [index for index, result in enumerate(results) if any(result.response_mask)]
+        scored = self.reward.score([results[i] for i in kept], [rows[i // n] for i in kept])
         samples = []
-        for index, result in enumerate(results):
-            row = rows[index // n]
-            if not any(result.response_mask):
-                continue
+        for index, score, parts in zip(kept, scored.scores, scored.components, strict=True):
+            result, row = results[index], rows[index // n]
             samples.append(Sample(result.prompt_ids, result.response_ids, result.response_mask,
-                                  group=first_group + index // n, score=float(self.reward_fn(result, row.golden_answers)),
-                                  components=self.components(result, row), num_searches=result.num_searches))
+                                  group=first_group + index // n, score=score,
+                                  components={**self.components(result, row), **parts},
+                                  num_searches=result.num_searches))
         return samples
 
     def components(self, result: Rollout, row: QARow) -> dict[str, float]:
-        """Diagnostics logged next to the reward: EM of the answer and, for the Search-R1 dialect, the valid
+        """Diagnostics logged next to the reward's own: for a searcher that selects documents for a frozen
+        generator (s3), how many it selected; else EM of the answer and, for the Search-R1 dialect, the valid
         format (Eq. 3's f_format) and a gold answer in the retrieved text (Eq. 4's f_ret)."""
+        if result.selection is not None:
+            return {"selected_documents": float(len(result.selection.documents))}
         parts = {"em": qa_scores(result.answer, list(row.golden_answers)).em}
         if self.config.env.dialect == "search_r1":
             parts["valid_format"] = float(is_valid_sequence(result.response_text).valid)

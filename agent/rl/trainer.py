@@ -5,10 +5,12 @@ fixed retriever; the recipe is Search-R1's, "Search-R1: Training LLMs to Reason 
 Reinforcement Learning", arXiv 2503.09516, at the values of the authors' release; docs/rl.md):
 
 1. rollouts (`agent.rl.rollout`): ``prompts_per_step`` questions x ``samples_per_prompt`` samples through
-   `agent.env.rollout`, with the current policy as the LLM and the fixed retriever; each response is scored by
-   the configured reward (`agent.rewards`). With dynamic sampling (DAPO, arXiv 2503.14476), groups whose
-   rewards are all equal are dropped and more questions are rolled out, up to ``dynamic_sampling_max_batches``
-   batches;
+   `agent.env.rollout`, with the current policy as the LLM and the fixed retriever; the step's responses are
+   scored together by the configured reward (`agent.rl.batch_reward`: a response reward of `agent.rewards`, or
+   s3's Gain Beyond RAG, "s3: You Don't Need That Much Data to Train a Search Agent via RL", arXiv 2505.14146,
+   whose frozen generator answers from every rollout's selected documents in one call). With dynamic sampling
+   (DAPO, arXiv 2503.14476), groups whose rewards are all equal are dropped and more questions are rolled out,
+   up to ``dynamic_sampling_max_batches`` batches;
 2. log-prob passes without gradients: the rollout policy's log-probabilities (PPO's "old" policy), the
    reference model's (for the KL) and, for PPO, the critic's values. The rollout policy's pass is skipped when
    the update is on-policy (`RLConfig.on_policy`: one epoch over one mini-batch, no KL in the reward): its
@@ -48,8 +50,8 @@ from agentic_retriever.llm.transformers import TransformersLLM
 
 from ..env import Rollout
 from ..qa_data import QARow
-from ..rewards import get_reward
 from .batch import Collated, Sample, collate, token_logprobs, token_values
+from .batch_reward import prepare_reward
 from .checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import RLConfig
 from .core import (aggregate, gae_advantages, group_advantages, kl_estimate, kl_penalised_scores, masked_mean,
@@ -63,7 +65,11 @@ log = logging.getLogger(__name__)
 
 
 class RLTrainer:
-    """PPO or GRPO on one machine. ``RLTrainer(config, client, rows).train()`` runs (or resumes) the whole run."""
+    """PPO or GRPO on one machine. ``RLTrainer(config, client, rows).train()`` runs (or resumes) the whole run.
+
+    `reward_fn` (a response reward ``reward(response, golden)``) replaces the configured reward. A gain over naive
+    RAG loads its frozen generator and filters `rows` before the policy loads (`batch_reward.prepare_reward`);
+    the filters' counts (`question_filters`) go to ``OUT/question_filters.json`` and the exported manifest."""
 
     def __init__(self, config: RLConfig, client: RetrievalClient, rows: Sequence[QARow],
                  reward_fn: RewardFn | None = None):
@@ -76,11 +82,11 @@ class RLTrainer:
             raise ValueError("RL needs at least one training question")
         if not config.out:
             raise ValueError("RLConfig.out: give the run folder")
-        self.config, self.client, self.rows = config, client, list(rows)
+        self.config, self.client = config, client
         self.scalars = ScalarLogger(resolve_report_to(config.report_to), Path(config.out) / "logs",
                                     run_name=f"agent rl {Path(config.out).name}", config=dataclasses.asdict(config))
         self.out = Path(config.out)
-        self.reward_fn = reward_fn or get_reward(config.reward, **config.reward_options)
+        self.reward, self.rows, self.question_filters = prepare_reward(config, client, rows, reward_fn)
         self.device = resolve_device(config.agent.device)
         torch.manual_seed(config.seed)
         path = resolve_llm_name(config.agent.model)
@@ -97,7 +103,7 @@ class RLTrainer:
                                    max_batch_size=config.generation_batch_size,
                                    prefix_cache_tokens=config.agent.prefix_cache_tokens
                                    if config.agent.enable_prefix_caching else 0)
-        self.rollouts = RolloutCollector(config, self.rows, self.llm, client, self.reward_fn, self.policy)
+        self.rollouts = RolloutCollector(config, self.rows, self.llm, client, self.reward, self.policy)
         self.actor_opt, self.actor_sched = self._optimizer(self.policy, config.actor_lr)
         self.critic_opt, self.critic_sched = (self._optimizer(self.critic, config.critic_lr) if self.critic
                                               else (None, None))
@@ -137,6 +143,8 @@ class RLTrainer:
             log.info("%s already holds the trained policy", self.out / "policy")
             return self.out / "policy"
         self.out.mkdir(parents=True, exist_ok=True)
+        if self.question_filters:
+            (self.out / "question_filters.json").write_text(json.dumps(self.question_filters, indent=2) + "\n")
         self.resume()
         with tqdm(total=self.config.steps, initial=self.state.step, desc=f"{self.config.algorithm} steps",
                   unit=" step", disable=not self.config.progress) as bar:
@@ -367,7 +375,7 @@ class RLTrainer:
         self.tokenizer.save_pretrained(tmp)
         last = self.state.history[-1] if self.state.history else {}
         manifest = {"settings": dataclasses.asdict(self.config), "steps": self.state.step,
-                    "questions_seen": self.state.cursor, "last_step": last}
+                    "questions_seen": self.state.cursor, "question_filters": self.question_filters, "last_step": last}
         (tmp / "rl_manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
