@@ -45,7 +45,8 @@ def loop_rows(manifest: LoopManifest, iterations: int) -> list[dict[str, Any]]:
             row["agent_with_previous_retriever"] = evaluation["agent"]["previous"]
             row["agent_with_new_retriever"] = evaluation["agent"]["new"]
         mining = _summary(manifest, i, "mining") or {}
-        row["mining"] = {k: mining[k] for k in ("rounds", "rows", "dropped") if k in mining}
+        rounds = mining.get("rounds") or {}
+        row["mining"] = {"rows": mining.get("rows"), "rounds": rounds.get("in"), "dropped": rounds.get("dropped", {})}
         agent = _summary(manifest, i, "agent") or {}
         row["rl"] = {"trainer": agent.get("trainer"), "algorithm": agent.get("algorithm"),
                      "rewards": agent.get("rewards", [])}
@@ -61,18 +62,19 @@ def _f(value: Any) -> str:
 
 def _markdown(rows: list[dict[str, Any]], manifest: LoopManifest) -> str:
     metrics = [m for m in (*RETRIEVAL_METRICS, "multihop_recall@20") if rows and m in rows[0]["retriever"]]
-    head = ["iteration", *metrics, "agent EM (R_i-1)", "agent EM (R_i)", "agent F1 (R_i)", "searches/q (R_i)",
-            "mined rows / rounds", "RL reward first -> last"]
+    head = ["iteration", *metrics, "agent EM (R_i-1 / R_i)", "agent F1 (R_i-1 / R_i)", "searches/q (R_i)",
+            "mined rows / rounds", "R_i kept", "RL reward first -> last"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         previous, new = row.get("agent_with_previous_retriever", {}), row.get("agent_with_new_retriever", {})
         rewards = row.get("rl", {}).get("rewards") or []
         mining = row.get("mining", {})
         cells = [str(row["iteration"]) + (" (base)" if row["iteration"] == 0 else ""),
-                 *(_f(row["retriever"].get(m)) for m in metrics), _f(previous.get("em")), _f(new.get("em")),
-                 _f(new.get("f1")), _f(new.get("searches")),
-                 f"{mining['rows']} / {mining['rounds']}" if "rows" in mining else "",
-                 f"{rewards[0]:.3f} -> {rewards[-1]:.3f}" if rewards else ""]
+                 *(_f(row["retriever"].get(m)) for m in metrics),
+                 f"{_f(previous.get('em'))} / {_f(new.get('em'))}" if new else "",
+                 f"{_f(previous.get('f1'))} / {_f(new.get('f1'))}" if new else "", _f(new.get("searches")),
+                 f"{mining['rows']} / {mining['rounds']}" if mining.get("rows") is not None else "",
+                 _f(row.get("retriever_kept")), f"{rewards[0]:.3f} -> {rewards[-1]:.3f}" if rewards else ""]
         lines.append("| " + " | ".join(cells) + " |")
     timed = [r for r in rows if r.get("seconds")]
     times = ["", "Wall time per step (minutes):", "", "| iteration | " + " | ".join(STEPS) + " | total |",

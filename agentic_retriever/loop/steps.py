@@ -32,7 +32,7 @@ __all__ = ["build_index_step", "evaluate_iteration", "mine_rows", "roll_out", "t
 log = logging.getLogger(__name__)
 
 #: The mining statistics the report shows.
-MINING_STATS = ("rounds", "rows", "dropped", "gac", "local_relevance", "lr_scorer", "gac_mode")
+MINING_STATS = ("rounds", "rows", "gac", "local_relevance", "lr_scorer", "gac_mode")
 
 
 def with_model(llm_config, model: str):

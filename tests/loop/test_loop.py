@@ -131,7 +131,8 @@ def test_two_iterations_run_end_to_end_with_versioned_artifacts_a_report_and_a_s
     assert [r["iteration"] for r in report["rows"]] == [0, 1, 2]
     first = report["rows"][1]
     assert set(first["agent_with_previous_retriever"]) == {"em", "f1", "searches", "questions"}
-    assert first["rl"]["rewards"] and first["mining"]["rows"] > 0
+    assert first["rl"]["rewards"] and first["mining"]["rows"] > 0 and first["mining"]["rounds"] == 6
+    assert f"| {first['mining']['rows']} / 6 |" in (workdir / "loop" / "loop_report.md").read_text()
     assert set(first["seconds"]) == set(STEPS)
     for name in ("loop_report.md", "loop_report.json", "loop_report.png"):
         assert (workdir / "loop" / name).stat().st_size > 0
