@@ -6,7 +6,8 @@ time of every attempt, and a summary the report reads. A step is skipped only wh
 current config gives it and its artifact is still there; a ``running`` step (the run was killed in it) is run
 again in the same folder, where the step's own resume continues it (rollouts, mining, RL checkpoints, retriever
 checkpoints and index chunks all resume); a different key means new inputs or settings and a new versioned
-folder, so nothing is overwritten in place.
+folder, so nothing is overwritten in place. The finished versions a step had before are kept in ``history``: going
+back to an earlier setting finds its finished artifact again instead of recomputing it.
 
 Iteration 0 holds the loop's inputs (the data, the base index, the initial agent); iterations 1..K the six
 steps of Algorithm 1 (`config.STEPS`). The file is written atomically after every change.
@@ -70,6 +71,7 @@ class LoopManifest:
         self.created_at = _now()
         self.forced: dict[str, int] = {}
         self.steps: dict[str, StepRecord] = {}
+        self.history: dict[str, dict[str, StepRecord]] = {}   # step name -> key -> an earlier finished version
 
     # ----------------------------------------------------------------------------------------------- reading
     @classmethod
@@ -97,6 +99,9 @@ class LoopManifest:
             if not isinstance(entry, dict) or entry.get("status") not in ("running", "done"):
                 raise LoopManifestError(f"{where}: expected an entry with status 'running' or 'done': {what_to_do}")
             manifest.steps[name] = StepRecord.from_dict(entry, where)
+        for name, versions in data.get("history", {}).items():
+            manifest.history[name] = {key: StepRecord.from_dict(entry, f"{manifest.path}: history.{name}.{key}")
+                                      for key, entry in versions.items()}
         return manifest
 
     @staticmethod
@@ -110,21 +115,40 @@ class LoopManifest:
         return self.folder / record.artifact
 
     def done(self, iteration: int, step: str, key: str) -> StepRecord | None:
-        """The entry when the step is done with `key`; an error when it says done but its artifact is gone."""
+        """The entry when the step is done with `key` (an earlier finished version with that key becomes current
+        again); an error when the current entry says done but its artifact is gone."""
         record = self.get(iteration, step)
         if record is None or record.status != "done" or record.key != key:
-            return None
+            return self._restore(iteration, step, key)
         if not self.artifact(record).exists():
             raise LoopManifestError(
                 f"{self.path}: step '{step}' of iteration {iteration} is recorded as done, but its artifact "
                 f"{self.artifact(record)} is missing; rerun it with --from-iteration {iteration} --from-step {step}")
         return record
 
+    def _restore(self, iteration: int, step: str, key: str) -> StepRecord | None:
+        name = self.name(iteration, step)
+        earlier = self.history.get(name, {}).get(key)
+        if earlier is None or not self.artifact(earlier).exists():
+            return None
+        self._keep(name)
+        self.steps[name] = self.history[name].pop(key)
+        self.save()
+        return earlier
+
+    def _keep(self, name: str) -> None:
+        """Move the current entry of `name` into the history when it is a finished version."""
+        current = self.steps.get(name)
+        if current is not None and current.status == "done":
+            self.history.setdefault(name, {})[current.key] = current
+
     # ----------------------------------------------------------------------------------------------- writing
     def start(self, iteration: int, step: str, key: str, artifact: Path, identity: str = "") -> StepRecord:
-        """Mark the step running (a rerun of a running step with the same key keeps its time and attempts)."""
+        """Mark the step running (a rerun of a running step with the same key keeps its time and attempts; a
+        finished version with another key goes into the history)."""
         previous = self.get(iteration, step)
         resumed = previous is not None and previous.status == "running" and previous.key == key
+        self._keep(self.name(iteration, step))
         record = StepRecord(status="running", key=key, artifact=os.path.relpath(artifact, self.folder),
                             identity=identity or key, seconds=previous.seconds if resumed else 0.0,
                             attempts=(previous.attempts if resumed else 0) + 1, started_at=_now())
@@ -160,4 +184,6 @@ class LoopManifest:
             "version": FORMAT_VERSION, "corpus_sha256": self.corpus_sha256, "config_file": self.config_file,
             "created_at": self.created_at, "forced": self.forced,
             "steps": {name: vars(record) for name, record in self.steps.items()},
+            "history": {name: {key: vars(r) for key, r in versions.items()} for name, versions in self.history.items()
+                        if versions},
         })

@@ -30,14 +30,15 @@ __all__ = ["run_loop"]
 
 log = logging.getLogger(__name__)
 
-#: Settings that never change a step's result (left out of its key).
-_NO_EFFECT = ("progress", "report_to")
+#: Settings that never change a step's result (left out of its key): display, logging and cache locations.
+_NO_EFFECT = ("progress", "report_to", "naive_rag_cache", "corpus_cache")
 
 
 def _settings(config: Any, drop: tuple[str, ...] = ()) -> dict:
-    """`config` as a dict without the (dotted) fields in `drop` and those in `_NO_EFFECT`: what the loop sets and
-    what does not change results."""
-    data = dataclasses.asdict(config)
+    """The settings of `config` that differ from its class's defaults, as a nested dict, without the (dotted)
+    fields in `drop` (what the loop sets) and those in `_NO_EFFECT`. Only non-default values enter a key, so a
+    setting a later release adds with a default does not make a finished loop recompute."""
+    data = _non_default(config)
     for dotted in (*drop, *_NO_EFFECT):
         *parents, leaf = dotted.split(".")
         node = data
@@ -45,6 +46,22 @@ def _settings(config: Any, drop: tuple[str, ...] = ()) -> dict:
             node = node.get(part, {})
         node.pop(leaf, None)
     return data
+
+
+def _non_default(config: Any, defaults: Any = None) -> dict:
+    """The fields of `config` that differ from `defaults` (the class's defaults), nested dataclasses compared
+    with the defaults their parent gives them."""
+    defaults = type(config)() if defaults is None else defaults
+    out = {}
+    for f in dataclasses.fields(config):
+        value, default = getattr(config, f.name), getattr(defaults, f.name)
+        if dataclasses.is_dataclass(value):
+            nested = _non_default(value, default) if type(value) is type(default) else dataclasses.asdict(value)
+            if nested:
+                out[f.name] = nested
+        elif value != default:
+            out[f.name] = value
+    return out
 
 
 def _file_sha(path: str) -> str:

@@ -204,9 +204,24 @@ def test_a_changed_mining_setting_reruns_mining_and_after_and_nothing_before(wor
         assert after.get(1, step).key != before.get(1, step).key
         assert (workdir / "loop" / before.get(1, step).artifact).is_dir()   # never overwritten in place
 
+    # back to the first setting: its finished versions are found again, nothing is recomputed
+    calls.clear()
+    run_loop(make_job(tiny_model_dir, tiny_causal_lm_dir, iterations=1))
+    assert calls == {}
+    assert comparable(LoopManifest.load("loop")) == comparable(before)
+
     calls.clear()
     run_loop(job, from_iteration=1, from_step="index")
     assert calls == {"build_index_step": 1, "evaluate_iteration": 1}
+
+
+def test_keys_hold_only_settings_that_differ_from_the_defaults():
+    """A setting added with its default by a later release leaves the keys of a finished loop as they were."""
+    from agentic_retriever.loop.runner import _settings
+
+    assert _settings(RLConfig(), ("out",)) == {}
+    config = RLConfig(steps=3, env=EnvConfig(temperature=1.0, max_turns=2), agent=LLMConfig(model="m"))
+    assert _settings(config, ("agent.model",)) == {"steps": 3, "env": {"max_turns": 2}, "agent": {}}
 
 
 def test_a_corrupt_manifest_a_missing_artifact_and_a_new_corpus_are_errors_naming_the_file(
