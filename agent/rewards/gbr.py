@@ -16,10 +16,10 @@ way: an unknown name or option raises ValueError listing what exists.
 
 from __future__ import annotations
 
-import functools
-import inspect
 import math
 from collections.abc import Callable
+
+from .registry import bind, keyword_options, register_in
 
 __all__ = ["GAINS", "GainFn", "gain_beyond_rag", "gain_beyond_rag_paper", "gain_options", "get_gain"]
 
@@ -29,12 +29,7 @@ GAINS: dict[str, GainFn] = {}
 
 
 def _register(name: str) -> Callable[[GainFn], GainFn]:
-    def decorate(fn: GainFn) -> GainFn:
-        if name in GAINS:
-            raise ValueError(f"a gain named {name!r} is already registered ({GAINS[name].__qualname__})")
-        GAINS[name] = fn
-        return fn
-    return decorate
+    return register_in(GAINS, "gain", name)
 
 
 def _accuracies(acc_s3: float, acc_rag: float) -> tuple[float, float]:
@@ -61,22 +56,9 @@ def gain_beyond_rag(acc_s3: float, acc_rag: float) -> float:
 
 def gain_options(name: str) -> dict[str, object]:
     """The options (keyword-only arguments) of a registered gain, with their defaults."""
-    params = inspect.signature(_lookup(name)).parameters.values()
-    return {p.name: p.default for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    return keyword_options(GAINS, "gain", name)
 
 
 def get_gain(name: str, **options) -> Callable[[float, float], float]:
     """The gain registered as `name`, as ``gain(acc_s3, acc_rag)`` with `options` bound."""
-    fn = _lookup(name)
-    unknown = sorted(set(options) - set(gain_options(name)))
-    if unknown:
-        raise ValueError(f"gain {name!r} takes no option {', '.join(unknown)}; its options: "
-                         f"{', '.join(gain_options(name)) or 'none'}")
-    return functools.partial(fn, **options) if options else fn
-
-
-def _lookup(name: str) -> GainFn:
-    try:
-        return GAINS[name]
-    except KeyError:
-        raise ValueError(f"unknown gain {name!r}; choose one of {', '.join(sorted(GAINS))}") from None
+    return bind(GAINS, "gain", name, **options)

@@ -4,25 +4,13 @@
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 
 import pytest
 
 from agent.dialects import Action, S3Dialect, get_dialect
 from agent.dialects.s3 import INVALID_ACTION_MESSAGE, SEARCHER_PROMPT, S3Selection, S3Settings, parse_turn
 from agentic_retriever.corpus import ScoredPassage
-
-# The paper's text, next to the checkout (/work/shared/papers); the hash test below pins the prompt without it.
-S3_PAPER = Path(__file__).resolve().parents[3] / "shared" / "papers" / "s3.txt"
-
-
-def figure_text(paper: str, figure: int, box_title: str) -> str:
-    """The prompt box of a figure: the line before ``Figure N:``, without the box's title."""
-    end = paper.index(f"\nFigure {figure}:")
-    line = paper[paper.rindex("\n", 0, end) + 1:end]
-    assert line.startswith(box_title + " ")
-    return line[len(box_title) + 1:]
-
+from tests.agent.paper_text import S3_PAPER, figure_text
 
 @pytest.mark.skipif(not S3_PAPER.exists(), reason="the s3 paper's text is not next to this checkout")
 def test_searcher_prompt_is_figure_11_of_the_paper_byte_for_byte():

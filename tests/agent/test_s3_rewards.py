@@ -4,7 +4,6 @@ failures (batched), and Gain Beyond RAG in the paper's and the release's variant
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 
 import pytest
 
@@ -20,16 +19,7 @@ from agent.rewards.generation import (
 )
 from agentic_retriever.corpus import Passage
 from agentic_retriever.llm.base import Generation
-
-S3_PAPER = Path(__file__).resolve().parents[3] / "shared" / "papers" / "s3.txt"
-
-
-def figure_text(paper: str, figure: int, box_title: str) -> str:
-    end = paper.index(f"\nFigure {figure}:")
-    line = paper[paper.rindex("\n", 0, end) + 1:end]
-    assert line.startswith(box_title + " ")
-    return line[len(box_title) + 1:]
-
+from tests.agent.paper_text import S3_PAPER, figure_text
 
 @pytest.mark.skipif(not S3_PAPER.exists(), reason="the s3 paper's text is not next to this checkout")
 def test_generator_and_judge_prompts_are_figures_12_and_13_byte_for_byte():
