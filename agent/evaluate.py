@@ -41,9 +41,10 @@ from agentic_retriever.fingerprint import llm_fingerprint
 from agentic_retriever.llm import LLMConfig
 from agentic_retriever.llm.base import LLM
 
-from .naive_rag import NaiveRagCache, generation_accuracies, retriever_identity
+from .naive_rag import NaiveRagCache, retriever_identity
 from .qa_data import QARow, as_qa_rows
 from .rewards.gbr import gain_beyond_rag, gain_beyond_rag_paper
+from .rewards.generation import generation_accuracy
 from .trajectory import Trajectory, Turn, read_trajectories
 
 __all__ = ["AgentEvalConfig", "evaluate_agent", "evaluate_generation", "evaluate_trajectories",
@@ -161,8 +162,8 @@ def evaluate_generation(path: str | os.PathLike, generator: LLM, judge: LLM | No
     for start in range(0, len(trajectories), batch_size):
         batch = trajectories[start:start + batch_size]
         documents = [docs for docs, _ in found[start:start + batch_size]]
-        items += generation_accuracies([t.question for t in batch], documents, [t.golden_answers for t in batch],
-                                       generator, judge)
+        items += generation_accuracy([t.question for t in batch], documents, [t.golden_answers for t in batch],
+                                     generator=generator, judge=judge).items
     rows = [QARow(t.question_id, t.question, tuple(t.golden_answers)) for t in trajectories]
     naive = cache.accuracies(rows, client, generator, judge, batch_size)
     acc_s3 = [item.accuracy for item in items]

@@ -37,41 +37,20 @@ from pathlib import Path
 from typing import IO, Any
 
 from agentic_retriever.client import RetrievalClient
-from agentic_retriever.corpus import Passage
-from agentic_retriever.eval.qa import Golden, normalize_answer
+from agentic_retriever.eval.qa import normalize_answer
 from agentic_retriever.jsonl import DataFormatError, json_error_text, write_json
 from agentic_retriever.llm.base import LLM
 
 from .qa_data import QARow
-from .rewards.generation import (
-    GENERATOR_PROMPT,
-    GENERATOR_SAMPLING,
-    JUDGE_PROMPT,
-    JUDGE_SAMPLING,
-    GenAcc,
-    gen_acc,
-    generate_answers,
-    span_check,
-)
+from .rewards.generation import GENERATOR_PROMPT, GENERATOR_SAMPLING, JUDGE_PROMPT, JUDGE_SAMPLING, generation_accuracy
 
-__all__ = ["YES_NO", "NaiveRagCache", "generation_accuracies", "is_yes_no", "retriever_identity",
+__all__ = ["YES_NO", "NaiveRagCache", "is_yes_no", "retriever_identity",
            "training_filter_counts", "training_rows"]
 
 log = logging.getLogger(__name__)
 
 #: Bump when what a record holds or how it is computed changes (a new version is a new file).
 _VERSION = 1
-
-
-def generation_accuracies(questions: Sequence[str], documents: Sequence[Sequence[Passage]],
-                          golden: Sequence[Golden], generator: LLM, judge: LLM | None) -> list[GenAcc]:
-    """Acc(G(Q, D), A) per question (Eq. 3): one generator call; then the judge, in one call, for the span-check
-    failures; with no judge the span check alone decides (`how` is "span" or "none")."""
-    predictions = generate_answers(generator, questions, documents)
-    if judge is not None:
-        return gen_acc(predictions, golden, judge).items
-    checks = [span_check(p, g) for p, g in zip(predictions, golden, strict=True)]
-    return [GenAcc(p, float(ok), "span" if ok else "none") for p, ok in zip(predictions, checks)]
 
 
 def retriever_identity(client: RetrievalClient) -> str:
@@ -156,7 +135,8 @@ class NaiveRagCache:
         hits = client.retrieve(questions, self.topk, questions=questions)
         if len(hits) != len(batch):
             raise RuntimeError(f"the retriever returned {len(hits)} result lists for {len(batch)} questions")
-        items = generation_accuracies(questions, hits, [list(row.golden_answers) for row in batch], generator, judge)
+        items = generation_accuracy(questions, hits, [list(row.golden_answers) for row in batch], generator=generator,
+                                    judge=judge).items
         return [{"key": _question_key(row), "id": row.id, "accuracy": item.accuracy, "how": item.how,
                  "prediction": item.prediction, "judge_answer": item.judge_answer,
                  "documents": [p.id for p in passages]}

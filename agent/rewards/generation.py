@@ -109,12 +109,15 @@ def generate_answers(generator: LLM, questions: Sequence[str], documents: Sequen
     return [gens[0].text.strip() for gens in _generate(generator, prompts, params)]
 
 
-def gen_acc(predictions: Sequence[str], golden: Sequence[Golden], judge: LLM,
+def gen_acc(predictions: Sequence[str], golden: Sequence[Golden], judge: LLM | None,
             params: SamplingParams = JUDGE_SAMPLING) -> GenAccResult:
-    """Eq. 3 for every prediction: span_check, and for the predictions it fails, ONE judge `generate` call."""
+    """Eq. 3 for every prediction: span_check, and for the predictions it fails, ONE judge `generate` call
+    (`judge` None: the span check alone decides)."""
     if len(predictions) != len(golden):
         raise ValueError(f"golden answers must be parallel to predictions: got {len(golden)} for {len(predictions)}")
     spans = [span_check(p, g) for p, g in zip(predictions, golden)]
+    if judge is None:
+        return GenAccResult([GenAcc(p, float(ok), "span" if ok else "none") for p, ok in zip(predictions, spans)], 0, 0)
     asked = [i for i, ok in enumerate(spans) if not ok]
     prompts = [judge.chat_prompt(JUDGE_PROMPT.format(response=predictions[i],
                                                      golden_answers=str(golden_strings(golden[i]))))
@@ -132,10 +135,11 @@ def gen_acc(predictions: Sequence[str], golden: Sequence[Golden], judge: LLM,
 
 
 def generation_accuracy(questions: Sequence[str], documents: Sequence[Sequence[Passage]],
-                        golden: Sequence[Golden], *, generator: LLM, judge: LLM,
+                        golden: Sequence[Golden], *, generator: LLM, judge: LLM | None,
                         generator_params: SamplingParams = GENERATOR_SAMPLING,
                         judge_params: SamplingParams = JUDGE_SAMPLING) -> GenAccResult:
-    """Acc(G(Q, D), A) for a batch: `generate_answers` then `gen_acc` (generator and judge may be one LLM)."""
+    """Acc(G(Q, D), A) for a batch: `generate_answers` (one generator call) then `gen_acc` (at most one judge
+    call; generator and judge may be one LLM; no judge: the span check alone)."""
     return gen_acc(generate_answers(generator, questions, documents, generator_params), golden, judge, judge_params)
 
 

@@ -35,10 +35,11 @@ from agentic_retriever.fingerprint import llm_fingerprint
 from agentic_retriever.llm import LLM, load_llm
 
 from ..env import Rollout
-from ..naive_rag import NaiveRagCache, generation_accuracies, retriever_identity, training_filter_counts, training_rows
+from ..naive_rag import NaiveRagCache, retriever_identity, training_filter_counts, training_rows
 from ..qa_data import QARow
 from ..rewards import get_reward
 from ..rewards.gbr import gain_beyond_rag_paper, get_gain
+from ..rewards.generation import generation_accuracy
 from .config import RLConfig
 
 __all__ = ["BatchReward", "BatchScores", "GainBeyondRagReward", "PreparedReward", "ResponseReward", "prepare_reward"]
@@ -102,8 +103,9 @@ class GainBeyondRagReward:
             raise ValueError("Gain Beyond RAG scores the documents a searcher selected; these rollouts select none "
                              "(run them with env.dialect s3)")
         documents = [result.selection.documents for result in results]
-        items = generation_accuracies([row.question for row in rows], documents,
-                                      [list(row.golden_answers) for row in rows], self.generator, self.judge)
+        items = generation_accuracy([row.question for row in rows], documents,
+                                    [list(row.golden_answers) for row in rows], generator=self.generator,
+                                    judge=self.judge).items
         naive = self.naive_rag(rows)
         scores, components = [], []
         for item, row in zip(items, rows, strict=True):

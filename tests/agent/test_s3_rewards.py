@@ -93,6 +93,12 @@ def test_no_judge_call_when_every_span_check_passes():
     assert judge.calls == []
 
 
+def test_without_a_judge_the_span_check_alone_decides():
+    result = gen_acc(["Paris", "Lyon"], ["paris", "Paris"], None)
+    assert [(item.accuracy, item.how) for item in result.items] == [(1.0, "span"), (0.0, "none")]
+    assert (result.judge_calls, result.judge_malformed) == (0, 0)
+
+
 def test_generation_accuracy_batches_the_generator_over_figure_12_prompts():
     documents = [[Passage("1", "Paris", "Paris is the capital of France.")], []]
     generator = RecordingLLM({"capital of France": " Paris \n", "Question: who": "Unknown"})
