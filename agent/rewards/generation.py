@@ -23,10 +23,10 @@ from typing import Literal
 
 from agentic_retriever.corpus import Passage
 from agentic_retriever.eval.qa import Golden, golden_strings, span_match
-from agentic_retriever.llm.base import LLM, SamplingParams
+from agentic_retriever.llm.base import LLM, Generation, Prompt, SamplingParams
 
-__all__ = ["GENERATOR_PROMPT", "GENERATOR_SAMPLING", "JUDGE_PROMPT", "JUDGE_SAMPLING", "GenAcc", "GenAccResult",
-           "format_context", "gen_acc", "generate_answers", "generation_accuracy", "judge_check", "span_check"]
+__all__ = ["GENERATOR_PROMPT", "GENERATOR_SAMPLING", "JUDGE_PROMPT", "JUDGE_SAMPLING", "FirstDocumentsReader", "GenAcc",
+           "GenAccResult", "format_context", "gen_acc", "generate_answers", "generation_accuracy", "judge_check", "span_check"]
 
 #: Figure 12 of [P], byte for byte as the paper's text gives it; placeholders ``{context}`` and ``{question}``.
 GENERATOR_PROMPT = (
@@ -51,6 +51,50 @@ How = Literal["span", "judge", "none"]
 def format_context(documents: Sequence[Passage]) -> str:
     """The generator's ``{context}``: ``Doc {i} (Title: {title})\\n{text}\\n\\n`` per document, from 1 ([R])."""
     return "".join(f"Doc {i} (Title: {d.title})\n{d.text}\n\n" for i, d in enumerate(documents, start=1))
+
+
+class FirstDocumentsReader:
+    """A frozen generator by rule: it answers with the first `documents` documents of its Figure 12 context, as
+    `format_context` wrote them (titles included), and with "" when the context is empty. Its Generation Accuracy
+    is therefore whether a golden answer occurs in those documents: the "answer in the top-k passages" accuracy of
+    open-domain QA ("Dense Passage Retrieval for Open-Domain Question Answering", arXiv 2004.04906, section 5.1),
+    measured on the searcher's selection instead of a ranking.
+
+    What it is for: a deterministic generator that needs no model, answers exactly when the selected documents
+    hold the answer, and reads only the first `documents` of them (a reader with a small window): the task on
+    which `benchmarks/bench_s3.py` shows that the s3 trainer learns to select (docs/rl.md, "s3"). It implements
+    the `LLM` protocol's `generate` and `chat_prompt` (no chat template) for `generate_answers`; it has no
+    tokenizer and is never a policy.
+
+        reader = FirstDocumentsReader(1)
+        generate_answers(reader, ["who?"], [[Passage("7", "Ada", "Ada Lovelace wrote it.")]])  # ['Doc 1 (Title: Ada)...']
+    """
+
+    def __init__(self, documents: int = 1):
+        if documents < 1:
+            raise ValueError(f"FirstDocumentsReader reads at least one document, got documents={documents}")
+        self.documents = documents
+        self.name = f"first-documents-reader-{documents}"
+        self.fingerprint = f"{self.name}:v1"  # the naive-RAG cache's key (agentic_retriever.fingerprint)
+
+    @property
+    def tokenizer(self):
+        return None
+
+    def chat_prompt(self, user_message: str) -> str:
+        return user_message
+
+    def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[list[Generation]]:
+        return [[Generation(self.answer(prompt), [], "stop")] * params.n for prompt in prompts]
+
+    def answer(self, prompt: Prompt) -> str:
+        """The first `documents` documents of a `GENERATOR_PROMPT`'s context; ValueError on any other prompt."""
+        head, middle = GENERATOR_PROMPT.split("{context}")[0], " Question: "
+        if not isinstance(prompt, str) or not prompt.startswith(head) or middle not in prompt:
+            raise ValueError(f"{self.name} reads the Figure 12 generator prompt; got {str(prompt)[:80]!r}")
+        context = prompt[len(head):].rsplit(middle, 1)[0]
+        end = context.find(f"\n\nDoc {self.documents + 1} (Title: ")
+        return (context if end < 0 else context[:end]).strip()
 
 
 def span_check(prediction: str | None, golden: Golden) -> bool:

@@ -129,21 +129,25 @@ class PreparedReward(NamedTuple):
 
 
 def prepare_reward(config: RLConfig, client: RetrievalClient, rows: Sequence[QARow],
-                   reward_fn: Callable[..., float] | None = None) -> PreparedReward:
+                   reward_fn: Callable[..., float] | None = None, generator: LLM | None = None) -> PreparedReward:
     """The `BatchReward` the configured reward needs, and the training questions.
 
     `reward_fn` (a response reward) replaces the configured one. A gain (`RLConfig.uses_generator`) loads the
-    frozen generator and judge once (`load_llm`: their own objects, never the trained policy), opens the naive-RAG
+    frozen generator and judge once (`load_llm`: their own objects, never the trained policy; `generator`, an
+    already loaded `LLM`, is used instead of loading ``config.generator``), opens the naive-RAG
     cache (keyed by the retriever's, generator's and judge's content identities; the retrieval client must have an
     ``identity()``, as index folders and services do) and runs the question filters (`agent.naive_rag.training_rows`),
     logging what each dropped; filters that leave no question raise ValueError with the counts.
     """
+    if generator is not None and (reward_fn is not None or not config.uses_generator):
+        raise ValueError(f"a generator was given but the reward ({'reward_fn' if reward_fn else config.reward}) "
+                         "does not use one; give a gain over naive RAG (reward s3_gbr or s3_gbr_paper)")
     if reward_fn is not None:
         return PreparedReward(ResponseReward(reward_fn), list(rows), {})
     if not config.uses_generator:
         return PreparedReward(ResponseReward(get_reward(config.reward, **config.reward_options)), list(rows), {})
     gain = get_gain(config.reward, **config.reward_options)
-    generator = load_llm(config.generator)
+    generator = generator if generator is not None else load_llm(config.generator)
     judge = load_llm(config.judge) if config.judge.model else None
     cache = NaiveRagCache(config.naive_rag_cache, retriever_identity(client), llm_fingerprint(generator),
                           llm_fingerprint(judge) if judge is not None else None, topk=3)

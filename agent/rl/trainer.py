@@ -45,6 +45,7 @@ from tqdm.auto import tqdm
 
 from agentic_retriever.client import RetrievalClient
 from agentic_retriever.curves import ScalarLogger, resolve_report_to, write_training_curves
+from agentic_retriever.llm import LLM
 from agentic_retriever.llm.device import resolve_device
 from agentic_retriever.llm.transformers import TransformersLLM
 
@@ -68,11 +69,12 @@ class RLTrainer:
     """PPO or GRPO on one machine. ``RLTrainer(config, client, rows).train()`` runs (or resumes) the whole run.
 
     `reward_fn` (a response reward ``reward(response, golden)``) replaces the configured reward. A gain over naive
-    RAG loads its frozen generator and filters `rows` before the policy loads (`batch_reward.prepare_reward`);
+    RAG loads its frozen generator (or uses `generator`, a loaded `LLM`) and filters `rows` before the policy loads
+    (`batch_reward.prepare_reward`);
     the filters' counts (`question_filters`) go to ``OUT/question_filters.json`` and the exported manifest."""
 
     def __init__(self, config: RLConfig, client: RetrievalClient, rows: Sequence[QARow],
-                 reward_fn: RewardFn | None = None):
+                 reward_fn: RewardFn | None = None, generator: LLM | None = None):
         from transformers import AutoTokenizer
 
         from agentic_retriever.defaults import resolve_llm_name
@@ -86,7 +88,7 @@ class RLTrainer:
         self.scalars = ScalarLogger(resolve_report_to(config.report_to), Path(config.out) / "logs",
                                     run_name=f"agent rl {Path(config.out).name}", config=dataclasses.asdict(config))
         self.out = Path(config.out)
-        self.reward, self.rows, self.question_filters = prepare_reward(config, client, rows, reward_fn)
+        self.reward, self.rows, self.question_filters = prepare_reward(config, client, rows, reward_fn, generator)
         self.device = resolve_device(config.agent.device)
         torch.manual_seed(config.seed)
         path = resolve_llm_name(config.agent.model)

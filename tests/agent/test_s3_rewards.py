@@ -11,6 +11,7 @@ from agent.rewards.gbr import GAINS, gain_beyond_rag, gain_beyond_rag_paper, get
 from agent.rewards.generation import (
     GENERATOR_PROMPT,
     JUDGE_PROMPT,
+    FirstDocumentsReader,
     format_context,
     gen_acc,
     generation_accuracy,
@@ -18,7 +19,7 @@ from agent.rewards.generation import (
     span_check,
 )
 from agentic_retriever.corpus import Passage
-from agentic_retriever.llm.base import Generation
+from agentic_retriever.llm.base import Generation, SamplingParams
 from tests.agent.paper_text import S3_PAPER, figure_text
 
 @pytest.mark.skipif(not S3_PAPER.exists(), reason="the s3 paper's text is not next to this checkout")
@@ -113,6 +114,25 @@ def test_generation_accuracy_batches_the_generator_over_figure_12_prompts():
     assert format_context([]) == ""
     with pytest.raises(ValueError, match="parallel"):
         generation_accuracy(["q"], [], ["a"], generator=generator, judge=judge)
+
+
+def test_the_first_documents_reader_answers_with_its_window_so_genacc_is_answer_containment():
+    docs = [Passage("1", "Oslo", "Oslo is a city.\n\nIt is cold."), Passage("2", "Rome", "Rome has 2.8 million people."),
+            Passage("3", "Bern", "Bern is the federal city.")]
+    one, two = FirstDocumentsReader(1), FirstDocumentsReader(2)
+    questions = ["which city?"] * 3
+    assert generation_accuracy(questions, [docs, docs[1:], []], ["2.8 million"] * 3, generator=one,
+                               judge=None).accuracies == [0.0, 1.0, 0.0]  # only the first document is read
+    assert generation_accuracy(questions, [docs, docs[2:], docs], ["2.8 million", "Rome", "Bern"], generator=two,
+                               judge=None).accuracies == [1.0, 0.0, 0.0]
+    prompt = one.chat_prompt(GENERATOR_PROMPT.format(context=format_context(docs), question="q"))
+    assert one.answer(prompt) == "Doc 1 (Title: Oslo)\nOslo is a city.\n\nIt is cold."  # a blank line is not a document end
+    assert [g.text for g in one.generate([prompt], SamplingParams(n=2))[0]] == [one.answer(prompt)] * 2
+    assert one.fingerprint != two.fingerprint  # another window is another naive-RAG cache
+    with pytest.raises(ValueError, match="Figure 12"):
+        one.answer("Question: who?")
+    with pytest.raises(ValueError, match="at least one document"):
+        FirstDocumentsReader(0)
 
 
 @pytest.mark.parametrize("acc_s3, acc_rag, paper, release", [

@@ -200,6 +200,17 @@ def test_an_rl_step_with_the_gbr_reward_runs_end_to_end_and_logs_its_components(
     assert json.loads((policy / "rl_manifest.json").read_text())["question_filters"] == filters
 
 
+def test_a_loaded_generator_is_used_instead_of_loading_one_and_only_for_a_gain(tmp_path, monkeypatch):
+    monkeypatch.setattr("agent.rl.batch_reward.load_llm", lambda *a, **k: pytest.fail("loaded a generator"))
+    reader = DocumentReader()
+    prepared = prepare_reward(s3_config(tmp_path, "policy"), AnsweringClient(CLIENT_ANSWERS), TRAIN, generator=reader)
+    assert [row.id for row in prepared.rows] == ["a", "b"] and prepared.reward.generator is reader
+    assert len(reader.calls) == 1  # the naive-RAG filter ran on the given generator
+    with pytest.raises(ValueError, match="does not use one"):
+        prepare_reward(s3_config(tmp_path, "policy", reward="search_r1_em", env=EnvConfig()), FakeClient(), TRAIN,
+                       generator=reader)
+
+
 def test_an_s3_reward_without_a_generator_is_refused_before_any_model_loads(tmp_path, monkeypatch):
     monkeypatch.setattr("agent.rl.trainer.load_policy", lambda *a, **k: pytest.fail("loaded the policy"))
     monkeypatch.setattr("agent.rl.batch_reward.load_llm", lambda *a, **k: pytest.fail("loaded the generator"))
