@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from .base import Action, ActionKind, Dialect, DocumentTracker, SelectedDocuments
+from .qagent import QAgentDialect
 from .s3 import S3Dialect
 from .search_r1 import SearchR1Dialect
 
-__all__ = ["DIALECTS", "Action", "ActionKind", "Dialect", "DocumentTracker", "S3Dialect", "SearchR1Dialect",
-           "SelectedDocuments", "get_dialect"]
+__all__ = ["DIALECTS", "Action", "ActionKind", "Dialect", "DocumentTracker", "QAgentDialect", "S3Dialect",
+           "SearchR1Dialect", "SelectedDocuments", "get_dialect"]
 
-DIALECTS: dict[str, type[Dialect]] = {SearchR1Dialect.name: SearchR1Dialect, S3Dialect.name: S3Dialect}
+DIALECTS: dict[str, type[Dialect]] = {SearchR1Dialect.name: SearchR1Dialect, S3Dialect.name: S3Dialect,
+                                      QAgentDialect.name: QAgentDialect}
 
 
 def get_dialect(name: str) -> Dialect:
-    """A fresh dialect by registry name (``search_r1``, ``s3``)."""
+    """A fresh dialect by registry name (``search_r1``, ``s3``, ``qagent``)."""
     try:
         return DIALECTS[name]()
     except KeyError:

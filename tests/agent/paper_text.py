@@ -7,6 +7,7 @@ from pathlib import Path
 
 PAPERS = Path(__file__).resolve().parents[3] / "shared" / "papers"
 S3_PAPER = PAPERS / "s3.txt"
+QAGENT_PAPER = PAPERS / "qagent.txt"
 
 
 def figure_text(paper: str, figure: int, box_title: str) -> str:
@@ -15,3 +16,10 @@ def figure_text(paper: str, figure: int, box_title: str) -> str:
     line = paper[paper.rindex("\n", 0, end) + 1:end]
     assert line.startswith(box_title + " ")
     return line[len(box_title) + 1:]
+
+
+def table_text(paper: str, table: int, first_words: str) -> str:
+    """The prompt of a table: from `first_words` (which must occur once) to the line before ``Table N:``."""
+    assert paper.count(first_words) == 1
+    start = paper.index(first_words)
+    return paper[start:paper.index(f"\nTable {table}:", start)]
