@@ -23,6 +23,21 @@ and section 4.1 Eq. 3), averaged over trajectories:
 * ``generation``: what produced them: generator and judge fingerprints, ``check`` ("span_or_judge" or
   "span_only"), judge calls and malformed verdicts on the trajectories' answers, the naive-RAG top-k and cache
   file, and ``documents_without_text`` (retrieved passages whose text no observation shows, left out).
+
+QAgent ("QAgent: A modular Search Agent with Interactive Query Understanding", arXiv 2510.08383, section 4.1 and
+Table 2) measures the agent as a submodule instead (`evaluate_submodule`): the frozen generator answers with
+QAgent's prompt (`agent.rewards.qagent.QAGENT_GENERATOR`) from every passage a trajectory retrieved,
+deduplicated, and the report adds, averaged over trajectories:
+
+* ``submodule_contains_em`` and ``submodule_f1``: the paper's non-strict EM (the answer contains a gold) and
+  token F1 of the generator's answer;
+* ``documents_per_question`` and ``generation`` (generator fingerprint, ``protocol`` "qagent",
+  ``documents_without_text``).
+
+The end-to-end metrics are those of every report: ``contains_em`` is the paper's EM of the agent's own answer,
+``em`` the strict one, ``f1``. Which measurement runs is ``generator_protocol``: ``auto`` (default) takes
+"qagent" when every trajectory has the QAgent dialect and "s3" otherwise; naming one evaluates any dialect's
+trajectories that way (Table 2 gives Search-R1's to the frozen generator too).
 """
 
 from __future__ import annotations
@@ -32,11 +47,11 @@ import os
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from agentic_retriever.client import RetrievalClient, RetrievalConfig, open_client
 from agentic_retriever.corpus import Passage
-from agentic_retriever.eval.qa import qa_scores
+from agentic_retriever.eval.qa import contains_match, f1_score, qa_scores
 from agentic_retriever.fingerprint import llm_fingerprint
 from agentic_retriever.llm import LLMConfig
 from agentic_retriever.llm.base import LLM
@@ -44,11 +59,14 @@ from agentic_retriever.llm.base import LLM
 from .naive_rag import NaiveRagCache, retriever_identity
 from .qa_data import QARow, as_qa_rows
 from .rewards.gbr import gain_beyond_rag, gain_beyond_rag_paper
-from .rewards.generation import generation_accuracy
+from .rewards.generation import generate_answers, generation_accuracy
+from .rewards.qagent import QAGENT_GENERATOR
 from .trajectory import Trajectory, Turn, read_trajectories
 
-__all__ = ["AgentEvalConfig", "evaluate_agent", "evaluate_generation", "evaluate_trajectories",
-           "trajectory_documents"]
+__all__ = ["AgentEvalConfig", "GeneratorProtocol", "evaluate_agent", "evaluate_generation", "evaluate_submodule",
+           "evaluate_trajectories", "generator_protocol", "trajectory_documents"]
+
+GeneratorProtocol = Literal["auto", "s3", "qagent"]
 
 
 @dataclass
@@ -67,6 +85,9 @@ class AgentEvalConfig:
     naive_rag_topk: int = field(default=3, metadata={"help": "passages of the naive-RAG baseline (with a generator)"})
     cache: str = field(default="", metadata={"help": "folder of the naive-RAG accuracy cache",
                                              "derive": "{workdir}/agent/naive_rag"})
+    generator_protocol: GeneratorProtocol = field(default="auto", metadata={
+        "help": "with a generator: s3 (GenAcc, naive RAG, GBR), qagent (QAgent's prompt; contains-EM and F1 of the "
+                "generator's answer) or auto (qagent for QAgent trajectories, else s3)"})
 
 
 def evaluate_trajectories(path: str | os.PathLike,
@@ -187,9 +208,42 @@ def evaluate_generation(path: str | os.PathLike, generator: LLM, judge: LLM | No
     return report
 
 
+def evaluate_submodule(path: str | os.PathLike, generator: LLM,
+                       qa_rows: Sequence[QARow | dict[str, Any]] | str | os.PathLike | None = None,
+                       batch_size: int = 64) -> dict[str, Any]:
+    """`evaluate_trajectories` plus QAgent's submodule metrics (see the module docstring): the generator answers
+    with QAgent's prompt from each trajectory's documents (`trajectory_documents`), `batch_size` per call."""
+    trajectories = _read(path)
+    report = _answer_report(trajectories, qa_rows)
+    found = [trajectory_documents(t) for t in trajectories]
+    answers: list[str] = []
+    for start in range(0, len(trajectories), batch_size):
+        batch = trajectories[start:start + batch_size]
+        answers += generate_answers(generator, [t.question for t in batch],
+                                    [docs for docs, _ in found[start:start + batch_size]], prompt=QAGENT_GENERATOR)
+    n = len(trajectories)
+    report.update({
+        "submodule_contains_em": sum(contains_match(a, t.golden_answers) for a, t in zip(answers, trajectories)) / n,
+        "submodule_f1": sum(f1_score(a, t.golden_answers) for a, t in zip(answers, trajectories)) / n,
+        "documents_per_question": sum(len(docs) for docs, _ in found) / n,
+        "generation": {"generator": llm_fingerprint(generator), "protocol": "qagent",
+                       "documents_without_text": sum(missing for _, missing in found)},
+    })
+    return report
+
+
+def generator_protocol(setting: GeneratorProtocol, path: str | os.PathLike) -> str:
+    """The measurement `evaluate_agent` runs with a generator: `setting`, or for ``auto`` "qagent" when every
+    trajectory in `path` has the QAgent dialect, else "s3"."""
+    if setting != "auto":
+        return setting
+    return "qagent" if all(t.dialect == "qagent" for t in _read(path)) else "s3"
+
+
 def evaluate_agent(config: AgentEvalConfig) -> dict[str, Any]:
     """`agentic-retriever eval agent`: `evaluate_trajectories`, or with ``generator.model`` set, load the generator
-    (and the judge when ``judge.model`` is set), open ``retrieval`` and run `evaluate_generation`."""
+    and, for the s3 protocol (`generator_protocol`), the judge when ``judge.model`` is set, open ``retrieval`` and
+    run `evaluate_generation`; for the qagent protocol run `evaluate_submodule` (no retriever, no judge)."""
     if not config.generator.model:
         if config.judge.model:
             raise ValueError("eval agent: judge.model is set but generator.model is not (the judge checks the "
@@ -197,6 +251,11 @@ def evaluate_agent(config: AgentEvalConfig) -> dict[str, Any]:
         return evaluate_trajectories(config.trajectories, config.qa or None)
     from agentic_retriever.llm import load_llm
 
+    if generator_protocol(config.generator_protocol, config.trajectories) == "qagent":
+        if config.judge.model:
+            raise ValueError("eval agent: the qagent protocol scores contains-EM and F1, it asks no judge; unset "
+                             "judge.model")
+        return evaluate_submodule(config.trajectories, load_llm(config.generator), config.qa or None)
     with open_client(config.retrieval) as client:
         generator = load_llm(config.generator)
         judge = load_llm(config.judge) if config.judge.model else None

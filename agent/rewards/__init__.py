@@ -17,7 +17,14 @@ Interleaved LLM Agents", arXiv 2505.15117; docs/rl.md, "Rewards"):
 ``search_r1_retrieval``        Eq. 4, release variant (Eq. 3 + lambda_r for a retrieved gold)
 ``search_r1_retrieval_paper``  Eq. 4, paper variant
 ``constant``                   the same value for every response (a control for RL runs)
+``qagent_valid_format``        QAgent's r_fmt: plan before every search, reflection after every information (1 / 0)
+``qagent_hit``                 QAgent's Hit: a golden answer in the response text (1 / 0)
+``qagent_stage1``              QAgent's stage 1 (Eq. 7): r_fmt x strict EM (1 / 0)
 =============================  ===================================================================
+
+QAgent ("QAgent: A modular Search Agent with Interactive Query Understanding", arXiv 2510.08383, Eqs. 7 and 10;
+`agent.rewards.qagent`): stage 2 (``qagent_stage2``) reads a frozen generator's answer too, so it lives in
+`agent.rewards.qagent.SUBMODULE_REWARDS`, like s3's gains in `agent.rewards.gbr.GAINS`.
 
     from agent.rewards import get_reward
     get_reward("search_r1_retrieval", lambda_f=0.4)(trajectory, trajectory.golden_answers)
@@ -36,6 +43,8 @@ from .format_reward import (
     shaped_reward,
 )
 from .outcome import constant_reward, em_reward, extract_answer
+from .qagent import hit_reward, stage1_reward
+from .qagent_format import FormatCheck, check_format
 from .registry import REWARDS, get_reward, register, reward_options
 from .retrieval import gold_in_information, information_blocks, retrieval_hit_reward
 from .sequence import (
@@ -45,8 +54,8 @@ from .sequence import (
     valid_format_reward,
 )
 
-__all__ = ["QWEN_ASSISTANT_MARKER", "REWARDS", "Response", "SearchR1Judgement", "SequenceCheck", "constant_reward",
-           "em_reward",
+__all__ = ["QWEN_ASSISTANT_MARKER", "REWARDS", "FormatCheck", "Response", "SearchR1Judgement", "SequenceCheck",
+           "check_format", "constant_reward", "em_reward", "hit_reward", "stage1_reward",
            "extract_answer", "format_reward", "format_reward_paper", "get_reward", "gold_in_information",
            "information_blocks", "is_valid_sequence", "judge", "register", "response_text", "retrieval_hit_reward",
            "retrieval_reward", "retrieval_reward_paper", "reward_options", "shaped_reward", "valid_format_reward"]

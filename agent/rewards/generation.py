@@ -17,7 +17,7 @@ answers fill the judge prompt as a Python list literal [I]; prompts go through t
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -25,8 +25,9 @@ from agentic_retriever.corpus import Passage
 from agentic_retriever.eval.qa import Golden, golden_strings, span_match
 from agentic_retriever.llm.base import LLM, Generation, Prompt, SamplingParams
 
-__all__ = ["GENERATOR_PROMPT", "GENERATOR_SAMPLING", "JUDGE_PROMPT", "JUDGE_SAMPLING", "FirstDocumentsReader", "GenAcc",
-           "GenAccResult", "format_context", "gen_acc", "generate_answers", "generation_accuracy", "judge_check", "span_check"]
+__all__ = ["GENERATOR_PROMPT", "GENERATOR_SAMPLING", "JUDGE_PROMPT", "JUDGE_SAMPLING", "S3_GENERATOR",
+           "FirstDocumentsReader", "GenAcc", "GenAccResult", "GeneratorPrompt", "format_context", "gen_acc",
+           "generate_answers", "generation_accuracy", "judge_check", "span_check"]
 
 #: Figure 12 of [P], byte for byte as the paper's text gives it; placeholders ``{context}`` and ``{question}``.
 GENERATOR_PROMPT = (
@@ -51,6 +52,24 @@ How = Literal["span", "judge", "none"]
 def format_context(documents: Sequence[Passage]) -> str:
     """The generator's ``{context}``: ``Doc {i} (Title: {title})\\n{text}\\n\\n`` per document, from 1 ([R])."""
     return "".join(f"Doc {i} (Title: {d.title})\n{d.text}\n\n" for i, d in enumerate(documents, start=1))
+
+
+@dataclass(frozen=True)
+class GeneratorPrompt:
+    """How a frozen generator is asked: `template` with the placeholders ``{context}`` and ``{question}``, and
+    `context`, which writes the documents into ``{context}``. s3's is `S3_GENERATOR`; QAgent's is
+    `agent.rewards.qagent.QAGENT_GENERATOR`."""
+
+    template: str
+    context: Callable[[Sequence[Passage]], str]
+
+    def render(self, question: str, documents: Sequence[Passage]) -> str:
+        """The user message for one question and its documents."""
+        return self.template.format(context=self.context(documents), question=question)
+
+
+#: s3's generator prompt: Figure 12 with the release's document list.
+S3_GENERATOR = GeneratorPrompt(GENERATOR_PROMPT, format_context)
 
 
 class FirstDocumentsReader:
@@ -144,12 +163,12 @@ class GenAccResult:
 
 
 def generate_answers(generator: LLM, questions: Sequence[str], documents: Sequence[Sequence[Passage]],
-                     params: SamplingParams = GENERATOR_SAMPLING) -> list[str]:
-    """A_hat = G(Q, D) for every question: the Figure 12 prompts in ONE `generate` call, answers stripped."""
+                     params: SamplingParams = GENERATOR_SAMPLING, prompt: GeneratorPrompt = S3_GENERATOR) -> list[str]:
+    """A_hat = G(Q, D) for every question: the prompts (s3's Figure 12 unless `prompt` says otherwise) in ONE
+    `generate` call, answers stripped."""
     if len(questions) != len(documents):
         raise ValueError(f"documents must be parallel to questions: got {len(documents)} for {len(questions)}")
-    prompts = [generator.chat_prompt(GENERATOR_PROMPT.format(context=format_context(docs), question=question))
-               for question, docs in zip(questions, documents)]
+    prompts = [generator.chat_prompt(prompt.render(question, docs)) for question, docs in zip(questions, documents)]
     return [gens[0].text.strip() for gens in _generate(generator, prompts, params)]
 
 

@@ -17,6 +17,12 @@ Search-R1's reward); every registered reward also has a function of its own name
 there; read back from parquet the list is a numpy array), a list or tuple of golden answers, or one string.
 Anything else, a dict without ``"target"`` and an empty answer list raise ValueError.
 
+QAgent's stage 1 (``qagent_stage1``), its format rule and Hit are here; its stage 2 (``qagent_stage2``, Eq. 10 of
+"QAgent: A modular Search Agent with Interactive Query Understanding", arXiv 2510.08383) is not, nor are s3's
+gains: they score a frozen generator's answer from the rollout's retrieved documents, and verl's reward manager
+hands a reward the decoded response and the ground truth only (no generator, no documents). Run them in the
+embedded trainer (`agent.rl.batch_reward`; docs/rl.md, "QAgent").
+
 verl loads this file by path as a stand-alone module, so it imports the package absolutely (``agent`` must be
 installed, e.g. ``pip install -e .``).
 """
@@ -30,8 +36,8 @@ from agent.rewards.registry import REWARDS, get_reward
 from agentic_retriever.eval.qa import golden_strings
 
 __all__ = ["compute_score", "golden_answers_from_ground_truth", "search_r1_em", "search_r1_format",
-           "search_r1_format_paper", "search_r1_retrieval", "search_r1_retrieval_hit", "search_r1_retrieval_paper",
-           "search_r1_valid_format"]
+           "qagent_hit", "qagent_stage1", "qagent_valid_format", "search_r1_format_paper", "search_r1_retrieval",
+           "search_r1_retrieval_hit", "search_r1_retrieval_paper", "search_r1_valid_format"]
 
 DEFAULT_REWARD = "search_r1_em"
 
@@ -84,3 +90,6 @@ search_r1_format_paper = _named("search_r1_format_paper")
 search_r1_retrieval = _named("search_r1_retrieval")
 search_r1_retrieval_paper = _named("search_r1_retrieval_paper")
 constant = _named("constant")
+qagent_valid_format = _named("qagent_valid_format")
+qagent_hit = _named("qagent_hit")
+qagent_stage1 = _named("qagent_stage1")

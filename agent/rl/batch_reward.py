@@ -18,6 +18,14 @@ A gain is not a function of (response, golden): it needs the generator, so it ha
 on our generator, judge or the rollout's selected documents) and lives in its own registry
 (`agent.rewards.gbr.GAINS`) that the config validation and `prepare_reward` read next to `agent.rewards.REWARDS`.
 
+* `SubmoduleReward` scores a frozen generator's answer from every passage a QAgent rollout retrieved (Eq. 10 of
+  "QAgent: A modular Search Agent with Interactive Query Understanding", arXiv 2510.08383, section 3.4;
+  `agent.rewards.qagent`):
+  the generator answers every rollout's question in ONE batched call with QAgent's prompt.
+
+With ``stage2.reward`` set, `prepare_reward` builds one `BatchReward` per stage (the generator loaded once and
+shared) and the trainer picks the step's by `agent.rl.reward_schedule.RewardSchedule`.
+
 `prepare_reward` also runs s3's question filters once before training (section 4.1 "Datasets"): questions the
 generator already answers with naive RAG are dropped (`RLConfig.keep_naive_rag_failures`; the naive-RAG
 accuracies come from the cache, computed with the training retriever), and so are yes/no and true/false
@@ -31,6 +39,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
 
 from agentic_retriever.client import RetrievalClient
+from agentic_retriever.eval.qa import contains_match
 from agentic_retriever.fingerprint import llm_fingerprint
 from agentic_retriever.llm import LLM, load_llm
 
@@ -38,11 +47,13 @@ from ..env import Rollout
 from ..naive_rag import NaiveRagCache, retriever_identity, training_filter_counts, training_rows
 from ..qa_data import QARow
 from ..rewards import get_reward
-from ..rewards.gbr import gain_beyond_rag_paper, get_gain
-from ..rewards.generation import generation_accuracy
+from ..rewards.gbr import GAINS, gain_beyond_rag_paper, get_gain
+from ..rewards.generation import GeneratorPrompt, generate_answers, generation_accuracy
+from ..rewards.qagent import QAGENT_GENERATOR, SUBMODULE_REWARDS, get_submodule_reward
 from .config import RLConfig
 
-__all__ = ["BatchReward", "BatchScores", "GainBeyondRagReward", "PreparedReward", "ResponseReward", "prepare_reward"]
+__all__ = ["BatchReward", "BatchScores", "GainBeyondRagReward", "PreparedReward", "ResponseReward", "SubmoduleReward",
+           "prepare_reward"]
 
 log = logging.getLogger(__name__)
 
@@ -118,36 +129,97 @@ class GainBeyondRagReward:
         return BatchScores(scores, components)
 
 
+class SubmoduleReward:
+    """A reward of a frozen generator's answer from every passage a rollout retrieved, over a batch of rollouts
+    (QAgent's stage 2, "QAgent: A modular Search Agent with Interactive Query Understanding", arXiv 2510.08383,
+    section 3.4, Eqs. 8-10).
+
+    K = the rollout's `agent.env.Rollout.selection` (the QAgent dialect: every retrieved passage, deduplicated by
+    id, first seen first); `generator` answers every rollout's question from its K with `prompt` (QAgent's
+    release prompt) in ONE call; the score is ``reward(answer, rollout, golden)`` (`agent.rewards.qagent`,
+    ``qagent_stage2``: EM_contains(answer) + 0.5 x Hit). Component: ``submodule_contains_em`` (EM_contains of the
+    generator's answer).
+
+        reward = SubmoduleReward(get_submodule_reward("qagent_stage2"), generator)
+        scores, components = reward.score(rollouts, rows)
+    """
+
+    def __init__(self, reward: Callable[..., float], generator: LLM, prompt: GeneratorPrompt = QAGENT_GENERATOR):
+        self.reward, self.generator, self.prompt = reward, generator, prompt
+
+    def score(self, results: Sequence[Rollout], rows: Sequence[QARow]) -> BatchScores:
+        if len(results) != len(rows):
+            raise ValueError(f"rows must be parallel to the rollouts: got {len(rows)} for {len(results)}")
+        if not results:
+            return BatchScores([], [])
+        if any(result.selection is None for result in results):
+            raise ValueError("a submodule reward scores the passages a rollout retrieved (Rollout.selection); these "
+                             "rollouts carry none (run them with env.dialect qagent)")
+        answers = generate_answers(self.generator, [row.question for row in rows],
+                                   [result.selection.documents for result in results], prompt=self.prompt)
+        scores, components = [], []
+        for answer, result, row in zip(answers, results, rows, strict=True):
+            golden = list(row.golden_answers)
+            scores.append(float(self.reward(answer, result, golden)))
+            components.append({"submodule_contains_em": contains_match(answer, golden)})
+        return BatchScores(scores, components)
+
+
 class PreparedReward(NamedTuple):
-    """What `prepare_reward` hands the trainer: the reward, the questions to train on and, for rewards that
-    filter them, the counts (``questions``, ``dropped_yes_no``, ``dropped_naive_rag_solved``, ``kept``:
-    `agent.naive_rag.training_filter_counts`)."""
+    """What `prepare_reward` hands the trainer: the reward (of stage 1 when there are two), the questions to train
+    on, for rewards that filter them the counts (``questions``, ``dropped_yes_no``, ``dropped_naive_rag_solved``,
+    ``kept``: `agent.naive_rag.training_filter_counts`), and the reward of stage 2 (None: one stage)."""
 
     reward: BatchReward
     rows: list[QARow]
     question_filters: dict[str, int]
+    stage2: BatchReward | None = None
 
 
 def prepare_reward(config: RLConfig, client: RetrievalClient, rows: Sequence[QARow],
                    reward_fn: Callable[..., float] | None = None, generator: LLM | None = None) -> PreparedReward:
-    """The `BatchReward` the configured reward needs, and the training questions.
+    """The `BatchReward` of each configured stage, and the training questions.
 
-    `reward_fn` (a response reward) replaces the configured one. A gain (`RLConfig.uses_generator`) loads the
-    frozen generator and judge once (`load_llm`: their own objects, never the trained policy; `generator`, an
-    already loaded `LLM`, is used instead of loading ``config.generator``), opens the naive-RAG
-    cache (keyed by the retriever's, generator's and judge's content identities; the retrieval client must have an
-    ``identity()``, as index folders and services do) and runs the question filters (`agent.naive_rag.training_rows`),
-    logging what each dropped; filters that leave no question raise ValueError with the counts.
+    `reward_fn` (a response reward) replaces the configured one (a run of one stage only). A reward that needs the
+    frozen generator (`RLConfig.uses_generator`) loads it once (`load_llm`: its own object, never the trained
+    policy; `generator`, an already loaded `LLM`, is used instead of loading ``config.generator``), and both stages
+    share it. A gain also loads the judge, opens the naive-RAG cache (keyed by the retriever's, generator's and
+    judge's content identities; the retrieval client must have an ``identity()``, as index folders and services
+    do) and runs the question filters (`agent.naive_rag.training_rows`), logging what each dropped; filters that
+    leave no question raise ValueError with the counts.
     """
     if generator is not None and (reward_fn is not None or not config.uses_generator):
         raise ValueError(f"a generator was given but the reward ({'reward_fn' if reward_fn else config.reward}) "
-                         "does not use one; give a gain over naive RAG (reward s3_gbr or s3_gbr_paper)")
+                         "does not use one; give a reward that reads a frozen generator (s3_gbr, s3_gbr_paper or "
+                         "qagent_stage2)")
     if reward_fn is not None:
+        if config.stage2.reward:
+            raise ValueError(f"reward_fn replaces the configured reward of a one-stage run; this config has a "
+                             f"stage 2 ({config.stage2.reward}): unset stage2.reward or give no reward_fn")
         return PreparedReward(ResponseReward(reward_fn), list(rows), {})
-    if not config.uses_generator:
-        return PreparedReward(ResponseReward(get_reward(config.reward, **config.reward_options)), list(rows), {})
-    gain = get_gain(config.reward, **config.reward_options)
-    generator = generator if generator is not None else load_llm(config.generator)
+    stages = [(name, _reward_function(name, options)) for name, options in
+              ((config.reward, config.reward_options), (config.stage2.reward, config.stage2.reward_options)) if name]
+    if config.uses_generator and generator is None:  # after the options are checked, before any use
+        generator = load_llm(config.generator)
+    if config.reward in GAINS:
+        return _gain_reward(config, client, rows, stages[0][1], generator)
+    rewards = [SubmoduleReward(fn, generator) if name in SUBMODULE_REWARDS else ResponseReward(fn)
+               for name, fn in stages]
+    return PreparedReward(rewards[0], list(rows), {}, rewards[1] if len(rewards) > 1 else None)
+
+
+def _reward_function(name: str, options: dict) -> Callable[..., float]:
+    """The registered function `name` (a gain, a submodule reward or a response reward) with `options` bound."""
+    if name in GAINS:
+        return get_gain(name, **options)
+    if name in SUBMODULE_REWARDS:
+        return get_submodule_reward(name, **options)
+    return get_reward(name, **options)
+
+
+def _gain_reward(config: RLConfig, client: RetrievalClient, rows: Sequence[QARow],
+                 gain: Callable[[float, float], float], generator: LLM) -> PreparedReward:
+    """s3's Gain Beyond RAG (one stage: `RLConfig.validate` refuses a gain in a two-stage run) and its filters."""
     judge = load_llm(config.judge) if config.judge.model else None
     cache = NaiveRagCache(config.naive_rag_cache, retriever_identity(client), llm_fingerprint(generator),
                           llm_fingerprint(judge) if judge is not None else None, topk=3)

@@ -6,6 +6,9 @@ value clip of 0.5; GRPO with the low-variance (k3) KL in the loss and (r - mean)
 The s3 settings (`generator`, `judge`, `naive_rag_cache`, `keep_naive_rag_failures`, `drop_yes_no`) serve the Gain
 Beyond RAG rewards ("s3: You Don't Need That Much Data to Train a Search Agent via RL", arXiv 2505.14146, sections
 3.2 and 4.1; `agent.rl.batch_reward`) and are read only when `reward` names one.
+`stage2` switches the reward after a number of steps (QAgent's two-stage training, "QAgent: A modular Search Agent
+with Interactive Query Understanding", sections 3.3-3.4 and Appendix C: stage 2 after step 1120 of 1400;
+`agent.rl.reward_schedule`); QAgent's stage-2 reward reads the `generator`'s answers too.
 """
 
 from __future__ import annotations
@@ -19,9 +22,24 @@ from agentic_retriever.llm import LLMConfig
 from ..env import EnvConfig
 from ..rewards import REWARDS
 from ..rewards.gbr import GAINS
+from ..rewards.qagent import SUBMODULE_REWARDS
 from .core import KLEstimator, LossAggregation
 
-__all__ = ["RLConfig"]
+__all__ = ["RLConfig", "SecondStage"]
+
+
+@dataclass
+class SecondStage:
+    """The reward of the steps after `after_step` finished steps (section ``agent_train.stage2``); an empty
+    `reward` keeps `RLConfig.reward` for the whole run."""
+
+    reward: str = field(default="", metadata={
+        "help": "the reward after after_step steps, any name `reward` takes (empty: one reward for the whole run; "
+                "QAgent: qagent_stage2)"})
+    reward_options: dict[str, Any] = field(default_factory=dict, metadata={"help": "its options"})
+    after_step: int | None = field(default=None, metadata={
+        "help": "steps scored by `reward` before the switch: step after_step + 1 is the first of stage 2 "
+                "(QAgent: 1120)"})
 
 
 @dataclass
@@ -84,12 +102,15 @@ class RLConfig:
     dynamic_sampling_max_batches: int = field(default=3, metadata={"help": "prompt batches tried per step"})
     # -------------------------------------------------------------------- reward and environment
     reward: str = field(default="search_r1_em", metadata={
-        "help": "registered reward name: a response reward (agent.rewards) or a gain scored by a frozen generator "
-                "(s3_gbr, s3_gbr_paper: agent.rewards.gbr; they need generator.model and env.dialect s3)"})
+        "help": "registered reward name: a response reward (agent.rewards), a gain scored by a frozen generator "
+                "(s3_gbr, s3_gbr_paper: agent.rewards.gbr; they need generator.model and env.dialect s3) or a "
+                "reward of a frozen generator's answer (qagent_stage2: agent.rewards.qagent; generator.model and "
+                "env.dialect qagent); with stage2.reward set, the reward of the first stage.after_step steps"})
     reward_options: dict[str, Any] = field(default_factory=dict, metadata={"help": "the reward's options"})
+    stage2: SecondStage = field(default_factory=SecondStage)
     generator: LLMConfig = field(default_factory=lambda: LLMConfig(model=""), metadata={
-        "help": "the frozen generator of the s3 rewards, loaded once on its own (empty model: none; the searcher's "
-                "base model only where named here, and never the trained policy)"})
+        "help": "the frozen generator of the s3 and QAgent stage-2 rewards, loaded once on its own (empty model: "
+                "none; the searcher's base model only where named here, and never the trained policy)"})
     judge: LLMConfig = field(default_factory=lambda: LLMConfig(model=""), metadata={
         "help": "the judge of Generation Accuracy, asked on span-check failures (empty model: span check only)"})
     naive_rag_cache: str = field(default="", metadata={
@@ -128,19 +149,50 @@ class RLConfig:
             raise ValueError("agent train runs in fp32 or under bf16 autocast; agent.precision fp16 is not supported")
         if not 0 <= self.clip_low < 1 or self.clip_high < 0:
             raise ValueError(f"clip_low must be in [0, 1) and clip_high >= 0, got {self.clip_low}, {self.clip_high}")
-        if self.reward not in REWARDS and self.reward not in GAINS:
-            raise ValueError(f"unknown reward {self.reward!r}; choose a response reward ({', '.join(sorted(REWARDS))}) "
-                             f"or a gain scored by a frozen generator ({', '.join(sorted(GAINS))})")
-        if self.uses_generator:
-            if not self.generator.model:
-                raise ValueError(f"reward {self.reward} scores the documents the searcher selected with a frozen "
-                                 "generator: set generator.model (--generator.model; e.g. the searcher's base model, "
-                                 "loaded separately and frozen)")
-            if self.env.dialect != "s3":
-                raise ValueError(f"reward {self.reward} scores the documents an s3 searcher selected: set env.dialect "
-                                 f"s3 (got {self.env.dialect!r})")
-            if not self.naive_rag_cache:
-                raise ValueError(f"reward {self.reward} compares with cached naive-RAG accuracies: set naive_rag_cache")
+        self._validate_stages()
+        for reward in self.rewards:
+            if reward in GAINS or reward in SUBMODULE_REWARDS:
+                if not self.generator.model:
+                    raise ValueError(f"reward {reward} scores the documents the searcher retrieved or selected with a "
+                                     "frozen generator: set generator.model (--generator.model; e.g. the searcher's "
+                                     "base model, loaded separately and frozen)")
+            if reward in GAINS:
+                if self.env.dialect != "s3":
+                    raise ValueError(f"reward {reward} scores the documents an s3 searcher selected: set env.dialect "
+                                     f"s3 (got {self.env.dialect!r})")
+                if not self.naive_rag_cache:
+                    raise ValueError(f"reward {reward} compares with cached naive-RAG accuracies: set naive_rag_cache")
+            if reward in SUBMODULE_REWARDS and self.env.dialect != "qagent":
+                raise ValueError(f"reward {reward} scores every passage a QAgent rollout retrieved: set env.dialect "
+                                 f"qagent (got {self.env.dialect!r})")
+
+    def _validate_stages(self) -> None:
+        stage2 = self.stage2
+        for label, reward in (("reward", self.reward), ("stage2.reward", stage2.reward)):
+            if label == "stage2.reward" and not reward:
+                continue
+            if reward not in REWARDS and reward not in GAINS and reward not in SUBMODULE_REWARDS:
+                raise ValueError(f"unknown {label} {reward!r}; choose a response reward "
+                                 f"({', '.join(sorted(REWARDS))}), a gain scored by a frozen generator "
+                                 f"({', '.join(sorted(GAINS))}) or a reward of a frozen generator's answer "
+                                 f"({', '.join(sorted(SUBMODULE_REWARDS))})")
+        if not stage2.reward:
+            if stage2.after_step is not None or stage2.reward_options:
+                raise ValueError("stage2.after_step and stage2.reward_options need stage2.reward (the reward after "
+                                 "the switch); leave them unset for one reward over the whole run")
+            return
+        if stage2.after_step is None or stage2.after_step < 1:
+            raise ValueError(f"stage2.reward {stage2.reward} needs stage2.after_step >= 1, the steps scored by "
+                             f"{self.reward} before the switch (got {stage2.after_step}; to use {stage2.reward} "
+                             "from the first step, set it as reward)")
+        if any(r in GAINS for r in self.rewards):
+            raise ValueError(f"a gain over naive RAG ({', '.join(r for r in self.rewards if r in GAINS)}) filters the "
+                             "training questions for the whole run; it cannot be one stage of two")
+
+    @property
+    def rewards(self) -> list[str]:
+        """The configured rewards in stage order: `reward`, then `stage2.reward` when set."""
+        return [self.reward] + ([self.stage2.reward] if self.stage2.reward else [])
 
     def on_policy(self, batch_size: int) -> bool:
         """Whether the update of a step of `batch_size` rollouts may take the rollout policy's ("old")
@@ -155,9 +207,10 @@ class RLConfig:
 
     @property
     def uses_generator(self) -> bool:
-        """Whether the reward is a gain over naive RAG (`agent.rewards.gbr`): scored by a frozen generator on the
-        selected documents of a whole step at once (`agent.rl.batch_reward`)."""
-        return self.reward in GAINS
+        """Whether a stage's reward is a gain over naive RAG (`agent.rewards.gbr`) or a submodule reward
+        (`agent.rewards.qagent`): scored by a frozen generator on the documents of a whole step at once
+        (`agent.rl.batch_reward`)."""
+        return any(r in GAINS or r in SUBMODULE_REWARDS for r in self.rewards)
 
     @property
     def uses_critic(self) -> bool:

@@ -5,8 +5,9 @@ scored training samples.
   what the uninterrupted one would);
 * `RolloutCollector.rollout_samples`: ``samples_per_prompt`` rollouts of each question through
   `agent.env.rollout` with the policy as the LLM and the fixed retriever, scored together by the
-  `agent.rl.batch_reward.BatchReward` (a response reward per rollout, or s3's Gain Beyond RAG with one generator
-  call for all of them) and logged with its diagnostics (`components`), as `agent.rl.batch.Sample`;
+  `agent.rl.batch_reward.BatchReward` of the step's stage (`agent.rl.reward_schedule.RewardSchedule`: a response
+  reward per rollout, or s3's Gain Beyond RAG or QAgent's stage 2 with one generator call for all of them) and
+  logged with its diagnostics (`components`), as `agent.rl.batch.Sample`;
 * `RolloutCollector.collect`: the samples of one step; with dynamic sampling (DAPO, "DAPO: An Open-Source LLM
   Reinforcement Learning System at Scale", arXiv 2503.14476) groups whose rewards are all equal are dropped
   and more questions are rolled out, up to ``dynamic_sampling_max_batches`` batches;
@@ -32,10 +33,11 @@ from agentic_retriever.llm import LLM
 
 from ..env import Rollout, rollout
 from ..qa_data import QARow
-from ..rewards import gold_in_information, is_valid_sequence
+from ..rewards import check_format, gold_in_information, is_valid_sequence
+from ..rewards.qagent import hit
 from .batch import Sample
-from .batch_reward import BatchReward
 from .config import RLConfig
+from .reward_schedule import RewardSchedule
 
 __all__ = ["RewardFn", "RolloutCollector", "StepSamples", "questions_at", "rollout_metrics"]
 
@@ -72,9 +74,9 @@ class RolloutCollector:
     """
 
     def __init__(self, config: RLConfig, rows: Sequence[QARow], llm: LLM, client: RetrievalClient,
-                 reward: BatchReward, policy: torch.nn.Module | None = None):
+                 rewards: RewardSchedule, policy: torch.nn.Module | None = None):
         self.config, self.rows, self.llm, self.client = config, list(rows), llm, client
-        self.reward, self.policy = reward, policy
+        self.rewards, self.policy = rewards, policy
 
     def collect(self, step: int, cursor: int) -> StepSamples:
         """The samples of step ``step + 1``, drawing questions from position `cursor` of the stream; with
@@ -86,7 +88,8 @@ class RolloutCollector:
             rows = questions_at(self.rows, config.seed, cursor, config.prompts_per_step)
             cursor += len(rows)
             seed = None if config.env.seed is None else config.env.seed + 1_000_003 * step + 7_919 * attempt
-            samples = self.rollout_samples(rows, config.samples_per_prompt, seed, attempt * config.prompts_per_step)
+            samples = self.rollout_samples(rows, config.samples_per_prompt, seed, attempt * config.prompts_per_step,
+                                           step=step)
             if not config.dynamic_sampling:
                 return StepSamples(samples, len(rows), cursor)
             for group in sorted({s.group for s in samples}):
@@ -101,10 +104,10 @@ class RolloutCollector:
         return StepSamples(kept, kept_groups, cursor)
 
     def rollout_samples(self, rows: Sequence[QARow], samples_per_prompt: int, seed: int | None,
-                        first_group: int = 0) -> list[Sample]:
+                        first_group: int = 0, *, step: int) -> list[Sample]:
         """`samples_per_prompt` rollouts of each question with the current policy (sampling seeded by `seed`),
-        scored in one `BatchReward.score` call (rollouts that generated nothing are left out); the samples of
-        ``rows[i]`` form group ``first_group + i``."""
+        scored in one `BatchReward.score` call by the reward of the step after `step` finished steps (rollouts
+        that generated nothing are left out); the samples of ``rows[i]`` form group ``first_group + i``."""
         n = samples_per_prompt
         env = dataclasses.replace(self.config.env, seed=seed)
         questions = [row.question for row in rows for _ in range(n)]
@@ -116,7 +119,7 @@ class RolloutCollector:
             if self.policy is not None:
                 self.policy.train()
         kept = [index for index, result in enumerate(results) if any(result.response_mask)]
-        scored = self.reward.score([results[i] for i in kept], [rows[i // n] for i in kept])
+        scored = self.rewards.reward(step).score([results[i] for i in kept], [rows[i // n] for i in kept])
         samples = []
         for index, score, parts in zip(kept, scored.scores, scored.components, strict=True):
             result, row = results[index], rows[index // n]
@@ -127,15 +130,21 @@ class RolloutCollector:
         return samples
 
     def components(self, result: Rollout, row: QARow) -> dict[str, float]:
-        """Diagnostics logged next to the reward's own: for a searcher that selects documents for a frozen
-        generator (s3), how many it selected; else EM of the answer and, for the Search-R1 dialect, the valid
-        format (Eq. 3's f_format) and a gold answer in the retrieved text (Eq. 4's f_ret)."""
-        if result.selection is not None:
+        """Diagnostics logged next to the reward's own: for s3's searcher, which selects documents for a frozen
+        generator, how many it selected; else EM of the answer and, for the Search-R1 dialect, the valid format
+        (Eq. 3's f_format) and a gold answer in the retrieved text (Eq. 4's f_ret); for QAgent's, its format
+        (Eq. 7's r_fmt), Hit (Eq. 10) and the passages it retrieved (|K|, deduplicated)."""
+        dialect = self.config.env.dialect
+        if dialect == "s3":
             return {"selected_documents": float(len(result.selection.documents))}
         parts = {"em": qa_scores(result.answer, list(row.golden_answers)).em}
-        if self.config.env.dialect == "search_r1":
+        if dialect == "search_r1":
             parts["valid_format"] = float(is_valid_sequence(result.response_text).valid)
             parts["retrieval_hit"] = float(gold_in_information(result.response_text, row.golden_answers))
+        elif dialect == "qagent":
+            parts["valid_format"] = float(check_format(result).valid)
+            parts["hit"] = float(hit(result, row.golden_answers))
+            parts["retrieved_documents"] = float(len(result.selection.documents) if result.selection else 0)
         return parts
 
 

@@ -8,9 +8,11 @@ Reinforcement Learning", arXiv 2503.09516, at the values of the authors' release
    `agent.env.rollout`, with the current policy as the LLM and the fixed retriever; the step's responses are
    scored together by the configured reward (`agent.rl.batch_reward`: a response reward of `agent.rewards`, or
    s3's Gain Beyond RAG, "s3: You Don't Need That Much Data to Train a Search Agent via RL", arXiv 2505.14146,
-   whose frozen generator answers from every rollout's selected documents in one call). With dynamic sampling
-   (DAPO, arXiv 2503.14476), groups whose rewards are all equal are dropped and more questions are rolled out,
-   up to ``dynamic_sampling_max_batches`` batches;
+   whose frozen generator answers from every rollout's selected documents in one call); with ``stage2`` set, the
+   reward of the step's stage (`agent.rl.reward_schedule`; QAgent, "QAgent: A modular Search Agent with
+   Interactive Query Understanding", arXiv 2510.08383: Eq. 7 up to step 1120, Eq. 10 after), logged as
+   ``reward_stage``. With dynamic sampling (DAPO, arXiv 2503.14476), groups whose rewards are all equal are
+   dropped and more questions are rolled out, up to ``dynamic_sampling_max_batches`` batches;
 2. log-prob passes without gradients: the rollout policy's log-probabilities (PPO's "old" policy), the
    reference model's (for the KL) and, for PPO, the critic's values. The rollout policy's pass is skipped when
    the update is on-policy (`RLConfig.on_policy`: one epoch over one mini-batch, no KL in the reward): its
@@ -55,6 +57,7 @@ from .batch import Collated, Sample, collate, token_logprobs, token_values
 from .batch_reward import prepare_reward
 from .checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import RLConfig
+from .reward_schedule import RewardSchedule
 from .core import (aggregate, gae_advantages, group_advantages, kl_estimate, kl_penalised_scores, masked_mean,
                    masked_whiten, policy_loss, value_loss)
 from .models import ValueModel, frozen_copy, load_policy, reference_context
@@ -88,7 +91,13 @@ class RLTrainer:
         self.scalars = ScalarLogger(resolve_report_to(config.report_to), Path(config.out) / "logs",
                                     run_name=f"agent rl {Path(config.out).name}", config=dataclasses.asdict(config))
         self.out = Path(config.out)
-        self.reward, self.rows, self.question_filters = prepare_reward(config, client, rows, reward_fn, generator)
+        prepared = prepare_reward(config, client, rows, reward_fn, generator)
+        self.rows, self.question_filters = prepared.rows, prepared.question_filters
+        self.rewards = RewardSchedule(prepared.reward, prepared.stage2,
+                                      config.stage2.after_step if prepared.stage2 is not None else None)
+        if prepared.stage2 is not None and config.stage2.after_step >= config.steps:
+            log.warning("stage2.after_step %d >= steps %d: no step is scored by %s", config.stage2.after_step,
+                        config.steps, config.stage2.reward)
         self.device = resolve_device(config.agent.device)
         torch.manual_seed(config.seed)
         path = resolve_llm_name(config.agent.model)
@@ -105,7 +114,7 @@ class RLTrainer:
                                    max_batch_size=config.generation_batch_size,
                                    prefix_cache_tokens=config.agent.prefix_cache_tokens
                                    if config.agent.enable_prefix_caching else 0)
-        self.rollouts = RolloutCollector(config, self.rows, self.llm, client, self.reward, self.policy)
+        self.rollouts = RolloutCollector(config, self.rows, self.llm, client, self.rewards, self.policy)
         self.actor_opt, self.actor_sched = self._optimizer(self.policy, config.actor_lr)
         self.critic_opt, self.critic_sched = (self._optimizer(self.critic, config.critic_lr) if self.critic
                                               else (None, None))
@@ -162,6 +171,9 @@ class RLTrainer:
     def step(self) -> dict[str, float]:
         """One RL step; appends its metrics to the history and the metrics file and returns them."""
         timer = time.perf_counter()
+        stage = self.rewards.stage(self.state.step)
+        if self.rewards.after_step is not None and self.state.step == self.rewards.after_step:
+            log.info("step %d: stage 2 begins, scored by %s", self.state.step + 1, self.config.stage2.reward)
         samples, kept_groups = self.collect()
         seconds_generate = time.perf_counter() - timer
         on_policy = self.config.on_policy(len(samples))
@@ -178,7 +190,7 @@ class RLTrainer:
         seconds_update = time.perf_counter() - timer
         self.state.step += 1
         metrics = {"step": self.state.step, **self.rollout_metrics(samples), **update, "groups_kept": kept_groups,
-                   "on_policy": float(on_policy), "seconds_generate": seconds_generate,
+                   "reward_stage": stage, "on_policy": float(on_policy), "seconds_generate": seconds_generate,
                    "seconds_logprobs": seconds_logprobs, "seconds_update": seconds_update}
         self.state.history.append(metrics)
         write_training_curves(self.state.history, self.out, f"agent RL ({self.config.algorithm}, reward "
@@ -199,8 +211,9 @@ class RLTrainer:
 
     def rollout_samples(self, rows: Sequence[QARow], samples_per_prompt: int, seed: int | None,
                         first_group: int = 0) -> list[Sample]:
-        """Scored rollouts of `rows` with the current policy (`RolloutCollector.rollout_samples`)."""
-        return self.rollouts.rollout_samples(rows, samples_per_prompt, seed, first_group)
+        """Scored rollouts of `rows` with the current policy (`RolloutCollector.rollout_samples`), by the reward
+        of the next step's stage."""
+        return self.rollouts.rollout_samples(rows, samples_per_prompt, seed, first_group, step=self.state.step)
 
     def evaluate(self, rows: Sequence[QARow], samples_per_prompt: int = 1, seed: int = 0) -> dict[str, float]:
         """Mean reward and diagnostics of the current policy on `rows` (the configured sampling, seeded:

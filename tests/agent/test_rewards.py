@@ -247,13 +247,14 @@ def test_judgement_exposes_each_term_and_bad_weights_are_rejected():
 
 def test_registry_names_every_reward_and_binds_options():
     assert set(REWARDS) == {"search_r1_em", "search_r1_valid_format", "search_r1_retrieval_hit", "search_r1_format",
-                            "search_r1_format_paper", "search_r1_retrieval", "search_r1_retrieval_paper", "constant"}
+                            "search_r1_format_paper", "search_r1_retrieval", "search_r1_retrieval_paper", "constant",
+                            "qagent_valid_format", "qagent_hit", "qagent_stage1"}  # QAgent's: tests/agent/test_qagent_rewards.py
     assert reward_options("search_r1_retrieval") == {"lambda_f": 0.2, "lambda_r": 0.1, "variant": "release",
                                                      "match": "substring"}
     assert get_reward("search_r1_format", lambda_f=0.4)(WRONG_VALID_MISS, GOLD) == pytest.approx(0.4)
     assert get_reward("search_r1_em") is em_reward
     assert get_reward("constant", value=0.5)(WRONG_VALID_MISS, GOLD) == 0.5
-    with pytest.raises(ValueError, match="unknown reward 'exact'; choose one of constant, search_r1_em"):
+    with pytest.raises(ValueError, match="unknown reward 'exact'; choose one of constant, qagent_hit, .*, search_r1_em"):
         get_reward("exact")
     with pytest.raises(ValueError, match="takes no option lambda_r; its options: lambda_f"):
         get_reward("search_r1_format_paper", lambda_r=0.1)
