@@ -15,7 +15,9 @@ the habit of answering from the passages with trajectories built from FanOutQA's
   followed by a second one: a real two-search chain that teaches searching again instead of guessing.
 
 The reasoning lines are short, fixed templates grounded in the retrieved text (the sentence of the
-evidence passage that holds the answer). Every example records how it was built in `SFTExample.meta`.
+evidence passage that holds the answer), written in the dialect's tags (`VOICES`: Search-R1's ``<think>``, or
+QAgent's ``<plan>`` before every search and ``<reflection>`` after every observation). Every example records how
+it was built in `SFTExample.meta`.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from ..env import cut_to_tokens
 from ..qa_data import QARow
 from .train import SFTExample
 
-__all__ = ["SynthesisConfig", "query_phrasings", "synthesize_sft_examples"]
+__all__ = ["VOICES", "SynthesisConfig", "Voice", "query_phrasings", "synthesize_sft_examples"]
 
 _QUESTION_WORDS = frozenset(
     "what which who whom whose when where why how is are was were do does did the a an of in on at to for by "
@@ -49,7 +51,7 @@ class SynthesisConfig:
 
     topk: int = field(default=3, metadata={"help": "passages per search, as the agent will see them"})
     observation_max_tokens: int = field(default=500, metadata={"help": "cut of every observation, in tokens"})
-    dialect: str = field(default="search_r1", metadata={"help": "agent dialect of the trajectories"})
+    dialect: str = field(default="search_r1", metadata={"help": "agent dialect of the trajectories (search_r1, qagent)"})
     retry_chains: bool = field(default=True, metadata={"help": "add miss-then-find two-search trajectories"})
 
 
@@ -100,6 +102,34 @@ def _evidence_hit(hits: Sequence[ScoredPassage], row: QARow) -> tuple[ScoredPass
     return None
 
 
+@dataclass(frozen=True)
+class Voice:
+    """How a dialect's agent writes the synthesised turns: the first search (``{goal}``, ``{query}``), a search after
+    a miss (``{query}``) and the answer grounded in the evidence sentence (``{title}``, ``{sentence}``, ``{answer}``)."""
+
+    first_search: str
+    next_search: str
+    answer: str
+
+
+#: The turns per dialect. Search-R1 reasons in ``<think>``; QAgent ("QAgent: A modular Search Agent with Interactive
+#: Query Understanding", arXiv 2510.08383, Table 5) plans in ``<plan>`` before every search, puts each query in
+#: ``<query>`` tags and reflects in ``<reflection>`` right after every ``<information>`` (the format its stage-1
+#: reward checks, `agent.rewards.qagent_format`). One query per search: the phrasings are tried one at a time.
+VOICES: dict[str, Voice] = {
+    "search_r1": Voice(
+        first_search="<think> I need to find {goal}. </think>\n<search> {query} </search>",
+        next_search="<think> The results do not answer the question. I will search with other words. </think>\n"
+                    "<search> {query} </search>",
+        answer="<think> The passage about {title} says: {sentence} </think>\n<answer> {answer} </answer>"),
+    "qagent": Voice(
+        first_search="<plan> I need to find {goal}. </plan>\n<search>\n<query>{query}</query>\n</search>",
+        next_search="<reflection> The results do not answer the question. </reflection>\n"
+                    "<plan> I will search with other words. </plan>\n<search>\n<query>{query}</query>\n</search>",
+        answer="<reflection> The passage about {title} says: {sentence} </reflection>\n<answer> {answer} </answer>"),
+}
+
+
 @dataclass
 class _Builder:
     """Renders trajectories in the dialect's exact text, with the environment's observation cut."""
@@ -108,7 +138,11 @@ class _Builder:
     config: SynthesisConfig
 
     def __post_init__(self):
+        if self.config.dialect not in VOICES:
+            raise ValueError(f"warm-start trajectories are written for the dialects {', '.join(sorted(VOICES))}; "
+                             f"got {self.config.dialect!r} (its agent does not search and answer)")
         self.dialect = get_dialect(self.config.dialect)
+        self.voice = VOICES[self.config.dialect]
 
     def prompt(self, question: str) -> str:
         return render_chat_prompt(self.tokenizer, self.dialect.build_prompt(question))
@@ -123,12 +157,10 @@ class _Builder:
         goal = row.question.strip().rstrip("?").lower()
         segments: list[tuple[str, bool]] = []
         for turn, (query, hits) in enumerate(searches):
-            thought = (f"I need to find {goal}." if turn == 0 else
-                       "The results do not answer the question. I will search with other words.")
-            segments.append((f"<think> {thought} </think>\n<search> {query} </search>", True))
+            template = self.voice.first_search if turn == 0 else self.voice.next_search
+            segments.append((template.format(goal=goal, query=query), True))
             segments.append((self.observation(hits), False))
-        segments.append((f"<think> The passage about {title} says: {sentence} </think>\n<answer> {answer} </answer>",
-                         True))
+        segments.append((self.voice.answer.format(title=title, sentence=sentence, answer=answer), True))
         queries = [q for q, _ in searches]
         return SFTExample(id=f"{row.id}:{kind}:{'|'.join(queries)}", prompt=self.prompt(row.question),
                           segments=segments, meta={"question_id": row.id, "kind": kind, "queries": queries,

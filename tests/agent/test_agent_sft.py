@@ -87,6 +87,27 @@ def test_a_missing_phrasing_followed_by_a_finding_one_becomes_a_two_search_chain
     assert counts["examples_single"] == 1 and counts["examples_retry"] == 2
 
 
+def test_qagent_trajectories_plan_before_every_search_and_reflect_after_every_observation(tokenizer):
+    from agent.dialects import QAgentDialect
+    from agent.rewards.qagent import stage1_reward
+    from agent.rewards.qagent_format import check_format
+
+    client = TableClient({"Islamabad capital Pakistan": [EVIDENCE]})
+    config = SynthesisConfig(dialect="qagent", topk=1)
+    examples, _ = synthesize_sft_examples([ROW], client, tokenizer, config)
+    dialect = QAgentDialect()
+    assert len(examples) == 3 and all("<plan>" in e.prompt for e in examples)
+    for example in examples:  # the single search and both miss-then-find chains
+        first = example.segments[0][0]
+        assert first.startswith("<plan> I need to find what is the capital of pakistan. </plan>")
+        assert dialect.parse_action(first).queries == (example.meta["queries"][0],)
+        assert check_format(example.response).valid, check_format(example.response)
+        assert stage1_reward(example.response, ROW.golden_answers) == 1.0
+        assert example.segments[1][0] == dialect.format_observation([client.retrieve([example.meta["queries"][0]], 1)[0]])
+    with pytest.raises(ValueError, match="written for the dialects qagent, search_r1; got 's3'"):
+        synthesize_sft_examples([ROW], client, tokenizer, SynthesisConfig(dialect="s3"))
+
+
 def test_observations_are_cut_to_the_environments_token_budget(tokenizer):
     long = ScoredPassage("7", "Islamabad", "Islamabad is the capital of Pakistan. " + "word " * 400, 0.9)
     config = SynthesisConfig(observation_max_tokens=40, retry_chains=False)
