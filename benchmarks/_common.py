@@ -11,6 +11,7 @@ import os
 import platform
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -174,3 +175,22 @@ def fmt_bytes(count: float) -> str:
             return f"{sign}{count:.1f} {unit}" if unit != "B" else f"{sign}{count:.0f} B"
         count /= 1024
     return f"{sign}{count:.1f} GiB"
+
+
+# --------------------------------------------------------------------------------------------- worker processes
+
+def start_worker(script: str, name: str, args: dict, threads: int, log: Path) -> subprocess.Popen:
+    """Run ``script --worker NAME ARGS_JSON`` in its own process with `threads` torch/OpenMP threads (runs that
+    must not share a process, or that run side by side), stderr to `log`; `finish_worker` reads its result."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    with open(log, "w") as stderr:
+        return subprocess.Popen([sys.executable, script, "--worker", name, json.dumps(args)], cwd=REPO_ROOT, env=env,
+                                stdout=subprocess.PIPE, stderr=stderr, text=True)
+
+
+def finish_worker(proc: subprocess.Popen, name: str, log: Path) -> dict:
+    """Wait for a `start_worker` process and return the JSON it printed last; RuntimeError naming its log."""
+    stdout, _ = proc.communicate()
+    if proc.returncode:
+        raise RuntimeError(f"run {name} failed (exit {proc.returncode}): see {log}")
+    return json.loads(stdout.strip().splitlines()[-1])

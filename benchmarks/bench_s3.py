@@ -40,13 +40,12 @@ import json
 import os
 import random
 import shutil
-import subprocess
 import sys
 import time
 from collections import Counter
 from pathlib import Path
 
-from _common import REPO_ROOT, base_parser, describe_device, device_line, write_json
+from _common import REPO_ROOT, base_parser, describe_device, device_line, finish_worker, start_worker, write_json
 
 DATA = REPO_ROOT / "runs" / "quickstart" / "data"
 RUNS = ("gbr", "shuffled-gold")
@@ -114,7 +113,7 @@ def _worker(name: str, args: dict) -> dict:
     import torch
 
     from agent.dialects.s3 import parse_turn
-    from agent.qa_data import QARow, read_qa_rows
+    from agent.qa_data import QARow
     from agent.rewards.generation import FirstDocumentsReader
     from agent.rl import RLConfig, RLTrainer
     from agentic_retriever.client import RetrievalConfig, open_client
@@ -154,13 +153,6 @@ def _worker(name: str, args: dict) -> dict:
     after = evaluate()
     return {"before": before, "after": after, "history": trainer.state.history,
             "question_filters": trainer.question_filters, "train_questions": len(trainer.rows)}
-
-
-def _spawn(name: str, args: dict) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": str(args["threads"])}
-    log = open(Path(args["out"]).with_suffix(".log"), "w")
-    return subprocess.Popen([sys.executable, __file__, "--worker", name, json.dumps(args)], cwd=REPO_ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=log, text=True)
 
 
 def main() -> None:
@@ -215,13 +207,9 @@ def main() -> None:
     work = Path(args.work)
     for name in args.runs:
         shutil.rmtree(work / name, ignore_errors=True)
-    procs = {name: _spawn(name, {**common, "out": str(work / name)}) for name in args.runs}
-    results = {}
-    for name, proc in procs.items():
-        stdout, _ = proc.communicate()
-        if proc.returncode:
-            raise RuntimeError(f"run {name} failed: see {work / name}.log")
-        results[name] = json.loads(stdout.strip().splitlines()[-1])
+    procs = {name: start_worker(__file__, name, {**common, "out": str(work / name)}, threads, work / f"{name}.log")
+             for name in args.runs}
+    results = {name: finish_worker(proc, name, work / f"{name}.log") for name, proc in procs.items()}
     Path(args.figures).mkdir(parents=True, exist_ok=True)
     for name, result in results.items():
         shutil.copy(work / name / "training_curves.png", Path(args.figures) / f"s3_{name}_curves.png")

@@ -1,0 +1,175 @@
+"""QAgent: proof that the two-stage trainer learns, on the default stack.
+
+"QAgent: A modular Search Agent with Interactive Query Understanding" (arXiv 2510.08383) trains its agent end to
+end with Eq. 7 (1{format} x strict EM; stage 1), then with Eq. 10 (contains-EM of a frozen generator's answer from
+every retrieved passage + 0.5 x Hit; stage 2). The embedded 135M model prompted with Table 5 never writes the
+format (reported below as the untrained model's stage-1 reward and valid-format rate on the held-out questions), so
+both runs start from a QAgent-format warm start: ``agent sft --synthesis.dialect qagent --synthesis.topk 1`` (plans
+before every search, one ``<query>`` per search, a reflection after every observation, an answer read from the
+evidence sentence; train leaves, the mining questions held out).
+
+* ``two-stage``: `configs/qagent_quickstart.yaml` (GRPO, 4 questions x 4 samples, top-1 per query, the embedded
+  SmolLM2-135M loaded separately as the frozen generator), ``--steps`` steps with the switch to stage 2 after
+  ``--stage1-steps``; trained on the 25 train leaves the warm start held out;
+* ``constant-reward`` (control): the same, with a constant reward (GRPO advantages 0: only the KL and entropy terms
+  move the policy).
+
+Held-out evaluation, before and after each run, on the dev leaves whose answer is in their evidence passage (never
+trained on): the same seeded samples scored by BOTH stages' rewards (mean Eq. 7, mean Eq. 10) with the valid-format
+rate, strict EM, Hit and the generator's contains-EM; the training curves are copied to
+``benchmarks/figures/qagent_<run>_curves.png``. The two runs go side by side, one torch thread each.
+
+    python benchmarks/bench_qagent.py                  # about an hour on 2 CPU cores
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from _common import REPO_ROOT, base_parser, describe_device, device_line, finish_worker, start_worker, write_json
+
+DATA = REPO_ROOT / "runs" / "quickstart" / "data"
+RUNS = ("two-stage", "constant-reward")
+
+
+def warm_start(args) -> str:
+    """The QAgent-format warm start of `configs/quickstart.yaml`'s ``agent_sft`` section (cached by its inputs)."""
+    from agent.sft import WarmStartConfig, warm_start_agent
+    from agentic_retriever.config import build_config
+
+    config = build_config(WarmStartConfig, "agent_sft", None, args.sft_config)
+    config.synthesis.dialect, config.synthesis.topk = "qagent", 1
+    config.retrieval.index = args.index
+    return str(warm_start_agent(config))
+
+
+def _evaluate(trainer, rewards, rows, samples: int, seed: int) -> dict:
+    """Both stages' rewards (`rewards`: the two-stage config's, whatever the run trains on) and the diagnostics on
+    the same seeded rollouts of `rows` (no training)."""
+    import dataclasses
+
+    from agent.env import rollout
+
+    env = dataclasses.replace(trainer.config.env, seed=seed)
+    repeated = [row for row in rows for _ in range(samples)]
+    trainer.policy.eval()
+    results = rollout([row.question for row in repeated], trainer.llm, trainer.client, env)
+    trainer.policy.train()
+    out = {}
+    for name, reward in (("stage1", rewards.reward), ("stage2", rewards.stage2)):
+        scored = reward.score(results, repeated)
+        out[name] = sum(scored.scores) / len(scored.scores)
+        for key in scored.components[0]:
+            out[f"{name}_{key}"] = sum(parts[key] for parts in scored.components) / len(scored.components)
+    parts = [trainer.components(result, row) for result, row in zip(results, repeated)]
+    for key in parts[0]:
+        out[key] = sum(p[key] for p in parts) / len(parts)
+    out["searches"] = sum(result.num_searches for result in results) / len(results)
+    return out
+
+
+def _worker(name: str, args: dict) -> dict:
+    """One run: evaluate, train ``args["steps"]`` steps (none for "untrained"), evaluate again."""
+    import torch
+
+    from agent.qa_data import read_qa_rows
+    from agent.rl import RLConfig, RLTrainer
+    from agent.rl.batch_reward import prepare_reward
+    from agentic_retriever.client import RetrievalConfig, open_client
+    from agentic_retriever.config import build_config
+
+    torch.set_num_threads(args["threads"])
+    config = build_config(RLConfig, "agent_train", None, args["config"])
+    config.agent.model = args["model"]
+    config.out, config.steps, config.progress, config.report_to = args["out"], max(1, args["steps"]), False, ["none"]
+    config.save_steps = config.steps
+    config.env.max_new_tokens_per_turn = args["max_new_tokens_per_turn"]
+    config.stage2.after_step = args["stage1_steps"]
+    client = open_client(RetrievalConfig(index=args["index"]))
+    heldout = read_qa_rows(args["heldout"])
+    rewards = prepare_reward(config, client, heldout)  # the evaluation's: Eq. 7 and Eq. 10
+    if name == "constant-reward":
+        config.reward, config.reward_options = "constant", {}
+        config.stage2.reward, config.stage2.after_step = "", None
+    trainer = RLTrainer(config, client, read_qa_rows(args["train"]))
+    result = {"before": _evaluate(trainer, rewards, heldout, args["eval_samples"], args["eval_seed"])}
+    if args["steps"]:
+        trainer.train()
+        result["after"] = _evaluate(trainer, rewards, heldout, args["eval_samples"], args["eval_seed"])
+        result["history"] = trainer.state.history
+    return result
+
+
+def _common_args(args, model: str, threads: int, steps: int) -> dict:
+    return {"config": args.config, "model": model, "index": args.index, "train": args.train, "heldout": args.heldout,
+            "steps": steps, "stage1_steps": args.stage1_steps, "max_new_tokens_per_turn": args.max_new_tokens_per_turn,
+            "eval_samples": args.eval_samples, "eval_seed": args.eval_seed, "threads": threads}
+
+
+def main() -> None:
+    import json
+
+    if len(sys.argv) == 4 and sys.argv[1] == "--worker":
+        print(json.dumps(_worker(sys.argv[2], json.loads(sys.argv[3]))))
+        return
+    parser = base_parser(__doc__)
+    parser.add_argument("--config", default="configs/qagent_quickstart.yaml")
+    parser.add_argument("--sft-config", default="configs/quickstart.yaml", help="config of the warm start")
+    parser.add_argument("--index", default="runs/quickstart/index/minilm-flat")
+    parser.add_argument("--train", default=str(DATA / "fanoutqa_leaf_train_mining.jsonl"),
+                        help="RL questions (default: the train leaves the warm start held out)")
+    parser.add_argument("--heldout", default=str(DATA / "fanoutqa_leaf_dev_answerable.jsonl"),
+                        help="held-out questions (evaluation only)")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--stage1-steps", type=int, default=4, help="steps of stage 1 before the switch")
+    parser.add_argument("--max-new-tokens-per-turn", type=int, default=128,
+                        help="the warm start's reflection quotes a sentence: 64 tokens cut some answers off")
+    parser.add_argument("--eval-samples", type=int, default=4)
+    parser.add_argument("--eval-seed", type=int, default=12345)
+    parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
+    parser.add_argument("--work", default=str(REPO_ROOT / "runs" / "quickstart" / "bench_qagent"))
+    parser.add_argument("--figures", default=str(REPO_ROOT / "benchmarks" / "figures"))
+    args = parser.parse_args()
+
+    print(device_line(device := describe_device()))
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    threads = max(1, (os.cpu_count() or 1) // len(args.runs))
+    started = time.perf_counter()
+    model = warm_start(args)
+    print(f"warm start: {model} ({time.perf_counter() - started:.0f} s)")
+    log = work / "untrained.log"
+    untrained = finish_worker(start_worker(__file__, "untrained", _common_args(args, "default", os.cpu_count() or 1, 0)
+                                           | {"out": str(work / "untrained")}, os.cpu_count() or 1, log),
+                              "untrained", log)["before"]
+    print(f"untrained 135M under Table 5 (held-out): stage-1 reward {untrained['stage1']:.3f}, valid format "
+          f"{untrained['valid_format']:.3f}, stage-2 reward {untrained['stage2']:.3f}, hit {untrained['hit']:.3f}")
+
+    started = time.perf_counter()
+    for name in args.runs:
+        shutil.rmtree(work / name, ignore_errors=True)
+    procs = {name: start_worker(__file__, name, _common_args(args, model, threads, args.steps)
+                                | {"out": str(work / name)}, threads, work / f"{name}.log") for name in args.runs}
+    results = {name: finish_worker(proc, name, work / f"{name}.log") for name, proc in procs.items()}
+    Path(args.figures).mkdir(parents=True, exist_ok=True)
+    for name, result in results.items():
+        shutil.copy(work / name / "training_curves.png", Path(args.figures) / f"qagent_{name}_curves.png")
+        before, after = result["before"], result["after"]
+        for stage in ("stage1", "stage2"):
+            print(f"ratio {name} held-out {stage} reward after / before {after[stage] / max(before[stage], 1e-9):.2f}x "
+                  f"({before[stage]:.3f} -> {after[stage]:.3f})")
+        print("  " + ", ".join(f"{k} {before[k]:.3f} -> {after[k]:.3f}"
+                               for k in ("valid_format", "em", "hit", "stage2_submodule_contains_em", "searches")
+                               if k in before))
+        rewards = " ".join(f"{h['reward']:.2f}(s{h.get('reward_stage', 1)})" for h in result["history"])
+        print(f"  training reward by step: {rewards}")
+    print(f"both runs: {time.perf_counter() - started:.0f} s, {threads} torch thread(s) each")
+    write_json(args.json, "qagent", args, device, {"untrained": untrained, **results})
+
+
+if __name__ == "__main__":
+    main()
