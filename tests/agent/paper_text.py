@@ -8,6 +8,7 @@ from pathlib import Path
 PAPERS = Path(__file__).resolve().parents[3] / "shared" / "papers"
 S3_PAPER = PAPERS / "s3.txt"
 QAGENT_PAPER = PAPERS / "qagent.txt"
+WHEN_TO_SEARCH_PAPER = PAPERS / "when_to_search_multistage_reward.txt"
 
 
 def figure_text(paper: str, figure: int, box_title: str) -> str:
@@ -23,3 +24,11 @@ def table_text(paper: str, table: int, first_words: str) -> str:
     assert paper.count(first_words) == 1
     start = paper.index(first_words)
     return paper[start:paper.index(f"\nTable {table}:", start)]
+
+
+def span_text(paper: str, first_words: str, last_words: str) -> str:
+    """The text from `first_words` to the end of `last_words` (each must occur once), for a prompt box whose text is
+    followed by no caption of its own."""
+    assert paper.count(first_words) == 1 and paper.count(last_words) == 1
+    start = paper.index(first_words)
+    return paper[start:paper.index(last_words, start) + len(last_words)]
