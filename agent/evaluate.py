@@ -2,12 +2,20 @@
 
 * ``em``, ``f1``, ``contains_em``: `agentic_retriever.eval.qa`, recomputed from each trajectory's answer and
   golden answers, averaged over trajectories;
-* ``avg_searches``: searches whose passages the agent saw, per trajectory;
+* ``avg_searches``: searches whose passages the agent saw, per trajectory (the retrievals per question, RC of
+  "Learning When to Search: Multi-Stage Reward Design for Efficient Agentic RAG with Reasoning Language Models");
+* ``answered_without_search``: share of trajectories that finished with an answer and saw no search (any dialect;
+  the share of questions the agent answered from its own knowledge);
 * ``valid_format_rate``: share of trajectories that finished with an answer and had no invalid action
   (the environment's view of validity; the stricter tag state machine of the format reward is a reward);
 * ``evidence_recall`` (when QA rows with ``supporting_titles`` are given): per trajectory, the share of its
   supporting titles among the titles retrieved anywhere in it, averaged over the trajectories that have any;
 * ``finish_reasons``: count per finish reason.
+
+With a judge and no generator (`evaluate_judged`; ``eval agent --judge.model M``), the agent's own answers are
+judged as "Learning when to search" does (section 4.1, LLM as a Judge; `agent.rewards.answer_judge`, Appendix
+B.4's YES/NO prompt, exact matches accepted without asking): ``judge_acc`` next to ``em``, and ``judge`` (the
+judge's fingerprint, calls and malformed verdicts).
 
 With a frozen generator (`evaluate_generation`; ``eval agent --generator.model M``), the report adds s3's answer
 metrics ("s3: You Don't Need That Much Data to Train a Search Agent via RL", arXiv 2505.14146, section 3.2 Eq. 1
@@ -58,13 +66,14 @@ from agentic_retriever.llm.base import LLM
 
 from .naive_rag import NaiveRagCache, retriever_identity
 from .qa_data import QARow, as_qa_rows
+from .rewards.answer_judge import judge_answers
 from .rewards.gbr import gain_beyond_rag, gain_beyond_rag_paper
 from .rewards.generation import generate_answers, generation_accuracy
 from .rewards.qagent import QAGENT_GENERATOR
 from .trajectory import Trajectory, Turn, read_trajectories
 
-__all__ = ["AgentEvalConfig", "GeneratorProtocol", "evaluate_agent", "evaluate_generation", "evaluate_submodule",
-           "evaluate_trajectories", "generator_protocol", "trajectory_documents"]
+__all__ = ["AgentEvalConfig", "GeneratorProtocol", "evaluate_agent", "evaluate_generation", "evaluate_judged",
+           "evaluate_submodule", "evaluate_trajectories", "generator_protocol", "trajectory_documents"]
 
 GeneratorProtocol = Literal["auto", "s3", "qagent"]
 
@@ -80,7 +89,8 @@ class AgentEvalConfig:
     generator: LLMConfig = field(default_factory=functools.partial(LLMConfig, model=""), metadata={
         "help": "frozen generator for gen_acc, naive_rag_gen_acc and gbr (model empty: off)"})
     judge: LLMConfig = field(default_factory=functools.partial(LLMConfig, model=""), metadata={
-        "help": "judge LLM of Generation Accuracy (model empty: span check only)"})
+        "help": "judge LLM of Generation Accuracy (model empty: span check only); without a generator, the judge "
+                "of the agent's own answers (judge_acc)"})
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
     naive_rag_topk: int = field(default=3, metadata={"help": "passages of the naive-RAG baseline (with a generator)"})
     cache: str = field(default="", metadata={"help": "folder of the naive-RAG accuracy cache",
@@ -114,6 +124,8 @@ def _answer_report(trajectories: list[Trajectory],
         "f1": sum(s.f1 for s in scores) / n,
         "contains_em": sum(s.contains_em for s in scores) / n,
         "avg_searches": sum(t.num_searches for t in trajectories) / n,
+        "answered_without_search": sum(t.finish_reason == "answer" and t.num_searches == 0
+                                       for t in trajectories) / n,
         "valid_format_rate": sum(t.finish_reason == "answer" and all(x.action != "invalid" for x in t.turns)
                                  for t in trajectories) / n,
         "finish_reasons": dict(Counter(t.finish_reason for t in trajectories)),
@@ -208,6 +220,24 @@ def evaluate_generation(path: str | os.PathLike, generator: LLM, judge: LLM | No
     return report
 
 
+def evaluate_judged(path: str | os.PathLike, judge: LLM,
+                    qa_rows: Sequence[QARow | dict[str, Any]] | str | os.PathLike | None = None,
+                    batch_size: int = 64) -> dict[str, Any]:
+    """`evaluate_trajectories` plus ``judge_acc``: `judge` decides whether each trajectory's own answer is correct
+    (`agent.rewards.answer_judge.judge_answers`, `batch_size` answers per call; see the module docstring)."""
+    trajectories = _read(path)
+    report = _answer_report(trajectories, qa_rows)
+    correct, calls, malformed = [], 0, 0
+    for start in range(0, len(trajectories), batch_size):
+        batch = trajectories[start:start + batch_size]
+        verdicts = judge_answers([t.answer for t in batch], [t.golden_answers for t in batch], judge)
+        correct += verdicts.correct
+        calls, malformed = calls + sum(verdicts.asked), malformed + verdicts.judge_malformed
+    report.update({"judge_acc": sum(correct) / len(trajectories),
+                   "judge": {"judge": llm_fingerprint(judge), "judge_calls": calls, "judge_malformed": malformed}})
+    return report
+
+
 def evaluate_submodule(path: str | os.PathLike, generator: LLM,
                        qa_rows: Sequence[QARow | dict[str, Any]] | str | os.PathLike | None = None,
                        batch_size: int = 64) -> dict[str, Any]:
@@ -241,15 +271,16 @@ def generator_protocol(setting: GeneratorProtocol, path: str | os.PathLike) -> s
 
 
 def evaluate_agent(config: AgentEvalConfig) -> dict[str, Any]:
-    """`agentic-retriever eval agent`: `evaluate_trajectories`, or with ``generator.model`` set, load the generator
-    and, for the s3 protocol (`generator_protocol`), the judge when ``judge.model`` is set, open ``retrieval`` and
-    run `evaluate_generation`; for the qagent protocol run `evaluate_submodule` (no retriever, no judge)."""
+    """`agentic-retriever eval agent`: `evaluate_trajectories`; with ``judge.model`` alone `evaluate_judged` (the
+    judge reads the agent's own answers); with ``generator.model`` set, load the generator and, for the s3 protocol
+    (`generator_protocol`), the judge when ``judge.model`` is set, open ``retrieval`` and run
+    `evaluate_generation`; for the qagent protocol run `evaluate_submodule` (no retriever, no judge)."""
+    from agentic_retriever.llm import load_llm
+
     if not config.generator.model:
         if config.judge.model:
-            raise ValueError("eval agent: judge.model is set but generator.model is not (the judge checks the "
-                             "generator's answers)")
+            return evaluate_judged(config.trajectories, load_llm(config.judge), config.qa or None)
         return evaluate_trajectories(config.trajectories, config.qa or None)
-    from agentic_retriever.llm import load_llm
 
     if generator_protocol(config.generator_protocol, config.trajectories) == "qagent":
         if config.judge.model:

@@ -83,6 +83,12 @@ class LocalRetrievalClient:
                                        [list(h) if h is not None else None for h in histories]
                                        if histories is not None else None)
 
+    @property
+    def encoder(self):
+        """The index's query encoder (`agentic_retriever.encoder.Encoder`), None for an index without one (BM25):
+        for rewards that embed the agent's queries the way the retriever does."""
+        return getattr(self.index, "encoder", None)
+
     def identity(self) -> dict:
         """What decides this client's results, for cache keys: the index's content (its manifest), not its path."""
         from .fingerprint import index_identity

@@ -92,7 +92,8 @@ def test_cli_rolls_out_evaluates_and_mines_with_a_tiny_agent(tmp_path, corpus_fi
 
 SHIPPED_CONFIGS = ["configs/quickstart.yaml", "configs/agentic_r.yaml", "configs/search_r1_ppo.yaml",
                    "configs/search_r1_grpo.yaml", "configs/search_r1_quickstart.yaml", "configs/s3_ppo.yaml",
-                   "configs/s3_quickstart.yaml", "configs/qagent_grpo.yaml", "configs/qagent_quickstart.yaml"]
+                   "configs/s3_quickstart.yaml", "configs/qagent_grpo.yaml", "configs/qagent_quickstart.yaml",
+                   "configs/when_to_search_dapo.yaml", "configs/when_to_search_quickstart.yaml"]
 
 
 @pytest.mark.parametrize("config_file", SHIPPED_CONFIGS)

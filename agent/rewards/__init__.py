@@ -20,11 +20,17 @@ Interleaved LLM Agents", arXiv 2505.15117; docs/rl.md, "Rewards"):
 ``qagent_valid_format``        QAgent's r_fmt: plan before every search, reflection after every information (1 / 0)
 ``qagent_hit``                 QAgent's Hit: a golden answer in the response text (1 / 0)
 ``qagent_stage1``              QAgent's stage 1 (Eq. 7): r_fmt x strict EM (1 / 0)
+``when_to_search_format``      "Learning when to search"'s r_f (Eq. 6): the reflect dialect's shapes (1 / -1)
 =============================  ===================================================================
 
 QAgent ("QAgent: A modular Search Agent with Interactive Query Understanding", arXiv 2510.08383, Eqs. 7 and 10;
 `agent.rewards.qagent`): stage 2 (``qagent_stage2``) reads a frozen generator's answer too, so it lives in
 `agent.rewards.qagent.SUBMODULE_REWARDS`, like s3's gains in `agent.rewards.gbr.GAINS`.
+
+"Learning When to Search: Multi-Stage Reward Design for Efficient Agentic RAG with Reasoning Language Models"
+(Eqs. 6-12; `agent.rewards.when_to_search`): its stage rewards (``when_to_search_stage1``,
+``when_to_search_stage2``) read an LLM judge's verdict and the query embeddings, so they live in
+`agent.rewards.when_to_search.WHEN_TO_SEARCH_REWARDS`.
 
     from agent.rewards import get_reward
     get_reward("search_r1_retrieval", lambda_f=0.4)(trajectory, trajectory.golden_answers)
@@ -53,9 +59,11 @@ from .sequence import (
     is_valid_sequence,
     valid_format_reward,
 )
+from .when_to_search import format_reward as when_to_search_format_reward
 
 __all__ = ["QWEN_ASSISTANT_MARKER", "REWARDS", "FormatCheck", "Response", "SearchR1Judgement", "SequenceCheck",
            "check_format", "constant_reward", "em_reward", "hit_reward", "stage1_reward",
            "extract_answer", "format_reward", "format_reward_paper", "get_reward", "gold_in_information",
            "information_blocks", "is_valid_sequence", "judge", "register", "response_text", "retrieval_hit_reward",
-           "retrieval_reward", "retrieval_reward_paper", "reward_options", "shaped_reward", "valid_format_reward"]
+           "retrieval_reward", "retrieval_reward_paper", "reward_options", "shaped_reward", "valid_format_reward",
+           "when_to_search_format_reward"]

@@ -21,7 +21,9 @@ QAgent's stage 1 (``qagent_stage1``), its format rule and Hit are here; its stag
 "QAgent: A modular Search Agent with Interactive Query Understanding", arXiv 2510.08383) is not, nor are s3's
 gains: they score a frozen generator's answer from the rollout's retrieved documents, and verl's reward manager
 hands a reward the decoded response and the ground truth only (no generator, no documents). Run them in the
-embedded trainer (`agent.rl.batch_reward`; docs/rl.md, "QAgent").
+embedded trainer (`agent.rl.batch_reward`; docs/rl.md, "QAgent"). Likewise "Learning when to search"'s
+format term (Eq. 6) is here as ``when_to_search_format``, its stage rewards (Eqs. 10-12) are not: they read an
+LLM judge's verdict and the query embeddings of an encoder (docs/rl.md, "Learning when to search").
 
 verl loads this file by path as a stand-alone module, so it imports the package absolutely (``agent`` must be
 installed, e.g. ``pip install -e .``).
@@ -37,7 +39,7 @@ from agentic_retriever.eval.qa import golden_strings
 
 __all__ = ["compute_score", "golden_answers_from_ground_truth", "search_r1_em", "search_r1_format",
            "qagent_hit", "qagent_stage1", "qagent_valid_format", "search_r1_format_paper", "search_r1_retrieval",
-           "search_r1_retrieval_hit", "search_r1_retrieval_paper", "search_r1_valid_format"]
+           "search_r1_retrieval_hit", "search_r1_retrieval_paper", "search_r1_valid_format", "when_to_search_format"]
 
 DEFAULT_REWARD = "search_r1_em"
 
@@ -93,3 +95,4 @@ constant = _named("constant")
 qagent_valid_format = _named("qagent_valid_format")
 qagent_hit = _named("qagent_hit")
 qagent_stage1 = _named("qagent_stage1")
+when_to_search_format = _named("when_to_search_format")

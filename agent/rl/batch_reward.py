@@ -23,6 +23,12 @@ on our generator, judge or the rollout's selected documents) and lives in its ow
   `agent.rewards.qagent`):
   the generator answers every rollout's question in ONE batched call with QAgent's prompt.
 
+* `WhenToSearchReward` is the multi-stage reward of "Learning When to Search: Multi-Stage Reward Design for
+  Efficient Agentic RAG with Reasoning Language Models" (section 3.3, Eqs. 6-12; `agent.rewards.when_to_search`):
+  the answers of all rollouts go to the LLM judge in ONE batched call (exact match without a judge:
+  `agent.rewards.answer_judge`) and the queries of every rollout with more than one retrieval to the query
+  encoder in ONE call (by default the retriever's own encoder, `RLConfig.search_encoder`).
+
 With ``stage2.reward`` set, `prepare_reward` builds one `BatchReward` per stage (the generator loaded once and
 shared) and the trainer picks the step's by `agent.rl.reward_schedule.RewardSchedule`.
 
@@ -38,22 +44,28 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
 
+import numpy as np
+
 from agentic_retriever.client import RetrievalClient
+from agentic_retriever.encoder import Encoder
 from agentic_retriever.eval.qa import contains_match
 from agentic_retriever.fingerprint import llm_fingerprint
 from agentic_retriever.llm import LLM, load_llm
 
+from ..dialects.reflect import search_queries
 from ..env import Rollout
 from ..naive_rag import NaiveRagCache, retriever_identity, training_filter_counts, training_rows
 from ..qa_data import QARow
 from ..rewards import get_reward
+from ..rewards.answer_judge import judge_answers
 from ..rewards.gbr import GAINS, gain_beyond_rag_paper, get_gain
 from ..rewards.generation import GeneratorPrompt, generate_answers, generation_accuracy
 from ..rewards.qagent import QAGENT_GENERATOR, SUBMODULE_REWARDS, get_submodule_reward
+from ..rewards.when_to_search import WHEN_TO_SEARCH_REWARDS, get_when_to_search_reward
 from .config import RLConfig
 
-__all__ = ["BatchReward", "BatchScores", "GainBeyondRagReward", "PreparedReward", "ResponseReward", "SubmoduleReward",
-           "prepare_reward"]
+__all__ = ["BatchReward", "BatchScores", "GainBeyondRagReward", "PreparedReward", "QueryEncoder", "ResponseReward",
+           "SubmoduleReward", "WhenToSearchReward", "prepare_reward", "query_encoder"]
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +177,73 @@ class SubmoduleReward:
         return BatchScores(scores, components)
 
 
+class QueryEncoder(Protocol):
+    """What `WhenToSearchReward` embeds queries with (`agentic_retriever.encoder.Encoder`)."""
+
+    def encode_queries(self, queries: Sequence[str]) -> np.ndarray: ...
+
+
+class WhenToSearchReward:
+    """The multi-stage reward of "Learning When to Search" (section 3.3, Eq. 12) over a batch of reflect rollouts.
+
+    Correctness: `judge` (Appendix B.4's YES/NO prompt; None: exact match) reads every rollout's answer in ONE call
+    (`agent.rewards.answer_judge.judge_answers`). The queries of every rollout with RC > 1 (its ``<search>``
+    blocks, `agent.dialects.reflect.search_queries`) are embedded by `encoder` in ONE call for r_search's
+    avg_sim. The score is ``reward(correct, rollout, embeddings).total`` (`agent.rewards.when_to_search`).
+
+    Components: the three terms ``r_answer``, ``r_search``, ``r_format``, ``answer_correct``, and
+    ``correct_by_judge`` (1 when the judge decided correctness, 0 when exact match did: the run's metrics name the
+    method); with a judge also ``judge_asked`` and ``judge_malformed`` (per rollout, 1 or 0).
+
+        reward = WhenToSearchReward(get_when_to_search_reward("when_to_search_stage1"), encoder, judge=None)
+        scores, components = reward.score(rollouts, rows)
+    """
+
+    def __init__(self, reward: Callable[..., object], encoder: QueryEncoder, judge: LLM | None):
+        self.reward, self.encoder, self.judge = reward, encoder, judge
+
+    def score(self, results: Sequence[Rollout], rows: Sequence[QARow]) -> BatchScores:
+        if len(results) != len(rows):
+            raise ValueError(f"rows must be parallel to the rollouts: got {len(rows)} for {len(results)}")
+        if not results:
+            return BatchScores([], [])
+        verdicts = judge_answers([result.answer for result in results], [list(row.golden_answers) for row in rows],
+                                 self.judge)
+        queries = [search_queries(result.response_text) if result.num_searches > 1 else [] for result in results]
+        flat = [query for listed in queries for query in listed]
+        embedded = np.asarray(self.encoder.encode_queries(flat)) if flat else None
+        scores, components, start = [], [], 0
+        for index, (result, listed) in enumerate(zip(results, queries)):
+            embeddings = embedded[start:start + len(listed)] if listed else None
+            start += len(listed)
+            terms = self.reward(verdicts.correct[index], result, embeddings)
+            scores.append(float(terms.total))
+            parts = {"r_answer": terms.answer, "r_search": terms.search, "r_format": terms.format,
+                     "answer_correct": float(verdicts.correct[index]),
+                     "correct_by_judge": float(verdicts.method == "judge")}
+            if self.judge is not None:
+                parts["judge_asked"] = float(verdicts.asked[index])
+            components.append(parts)
+        if self.judge is not None and verdicts.judge_malformed:
+            log.warning("the judge gave %d malformed verdicts out of %d (counted as wrong)", verdicts.judge_malformed,
+                        sum(verdicts.asked))
+        return BatchScores(scores, components)
+
+
+def query_encoder(config: RLConfig, client: RetrievalClient) -> QueryEncoder:
+    """The encoder of r_search's query embeddings: ``config.search_encoder`` when it names a model, else the
+    encoder of the retriever in use (an index folder opened in this process; `LocalRetrievalClient.encoder`)."""
+    if config.search_encoder.model:
+        return Encoder(config.search_encoder)
+    encoder = getattr(client, "encoder", None)
+    if encoder is None:
+        raise ValueError(f"the when-to-search reward embeds the search queries with the retriever's encoder, but "
+                         f"the retriever in use ({type(client).__name__}: a retrieval service or an index without "
+                         "an encoder, e.g. BM25) has none this process can call: set search_encoder.model "
+                         "(--search_encoder.model; the paper: Qwen/Qwen3-Embedding-0.6B)")
+    return encoder
+
+
 class PreparedReward(NamedTuple):
     """What `prepare_reward` hands the trainer: the reward (of stage 1 when there are two), the questions to train
     on, for rewards that filter them the counts (``questions``, ``dropped_yes_no``, ``dropped_naive_rag_solved``,
@@ -186,7 +265,9 @@ def prepare_reward(config: RLConfig, client: RetrievalClient, rows: Sequence[QAR
     share it. A gain also loads the judge, opens the naive-RAG cache (keyed by the retriever's, generator's and
     judge's content identities; the retrieval client must have an ``identity()``, as index folders and services
     do) and runs the question filters (`agent.naive_rag.training_rows`), logging what each dropped; filters that
-    leave no question raise ValueError with the counts.
+    leave no question raise ValueError with the counts. A when-to-search reward (`RLConfig.uses_query_encoder`)
+    gets the query encoder (`query_encoder`) and the judge (``config.judge``; none: exact match), both shared by
+    the two stages, and logs which decides correctness.
     """
     if generator is not None and (reward_fn is not None or not config.uses_generator):
         raise ValueError(f"a generator was given but the reward ({'reward_fn' if reward_fn else config.reward}) "
@@ -203,17 +284,32 @@ def prepare_reward(config: RLConfig, client: RetrievalClient, rows: Sequence[QAR
         generator = load_llm(config.generator)
     if config.reward in GAINS:
         return _gain_reward(config, client, rows, stages[0][1], generator)
-    rewards = [SubmoduleReward(fn, generator) if name in SUBMODULE_REWARDS else ResponseReward(fn)
-               for name, fn in stages]
+    encoder = judge = None
+    if config.uses_query_encoder:
+        encoder = query_encoder(config, client)
+        judge = load_llm(config.judge) if config.judge.model else None
+        log.info("when-to-search answer correctness: %s", f"LLM judge {config.judge.model}" if judge is not None
+                 else "exact match (no judge.model configured)")
+    rewards = []
+    for name, fn in stages:
+        if name in SUBMODULE_REWARDS:
+            rewards.append(SubmoduleReward(fn, generator))
+        elif name in WHEN_TO_SEARCH_REWARDS:
+            rewards.append(WhenToSearchReward(fn, encoder, judge))
+        else:
+            rewards.append(ResponseReward(fn))
     return PreparedReward(rewards[0], list(rows), {}, rewards[1] if len(rewards) > 1 else None)
 
 
-def _reward_function(name: str, options: dict) -> Callable[..., float]:
-    """The registered function `name` (a gain, a submodule reward or a response reward) with `options` bound."""
+def _reward_function(name: str, options: dict) -> Callable[..., object]:
+    """The registered function `name` (a gain, a submodule reward, a when-to-search reward or a response reward)
+    with `options` bound."""
     if name in GAINS:
         return get_gain(name, **options)
     if name in SUBMODULE_REWARDS:
         return get_submodule_reward(name, **options)
+    if name in WHEN_TO_SEARCH_REWARDS:
+        return get_when_to_search_reward(name, **options)
     return get_reward(name, **options)
 
 

@@ -9,6 +9,9 @@ Beyond RAG rewards ("s3: You Don't Need That Much Data to Train a Search Agent v
 `stage2` switches the reward after a number of steps (QAgent's two-stage training, "QAgent: A modular Search Agent
 with Interactive Query Understanding", sections 3.3-3.4 and Appendix C: stage 2 after step 1120 of 1400;
 `agent.rl.reward_schedule`); QAgent's stage-2 reward reads the `generator`'s answers too.
+The multi-stage reward of "Learning When to Search: Multi-Stage Reward Design for Efficient Agentic RAG with
+Reasoning Language Models" (``when_to_search_stage1`` then ``when_to_search_stage2``; `agent.rewards.when_to_search`)
+reads the `judge`'s YES/NO verdicts (none: exact match) and embeds the search queries with `search_encoder`.
 """
 
 from __future__ import annotations
@@ -17,12 +20,14 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from agentic_retriever.client import RetrievalConfig
+from agentic_retriever.encoder import EncoderConfig
 from agentic_retriever.llm import LLMConfig
 
 from ..env import EnvConfig
 from ..rewards import REWARDS
 from ..rewards.gbr import GAINS
 from ..rewards.qagent import SUBMODULE_REWARDS
+from ..rewards.when_to_search import WHEN_TO_SEARCH_REWARDS
 from .core import KLEstimator, LossAggregation
 
 __all__ = ["RLConfig", "SecondStage"]
@@ -105,14 +110,22 @@ class RLConfig:
         "help": "registered reward name: a response reward (agent.rewards), a gain scored by a frozen generator "
                 "(s3_gbr, s3_gbr_paper: agent.rewards.gbr; they need generator.model and env.dialect s3) or a "
                 "reward of a frozen generator's answer (qagent_stage2: agent.rewards.qagent; generator.model and "
-                "env.dialect qagent); with stage2.reward set, the reward of the first stage.after_step steps"})
+                "env.dialect qagent) or a multi-stage when-to-search reward (when_to_search_stage1, "
+                "when_to_search_stage2: agent.rewards.when_to_search; env.dialect reflect, judge and search_encoder); "
+                "with stage2.reward set, the reward of the first stage.after_step steps"})
     reward_options: dict[str, Any] = field(default_factory=dict, metadata={"help": "the reward's options"})
     stage2: SecondStage = field(default_factory=SecondStage)
     generator: LLMConfig = field(default_factory=lambda: LLMConfig(model=""), metadata={
         "help": "the frozen generator of the s3 and QAgent stage-2 rewards, loaded once on its own (empty model: "
                 "none; the searcher's base model only where named here, and never the trained policy)"})
     judge: LLMConfig = field(default_factory=lambda: LLMConfig(model=""), metadata={
-        "help": "the judge of Generation Accuracy, asked on span-check failures (empty model: span check only)"})
+        "help": "the judge of Generation Accuracy, asked on span-check failures (empty model: span check only), and "
+                "of answer correctness in the when-to-search rewards, asked YES/NO on exact-match failures (empty "
+                "model: exact match)"})
+    search_encoder: EncoderConfig = field(default_factory=lambda: EncoderConfig(model=""), metadata={
+        "help": "when-to-search rewards: the encoder of the search queries whose mean pairwise cosine r_search "
+                "charges (empty model: the retriever's own, an index folder opened in this process; the paper: "
+                "Qwen3-Embedding)"})
     naive_rag_cache: str = field(default="", metadata={
         "help": "folder of the cached naive-RAG accuracies (the generator on the question's top-3 passages)",
         "derive": "{workdir}/naive_rag"})
@@ -165,17 +178,21 @@ class RLConfig:
             if reward in SUBMODULE_REWARDS and self.env.dialect != "qagent":
                 raise ValueError(f"reward {reward} scores every passage a QAgent rollout retrieved: set env.dialect "
                                  f"qagent (got {self.env.dialect!r})")
+            if reward in WHEN_TO_SEARCH_REWARDS and self.env.dialect != "reflect":
+                raise ValueError(f"reward {reward} scores the think/search/reflect/answer shapes of the reflect "
+                                 f"dialect: set env.dialect reflect (got {self.env.dialect!r})")
 
     def _validate_stages(self) -> None:
         stage2 = self.stage2
         for label, reward in (("reward", self.reward), ("stage2.reward", stage2.reward)):
             if label == "stage2.reward" and not reward:
                 continue
-            if reward not in REWARDS and reward not in GAINS and reward not in SUBMODULE_REWARDS:
+            if not any(reward in table for table in (REWARDS, GAINS, SUBMODULE_REWARDS, WHEN_TO_SEARCH_REWARDS)):
                 raise ValueError(f"unknown {label} {reward!r}; choose a response reward "
                                  f"({', '.join(sorted(REWARDS))}), a gain scored by a frozen generator "
-                                 f"({', '.join(sorted(GAINS))}) or a reward of a frozen generator's answer "
-                                 f"({', '.join(sorted(SUBMODULE_REWARDS))})")
+                                 f"({', '.join(sorted(GAINS))}), a reward of a frozen generator's answer "
+                                 f"({', '.join(sorted(SUBMODULE_REWARDS))}) or a when-to-search reward "
+                                 f"({', '.join(sorted(WHEN_TO_SEARCH_REWARDS))})")
         if not stage2.reward:
             if stage2.after_step is not None or stage2.reward_options:
                 raise ValueError("stage2.after_step and stage2.reward_options need stage2.reward (the reward after "
@@ -211,6 +228,12 @@ class RLConfig:
         (`agent.rewards.qagent`): scored by a frozen generator on the documents of a whole step at once
         (`agent.rl.batch_reward`)."""
         return any(r in GAINS or r in SUBMODULE_REWARDS for r in self.rewards)
+
+    @property
+    def uses_query_encoder(self) -> bool:
+        """Whether a stage's reward is a when-to-search reward (`agent.rewards.when_to_search`): it embeds the
+        step's search queries and asks the judge (`agent.rl.batch_reward.WhenToSearchReward`)."""
+        return any(r in WHEN_TO_SEARCH_REWARDS for r in self.rewards)
 
     @property
     def uses_critic(self) -> bool:

@@ -120,6 +120,19 @@ def test_without_a_generator_the_report_is_unchanged(trajectory_file):
     assert report == evaluate_trajectories(trajectory_file)
     assert "gen_acc" not in report and "generation" not in report
 
+
+
+def test_a_judge_without_a_generator_judges_the_agents_own_answers(trajectory_file, monkeypatch):
+    from tests.agent.test_when_to_search_rewards import ScriptedJudge
+
+    flags = argparse.Namespace(workdir="w", trajectories=str(trajectory_file))
+    config = build_config(AgentEvalConfig, "eval_agent", flags)
     config.judge.model = "judge"
-    with pytest.raises(ValueError, match="judge.model is set but generator.model is not"):
-        evaluate_agent(config)
+    plain = evaluate_trajectories(trajectory_file)
+    judge = ScriptedJudge(["YES"] * plain["trajectories"])
+    monkeypatch.setattr("agentic_retriever.llm.load_llm", lambda settings: judge)
+    report = evaluate_agent(config)
+    asked = sum(len(call) for call in judge.calls)
+    assert len(judge.calls) <= 1 and report["judge"]["judge_calls"] == asked
+    assert report["judge_acc"] == pytest.approx(plain["em"] + asked / plain["trajectories"])
+    assert {k: v for k, v in report.items() if k not in ("judge_acc", "judge")} == plain

@@ -248,7 +248,8 @@ def test_judgement_exposes_each_term_and_bad_weights_are_rejected():
 def test_registry_names_every_reward_and_binds_options():
     assert set(REWARDS) == {"search_r1_em", "search_r1_valid_format", "search_r1_retrieval_hit", "search_r1_format",
                             "search_r1_format_paper", "search_r1_retrieval", "search_r1_retrieval_paper", "constant",
-                            "qagent_valid_format", "qagent_hit", "qagent_stage1"}  # QAgent's: tests/agent/test_qagent_rewards.py
+                            "qagent_valid_format", "qagent_hit", "qagent_stage1",  # tests/agent/test_qagent_rewards.py
+                            "when_to_search_format"}  # tests/agent/test_when_to_search_rewards.py
     assert reward_options("search_r1_retrieval") == {"lambda_f": 0.2, "lambda_r": 0.1, "variant": "release",
                                                      "match": "substring"}
     assert get_reward("search_r1_format", lambda_f=0.4)(WRONG_VALID_MISS, GOLD) == pytest.approx(0.4)
