@@ -47,6 +47,7 @@ from typing import NamedTuple, Protocol
 import numpy as np
 
 from agentic_retriever.client import RetrievalClient
+from agentic_retriever.corpus import Passage
 from agentic_retriever.encoder import Encoder
 from agentic_retriever.eval.qa import contains_match
 from agentic_retriever.fingerprint import llm_fingerprint
@@ -81,6 +82,17 @@ class BatchReward(Protocol):
     """Scores a step's rollouts together; `rows[i]` is the question of `results[i]`."""
 
     def score(self, results: Sequence[Rollout], rows: Sequence[QARow]) -> BatchScores: ...
+
+
+def _selected_documents(results: Sequence[Rollout], rows: Sequence[QARow], what: str,
+                        dialect: str) -> list[list[Passage]]:
+    """Every rollout's ``selection.documents``, after checking `rows` are parallel and every rollout has a
+    selection (`what` and `dialect` word the error: what the reward scores, the dialect that records it)."""
+    if len(results) != len(rows):
+        raise ValueError(f"rows must be parallel to the rollouts: got {len(rows)} for {len(results)}")
+    if any(result.selection is None for result in results):
+        raise ValueError(f"{what}; these rollouts carry none (run them with env.dialect {dialect})")
+    return [result.selection.documents for result in results]
 
 
 class ResponseReward:
@@ -118,14 +130,10 @@ class GainBeyondRagReward:
         self.gain, self.generator, self.judge, self.naive_rag = gain, generator, judge, naive_rag
 
     def score(self, results: Sequence[Rollout], rows: Sequence[QARow]) -> BatchScores:
-        if len(results) != len(rows):
-            raise ValueError(f"rows must be parallel to the rollouts: got {len(rows)} for {len(results)}")
+        documents = _selected_documents(results, rows, "Gain Beyond RAG scores the documents a searcher selected",
+                                        "s3")
         if not results:
             return BatchScores([], [])
-        if any(result.selection is None for result in results):
-            raise ValueError("Gain Beyond RAG scores the documents a searcher selected; these rollouts select none "
-                             "(run them with env.dialect s3)")
-        documents = [result.selection.documents for result in results]
         items = generation_accuracy([row.question for row in rows], documents,
                                     [list(row.golden_answers) for row in rows], generator=self.generator,
                                     judge=self.judge).items
@@ -160,15 +168,11 @@ class SubmoduleReward:
         self.reward, self.generator, self.prompt = reward, generator, prompt
 
     def score(self, results: Sequence[Rollout], rows: Sequence[QARow]) -> BatchScores:
-        if len(results) != len(rows):
-            raise ValueError(f"rows must be parallel to the rollouts: got {len(rows)} for {len(results)}")
+        documents = _selected_documents(results, rows, "a submodule reward scores the passages a rollout retrieved "
+                                        "(Rollout.selection)", "qagent")
         if not results:
             return BatchScores([], [])
-        if any(result.selection is None for result in results):
-            raise ValueError("a submodule reward scores the passages a rollout retrieved (Rollout.selection); these "
-                             "rollouts carry none (run them with env.dialect qagent)")
-        answers = generate_answers(self.generator, [row.question for row in rows],
-                                   [result.selection.documents for result in results], prompt=self.prompt)
+        answers = generate_answers(self.generator, [row.question for row in rows], documents, prompt=self.prompt)
         scores, components = [], []
         for answer, result, row in zip(answers, results, rows, strict=True):
             golden = list(row.golden_answers)
