@@ -107,6 +107,16 @@ class ScriptedLLM:
         return outputs
 
 
+class CharScriptedLLM(ScriptedLLM):
+    """The scripted LLM over the character tokenizer; the chat prompt is the user message itself."""
+
+    def __init__(self, script: dict[str, list[str]]):
+        super().__init__(CharTokenizer(), script)
+
+    def chat_prompt(self, user_message: str) -> str:
+        return user_message
+
+
 class FakeClient:
     """Returns `topk` made-up passages per query and records every call."""
 

@@ -11,17 +11,7 @@ from agent.dialects import QAgentDialect
 from agent.dialects.qagent import PROMPT_TEMPLATE, QUESTION_PLACEHOLDER, QAgentSettings
 from agent.dialects.search_r1 import INVALID_ACTION_MESSAGE
 from agent.env import EnvConfig, Rollout, rollout
-from tests.fakes import CharTokenizer, FakeClient, ScriptedLLM
-
-
-class CharScriptedLLM(ScriptedLLM):
-    """The scripted LLM over the character tokenizer; the chat prompt is the user message itself."""
-
-    def __init__(self, script: dict[str, list[str]]):
-        super().__init__(CharTokenizer(), script)
-
-    def chat_prompt(self, user_message: str) -> str:
-        return user_message
+from tests.fakes import CharScriptedLLM, FakeClient
 
 
 SCRIPT = {

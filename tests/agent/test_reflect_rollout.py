@@ -12,7 +12,7 @@ from agent.dialects import ReflectDialect
 from agent.dialects.reflect import INSTRUCTION, ReflectSettings, ShapeCheck, check_shape, search_queries
 from agent.dialects.search_r1 import INVALID_ACTION_MESSAGE
 from agent.env import EnvConfig, Rollout, rollout
-from tests.agent.test_qagent_rollout import CharScriptedLLM
+from tests.fakes import CharScriptedLLM
 from tests.fakes import FakeClient
 
 SCRIPT = {

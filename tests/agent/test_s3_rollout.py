@@ -21,19 +21,9 @@ from agent.rollouts import make_trajectory
 from agent.trajectory import TrajectoryWriter, read_trajectories
 from agentic_retriever.corpus import Passage, ScoredPassage
 from agentic_retriever.jsonl import DataFormatError
-from tests.fakes import CharTokenizer, ScriptedLLM
+from tests.fakes import CharScriptedLLM
 
 BUDGET = S3Settings().max_doc_tokens  # 1,400 document tokens per turn ([P] Appendix A.2)
-
-
-class CharScriptedLLM(ScriptedLLM):
-    """The scripted LLM over the character tokenizer; the chat prompt is the user message itself."""
-
-    def __init__(self, script: dict[str, list[str]]):
-        super().__init__(CharTokenizer(), script)
-
-    def chat_prompt(self, user_message: str) -> str:
-        return user_message
 
 
 class TableClient:
