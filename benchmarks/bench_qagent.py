@@ -4,7 +4,8 @@
 end with Eq. 7 (1{format} x strict EM; stage 1), then with Eq. 10 (contains-EM of a frozen generator's answer from
 every retrieved passage + 0.5 x Hit; stage 2). The embedded 135M model prompted with Table 5 never writes the
 format (reported below as the untrained model's stage-1 reward and valid-format rate on the held-out questions), so
-both runs start from a QAgent-format warm start: ``agent sft --synthesis.dialect qagent --synthesis.topk 1`` (plans
+both runs start from a QAgent-format warm start: ``agent sft --synthesis.dialect qagent --synthesis.topk 1
+--train.batch-size 1 --train.gradient-accumulation 4`` (plans
 before every search, one ``<query>`` per search, a reflection after every observation, an answer read from the
 evidence sentence; train leaves, the mining questions held out).
 
@@ -43,6 +44,8 @@ def warm_start(args) -> str:
 
     config = build_config(WarmStartConfig, "agent_sft", None, args.sft_config)
     config.synthesis.dialect, config.synthesis.topk = "qagent", 1
+    # the same updates in micro-batches of 1: four of QAgent's longer trajectories at once passed 9 GB of RSS
+    config.train.batch_size, config.train.gradient_accumulation = 1, 4 * config.train.batch_size
     config.retrieval.index = args.index
     return str(warm_start_agent(config))
 
