@@ -18,7 +18,8 @@ evidence sentence; train leaves, the mining questions held out).
 Held-out evaluation, before and after each run, on the dev leaves whose answer is in their evidence passage (never
 trained on): the same seeded samples scored by BOTH stages' rewards (mean Eq. 7, mean Eq. 10) with the valid-format
 rate, strict EM, Hit and the generator's contains-EM; the training curves are copied to
-``benchmarks/figures/qagent_<run>_curves.png``. The two runs go side by side, one torch thread each.
+``benchmarks/figures/qagent_<run>_curves.png``. The two runs go side by side, one torch thread each
+(``--one-at-a-time``: one after the other with every core, for machines short of memory).
 
     python benchmarks/bench_qagent.py                  # about an hour on 2 CPU cores
 """
@@ -134,6 +135,8 @@ def main() -> None:
     parser.add_argument("--eval-samples", type=int, default=4)
     parser.add_argument("--eval-seed", type=int, default=12345)
     parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
+    parser.add_argument("--one-at-a-time", action="store_true",
+                        help="run the runs one after the other with every core (half the peak memory)")
     parser.add_argument("--work", default=str(REPO_ROOT / "runs" / "quickstart" / "bench_qagent"))
     parser.add_argument("--figures", default=str(REPO_ROOT / "benchmarks" / "figures"))
     args = parser.parse_args()
@@ -141,7 +144,7 @@ def main() -> None:
     print(device_line(device := describe_device()))
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    threads = max(1, (os.cpu_count() or 1) // len(args.runs))
+    threads = max(1, (os.cpu_count() or 1) // (1 if args.one_at_a_time else len(args.runs)))
     started = time.perf_counter()
     model = warm_start(args)
     print(f"warm start: {model} ({time.perf_counter() - started:.0f} s)")
@@ -155,9 +158,14 @@ def main() -> None:
     started = time.perf_counter()
     for name in args.runs:
         shutil.rmtree(work / name, ignore_errors=True)
-    procs = {name: start_worker(__file__, name, _common_args(args, model, threads, args.steps)
-                                | {"out": str(work / name)}, threads, work / f"{name}.log") for name in args.runs}
-    results = {name: finish_worker(proc, name, work / f"{name}.log") for name, proc in procs.items()}
+    def start(name: str):
+        return start_worker(__file__, name, _common_args(args, model, threads, args.steps) | {"out": str(work / name)},
+                            threads, work / f"{name}.log")
+    if args.one_at_a_time:
+        results = {name: finish_worker(start(name), name, work / f"{name}.log") for name in args.runs}
+    else:
+        procs = {name: start(name) for name in args.runs}
+        results = {name: finish_worker(proc, name, work / f"{name}.log") for name, proc in procs.items()}
     Path(args.figures).mkdir(parents=True, exist_ok=True)
     for name, result in results.items():
         shutil.copy(work / name / "training_curves.png", Path(args.figures) / f"qagent_{name}_curves.png")
@@ -170,7 +178,8 @@ def main() -> None:
                                if k in before))
         rewards = " ".join(f"{h['reward']:.2f}(s{h.get('reward_stage', 1)})" for h in result["history"])
         print(f"  training reward by step: {rewards}")
-    print(f"both runs: {time.perf_counter() - started:.0f} s, {threads} torch thread(s) each")
+    print(f"runs: {time.perf_counter() - started:.0f} s, {threads} torch thread(s) each"
+          f"{', one at a time' if args.one_at_a_time else ', side by side'}")
     write_json(args.json, "qagent", args, device, {"untrained": untrained, **results})
 
 
