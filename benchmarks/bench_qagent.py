@@ -46,7 +46,8 @@ def warm_start(args) -> str:
     config = build_config(WarmStartConfig, "agent_sft", None, args.sft_config)
     config.synthesis.dialect, config.synthesis.topk = "qagent", 1
     # the same updates in micro-batches of 1: four of QAgent's longer trajectories at once passed 9 GB of RSS
-    config.train.batch_size, config.train.gradient_accumulation = 1, 4 * config.train.batch_size
+    config.train.gradient_accumulation *= config.train.batch_size
+    config.train.batch_size = 1
     config.retrieval.index = args.index
     return str(warm_start_agent(config))
 
