@@ -31,7 +31,7 @@ Reported per run: mean GBR (release and paper variants), GenAcc and selected doc
 before and after (the same seeded samples), the distribution of the first selected id, the training reward by
 step, and the curves (``benchmarks/figures/s3_<run>_curves.png``).
 
-    python benchmarks/bench_s3.py                      # about an hour on 2 CPU cores
+    python benchmarks/bench_s3.py                      # about 95 minutes on 2 CPU cores
 """
 
 from __future__ import annotations
