@@ -21,7 +21,7 @@ rate, strict EM, Hit and the generator's contains-EM; the training curves are co
 ``benchmarks/figures/qagent_<run>_curves.png``. The two runs go side by side, one torch thread each
 (``--one-at-a-time``: one after the other with every core, for machines short of memory).
 
-    python benchmarks/bench_qagent.py                  # about an hour on 2 CPU cores
+    python benchmarks/bench_qagent.py                  # about 6 minutes a step per run, one thread each
 """
 
 from __future__ import annotations
