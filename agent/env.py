@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 
 from agentic_retriever.client import RetrievalClient
 from agentic_retriever.corpus import ScoredPassage
-from agentic_retriever.llm.base import LLM, Generation, SamplingParams
+from agentic_retriever.llm.base import LLM, Generation, SamplingParams, generate_checked
 
 from .dialects import Action, Dialect, DocumentTracker, SelectedDocuments, get_dialect
 from .trajectory import FinishReason, Retrieved, Trajectory, Turn
@@ -266,9 +266,8 @@ def rollout(questions: Sequence[str], llm: LLM, client: RetrievalClient, config:
         active = [s for s in active if s.finish is None]
         if not active:
             break
-        outputs = llm.generate([s.context_ids() for s in active], config.sampling_params(session.dialect.stop, step))
-        if len(outputs) != len(active) or any(not gens for gens in outputs):
-            raise RuntimeError(f"{llm.name}: generate returned {len(outputs)} outputs for {len(active)} prompts")
+        outputs = generate_checked(llm, [s.context_ids() for s in active],
+                                   config.sampling_params(session.dialect.stop, step))
         searches = []
         for state, gens in zip(active, outputs):
             search = _take_turn(session, state, gens[0])

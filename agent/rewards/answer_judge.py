@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from agentic_retriever.eval.qa import Golden, exact_match, golden_strings, normalize_answer
-from agentic_retriever.llm.base import LLM, SamplingParams
+from agentic_retriever.llm.base import LLM, SamplingParams, generate_checked
 
 from .generation import JUDGE_SAMPLING, judge_check
 
@@ -80,9 +80,7 @@ def judge_answers(predictions: Sequence[str | None], golden: Sequence[Golden], j
         return Correctness(matched, "exact_match", [False] * len(matched))
     asked = [not ok and p is not None and p.strip() != "" for ok, p in zip(matched, predictions)]
     prompts = [judge.chat_prompt(judge_prompt(p, g)) for p, g, a in zip(predictions, golden, asked) if a]
-    outputs = judge.generate(prompts, params) if prompts else []
-    if len(outputs) != len(prompts) or any(not gens for gens in outputs):
-        raise RuntimeError(f"{judge.name}: generate returned {len(outputs)} outputs for {len(prompts)} prompts")
+    outputs = generate_checked(judge, prompts, params) if prompts else []
     verdicts = iter(judge_check(gens[0].text) for gens in outputs)
     correct, malformed = [], 0
     for ok, ask in zip(matched, asked):

@@ -23,7 +23,7 @@ from typing import Literal
 
 from agentic_retriever.corpus import Passage
 from agentic_retriever.eval.qa import Golden, golden_strings, span_match
-from agentic_retriever.llm.base import LLM, Generation, Prompt, SamplingParams
+from agentic_retriever.llm.base import LLM, Generation, Prompt, SamplingParams, generate_checked
 
 __all__ = ["GENERATOR_PROMPT", "GENERATOR_SAMPLING", "JUDGE_PROMPT", "JUDGE_SAMPLING", "S3_GENERATOR",
            "FirstDocumentsReader", "GenAcc", "GenAccResult", "GeneratorPrompt", "format_context", "gen_acc",
@@ -169,7 +169,7 @@ def generate_answers(generator: LLM, questions: Sequence[str], documents: Sequen
     if len(questions) != len(documents):
         raise ValueError(f"documents must be parallel to questions: got {len(documents)} for {len(questions)}")
     prompts = [generator.chat_prompt(prompt.render(question, docs)) for question, docs in zip(questions, documents)]
-    return [gens[0].text.strip() for gens in _generate(generator, prompts, params)]
+    return [gens[0].text.strip() for gens in generate_checked(generator, prompts, params)]
 
 
 def gen_acc(predictions: Sequence[str], golden: Sequence[Golden], judge: LLM | None,
@@ -185,7 +185,7 @@ def gen_acc(predictions: Sequence[str], golden: Sequence[Golden], judge: LLM | N
     prompts = [judge.chat_prompt(JUDGE_PROMPT.format(response=predictions[i],
                                                      golden_answers=str(golden_strings(golden[i]))))
                for i in asked]
-    answers = dict(zip(asked, (gens[0].text for gens in _generate(judge, prompts, params)))) if prompts else {}
+    answers = dict(zip(asked, (gens[0].text for gens in generate_checked(judge, prompts, params)))) if prompts else {}
     items = []
     for i, prediction in enumerate(predictions):
         if spans[i]:
@@ -204,10 +204,3 @@ def generation_accuracy(questions: Sequence[str], documents: Sequence[Sequence[P
     """Acc(G(Q, D), A) for a batch: `generate_answers` (one generator call) then `gen_acc` (at most one judge
     call; generator and judge may be one LLM; no judge: the span check alone)."""
     return gen_acc(generate_answers(generator, questions, documents, generator_params), golden, judge, judge_params)
-
-
-def _generate(llm: LLM, prompts: list[str], params: SamplingParams):
-    outputs = llm.generate(prompts, params)
-    if len(outputs) != len(prompts) or any(not gens for gens in outputs):
-        raise RuntimeError(f"{llm.name}: generate returned {len(outputs)} outputs for {len(prompts)} prompts")
-    return outputs

@@ -79,3 +79,12 @@ class LLM(Protocol):
         """`user_message` as the model's chat template renders one user turn ready for the assistant's reply
         (with the generation prompt); the message itself when the tokenizer has no chat template."""
         ...
+
+
+def generate_checked(llm: LLM, prompts: Sequence[Prompt], params: SamplingParams) -> list[list[Generation]]:
+    """``llm.generate(prompts, params)``, refusing a backend answer that does not give every prompt at least one
+    generation (RuntimeError naming the model), so callers can zip the outputs with their prompts."""
+    outputs = llm.generate(prompts, params)
+    if len(outputs) != len(prompts) or any(not gens for gens in outputs):
+        raise RuntimeError(f"{llm.name}: generate returned {len(outputs)} outputs for {len(prompts)} prompts")
+    return outputs
