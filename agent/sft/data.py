@@ -15,13 +15,20 @@ the habit of answering from the passages with trajectories built from FanOutQA's
   followed by a second one: a real two-search chain that teaches searching again instead of guessing.
 
 The reasoning lines are short, fixed templates grounded in the retrieved text (the sentence of the
-evidence passage that holds the answer), written in the dialect's tags (`VOICES`: Search-R1's ``<think>``, or
-QAgent's ``<plan>`` before every search and ``<reflection>`` after every observation). Every example records how
-it was built in `SFTExample.meta`.
+evidence passage that holds the answer), written in the dialect's tags (`VOICES`: Search-R1's ``<think>``, QAgent's
+``<plan>`` before every search and ``<reflection>`` after every observation, or the `reflect` dialect's
+``<reflect>`` after every observation). Every example records how it was built in `SFTExample.meta`.
+
+One dialect may also answer without searching: the `reflect` agent of "Learning When to Search" thinks, reflects
+and answers from its own knowledge when it can. With `SynthesisConfig.direct_answer_share` > 0 a share of the
+examples is such a direct answer (the gold answer, stated from memory), so the warm-started agent starts with both
+branches open and RL decides between them (`benchmarks/bench_when_to_search.py`). These examples teach recall of
+train answers, not reading: leave the share at 0 for any other use.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -51,8 +58,16 @@ class SynthesisConfig:
 
     topk: int = field(default=3, metadata={"help": "passages per search, as the agent will see them"})
     observation_max_tokens: int = field(default=500, metadata={"help": "cut of every observation, in tokens"})
-    dialect: str = field(default="search_r1", metadata={"help": "agent dialect of the trajectories (search_r1, qagent)"})
+    dialect: str = field(default="search_r1", metadata={
+        "help": "agent dialect of the trajectories (search_r1, qagent, reflect)"})
     retry_chains: bool = field(default=True, metadata={"help": "add miss-then-find two-search trajectories"})
+    direct_answer_share: float = field(default=0.0, metadata={
+        "help": "share of the examples that answer from memory without searching, in [0, 1) (dialects whose agent "
+                "may answer without a search: reflect)"})
+
+    def __post_init__(self):
+        if not 0.0 <= self.direct_answer_share < 1.0:
+            raise ValueError(f"synthesis.direct_answer_share must be in [0, 1), got {self.direct_answer_share}")
 
 
 def content_words(question: str) -> str:
@@ -62,10 +77,11 @@ def content_words(question: str) -> str:
     return " ".join(kept)
 
 
-def query_phrasings(row: QARow) -> list[str]:
-    """Distinct search phrasings of a leaf question: as asked, its content words, and its evidence title
-    with the content words the title does not already hold."""
-    phrasings = [row.question.strip(), content_words(row.question)]
+def query_phrasings(row: QARow, keywords_only: bool = False) -> list[str]:
+    """Distinct search phrasings of a leaf question: as asked (unless `keywords_only`), its content words, and its
+    evidence title with the content words the title does not already hold."""
+    phrasings = [] if keywords_only else [row.question.strip()]
+    phrasings.append(content_words(row.question))
     for title in row.supporting_titles or ():
         title_words = {w.lower() for w in re.findall(r"[\w'-]+", title)}
         rest = [w for w in content_words(row.question).split() if w.lower() not in title_words]
@@ -105,11 +121,16 @@ def _evidence_hit(hits: Sequence[ScoredPassage], row: QARow) -> tuple[ScoredPass
 @dataclass(frozen=True)
 class Voice:
     """How a dialect's agent writes the synthesised turns: the first search (``{goal}``, ``{query}``), a search after
-    a miss (``{query}``) and the answer grounded in the evidence sentence (``{title}``, ``{sentence}``, ``{answer}``)."""
+    a miss (``{query}``), the answer grounded in the evidence sentence (``{title}``, ``{sentence}``, ``{answer}``),
+    and, for an agent that may answer without searching, the direct answer from memory (``{goal}``, ``{answer}``;
+    None: it always searches). `keyword_queries`: the agent is asked for keyword queries, so the question as asked
+    is not one of its phrasings."""
 
     first_search: str
     next_search: str
     answer: str
+    direct: str | None = None
+    keyword_queries: bool = False
 
 
 #: The turns per dialect. Search-R1 reasons in ``<think>``; QAgent ("QAgent: A modular Search Agent with Interactive
@@ -127,6 +148,17 @@ VOICES: dict[str, Voice] = {
         next_search="<reflection> The results do not answer the question. </reflection>\n"
                     "<plan> I will search with other words. </plan>\n<search>\n<query>{query}</query>\n</search>",
         answer="<reflection> The passage about {title} says: {sentence} </reflection>\n<answer> {answer} </answer>"),
+    # "Learning When to Search" (Appendix B.4's prompt): one <think> first, a <reflect> after every <information>,
+    # "a brief keyword-based search query", and think -> reflect -> answer when the agent knows the answer. Both
+    # branches open with the same words, so the choice to search is made at one place.
+    "reflect": Voice(
+        first_search="<think> I need to find {goal}. I will search for it. </think>\n<search> {query} </search>",
+        next_search="<reflect> The results do not answer the question. I will search with other words. </reflect>\n"
+                    "<search> {query} </search>",
+        answer="<reflect> The passage about {title} says: {sentence} </reflect>\n<answer> {answer} </answer>",
+        direct="<think> I need to find {goal}. I know it. </think>\n<reflect> I recall that the answer is {answer}. "
+               "</reflect>\n<answer> {answer} </answer>",
+        keyword_queries=True),
 }
 
 
@@ -143,6 +175,10 @@ class _Builder:
                              f"got {self.config.dialect!r} (its agent does not search and answer)")
         self.dialect = get_dialect(self.config.dialect)
         self.voice = VOICES[self.config.dialect]
+        if self.config.direct_answer_share and self.voice.direct is None:
+            with_direct = sorted(name for name, voice in VOICES.items() if voice.direct)
+            raise ValueError(f"synthesis.direct_answer_share needs a dialect whose agent may answer without searching "
+                             f"({', '.join(with_direct)}); {self.config.dialect!r} always searches")
 
     def prompt(self, question: str) -> str:
         return render_chat_prompt(self.tokenizer, self.dialect.build_prompt(question))
@@ -166,6 +202,23 @@ class _Builder:
                           segments=segments, meta={"question_id": row.id, "kind": kind, "queries": queries,
                                                    "answer": answer, "evidence_title": title})
 
+    def direct(self, row: QARow) -> SFTExample:
+        """The answer from memory: no search, the first gold answer."""
+        goal, answer = row.question.strip().rstrip("?").lower(), row.golden_answers[0]
+        return SFTExample(id=f"{row.id}:direct", prompt=self.prompt(row.question),
+                          segments=[(self.voice.direct.format(goal=goal, answer=answer), True)],
+                          meta={"question_id": row.id, "kind": "direct", "queries": [], "answer": answer,
+                                "evidence_title": ""})
+
+
+def _direct_answer_rows(rows: Sequence[QARow], searching_examples: int, share: float) -> list[QARow]:
+    """The rows that get a direct answer, so that they make `share` of all examples: as many as needed (at most one
+    each, so at most all rows), in an order fixed by a hash of their ids (not by the file's order)."""
+    wanted = round(share / (1.0 - share) * searching_examples)
+    ordered = sorted((row for row in rows if row.golden_answers),
+                     key=lambda row: hashlib.sha256(row.id.encode()).hexdigest())
+    return ordered[:wanted]
+
 
 def synthesize_sft_examples(rows: Sequence[QARow], client: RetrievalClient, tokenizer,
                             config: SynthesisConfig | None = None) -> tuple[list[SFTExample], dict]:
@@ -173,12 +226,13 @@ def synthesize_sft_examples(rows: Sequence[QARow], client: RetrievalClient, toke
 
     One retrieval call for all phrasings of all rows; per row, one single-search example per phrasing that
     retrieves an evidence passage holding the answer, and (with `retry_chains`) one two-search example per
-    phrasing that misses, followed by the first phrasing that hits.
+    phrasing that misses, followed by the first phrasing that hits. With `direct_answer_share`, direct answers
+    (no search) for as many rows as make that share of the examples (`_direct_answer_rows`), after the others.
     """
     config = config or SynthesisConfig()
     builder = _Builder(tokenizer, config)
     rows = [r for r in rows if r.supporting_titles]
-    phrasings = [query_phrasings(r) for r in rows]
+    phrasings = [query_phrasings(r, keywords_only=builder.voice.keyword_queries) for r in rows]
     flat = [(i, q) for i, qs in enumerate(phrasings) for q in qs]
     results = client.retrieve([q for _, q in flat], topk=config.topk, questions=[rows[i].question for i, _ in flat])
     per_row: list[list[tuple[str, list[ScoredPassage]]]] = [[] for _ in rows]
@@ -187,7 +241,7 @@ def synthesize_sft_examples(rows: Sequence[QARow], client: RetrievalClient, toke
 
     examples: list[SFTExample] = []
     counts = Counter(rows=len(rows), searches=len(flat), phrasings_finding_evidence_with_answer=0, rows_used=0,
-                     examples_single=0, examples_retry=0)
+                     examples_single=0, examples_retry=0, examples_direct=0)
     for row, searches in zip(rows, per_row):
         found = [(query, hits, _evidence_hit(hits, row)) for query, hits in searches]
         hits_ok = [(q, h, f) for q, h, f in found if f is not None]
@@ -203,6 +257,9 @@ def synthesize_sft_examples(rows: Sequence[QARow], client: RetrievalClient, toke
                 if hit is None:
                     examples.append(builder.example(row, [(query, hits), (good_query, good_hits)], answer, sentence,
                                                     passage.title, "retry"))
+    if config.direct_answer_share and examples:
+        examples.extend(builder.direct(row) for row in
+                        _direct_answer_rows(rows, len(examples), config.direct_answer_share))
     counts.update(Counter(f"examples_{ex.meta['kind']}" for ex in examples))
     counts["examples"] = len(examples)
     return examples, dict(counts)

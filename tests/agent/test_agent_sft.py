@@ -104,8 +104,60 @@ def test_qagent_trajectories_plan_before_every_search_and_reflect_after_every_ob
         assert check_format(example.response).valid, check_format(example.response)
         assert stage1_reward(example.response, ROW.golden_answers) == 1.0
         assert example.segments[1][0] == dialect.format_observation([client.retrieve([example.meta["queries"][0]], 1)[0]])
-    with pytest.raises(ValueError, match="written for the dialects qagent, search_r1; got 's3'"):
+    with pytest.raises(ValueError, match="written for the dialects qagent, reflect, search_r1; got 's3'"):
         synthesize_sft_examples([ROW], client, tokenizer, SynthesisConfig(dialect="s3"))
+
+
+def test_reflect_trajectories_search_with_keywords_and_reflect_after_every_observation(tokenizer):
+    from agent.dialects import get_dialect
+    from agent.dialects.reflect import check_shape, search_queries
+    from agent.rewards.when_to_search import is_concise
+
+    client = TableClient({"Islamabad capital Pakistan": [EVIDENCE]})
+    examples, counts = synthesize_sft_examples([ROW], client, tokenizer, SynthesisConfig(dialect="reflect", topk=1))
+    assert [e.meta["queries"] for e in examples] == [["Islamabad capital Pakistan"],
+                                                     ["capital Pakistan", "Islamabad capital Pakistan"]]
+    assert client.calls[0][0] == ["capital Pakistan", "Islamabad capital Pakistan"], "never the question as asked"
+    dialect = get_dialect("reflect")
+    for example in examples:
+        assert "Please answer the given question by following the structured reasoning protocol" in example.prompt
+        shape = check_shape(example.response)
+        assert shape.valid and f"x{len(example.meta['queries'])}" in shape.reason, shape
+        assert search_queries(example.response) == example.meta["queries"]
+        assert all(is_concise(query) for query in example.meta["queries"])
+        assert dialect.extract_answer(example.response) == "Islamabad"
+    assert counts["examples_direct"] == 0
+
+
+def test_direct_answers_make_the_configured_share_of_reflect_examples(tokenizer):
+    from agent.dialects.reflect import check_shape
+
+    rows = [QARow(f"q{i}", f"What is the capital of country {i}?", (f"City {i}",), ("Islamabad",)) for i in range(8)]
+    evidence = {f"capital country {i}": [ScoredPassage(str(i), "Islamabad", f"City {i} is the capital of it.", 0.9)]
+                for i in range(8)}
+    config = SynthesisConfig(dialect="reflect", topk=1, retry_chains=False, direct_answer_share=0.25)
+    examples, counts = synthesize_sft_examples(rows, TableClient(evidence), tokenizer, config)
+    direct = [e for e in examples if e.meta["kind"] == "direct"]
+    assert counts["examples_single"] == 8 and counts["examples_direct"] == len(direct) == 3  # 3 of 11, nearest 1/4
+    for example in direct:
+        (turn, generated), = example.segments
+        assert generated and "<search>" not in turn and check_shape(turn).reason == "think -> reflect -> answer"
+        answer = rows[int(example.meta["question_id"][1:])].golden_answers[0]
+        assert turn.endswith(f"<answer> {answer} </answer>")
+    searching = next(e for e in examples
+                     if (e.meta["kind"], e.meta["question_id"]) == ("single", direct[0].meta["question_id"]))
+    assert direct[0].segments[0][0].split(".")[0] == searching.segments[0][0].split(".")[0], \
+        "both branches open with the same words: the choice to search is made at one place"
+    shuffled, _ = synthesize_sft_examples(rows[::-1], TableClient(evidence), tokenizer, config)
+    assert {e.id for e in shuffled if e.meta["kind"] == "direct"} == {e.id for e in direct}, "chosen by id, not order"
+
+
+def test_direct_answers_need_a_dialect_that_may_answer_without_searching(tokenizer):
+    with pytest.raises(ValueError, match="direct_answer_share needs a dialect .*\\(reflect\\); 'qagent' always searches"):
+        synthesize_sft_examples([ROW], TableClient({}), tokenizer, SynthesisConfig(dialect="qagent",
+                                                                                   direct_answer_share=0.5))
+    with pytest.raises(ValueError, match=r"direct_answer_share must be in \[0, 1\), got 1.0"):
+        SynthesisConfig(dialect="reflect", direct_answer_share=1.0)
 
 
 def test_observations_are_cut_to_the_environments_token_budget(tokenizer):
