@@ -31,6 +31,7 @@ from agentic_retriever.client import RetrievalClient
 from agentic_retriever.eval.qa import qa_scores
 from agentic_retriever.llm import LLM
 
+from ..dialects.reflect import check_shape
 from ..env import Rollout, rollout
 from ..qa_data import QARow
 from ..rewards import check_format, gold_in_information, is_valid_sequence
@@ -133,7 +134,8 @@ class RolloutCollector:
         """Diagnostics logged next to the reward's own: for s3's searcher, which selects documents for a frozen
         generator, how many it selected; else EM of the answer and, for the Search-R1 dialect, the valid format
         (Eq. 3's f_format) and a gold answer in the retrieved text (Eq. 4's f_ret); for QAgent's, its format
-        (Eq. 7's r_fmt), Hit (Eq. 10) and the passages it retrieved (|K|, deduplicated)."""
+        (Eq. 7's r_fmt), Hit (Eq. 10) and the passages it retrieved (|K|, deduplicated); for the reflect dialect
+        ("Learning When to Search"), its shape (Eq. 6's allowed shapes) and whether it answered without searching."""
         dialect = self.config.env.dialect
         if dialect == "s3":
             return {"selected_documents": float(len(result.selection.documents))}
@@ -145,6 +147,9 @@ class RolloutCollector:
             parts["valid_format"] = float(check_format(result).valid)
             parts["hit"] = float(hit(result, row.golden_answers))
             parts["retrieved_documents"] = float(len(result.selection.documents) if result.selection else 0)
+        elif dialect == "reflect":
+            parts["valid_format"] = float(check_shape(result.response_text).valid)
+            parts["answered_without_search"] = float(result.finish_reason == "answer" and result.num_searches == 0)
         return parts
 
 

@@ -306,6 +306,19 @@ def test_dynamic_sampling_stops_after_its_batches_when_every_group_is_flat(tmp_p
     assert len(batches) == 3 and cursor == 6  # three batches of two questions, then the step gives up
 
 
+def test_the_training_diagnostics_give_the_shape_and_whether_the_rollout_answered_without_search(tmp_path):
+    from tests.agent.test_reflect_rollout import run_reflect
+
+    (hamlet, france, _), _ = run_reflect()
+    collect = RolloutCollector(when_to_search_config(tmp_path), [], llm=None, client=None, rewards=RewardSchedule(None))
+    paris = QARow("1", "capital of france", ("Paris",))
+    assert collect.components(hamlet, paris) == {"em": 0.0, "valid_format": 1.0, "answered_without_search": 0.0}
+    assert collect.components(france, paris) == {"em": 1.0, "valid_format": 1.0, "answered_without_search": 1.0}
+    (unanswered,), _ = run_reflect({"who painted it": ["<think>x</think>", "<reflect>y</reflect>"]}, max_turns=1)
+    assert unanswered.num_searches == 0 and unanswered.finish_reason != "answer"
+    assert collect.components(unanswered, paris) == {"em": 0.0, "valid_format": 0.0, "answered_without_search": 0.0}
+
+
 # --- evaluation and the shipped configs ---------------------------------------------------------------------
 
 def test_the_report_gives_the_share_of_questions_answered_without_search(tmp_path):
