@@ -32,7 +32,8 @@ import sys
 import time
 from pathlib import Path
 
-from _common import REPO_ROOT, base_parser, describe_device, device_line, finish_worker, start_worker, write_json
+from _common import (REPO_ROOT, base_parser, describe_device, device_line, finish_worker, score_heldout, start_worker,
+                     write_json)
 
 DATA = REPO_ROOT / "runs" / "quickstart" / "data"
 RUNS = ("two-stage", "constant-reward")
@@ -50,31 +51,6 @@ def warm_start(args) -> str:
     config.train.batch_size = 1
     config.retrieval.index = args.index
     return str(warm_start_agent(config))
-
-
-def _evaluate(trainer, rewards, rows, samples: int, seed: int) -> dict:
-    """Both stages' rewards (`rewards`: the two-stage config's, whatever the run trains on) and the diagnostics on
-    the same seeded rollouts of `rows` (no training)."""
-    import dataclasses
-
-    from agent.env import rollout
-
-    env = dataclasses.replace(trainer.config.env, seed=seed)
-    repeated = [row for row in rows for _ in range(samples)]
-    trainer.policy.eval()
-    results = rollout([row.question for row in repeated], trainer.llm, trainer.client, env)
-    trainer.policy.train()
-    out = {}
-    for name, reward in (("stage1", rewards.reward), ("stage2", rewards.stage2)):
-        scored = reward.score(results, repeated)
-        out[name] = sum(scored.scores) / len(scored.scores)
-        for key in scored.components[0]:
-            out[f"{name}_{key}"] = sum(parts[key] for parts in scored.components) / len(scored.components)
-    parts = [trainer.components(result, row) for result, row in zip(results, repeated)]
-    for key in parts[0]:
-        out[key] = sum(p[key] for p in parts) / len(parts)
-    out["searches"] = sum(result.num_searches for result in results) / len(results)
-    return out
 
 
 def _worker(name: str, args: dict) -> dict:
@@ -101,10 +77,11 @@ def _worker(name: str, args: dict) -> dict:
         config.reward, config.reward_options = "constant", {}
         config.stage2.reward, config.stage2.after_step = "", None
     trainer = RLTrainer(config, client, read_qa_rows(args["train"]))
-    result = {"before": _evaluate(trainer, rewards, heldout, args["eval_samples"], args["eval_seed"])}
+    scorers = {"stage1": rewards.reward, "stage2": rewards.stage2}
+    result = {"before": score_heldout(trainer, scorers, heldout, args["eval_samples"], args["eval_seed"])}
     if args["steps"]:
         trainer.train()
-        result["after"] = _evaluate(trainer, rewards, heldout, args["eval_samples"], args["eval_seed"])
+        result["after"] = score_heldout(trainer, scorers, heldout, args["eval_samples"], args["eval_seed"])
         result["history"] = trainer.state.history
     return result
 

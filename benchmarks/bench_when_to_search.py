@@ -1,0 +1,189 @@
+"""Learning when to search: proof that the multi-stage reward moves the agent's choice to search, on the default stack.
+
+"Learning When to Search: Multi-Stage Reward Design for Efficient Agentic RAG with Reasoning Language Models"
+(section 3.3, Eqs. 6-12) scores a `reflect` rollout with r = r_answer + r_search + r_format. Stage 1's answer term
+(Eq. 10) pays a wrong answer 0.3 per retrieval, so an agent that guesses learns to search first; stage 2's (Eq. 11)
+charges a right answer 0.3 per retrieval, so an agent that knows learns to stop searching. The embedded 135M model
+prompted with Appendix B.4 writes neither shape, so the runs start from a warm start in the dialect's tags that
+leaves the choice open:
+
+* **Warm start** (`agent sft --synthesis.dialect reflect --synthesis.direct-answer-share S`, train leaves, the RL
+  questions held out): trajectories that search with keyword queries (the question's content words, or its evidence
+  title with them), read the retriever's real top-k, reflect on the evidence sentence and answer; and a share S
+  (default 0.5) of direct answers, ``<think> .. I know it. </think> <reflect> I recall .. </reflect> <answer>``,
+  which state the gold answer of a train question from memory. Both branches open with the same words, so the warm
+  start leaves one choice, search or not, and on questions it has not seen a direct answer is a guess.
+* **Runs:** ``stage-1``: GRPO with `configs/when_to_search_quickstart.yaml`'s reward (``when_to_search_stage1``;
+  ``--stage1-steps`` below ``--steps`` switches to stage 2 after that many steps), on the 25 train leaves the warm
+  start held out; ``constant-reward`` (control): the same with a constant reward (GRPO advantages 0: only the KL and
+  entropy terms move the policy). Dynamic sampling is off in both (``--dynamic-sampling`` turns it on for the
+  rewarded run; the control's groups are all flat, so it would keep none): the two runs see the same number of
+  rollouts.
+
+Held-out evaluation, before and after each run, on FanOutQA dev leaves whose evidence page is in the corpus (never
+trained on): the same seeded samples scored by both stages' rewards, with the valid-shape rate (Eq. 6), the share
+answered without search, retrievals per rollout and answer correctness (exact match: no judge). The training curves
+go to ``benchmarks/figures/when_to_search_<run>_curves.png``. The two runs go side by side, one torch thread each
+(``--one-at-a-time``: one after the other with every core).
+
+    python benchmarks/bench_when_to_search.py          # about 70 minutes on 2 CPU cores
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from _common import (REPO_ROOT, base_parser, describe_device, device_line, finish_worker, score_heldout, start_worker,
+                     write_json)
+
+DATA = REPO_ROOT / "runs" / "quickstart" / "data"
+RUNS = ("stage-1", "constant-reward")
+#: What the summary prints per run, before -> after.
+SHOWN = ("valid_format", "answered_without_search", "searches", "stage1_answer_correct", "stage1_r_search")
+
+
+def warm_start(args) -> str:
+    """The reflect-format warm start of `configs/quickstart.yaml`'s ``agent_sft`` section with a share of direct
+    answers (cached by its inputs)."""
+    from agent.sft import WarmStartConfig, warm_start_agent
+    from agentic_retriever.config import build_config
+
+    config = build_config(WarmStartConfig, "agent_sft", None, args.sft_config)
+    config.synthesis.dialect, config.synthesis.topk = "reflect", args.topk
+    config.synthesis.direct_answer_share = args.direct_answer_share
+    config.exclude_qa = args.train  # the RL questions: a direct answer learnt for them would be recall, not a guess
+    # the same updates in micro-batches of 1 (the peak memory of one trajectory, beside other jobs)
+    config.train.gradient_accumulation *= config.train.batch_size
+    config.train.batch_size = 1
+    config.retrieval.index = args.index
+    return str(warm_start_agent(config))
+
+
+def spread(rows: list, count: int) -> list:
+    """`count` rows spread evenly over `rows` in file order (a file's neighbours share a parent question)."""
+    if count >= len(rows):
+        return rows
+    return [rows[i * len(rows) // count] for i in range(count)]
+
+
+def _worker(name: str, args: dict) -> dict:
+    """One run: evaluate on the held-out questions, train ``args["steps"]`` steps, evaluate again."""
+    import torch
+
+    from agent.qa_data import read_qa_rows
+    from agent.rl import RLConfig, RLTrainer
+    from agent.rl.batch_reward import prepare_reward
+    from agentic_retriever.client import RetrievalConfig, open_client
+    from agentic_retriever.config import build_config
+
+    torch.set_num_threads(args["threads"])
+    config = build_config(RLConfig, "agent_train", None, args["config"])
+    config.agent.model = args["model"]
+    config.out, config.steps, config.progress, config.report_to = args["out"], args["steps"], False, ["none"]
+    config.save_steps, config.actor_lr = args["steps"], args["actor_lr"]
+    config.env.topk, config.env.max_new_tokens_per_turn = args["topk"], args["max_new_tokens_per_turn"]
+    config.stage2.after_step = args["stage1_steps"]
+    config.dynamic_sampling = args["dynamic_sampling"]
+    client = open_client(RetrievalConfig(index=args["index"]))
+    heldout = spread(read_qa_rows(args["heldout"]), args["heldout_questions"])
+    rewards = prepare_reward(config, client, heldout)  # the evaluation's: stage 1 and stage 2
+    if name == "constant-reward":
+        config.reward, config.reward_options = "constant", {}
+        config.stage2.reward, config.stage2.after_step = "", None
+        config.dynamic_sampling = False
+    trainer = RLTrainer(config, client, read_qa_rows(args["train"]))
+    scorers = {"stage1": rewards.reward, "stage2": rewards.stage2}
+    before = score_heldout(trainer, scorers, heldout, args["eval_samples"], args["eval_seed"])
+    trainer.train()
+    after = score_heldout(trainer, scorers, heldout, args["eval_samples"], args["eval_seed"])
+    return {"before": before, "after": after, "history": trainer.state.history}
+
+
+def main() -> None:
+    import json
+
+    if len(sys.argv) == 4 and sys.argv[1] == "--worker":
+        print(json.dumps(_worker(sys.argv[2], json.loads(sys.argv[3]))))
+        return
+    parser = base_parser(__doc__)
+    parser.add_argument("--config", default="configs/when_to_search_quickstart.yaml")
+    parser.add_argument("--sft-config", default="configs/quickstart.yaml", help="config of the warm start")
+    parser.add_argument("--index", default="runs/quickstart/index/minilm-flat")
+    parser.add_argument("--train", default=str(DATA / "fanoutqa_leaf_train_mining.jsonl"),
+                        help="RL questions (held out of the warm start)")
+    parser.add_argument("--heldout", default=str(DATA / "fanoutqa_leaf_dev_in_corpus.jsonl"),
+                        help="held-out questions (evaluation only)")
+    parser.add_argument("--heldout-questions", type=int, default=32,
+                        help="N held-out questions, spread evenly over the file")
+    parser.add_argument("--direct-answer-share", type=float, default=0.5,
+                        help="share of warm-start examples that answer without searching")
+    parser.add_argument("--topk", type=int, default=3, help="passages per search (the paper: 5)")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--stage1-steps", type=int, default=None,
+                        help="steps of stage 1 before the switch to stage 2 (default: all of them)")
+    parser.add_argument("--actor-lr", type=float, default=2e-5)
+    parser.add_argument("--dynamic-sampling", action="store_true",
+                        help="DAPO's dynamic sampling in the rewarded run (more rollouts per step)")
+    parser.add_argument("--max-new-tokens-per-turn", type=int, default=96,
+                        help="the warm start's reflection quotes a sentence: 64 tokens cut some answers off")
+    parser.add_argument("--eval-samples", type=int, default=2)
+    parser.add_argument("--eval-seed", type=int, default=12345)
+    parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
+    parser.add_argument("--one-at-a-time", action="store_true",
+                        help="run the runs one after the other with every core (half the peak memory)")
+    parser.add_argument("--work", default=str(REPO_ROOT / "runs" / "quickstart" / "bench_when_to_search"))
+    parser.add_argument("--figures", default=str(REPO_ROOT / "benchmarks" / "figures"))
+    args = parser.parse_args()
+
+    print(device_line(device := describe_device()))
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    threads = max(1, (os.cpu_count() or 1) // (1 if args.one_at_a_time else len(args.runs)))
+    started = time.perf_counter()
+    model = warm_start(args)
+    print(f"warm start: {model} ({time.perf_counter() - started:.0f} s)")
+
+    started = time.perf_counter()
+    for name in args.runs:
+        shutil.rmtree(work / name, ignore_errors=True)
+    common = {"config": args.config, "model": model, "index": args.index, "train": args.train,
+              "heldout": args.heldout, "heldout_questions": args.heldout_questions, "topk": args.topk,
+              "steps": args.steps, "stage1_steps": args.stage1_steps if args.stage1_steps is not None else args.steps,
+              "actor_lr": args.actor_lr, "dynamic_sampling": args.dynamic_sampling,
+              "max_new_tokens_per_turn": args.max_new_tokens_per_turn, "eval_samples": args.eval_samples,
+              "eval_seed": args.eval_seed, "threads": threads}
+
+    def start(name: str):
+        return start_worker(__file__, name, common | {"out": str(work / name)}, threads, work / f"{name}.log")
+    if args.one_at_a_time:
+        results = {name: finish_worker(start(name), name, work / f"{name}.log") for name in args.runs}
+    else:
+        procs = {name: start(name) for name in args.runs}
+        results = {name: finish_worker(proc, name, work / f"{name}.log") for name, proc in procs.items()}
+    Path(args.figures).mkdir(parents=True, exist_ok=True)
+    for name, result in results.items():
+        shutil.copy(work / name / "training_curves.png", Path(args.figures) / f"when_to_search_{name}_curves.png")
+        before, after = result["before"], result["after"]
+        for stage in ("stage1", "stage2"):
+            print(f"{name}: held-out {stage} reward {before[stage]:.3f} -> {after[stage]:.3f} "
+                  f"(difference {after[stage] - before[stage]:+.3f})")
+        print("  " + ", ".join(f"{k} {before[k]:.3f} -> {after[k]:.3f}" for k in SHOWN if k in before))
+        rewards = " ".join(f"{h['reward']:.2f}(s{h.get('reward_stage', 1)})" for h in result["history"])
+        searched = " ".join(f"{1 - h['answered_without_search']:.2f}" for h in result["history"])
+        print(f"  training reward by step: {rewards}; share of rollouts that searched: {searched}")
+    if set(RUNS) <= results.keys():
+        moved = {name: results[name]["after"]["answered_without_search"] - results[name]["before"][
+            "answered_without_search"] for name in RUNS}
+        print(f"against the control: the held-out share answered without search moved {moved['stage-1']:+.3f} under "
+              f"the reward, {moved['constant-reward']:+.3f} under the constant reward")
+    print(f"runs: {time.perf_counter() - started:.0f} s, {threads} torch thread(s) each"
+          f"{', one at a time' if args.one_at_a_time else ', side by side'}")
+    write_json(args.json, "when_to_search", args, device, results)
+
+
+if __name__ == "__main__":
+    main()
