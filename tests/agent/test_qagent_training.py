@@ -105,6 +105,21 @@ def test_the_stage_switches_after_the_configured_step_and_a_resumed_run_continue
     assert [(m["step"], m["reward_stage"], m["reward"]) for m in metrics] == [(1, 1, 0.25), (2, 2, 0.75)]
 
 
+@pytest.mark.slow
+def test_a_run_scores_stage_1_by_eq_7_and_stage_2_by_eq_10_with_the_frozen_generator(tmp_path, tiny_causal_lm_dir):
+    generator = ScriptedGenerator()
+    trainer = RLTrainer(qagent_config(tmp_path, tiny_causal_lm_dir), FakeClient(), ROWS, generator=generator)
+    trainer.train()
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert [(m["step"], m["reward_stage"]) for m in metrics] == [(1, 1), (2, 2)]
+    stage1, stage2 = metrics
+    assert stage1["reward"] == pytest.approx(stage1["valid_format"] * stage1["em"]) == 0.0  # Eq. 7: format x EM
+    assert "submodule_contains_em" not in stage1 and len(generator.calls) == 1, "the generator reads stage 2 only"
+    (prompts,) = generator.calls  # one batched call for the step's two rollouts
+    assert len(prompts) == 2 and all("capital of" in prompt for prompt in prompts)
+    assert stage2["reward"] == pytest.approx(stage2["submodule_contains_em"] + 0.5 * stage2["hit"])  # Eq. 10
+
+
 @pytest.mark.parametrize("config_file", ["configs/qagent_grpo.yaml", "configs/qagent_quickstart.yaml"])
 def test_the_shipped_qagent_configs_build_and_switch_to_stage_2(config_file):
     from pathlib import Path

@@ -19,6 +19,7 @@ from tests.fakes import FakeClient
 ROWS = [QARow("a", "capital of france?", ("Paris",)), QARow("b", "capital of norway?", ("Oslo",))]
 
 
+@pytest.mark.slow
 def test_a_two_stage_run_scores_each_step_by_its_stage_and_logs_the_terms_the_shape_and_the_search_decision(
         tmp_path, tiny_causal_lm_dir, tiny_model_dir):
     config = RLConfig(agent=LLMConfig(model=tiny_causal_lm_dir), out=str(tmp_path / "run"), algorithm="grpo",
