@@ -128,8 +128,9 @@ def main() -> None:
     parser.add_argument("--actor-lr", type=float, default=2e-5)
     parser.add_argument("--dynamic-sampling", action="store_true",
                         help="DAPO's dynamic sampling in the rewarded run (more rollouts per step)")
-    parser.add_argument("--max-new-tokens-per-turn", type=int, default=96,
-                        help="the warm start's reflection quotes a sentence: 64 tokens cut some answers off")
+    parser.add_argument("--max-new-tokens-per-turn", type=int, default=128,
+                        help="the warm start's reflection quotes a sentence (up to 102 tokens with its answer): a "
+                             "shorter cap cuts some answers off, and a cut answer breaks the shape")
     parser.add_argument("--eval-samples", type=int, default=2)
     parser.add_argument("--eval-seed", type=int, default=12345)
     parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
