@@ -229,3 +229,34 @@ def score_heldout(trainer, rewards: dict, rows, samples: int, seed: int) -> dict
         out[key] = mean(p[key] for p in parts)
     out["searches"] = mean(result.num_searches for result in results)
     return out
+
+
+def run_workers(script: str, names, args_of, threads: int, work: Path, one_at_a_time: bool = False) -> dict:
+    """Run ``script --worker NAME ARGS`` for each of `names` (ARGS: ``args_of(name)``) with `threads` threads each,
+    side by side (or one after the other), stderr to ``work/NAME.log``; returns each worker's result by name."""
+    def start(name: str) -> subprocess.Popen:
+        return start_worker(script, name, args_of(name), threads, work / f"{name}.log")
+    if one_at_a_time:
+        return {name: finish_worker(start(name), name, work / f"{name}.log") for name in names}
+    procs = {name: start(name) for name in names}
+    return {name: finish_worker(proc, name, work / f"{name}.log") for name, proc in procs.items()}
+
+
+def add_rl_bench_arguments(parser: argparse.ArgumentParser, *, name: str, config: str, heldout: str, runs,
+                           eval_samples: int) -> None:
+    """The arguments of the RL benchmarks that warm-start the agent, train side-by-side runs on the train leaves
+    the warm start held out and evaluate on held-out questions (`name`: the folder under runs/quickstart)."""
+    data = REPO_ROOT / "runs" / "quickstart" / "data"
+    parser.add_argument("--config", default=config)
+    parser.add_argument("--sft-config", default="configs/quickstart.yaml", help="config of the warm start")
+    parser.add_argument("--index", default="runs/quickstart/index/minilm-flat")
+    parser.add_argument("--train", default=str(data / "fanoutqa_leaf_train_mining.jsonl"),
+                        help="RL questions (default: the train leaves the warm start held out)")
+    parser.add_argument("--heldout", default=str(data / heldout), help="held-out questions (evaluation only)")
+    parser.add_argument("--eval-samples", type=int, default=eval_samples)
+    parser.add_argument("--eval-seed", type=int, default=12345)
+    parser.add_argument("--runs", nargs="+", default=list(runs), choices=list(runs))
+    parser.add_argument("--one-at-a-time", action="store_true",
+                        help="run the runs one after the other with every core (half the peak memory)")
+    parser.add_argument("--work", default=str(REPO_ROOT / "runs" / "quickstart" / name))
+    parser.add_argument("--figures", default=str(REPO_ROOT / "benchmarks" / "figures"))

@@ -32,10 +32,9 @@ import sys
 import time
 from pathlib import Path
 
-from _common import (REPO_ROOT, base_parser, describe_device, device_line, finish_worker, score_heldout, start_worker,
-                     write_json)
+from _common import (add_rl_bench_arguments, base_parser, describe_device, device_line, finish_worker, run_workers,
+                     score_heldout, start_worker, write_json)
 
-DATA = REPO_ROOT / "runs" / "quickstart" / "data"
 RUNS = ("two-stage", "constant-reward")
 
 
@@ -99,25 +98,13 @@ def main() -> None:
         print(json.dumps(_worker(sys.argv[2], json.loads(sys.argv[3]))))
         return
     parser = base_parser(__doc__)
-    parser.add_argument("--config", default="configs/qagent_quickstart.yaml")
-    parser.add_argument("--sft-config", default="configs/quickstart.yaml", help="config of the warm start")
-    parser.add_argument("--index", default="runs/quickstart/index/minilm-flat")
-    parser.add_argument("--train", default=str(DATA / "fanoutqa_leaf_train_mining.jsonl"),
-                        help="RL questions (default: the train leaves the warm start held out)")
-    parser.add_argument("--heldout", default=str(DATA / "fanoutqa_leaf_dev_answerable.jsonl"),
-                        help="held-out questions (evaluation only)")
+    add_rl_bench_arguments(parser, name="bench_qagent", config="configs/qagent_quickstart.yaml",
+                           heldout="fanoutqa_leaf_dev_answerable.jsonl", runs=RUNS, eval_samples=4)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--stage1-steps", type=int, default=4, help="steps of stage 1 before the switch")
     parser.add_argument("--max-new-tokens-per-turn", type=int, default=128,
                         help="the warm start's reflection quotes a sentence: 64 tokens cut some answers off")
-    parser.add_argument("--eval-samples", type=int, default=4)
-    parser.add_argument("--eval-seed", type=int, default=12345)
-    parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
     parser.add_argument("--skip-untrained", action="store_true", help="do not evaluate the model without warm start")
-    parser.add_argument("--one-at-a-time", action="store_true",
-                        help="run the runs one after the other with every core (half the peak memory)")
-    parser.add_argument("--work", default=str(REPO_ROOT / "runs" / "quickstart" / "bench_qagent"))
-    parser.add_argument("--figures", default=str(REPO_ROOT / "benchmarks" / "figures"))
     args = parser.parse_args()
 
     print(device_line(device := describe_device()))
@@ -139,14 +126,8 @@ def main() -> None:
     started = time.perf_counter()
     for name in args.runs:
         shutil.rmtree(work / name, ignore_errors=True)
-    def start(name: str):
-        return start_worker(__file__, name, _common_args(args, model, threads, args.steps) | {"out": str(work / name)},
-                            threads, work / f"{name}.log")
-    if args.one_at_a_time:
-        results = {name: finish_worker(start(name), name, work / f"{name}.log") for name in args.runs}
-    else:
-        procs = {name: start(name) for name in args.runs}
-        results = {name: finish_worker(proc, name, work / f"{name}.log") for name, proc in procs.items()}
+    results = run_workers(__file__, args.runs, lambda name: _common_args(args, model, threads, args.steps)
+                          | {"out": str(work / name)}, threads, work, args.one_at_a_time)
     Path(args.figures).mkdir(parents=True, exist_ok=True)
     for name, result in results.items():
         shutil.copy(work / name / "training_curves.png", Path(args.figures) / f"qagent_{name}_curves.png")

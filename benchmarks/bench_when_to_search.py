@@ -37,10 +37,9 @@ import sys
 import time
 from pathlib import Path
 
-from _common import (REPO_ROOT, base_parser, describe_device, device_line, finish_worker, score_heldout, start_worker,
+from _common import (add_rl_bench_arguments, base_parser, describe_device, device_line, run_workers, score_heldout,
                      write_json)
 
-DATA = REPO_ROOT / "runs" / "quickstart" / "data"
 RUNS = ("stage-1", "constant-reward")
 #: What the summary prints per run, before -> after.
 SHOWN = ("valid_format", "answered_without_search", "searches", "stage1_answer_correct", "stage1_r_search")
@@ -110,13 +109,8 @@ def main() -> None:
         print(json.dumps(_worker(sys.argv[2], json.loads(sys.argv[3]))))
         return
     parser = base_parser(__doc__)
-    parser.add_argument("--config", default="configs/when_to_search_quickstart.yaml")
-    parser.add_argument("--sft-config", default="configs/quickstart.yaml", help="config of the warm start")
-    parser.add_argument("--index", default="runs/quickstart/index/minilm-flat")
-    parser.add_argument("--train", default=str(DATA / "fanoutqa_leaf_train_mining.jsonl"),
-                        help="RL questions (held out of the warm start)")
-    parser.add_argument("--heldout", default=str(DATA / "fanoutqa_leaf_dev_in_corpus.jsonl"),
-                        help="held-out questions (evaluation only)")
+    add_rl_bench_arguments(parser, name="bench_when_to_search", config="configs/when_to_search_quickstart.yaml",
+                           heldout="fanoutqa_leaf_dev_in_corpus.jsonl", runs=RUNS, eval_samples=2)
     parser.add_argument("--heldout-questions", type=int, default=32,
                         help="N held-out questions, spread evenly over the file")
     parser.add_argument("--direct-answer-share", type=float, default=0.5,
@@ -131,13 +125,6 @@ def main() -> None:
     parser.add_argument("--max-new-tokens-per-turn", type=int, default=128,
                         help="the warm start's reflection quotes a sentence (up to 102 tokens with its answer): a "
                              "shorter cap cuts some answers off, and a cut answer breaks the shape")
-    parser.add_argument("--eval-samples", type=int, default=2)
-    parser.add_argument("--eval-seed", type=int, default=12345)
-    parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
-    parser.add_argument("--one-at-a-time", action="store_true",
-                        help="run the runs one after the other with every core (half the peak memory)")
-    parser.add_argument("--work", default=str(REPO_ROOT / "runs" / "quickstart" / "bench_when_to_search"))
-    parser.add_argument("--figures", default=str(REPO_ROOT / "benchmarks" / "figures"))
     args = parser.parse_args()
 
     print(device_line(device := describe_device()))
@@ -157,14 +144,8 @@ def main() -> None:
               "actor_lr": args.actor_lr, "dynamic_sampling": args.dynamic_sampling,
               "max_new_tokens_per_turn": args.max_new_tokens_per_turn, "eval_samples": args.eval_samples,
               "eval_seed": args.eval_seed, "threads": threads}
-
-    def start(name: str):
-        return start_worker(__file__, name, common | {"out": str(work / name)}, threads, work / f"{name}.log")
-    if args.one_at_a_time:
-        results = {name: finish_worker(start(name), name, work / f"{name}.log") for name in args.runs}
-    else:
-        procs = {name: start(name) for name in args.runs}
-        results = {name: finish_worker(proc, name, work / f"{name}.log") for name, proc in procs.items()}
+    results = run_workers(__file__, args.runs, lambda name: common | {"out": str(work / name)}, threads, work,
+                          args.one_at_a_time)
     Path(args.figures).mkdir(parents=True, exist_ok=True)
     for name, result in results.items():
         shutil.copy(work / name / "training_curves.png", Path(args.figures) / f"when_to_search_{name}_curves.png")
