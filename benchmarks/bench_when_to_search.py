@@ -21,12 +21,17 @@ leaves the choice open:
   rollouts.
 
 Held-out evaluation, before and after each run, on FanOutQA dev leaves whose evidence page is in the corpus (never
-trained on): the same seeded samples scored by both stages' rewards, with the valid-shape rate (Eq. 6), the share
+trained on; ``--heldout-questions`` of them spread over the file, ``--eval-samples`` each): the same seeded samples
+scored by both stages' rewards, with the valid-shape rate (Eq. 6), the share
 answered without search, retrievals per rollout and answer correctness (exact match: no judge). The training curves
 go to ``benchmarks/figures/when_to_search_<run>_curves.png``. The two runs go side by side, one torch thread each
 (``--one-at-a-time``: one after the other with every core).
 
-    python benchmarks/bench_when_to_search.py          # about 70 minutes on 2 CPU cores
+    python benchmarks/bench_when_to_search.py          # about an hour on 2 CPU cores (15 min warm start, cached)
+
+On 2 CPU cores a step costs about 10 minutes per run (16 rollouts: generation 2 min, log-prob passes 2 min, update
+6 min, one thread each) and a held-out evaluation of 64 rollouts 12 minutes, hence the defaults: 4 steps and 32
+held-out rollouts.
 """
 
 from __future__ import annotations
@@ -110,13 +115,13 @@ def main() -> None:
         return
     parser = base_parser(__doc__)
     add_rl_bench_arguments(parser, name="bench_when_to_search", config="configs/when_to_search_quickstart.yaml",
-                           heldout="fanoutqa_leaf_dev_in_corpus.jsonl", runs=RUNS, eval_samples=2)
+                           heldout="fanoutqa_leaf_dev_in_corpus.jsonl", runs=RUNS, eval_samples=1)
     parser.add_argument("--heldout-questions", type=int, default=32,
                         help="N held-out questions, spread evenly over the file")
     parser.add_argument("--direct-answer-share", type=float, default=0.5,
                         help="share of warm-start examples that answer without searching")
     parser.add_argument("--topk", type=int, default=3, help="passages per search (the paper: 5)")
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--stage1-steps", type=int, default=None,
                         help="steps of stage 1 before the switch to stage 2 (default: all of them)")
     parser.add_argument("--actor-lr", type=float, default=2e-5)
