@@ -4,8 +4,9 @@
 (section 3.3, Eqs. 6-12) scores a `reflect` rollout with r = r_answer + r_search + r_format. Stage 1's answer term
 (Eq. 10) pays a wrong answer 0.3 per retrieval, so an agent that guesses learns to search first; stage 2's (Eq. 11)
 charges a right answer 0.3 per retrieval, so an agent that knows learns to stop searching. The embedded 135M model
-prompted with Appendix B.4 writes neither shape, so the runs start from a warm start in the dialect's tags that
-leaves the choice open:
+does not use tags it was not taught (docs/offline-defaults.md), so the runs start from a warm start in the dialect's
+tags that leaves the choice open (what the reward then taught it: benchmarks/RESULTS.md, "Learning when to search
+on the default stack"):
 
 * **Warm start** (`agent sft --synthesis.dialect reflect --synthesis.direct-answer-share S`, train leaves, the RL
   questions held out): trajectories that search with keyword queries (the question's content words, or its evidence
@@ -27,7 +28,7 @@ answered without search, retrievals per rollout and answer correctness (exact ma
 go to ``benchmarks/figures/when_to_search_<run>_curves.png``. The two runs go side by side, one torch thread each
 (``--one-at-a-time``: one after the other with every core).
 
-    python benchmarks/bench_when_to_search.py          # about an hour on 2 CPU cores (15 min warm start, cached)
+    python benchmarks/bench_when_to_search.py          # 41 minutes on 2 CPU cores, plus 15 for the warm start (cached)
 
 On 2 CPU cores a step costs about 10 minutes per run (16 rollouts: generation 2 min, log-prob passes 2 min, update
 6 min, one thread each) and a held-out evaluation of 64 rollouts 12 minutes, hence the defaults: 4 steps and 32
