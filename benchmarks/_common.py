@@ -10,6 +10,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -231,9 +232,18 @@ def score_heldout(trainer, rewards: dict, rows, samples: int, seed: int) -> dict
     return out
 
 
+def threads_per_run(runs, one_at_a_time: bool) -> int:
+    """Torch threads of each of `runs`: every usable core when they run one after the other, a share side by side."""
+    return max(1, (os.cpu_count() or 1) // (1 if one_at_a_time else len(runs)))
+
+
 def run_workers(script: str, names, args_of, threads: int, work: Path, one_at_a_time: bool = False) -> dict:
     """Run ``script --worker NAME ARGS`` for each of `names` (ARGS: ``args_of(name)``) with `threads` threads each,
-    side by side (or one after the other), stderr to ``work/NAME.log``; returns each worker's result by name."""
+    side by side (or one after the other), each from an empty ``work/NAME`` (removed first), stderr to
+    ``work/NAME.log``; returns each worker's result by name."""
+    for name in names:
+        shutil.rmtree(work / name, ignore_errors=True)
+
     def start(name: str) -> subprocess.Popen:
         return start_worker(script, name, args_of(name), threads, work / f"{name}.log")
     if one_at_a_time:

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from _common import (add_rl_bench_arguments, base_parser, describe_device, device_line, finish_worker, run_workers,
-                     score_heldout, start_worker, write_json)
+                     score_heldout, start_worker, threads_per_run, write_json)
 
 RUNS = ("two-stage", "constant-reward")
 
@@ -110,7 +110,7 @@ def main() -> None:
     print(device_line(device := describe_device()))
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    threads = max(1, (os.cpu_count() or 1) // (1 if args.one_at_a_time else len(args.runs)))
+    threads = threads_per_run(args.runs, args.one_at_a_time)
     started = time.perf_counter()
     model = warm_start(args)
     print(f"warm start: {model} ({time.perf_counter() - started:.0f} s)")
@@ -124,8 +124,6 @@ def main() -> None:
               f"{untrained['valid_format']:.3f}, stage-2 reward {untrained['stage2']:.3f}, hit {untrained['hit']:.3f}")
 
     started = time.perf_counter()
-    for name in args.runs:
-        shutil.rmtree(work / name, ignore_errors=True)
     results = run_workers(__file__, args.runs, lambda name: _common_args(args, model, threads, args.steps)
                           | {"out": str(work / name)}, threads, work, args.one_at_a_time)
     Path(args.figures).mkdir(parents=True, exist_ok=True)

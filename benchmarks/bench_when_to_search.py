@@ -37,14 +37,13 @@ held-out rollouts.
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 import time
 from pathlib import Path
 
 from _common import (add_rl_bench_arguments, base_parser, describe_device, device_line, run_workers, score_heldout,
-                     write_json)
+                     threads_per_run, write_json)
 
 RUNS = ("stage-1", "constant-reward")
 #: What the summary prints per run, before -> after.
@@ -136,14 +135,12 @@ def main() -> None:
     print(device_line(device := describe_device()))
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    threads = max(1, (os.cpu_count() or 1) // (1 if args.one_at_a_time else len(args.runs)))
+    threads = threads_per_run(args.runs, args.one_at_a_time)
     started = time.perf_counter()
     model = warm_start(args)
     print(f"warm start: {model} ({time.perf_counter() - started:.0f} s)")
 
     started = time.perf_counter()
-    for name in args.runs:
-        shutil.rmtree(work / name, ignore_errors=True)
     common = {"config": args.config, "model": model, "index": args.index, "train": args.train,
               "heldout": args.heldout, "heldout_questions": args.heldout_questions, "topk": args.topk,
               "steps": args.steps, "stage1_steps": args.stage1_steps if args.stage1_steps is not None else args.steps,

@@ -162,6 +162,11 @@ VOICES: dict[str, Voice] = {
 }
 
 
+def _goal(row: QARow) -> str:
+    """What the agent says it needs to find: the question, lower-cased, without its question mark."""
+    return row.question.strip().rstrip("?").lower()
+
+
 @dataclass
 class _Builder:
     """Renders trajectories in the dialect's exact text, with the environment's observation cut."""
@@ -190,7 +195,7 @@ class _Builder:
 
     def example(self, row: QARow, searches: list[tuple[str, Sequence[ScoredPassage]]], answer: str, sentence: str,
                 title: str, kind: str) -> SFTExample:
-        goal = row.question.strip().rstrip("?").lower()
+        goal = _goal(row)
         segments: list[tuple[str, bool]] = []
         for turn, (query, hits) in enumerate(searches):
             template = self.voice.first_search if turn == 0 else self.voice.next_search
@@ -204,7 +209,7 @@ class _Builder:
 
     def direct(self, row: QARow) -> SFTExample:
         """The answer from memory: no search, the first gold answer."""
-        goal, answer = row.question.strip().rstrip("?").lower(), row.golden_answers[0]
+        goal, answer = _goal(row), row.golden_answers[0]
         return SFTExample(id=f"{row.id}:direct", prompt=self.prompt(row.question),
                           segments=[(self.voice.direct.format(goal=goal, answer=answer), True)],
                           meta={"question_id": row.id, "kind": "direct", "queries": [], "answer": answer,
