@@ -189,6 +189,15 @@ def start_worker(script: str, name: str, args: dict, threads: int, log: Path) ->
                                 stdout=subprocess.PIPE, stderr=stderr, text=True)
 
 
+def serve_worker(worker: Callable[[str, dict], dict]) -> bool:
+    """In a process `start_worker` started (``script --worker NAME ARGS_JSON``): print ``worker(NAME, ARGS)`` as
+    JSON for `finish_worker` and return True; in the benchmark's own process return False."""
+    if len(sys.argv) == 4 and sys.argv[1] == "--worker":
+        print(json.dumps(worker(sys.argv[2], json.loads(sys.argv[3]))))
+        return True
+    return False
+
+
 def finish_worker(proc: subprocess.Popen, name: str, log: Path) -> dict:
     """Wait for a `start_worker` process and return the JSON it printed last; RuntimeError naming its log."""
     stdout, _ = proc.communicate()
@@ -232,6 +241,18 @@ def score_heldout(trainer, rewards: dict, rows, samples: int, seed: int) -> dict
     return out
 
 
+def start_rl_bench(args: argparse.Namespace, warm_start: Callable[[argparse.Namespace], str]) -> tuple[dict, Path, str]:
+    """What every RL benchmark does first: print the device, make its work folder, warm-start the agent (timed).
+    Returns (device, work folder, warm-started model)."""
+    print(device_line(device := describe_device()))
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    model = warm_start(args)
+    print(f"warm start: {model} ({time.perf_counter() - started:.0f} s)")
+    return device, work, model
+
+
 def threads_per_run(runs, one_at_a_time: bool) -> int:
     """Torch threads of each of `runs`: every usable core when they run one after the other, a share side by side."""
     return max(1, (os.cpu_count() or 1) // (1 if one_at_a_time else len(runs)))
@@ -253,7 +274,7 @@ def run_workers(script: str, names, args_of, threads: int, work: Path, one_at_a_
 
 
 def add_rl_bench_arguments(parser: argparse.ArgumentParser, *, name: str, config: str, heldout: str, runs,
-                           eval_samples: int) -> None:
+                           eval_samples: int, actor_lr: float) -> None:
     """The arguments of the RL benchmarks that warm-start the agent, train side-by-side runs on the train leaves
     the warm start held out and evaluate on held-out questions (`name`: the folder under runs/quickstart)."""
     data = REPO_ROOT / "runs" / "quickstart" / "data"
@@ -264,6 +285,8 @@ def add_rl_bench_arguments(parser: argparse.ArgumentParser, *, name: str, config
                         help="RL questions (default: the train leaves the warm start held out)")
     parser.add_argument("--heldout", default=str(data / heldout), help="held-out questions (evaluation only)")
     parser.add_argument("--eval-samples", type=int, default=eval_samples)
+    parser.add_argument("--actor-lr", type=float, default=actor_lr,
+                        help="policy learning rate of every run (a handful of CPU steps must move the policy)")
     parser.add_argument("--eval-seed", type=int, default=12345)
     parser.add_argument("--runs", nargs="+", default=list(runs), choices=list(runs))
     parser.add_argument("--one-at-a-time", action="store_true",

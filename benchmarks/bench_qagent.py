@@ -28,12 +28,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 
-from _common import (add_rl_bench_arguments, base_parser, describe_device, device_line, finish_worker, run_workers,
-                     score_heldout, start_worker, threads_per_run, write_json)
+from _common import (add_rl_bench_arguments, base_parser, finish_worker, run_workers, score_heldout, serve_worker,
+                     start_rl_bench, start_worker, threads_per_run, write_json)
 
 RUNS = ("two-stage", "constant-reward")
 
@@ -66,7 +65,7 @@ def _worker(name: str, args: dict) -> dict:
     config = build_config(RLConfig, "agent_train", None, args["config"])
     config.agent.model = args["model"]
     config.out, config.steps, config.progress, config.report_to = args["out"], max(1, args["steps"]), False, ["none"]
-    config.save_steps = config.steps
+    config.save_steps, config.actor_lr = config.steps, args["actor_lr"]
     config.env.max_new_tokens_per_turn = args["max_new_tokens_per_turn"]
     config.stage2.after_step = args["stage1_steps"]
     client = open_client(RetrievalConfig(index=args["index"]))
@@ -87,19 +86,18 @@ def _worker(name: str, args: dict) -> dict:
 
 def _common_args(args, model: str, threads: int, steps: int) -> dict:
     return {"config": args.config, "model": model, "index": args.index, "train": args.train, "heldout": args.heldout,
-            "steps": steps, "stage1_steps": args.stage1_steps, "max_new_tokens_per_turn": args.max_new_tokens_per_turn,
+            "steps": steps, "stage1_steps": args.stage1_steps, "actor_lr": args.actor_lr,
+            "max_new_tokens_per_turn": args.max_new_tokens_per_turn,
             "eval_samples": args.eval_samples, "eval_seed": args.eval_seed, "threads": threads}
 
 
 def main() -> None:
-    import json
-
-    if len(sys.argv) == 4 and sys.argv[1] == "--worker":
-        print(json.dumps(_worker(sys.argv[2], json.loads(sys.argv[3]))))
+    if serve_worker(_worker):
         return
     parser = base_parser(__doc__)
     add_rl_bench_arguments(parser, name="bench_qagent", config="configs/qagent_quickstart.yaml",
-                           heldout="fanoutqa_leaf_dev_answerable.jsonl", runs=RUNS, eval_samples=4)
+                           heldout="fanoutqa_leaf_dev_answerable.jsonl", runs=RUNS, eval_samples=4,
+                           actor_lr=2e-5)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--stage1-steps", type=int, default=4, help="steps of stage 1 before the switch")
     parser.add_argument("--max-new-tokens-per-turn", type=int, default=128,
@@ -107,13 +105,8 @@ def main() -> None:
     parser.add_argument("--skip-untrained", action="store_true", help="do not evaluate the model without warm start")
     args = parser.parse_args()
 
-    print(device_line(device := describe_device()))
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
+    device, work, model = start_rl_bench(args, warm_start)
     threads = threads_per_run(args.runs, args.one_at_a_time)
-    started = time.perf_counter()
-    model = warm_start(args)
-    print(f"warm start: {model} ({time.perf_counter() - started:.0f} s)")
     untrained = None
     if not args.skip_untrained:
         log = work / "untrained.log"

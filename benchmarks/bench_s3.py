@@ -36,16 +36,14 @@ step, and the curves (``benchmarks/figures/s3_<run>_curves.png``).
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import shutil
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
-from _common import REPO_ROOT, base_parser, describe_device, device_line, finish_worker, start_worker, write_json
+from _common import (REPO_ROOT, base_parser, describe_device, device_line, run_workers, serve_worker, threads_per_run,
+                     write_json)
 
 DATA = REPO_ROOT / "runs" / "quickstart" / "data"
 RUNS = ("gbr", "shuffled-gold")
@@ -156,8 +154,7 @@ def _worker(name: str, args: dict) -> dict:
 
 
 def main() -> None:
-    if len(sys.argv) == 4 and sys.argv[1] == "--worker":
-        print(json.dumps(_worker(sys.argv[2], json.loads(sys.argv[3]))))
+    if serve_worker(_worker):
         return
     parser = base_parser(__doc__)
     parser.add_argument("--config", default="configs/s3_quickstart.yaml")
@@ -195,7 +192,7 @@ def main() -> None:
     model = warm_start(args, client)
     print(f"warm start: {model} ({time.perf_counter() - started:.0f} s)")
 
-    threads = max(1, (os.cpu_count() or 1) // len(args.runs))
+    threads = threads_per_run(args.runs, one_at_a_time=False)
     common = {"config": args.config, "model": model, "index": args.index, "topk": args.topk, "steps": args.steps,
               "actor_lr": args.actor_lr, "eval_samples": args.eval_samples, "eval_seed": args.eval_seed,
               "seed": args.seed, "threads": threads,
@@ -205,11 +202,7 @@ def main() -> None:
                                for r in heldout]}
     started = time.perf_counter()
     work = Path(args.work)
-    for name in args.runs:
-        shutil.rmtree(work / name, ignore_errors=True)
-    procs = {name: start_worker(__file__, name, {**common, "out": str(work / name)}, threads, work / f"{name}.log")
-             for name in args.runs}
-    results = {name: finish_worker(proc, name, work / f"{name}.log") for name, proc in procs.items()}
+    results = run_workers(__file__, args.runs, lambda name: common | {"out": str(work / name)}, threads, work)
     Path(args.figures).mkdir(parents=True, exist_ok=True)
     for name, result in results.items():
         shutil.copy(work / name / "training_curves.png", Path(args.figures) / f"s3_{name}_curves.png")

@@ -38,11 +38,10 @@ held-out rollouts.
 from __future__ import annotations
 
 import shutil
-import sys
 import time
 from pathlib import Path
 
-from _common import (add_rl_bench_arguments, base_parser, describe_device, device_line, run_workers, score_heldout,
+from _common import (add_rl_bench_arguments, base_parser, run_workers, score_heldout, serve_worker, start_rl_bench,
                      threads_per_run, write_json)
 
 RUNS = ("stage-1", "constant-reward")
@@ -108,14 +107,12 @@ def _worker(name: str, args: dict) -> dict:
 
 
 def main() -> None:
-    import json
-
-    if len(sys.argv) == 4 and sys.argv[1] == "--worker":
-        print(json.dumps(_worker(sys.argv[2], json.loads(sys.argv[3]))))
+    if serve_worker(_worker):
         return
     parser = base_parser(__doc__)
     add_rl_bench_arguments(parser, name="bench_when_to_search", config="configs/when_to_search_quickstart.yaml",
-                           heldout="fanoutqa_leaf_dev_in_corpus.jsonl", runs=RUNS, eval_samples=1)
+                           heldout="fanoutqa_leaf_dev_in_corpus.jsonl", runs=RUNS, eval_samples=1,
+                           actor_lr=2e-5)
     parser.add_argument("--heldout-questions", type=int, default=32,
                         help="N held-out questions, spread evenly over the file")
     parser.add_argument("--direct-answer-share", type=float, default=0.5,
@@ -124,7 +121,6 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--stage1-steps", type=int, default=None,
                         help="steps of stage 1 before the switch to stage 2 (default: all of them)")
-    parser.add_argument("--actor-lr", type=float, default=2e-5)
     parser.add_argument("--dynamic-sampling", action="store_true",
                         help="DAPO's dynamic sampling in the rewarded run (more rollouts per step)")
     parser.add_argument("--max-new-tokens-per-turn", type=int, default=128,
@@ -132,13 +128,8 @@ def main() -> None:
                              "shorter cap cuts some answers off, and a cut answer breaks the shape")
     args = parser.parse_args()
 
-    print(device_line(device := describe_device()))
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
+    device, work, model = start_rl_bench(args, warm_start)
     threads = threads_per_run(args.runs, args.one_at_a_time)
-    started = time.perf_counter()
-    model = warm_start(args)
-    print(f"warm start: {model} ({time.perf_counter() - started:.0f} s)")
 
     started = time.perf_counter()
     common = {"config": args.config, "model": model, "index": args.index, "train": args.train,
