@@ -12,7 +12,10 @@ the habit of answering from the passages with trajectories built from FanOutQA's
   among the passages the trajectory retrieved and holds that answer (word-bounded, normalised): the
   model must learn to answer from what it read, never to guess;
 * when a phrasing misses the evidence and another phrasing finds it, the miss becomes a first search
-  followed by a second one: a real two-search chain that teaches searching again instead of guessing.
+  followed by a second one: a real two-search chain that teaches searching again instead of guessing;
+* a dialect whose search holds several queries (QAgent's 1-3 ``<query>`` lines) may search several phrasings at
+  once (`SynthesisConfig.queries_per_search`): the phrasings are taken in groups of that size, one search per
+  group with every query's results in its observation, and the rules above apply to groups instead of phrasings.
 
 The reasoning lines are short, fixed templates grounded in the retrieved text (the sentence of the
 evidence passage that holds the answer), written in the dialect's tags (`VOICES`: Search-R1's ``<think>``, QAgent's
@@ -64,10 +67,15 @@ class SynthesisConfig:
     direct_answer_share: float = field(default=0.0, metadata={
         "help": "share of the examples that answer from memory without searching, in [0, 1) (dialects whose agent "
                 "may answer without a search: reflect)"})
+    queries_per_search: int = field(default=1, metadata={
+        "help": "phrasings searched at once, in one search (dialects whose search holds several queries: qagent, "
+                "up to 3)"})
 
     def __post_init__(self):
         if not 0.0 <= self.direct_answer_share < 1.0:
             raise ValueError(f"synthesis.direct_answer_share must be in [0, 1), got {self.direct_answer_share}")
+        if self.queries_per_search < 1:
+            raise ValueError(f"synthesis.queries_per_search must be at least 1, got {self.queries_per_search}")
 
 
 def content_words(question: str) -> str:
@@ -120,46 +128,63 @@ def _evidence_hit(hits: Sequence[ScoredPassage], row: QARow) -> tuple[ScoredPass
 
 @dataclass(frozen=True)
 class Voice:
-    """How a dialect's agent writes the synthesised turns: the first search (``{goal}``, ``{query}``), a search after
-    a miss (``{query}``), the answer grounded in the evidence sentence (``{title}``, ``{sentence}``, ``{answer}``),
-    and, for an agent that may answer without searching, the direct answer from memory (``{goal}``, ``{answer}``;
-    None: it always searches). `keyword_queries`: the agent is asked for keyword queries, so the question as asked
-    is not one of its phrasings."""
+    """How a dialect's agent writes the synthesised turns: the first search (``{goal}``, ``{queries}``), a search
+    after a miss (``{queries}``), the answer grounded in the evidence sentence (``{title}``, ``{sentence}``,
+    ``{answer}``), and, for an agent that may answer without searching, the direct answer from memory (``{goal}``,
+    ``{answer}``; None: it always searches). ``{queries}`` is the search's queries, each written as `query`
+    (``{query}``), one per line; `max_queries` is how many one search may hold. `keyword_queries`: the agent is asked
+    for keyword queries, so the question as asked is not one of its phrasings."""
 
     first_search: str
     next_search: str
     answer: str
     direct: str | None = None
     keyword_queries: bool = False
+    query: str = "{query}"
+    max_queries: int = 1
+
+    def queries(self, queries: Sequence[str]) -> str:
+        return "\n".join(self.query.format(query=q) for q in queries)
 
 
 #: The turns per dialect. Search-R1 reasons in ``<think>``; QAgent ("QAgent: A modular Search Agent with Interactive
 #: Query Understanding", arXiv 2510.08383, Table 5) plans in ``<plan>`` before every search, puts each query in
-#: ``<query>`` tags and reflects in ``<reflection>`` right after every ``<information>`` (the format its stage-1
-#: reward checks, `agent.rewards.qagent_format`). One query per search: the phrasings are tried one at a time.
+#: ``<query>`` tags, at most 3 per search (`QAgentSettings.max_queries`), and reflects in ``<reflection>`` right
+#: after every ``<information>`` (the format its stage-1 reward checks, `agent.rewards.qagent_format`).
 VOICES: dict[str, Voice] = {
     "search_r1": Voice(
-        first_search="<think> I need to find {goal}. </think>\n<search> {query} </search>",
+        first_search="<think> I need to find {goal}. </think>\n<search> {queries} </search>",
         next_search="<think> The results do not answer the question. I will search with other words. </think>\n"
-                    "<search> {query} </search>",
+                    "<search> {queries} </search>",
         answer="<think> The passage about {title} says: {sentence} </think>\n<answer> {answer} </answer>"),
     "qagent": Voice(
-        first_search="<plan> I need to find {goal}. </plan>\n<search>\n<query>{query}</query>\n</search>",
+        first_search="<plan> I need to find {goal}. </plan>\n<search>\n{queries}\n</search>",
         next_search="<reflection> The results do not answer the question. </reflection>\n"
-                    "<plan> I will search with other words. </plan>\n<search>\n<query>{query}</query>\n</search>",
-        answer="<reflection> The passage about {title} says: {sentence} </reflection>\n<answer> {answer} </answer>"),
+                    "<plan> I will search with other words. </plan>\n<search>\n{queries}\n</search>",
+        answer="<reflection> The passage about {title} says: {sentence} </reflection>\n<answer> {answer} </answer>",
+        query="<query>{query}</query>", max_queries=3),
     # "Learning When to Search" (Appendix B.4's prompt): one <think> first, a <reflect> after every <information>,
     # "a brief keyword-based search query", and think -> reflect -> answer when the agent knows the answer. Both
     # branches open with the same words, so the choice to search is made at one place.
     "reflect": Voice(
-        first_search="<think> I need to find {goal}. I will search for it. </think>\n<search> {query} </search>",
+        first_search="<think> I need to find {goal}. I will search for it. </think>\n<search> {queries} </search>",
         next_search="<reflect> The results do not answer the question. I will search with other words. </reflect>\n"
-                    "<search> {query} </search>",
+                    "<search> {queries} </search>",
         answer="<reflect> The passage about {title} says: {sentence} </reflect>\n<answer> {answer} </answer>",
         direct="<think> I need to find {goal}. I know it. </think>\n<reflect> I recall that the answer is {answer}. "
                "</reflect>\n<answer> {answer} </answer>",
         keyword_queries=True),
 }
+
+
+@dataclass(frozen=True)
+class _Search:
+    """One synthesised search: its queries, each query's retrieved passages, and the first retrieved evidence
+    passage holding a gold answer (with that answer and its sentence; None: the search missed)."""
+
+    queries: tuple[str, ...]
+    results: tuple[Sequence[ScoredPassage], ...]
+    found: tuple[ScoredPassage, str, str] | None
 
 
 def _goal(row: QARow) -> str:
@@ -184,27 +209,35 @@ class _Builder:
             with_direct = sorted(name for name, voice in VOICES.items() if voice.direct)
             raise ValueError(f"synthesis.direct_answer_share needs a dialect whose agent may answer without searching "
                              f"({', '.join(with_direct)}); {self.config.dialect!r} always searches")
+        if self.config.queries_per_search > self.voice.max_queries:
+            several = ", ".join(f"{name} up to {voice.max_queries}" for name, voice in sorted(VOICES.items())
+                                if voice.max_queries > 1)
+            raise ValueError(f"synthesis.queries_per_search={self.config.queries_per_search}: a {self.config.dialect!r} "
+                             f"search holds at most {self.voice.max_queries} quer"
+                             f"{'y' if self.voice.max_queries == 1 else 'ies'} ({several})")
 
     def prompt(self, question: str) -> str:
         return render_chat_prompt(self.tokenizer, self.dialect.build_prompt(question))
 
-    def observation(self, hits: Sequence[ScoredPassage]) -> str:
-        text, _ = cut_to_tokens(self.tokenizer, self.dialect.format_observation([list(hits)]),
+    def observation(self, results: Sequence[Sequence[ScoredPassage]]) -> str:
+        """One search's observation: every query's results in one block, cut as the environment cuts it."""
+        text, _ = cut_to_tokens(self.tokenizer, self.dialect.format_observation([list(hits) for hits in results]),
                                 self.config.observation_max_tokens)
         return text
 
-    def example(self, row: QARow, searches: list[tuple[str, Sequence[ScoredPassage]]], answer: str, sentence: str,
-                title: str, kind: str) -> SFTExample:
+    def example(self, row: QARow, searches: Sequence[_Search], answer: str, sentence: str, title: str,
+                kind: str) -> SFTExample:
         goal = _goal(row)
         segments: list[tuple[str, bool]] = []
-        for turn, (query, hits) in enumerate(searches):
+        for turn, search in enumerate(searches):
             template = self.voice.first_search if turn == 0 else self.voice.next_search
-            segments.append((template.format(goal=goal, query=query), True))
-            segments.append((self.observation(hits), False))
+            segments.append((template.format(goal=goal, queries=self.voice.queries(search.queries)), True))
+            segments.append((self.observation(search.results), False))
         segments.append((self.voice.answer.format(title=title, sentence=sentence, answer=answer), True))
-        queries = [q for q, _ in searches]
+        queries = [q for search in searches for q in search.queries]
         return SFTExample(id=f"{row.id}:{kind}:{'|'.join(queries)}", prompt=self.prompt(row.question),
                           segments=segments, meta={"question_id": row.id, "kind": kind, "queries": queries,
+                                                   "searches": [len(search.queries) for search in searches],
                                                    "answer": answer, "evidence_title": title})
 
     def direct(self, row: QARow) -> SFTExample:
@@ -229,10 +262,11 @@ def synthesize_sft_examples(rows: Sequence[QARow], client: RetrievalClient, toke
                             config: SynthesisConfig | None = None) -> tuple[list[SFTExample], dict]:
     """Warm-start examples from leaf QA rows (with `supporting_titles`), and counts of what was kept.
 
-    One retrieval call for all phrasings of all rows; per row, one single-search example per phrasing that
-    retrieves an evidence passage holding the answer, and (with `retry_chains`) one two-search example per
-    phrasing that misses, followed by the first phrasing that hits. With `direct_answer_share`, direct answers
-    (no search) for as many rows as make that share of the examples (`_direct_answer_rows`), after the others.
+    One retrieval call for all phrasings of all rows; the phrasings of a row are grouped into searches of
+    `queries_per_search` (in order); per row, one single-search example per search that retrieves an evidence
+    passage holding the answer, and (with `retry_chains`) one two-search example per search that misses, followed
+    by the first search that hits. With `direct_answer_share`, direct answers (no search) for as many rows as make
+    that share of the examples (`_direct_answer_rows`), after the others.
     """
     config = config or SynthesisConfig()
     builder = _Builder(tokenizer, config)
@@ -247,21 +281,24 @@ def synthesize_sft_examples(rows: Sequence[QARow], client: RetrievalClient, toke
     examples: list[SFTExample] = []
     counts = Counter(rows=len(rows), searches=len(flat), phrasings_finding_evidence_with_answer=0, rows_used=0,
                      examples_single=0, examples_retry=0, examples_direct=0)
-    for row, searches in zip(rows, per_row):
-        found = [(query, hits, _evidence_hit(hits, row)) for query, hits in searches]
-        hits_ok = [(q, h, f) for q, h, f in found if f is not None]
-        counts["phrasings_finding_evidence_with_answer"] += len(hits_ok)
-        if not hits_ok:
+    size = config.queries_per_search
+    for row, results in zip(rows, per_row):
+        found = [_evidence_hit(hits, row) for _, hits in results]
+        counts["phrasings_finding_evidence_with_answer"] += sum(hit is not None for hit in found)
+        searches = [_Search(tuple(q for q, _ in results[i:i + size]), tuple(h for _, h in results[i:i + size]),
+                            next((hit for hit in found[i:i + size] if hit is not None), None))
+                    for i in range(0, len(results), size)]
+        hitting = [search for search in searches if search.found is not None]
+        if not hitting:
             continue
         counts["rows_used"] += 1
-        for query, hits, (passage, answer, sentence) in hits_ok:
-            examples.append(builder.example(row, [(query, hits)], answer, sentence, passage.title, "single"))
+        for search in hitting:
+            passage, answer, sentence = search.found
+            examples.append(builder.example(row, [search], answer, sentence, passage.title, "single"))
         if config.retry_chains:
-            good_query, good_hits, (passage, answer, sentence) = hits_ok[0]
-            for query, hits, hit in found:
-                if hit is None:
-                    examples.append(builder.example(row, [(query, hits), (good_query, good_hits)], answer, sentence,
-                                                    passage.title, "retry"))
+            passage, answer, sentence = hitting[0].found
+            examples.extend(builder.example(row, [search, hitting[0]], answer, sentence, passage.title, "retry")
+                            for search in searches if search.found is None)
     if config.direct_answer_share and examples:
         examples.extend(builder.direct(row) for row in
                         _direct_answer_rows(rows, len(examples), config.direct_answer_share))

@@ -108,6 +108,46 @@ def test_qagent_trajectories_plan_before_every_search_and_reflect_after_every_ob
         synthesize_sft_examples([ROW], client, tokenizer, SynthesisConfig(dialect="s3"))
 
 
+def test_qagent_searches_several_phrasings_at_once_with_every_querys_results_in_one_observation(tokenizer):
+    from agent.dialects import QAgentDialect
+    from agent.rewards.qagent import stage1_reward
+    from agent.rewards.qagent_format import check_format
+
+    client = TableClient({"Islamabad capital Pakistan": [EVIDENCE]})
+    config = SynthesisConfig(dialect="qagent", topk=1, queries_per_search=2)
+    examples, counts = synthesize_sft_examples([ROW], client, tokenizer, config)
+    dialect = QAgentDialect()
+    # groups of two phrasings: [as asked, content words] misses, [title + the rest] finds the evidence
+    assert [(e.meta["kind"], e.meta["searches"]) for e in examples] == [("single", [1]), ("retry", [2, 1])]
+    retry = examples[1]
+    first_search = retry.segments[0][0]
+    assert dialect.parse_action(first_search).queries == ("What is the capital of Pakistan?", "capital Pakistan")
+    assert "<query>What is the capital of Pakistan?</query>\n<query>capital Pakistan</query>\n</search>" in first_search
+    assert retry.segments[1][0] == dialect.format_observation([[OTHER], [OTHER]])
+    assert check_format(retry.response).valid and stage1_reward(retry.response, ROW.golden_answers) == 1.0
+    assert counts["phrasings_finding_evidence_with_answer"] == 1 and counts["searches"] == 3
+
+    # all three at once: one search, found by its third query; the answer is read from that query's passage
+    examples, _ = synthesize_sft_examples([ROW], client, tokenizer, SynthesisConfig(dialect="qagent", topk=1,
+                                                                                    queries_per_search=3))
+    (only,) = examples
+    assert only.meta["searches"] == [3] and "Islamabad is the capital city of Pakistan." in only.segments[2][0]
+    assert only.segments[1][0] == dialect.format_observation([[OTHER], [OTHER], [EVIDENCE]])
+
+
+def test_one_query_per_search_is_all_search_r1_and_reflect_searches_hold(tokenizer):
+    for dialect in ("search_r1", "reflect"):
+        with pytest.raises(ValueError, match=rf"queries_per_search=2: a '{dialect}' search holds at most 1 query "
+                                             r"\(qagent up to 3\)"):
+            synthesize_sft_examples([ROW], TableClient({}), tokenizer, SynthesisConfig(dialect=dialect,
+                                                                                       queries_per_search=2))
+    with pytest.raises(ValueError, match="a 'qagent' search holds at most 3 queries"):
+        synthesize_sft_examples([ROW], TableClient({}), tokenizer, SynthesisConfig(dialect="qagent",
+                                                                                   queries_per_search=4))
+    with pytest.raises(ValueError, match="queries_per_search must be at least 1, got 0"):
+        SynthesisConfig(queries_per_search=0)
+
+
 def test_reflect_trajectories_search_with_keywords_and_reflect_after_every_observation(tokenizer):
     from agent.dialects import get_dialect
     from agent.dialects.reflect import check_shape, search_queries
