@@ -6,8 +6,8 @@ every retrieved passage + 0.5 x Hit; stage 2). The embedded 135M model prompted 
 format (reported below as the untrained model's stage-1 reward and valid-format rate on the held-out questions), so
 both runs start from a QAgent-format warm start: ``agent sft --synthesis.dialect qagent --synthesis.topk 1
 --train.batch-size 1 --train.gradient-accumulation 4`` (plans
-before every search, one ``<query>`` per search, a reflection after every observation, an answer read from the
-evidence sentence; train leaves, the mining questions held out).
+before every search, ``--queries-per-search`` ``<query>`` lines per search (1 by default), a reflection after every
+observation, an answer read from the evidence sentence; train leaves, the mining questions held out).
 
 * ``two-stage``: `configs/qagent_quickstart.yaml` (GRPO, 4 questions x 4 samples, top-1 per query, the embedded
   SmolLM2-135M loaded separately as the frozen generator), ``--steps`` steps with the switch to stage 2 after
@@ -21,7 +21,7 @@ rate, strict EM, Hit and the generator's contains-EM; the training curves are co
 ``benchmarks/figures/qagent_<run>_curves.png``. The two runs go side by side, one torch thread each
 (``--one-at-a-time``: one after the other with every core, for machines short of memory).
 
-    python benchmarks/bench_qagent.py                  # about 6 minutes a step per run, one thread each
+    python benchmarks/bench_qagent.py                  # about 8 minutes a step per run, one thread each
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ def warm_start(args) -> str:
 
     config = build_config(WarmStartConfig, "agent_sft", None, args.sft_config)
     config.synthesis.dialect, config.synthesis.topk = "qagent", 1
+    config.synthesis.queries_per_search = args.queries_per_search
     # the same updates in micro-batches of 1: four of QAgent's longer trajectories at once passed 9 GB of RSS
     config.train.gradient_accumulation *= config.train.batch_size
     config.train.batch_size = 1
@@ -102,6 +103,8 @@ def main() -> None:
     parser.add_argument("--stage1-steps", type=int, default=4, help="steps of stage 1 before the switch")
     parser.add_argument("--max-new-tokens-per-turn", type=int, default=128,
                         help="the warm start's reflection quotes a sentence: 64 tokens cut some answers off")
+    parser.add_argument("--queries-per-search", type=int, default=1,
+                        help="queries in each search of the warm start's trajectories (QAgent: 1-3)")
     parser.add_argument("--skip-untrained", action="store_true", help="do not evaluate the model without warm start")
     args = parser.parse_args()
 
