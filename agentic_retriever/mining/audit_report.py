@@ -61,10 +61,10 @@ def render_markdown(report: dict) -> str:
     fn = report["false_negatives"]
     row, cand = fn["by_row"], fn["by_candidate"]
     lines += ["", "False negatives:", "", "| | by row slot | by distinct candidate |", "|---|---:|---:|",
-              f"| negatives that are evidence | "
+              "| negatives that are evidence | "
               + (_share(row["evidence"], row["judged_negatives"]) if row else "–")
               + f" | {_share(cand['evidence'], cand['judged_negatives'])} |",
-              f"| negatives that contain an answer | "
+              "| negatives that contain an answer | "
               + (_share(row["answer"], row["negatives"]) if row else "–")
               + f" | {_share(cand['answer'], cand['negatives'])} |",
               "| rows with an evidence negative | "

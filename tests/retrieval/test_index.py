@@ -95,8 +95,6 @@ def test_a_complete_index_is_reused_not_rebuilt(corpus_file, tmp_path, tiny_mode
 
 def test_an_index_reused_for_the_same_weights_in_another_folder_opens_them_from_there(corpus_file, tmp_path,
                                                                                      tiny_model_dir):
-    import shutil
-
     first = build_index(_config(corpus_file, tmp_path / "flat", tiny_model_dir))
     moved = tmp_path / "encoder-moved"
     shutil.copytree(tiny_model_dir, moved)

@@ -11,7 +11,7 @@ from agentic_retriever.corpus import Corpus
 from agentic_retriever.encoder import Encoder, EncoderConfig
 from agentic_retriever.jsonl import DataFormatError
 from agentic_retriever.training.data import passage_utility, read_training_examples
-from agentic_retriever.training.losses import build_infonce_loss, in_batch_accuracy, soft_label_kl
+from agentic_retriever.training.losses import build_infonce_loss
 from tests.fakes import RecordingSummaryWriter, kill_training_after_first_checkpoint
 
 # ------------------------------------------------------------------------------------------------ data
