@@ -21,7 +21,11 @@ rate, strict EM, Hit and the generator's contains-EM; the training curves are co
 ``benchmarks/figures/qagent_<run>_curves.png``. The two runs go side by side, one torch thread each
 (``--one-at-a-time``: one after the other with every core, for machines short of memory).
 
+``--reevaluate SEED ...`` trains nothing: it scores the warm start and the final policies an earlier run left for
+``--runs`` on the same held-out questions under other sampling seeds (is a gain more than one draw?).
+
     python benchmarks/bench_qagent.py                  # about 8 minutes a step per run, one thread each
+    python benchmarks/bench_qagent.py --reevaluate 1 2 --runs two-stage
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from _common import (add_rl_bench_arguments, base_parser, finish_worker, run_wor
                      start_rl_bench, start_worker, threads_per_run, write_json)
 
 RUNS = ("two-stage", "constant-reward")
+SHOWN = ("stage1", "stage2", "valid_format", "em", "hit", "stage2_submodule_contains_em", "searches")
 
 
 def warm_start(args) -> str:
@@ -92,6 +97,26 @@ def _common_args(args, model: str, threads: int, steps: int) -> dict:
             "eval_samples": args.eval_samples, "eval_seed": args.eval_seed, "threads": threads}
 
 
+def reevaluate(args, device: dict, work: Path, model: str) -> None:
+    """Held-out evaluation only, once per seed of ``--reevaluate``: the warm start and the final policy that an earlier
+    run of the benchmark left for each of ``--runs`` (``work/RUN/policy``), side by side; no training."""
+    models = {"warm-start": model} | {name: str(work / name / "policy") for name in args.runs}
+    missing = [path for path in models.values() if not Path(path).is_dir()]
+    if missing:
+        raise SystemExit(f"no trained policy at {', '.join(missing)}: run the benchmark without --reevaluate first")
+    threads = threads_per_run(models, args.one_at_a_time)
+    results = {}
+    for seed in args.reevaluate:
+        folder = work / "reevaluate" / f"seed-{seed}"
+        folder.mkdir(parents=True, exist_ok=True)
+        scores = run_workers(__file__, list(models), lambda name: _common_args(args, models[name], threads, 0)
+                             | {"eval_seed": seed, "out": str(folder / name)}, threads, folder, args.one_at_a_time)
+        results[str(seed)] = {name: score["before"] for name, score in scores.items()}
+        for name, score in results[str(seed)].items():
+            print(f"eval seed {seed}, {name}: " + ", ".join(f"{k} {score[k]:.3f}" for k in SHOWN if k in score))
+    write_json(args.json, "qagent_reevaluate", args, device, results)
+
+
 def main() -> None:
     if serve_worker(_worker):
         return
@@ -106,9 +131,15 @@ def main() -> None:
     parser.add_argument("--queries-per-search", type=int, default=1,
                         help="queries in each search of the warm start's trajectories (QAgent: 1-3)")
     parser.add_argument("--skip-untrained", action="store_true", help="do not evaluate the model without warm start")
+    parser.add_argument("--reevaluate", nargs="+", type=int, metavar="SEED",
+                        help="no training: evaluate the warm start and the policies an earlier run left for --runs "
+                             "on the held-out questions under each of these sampling seeds")
     args = parser.parse_args()
 
     device, work, model = start_rl_bench(args, warm_start)
+    if args.reevaluate:
+        reevaluate(args, device, work, model)
+        return
     threads = threads_per_run(args.runs, args.one_at_a_time)
     untrained = None
     if not args.skip_untrained:
@@ -129,9 +160,7 @@ def main() -> None:
         for stage in ("stage1", "stage2"):
             print(f"ratio {name} held-out {stage} reward after / before {after[stage] / max(before[stage], 1e-9):.2f}x "
                   f"({before[stage]:.3f} -> {after[stage]:.3f})")
-        print("  " + ", ".join(f"{k} {before[k]:.3f} -> {after[k]:.3f}"
-                               for k in ("valid_format", "em", "hit", "stage2_submodule_contains_em", "searches")
-                               if k in before))
+        print("  " + ", ".join(f"{k} {before[k]:.3f} -> {after[k]:.3f}" for k in SHOWN[2:] if k in before))
         rewards = " ".join(f"{h['reward']:.2f}(s{h.get('reward_stage', 1)})" for h in result["history"])
         print(f"  training reward by step: {rewards}")
     print(f"runs: {time.perf_counter() - started:.0f} s, {threads} torch thread(s) each"
