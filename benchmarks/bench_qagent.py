@@ -125,8 +125,8 @@ def main() -> None:
                            heldout="fanoutqa_leaf_dev_answerable.jsonl", runs=RUNS, eval_samples=4,
                            actor_lr=2e-5)
     parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--stage1-steps", type=int, default=4, help="steps of stage 1 before the switch")
-    parser.add_argument("--max-new-tokens-per-turn", type=int, default=128,
+    parser.add_argument("--stage1-steps", type=int, default=5, help="steps of stage 1 before the switch")
+    parser.add_argument("--max-new-tokens-per-turn", type=int, default=96,
                         help="the warm start's reflection quotes a sentence: 64 tokens cut some answers off")
     parser.add_argument("--queries-per-search", type=int, default=1,
                         help="queries in each search of the warm start's trajectories (QAgent: 1-3)")
