@@ -39,7 +39,7 @@ from _common import (add_rl_bench_arguments, base_parser, finish_worker, run_wor
                      start_rl_bench, start_worker, threads_per_run, write_json)
 
 RUNS = ("two-stage", "constant-reward")
-SHOWN = ("stage1", "stage2", "valid_format", "em", "hit", "stage2_submodule_contains_em", "searches")
+SHOWN = ("stage1", "stage2", "valid_format", "em", "hit", "stage2_submodule_contains_em", "searches", "queries")
 
 
 def warm_start(args) -> str:

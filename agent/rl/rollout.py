@@ -134,7 +134,8 @@ class RolloutCollector:
         """Diagnostics logged next to the reward's own: for s3's searcher, which selects documents for a frozen
         generator, how many it selected; else EM of the answer and, for the Search-R1 dialect, the valid format
         (Eq. 3's f_format) and a gold answer in the retrieved text (Eq. 4's f_ret); for QAgent's, its format
-        (Eq. 7's r_fmt), Hit (Eq. 10) and the passages it retrieved (|K|, deduplicated); for the reflect dialect
+        (Eq. 7's r_fmt), Hit (Eq. 10), the passages it retrieved (|K|, deduplicated) and the queries it searched
+        (1-3 a search: against the searches, how many it searches at once); for the reflect dialect
         ("Learning When to Search"), its shape (Eq. 6's allowed shapes) and whether it answered without searching."""
         dialect = self.config.env.dialect
         if dialect == "s3":
@@ -147,6 +148,7 @@ class RolloutCollector:
             parts["valid_format"] = float(check_format(result).valid)
             parts["hit"] = float(hit(result, row.golden_answers))
             parts["retrieved_documents"] = float(len(result.selection.documents) if result.selection else 0)
+            parts["queries"] = float(sum(len(turn.queries) for turn in result.turns if turn.retrieved))
         elif dialect == "reflect":
             parts["valid_format"] = float(check_shape(result.response_text).valid)
             parts["answered_without_search"] = float(result.finish_reason == "answer" and result.num_searches == 0)

@@ -70,6 +70,20 @@ def test_prepare_reward_builds_one_reward_per_stage_and_loads_the_generator_once
         prepare_reward(qagent_config(tmp_path), FakeClient(), ROWS, reward_fn=lambda r, g: 0.0)
 
 
+def test_the_training_diagnostics_count_the_queries_a_rollout_searched_next_to_its_searches(tmp_path):
+    from agent.rl.reward_schedule import RewardSchedule
+    from agent.rl.rollout import RolloutCollector
+    from tests.agent.test_qagent_rollout import run_qagent
+
+    (hamlet, peru), _ = run_qagent()  # hamlet: 2 queries, then 3 (a 4th dropped), an empty search, the answer
+    collect = RolloutCollector(qagent_config(tmp_path), [], llm=None, client=None, rewards=RewardSchedule(None))
+    parts = collect.components(hamlet, QARow("1", "who wrote hamlet", ("Shakespeare",)))
+    assert hamlet.num_searches == 2 and parts["queries"] == 5.0
+    assert parts["retrieved_documents"] == 4.0  # "hamlet author" searched twice: its passage counts once in K
+    assert parts["em"] == 1.0 and parts["valid_format"] == 0.0  # the empty search got the rethink message
+    assert collect.components(peru, QARow("2", "capital of peru", ("Lima",)))["queries"] == 1.0
+
+
 def constant_stages(tmp_path, policy: str, **overrides) -> RLConfig:
     """Two constant stages (0.25, then 0.75): which stage scored a step shows in its reward."""
     return qagent_config(tmp_path, policy, env=EnvConfig(max_turns=1, topk=1, max_new_tokens_per_turn=8,
