@@ -24,13 +24,17 @@ Turns are generation steps, as in [R]: an invalid action uses one. After `max_tu
 `search_disabled_on_last_turn` gets one last generation whose searches are not executed ([R]'s final
 rollout with ``do_search=False``); an answer there finishes normally, anything else ends the trajectory
 without an answer (finish reason ``max_turns``). A trajectory also stops, with ``context_exhausted``,
-when its next generation could take prompt + response past `max_context_tokens` (every sequence the
-model sees fits the budget).
+when its next generation could take prompt + response past `max_context_tokens`, or the response past
+`max_response_tokens` when set (every sequence the model sees fits the budget).
 
 The LLM gets token-id prompts (prompt ids + response ids so far), so nothing is re-tokenised between turns.
 The response is kept as segments: generated text (mask 1, the model's own token ids) and inserted text
 (mask 0: observations, messages, a resumed rollout's prefix); decoding the ids of an inserted segment gives
 back exactly its text, which is what RL's state masking needs (retrieved tokens masked from the loss).
+
+The rules of all this live in `Environment`, applied to one trajectory (`Episode`) at a time; `rollout` drives it
+in batches, and verl's agent loop (`agentic_retriever.loop.verl.agent_loop`) drives the same class one trajectory
+per coroutine, so an agent trained on verl is the agent our rollouts and mining read.
 
 Resuming (global answer correctness of "Agentic-R: Learning to Retrieve for Agentic Search", section 4.1.1;
 docs/mining.md): a `Prefix` starts a
@@ -46,17 +50,19 @@ lists what it offers, including the re-exported `Trajectory` (with `Trajectory.f
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from agentic_retriever.client import RetrievalClient
 from agentic_retriever.corpus import ScoredPassage
 from agentic_retriever.llm.base import LLM, Generation, SamplingParams, generate_checked
+from agentic_retriever.llm.text import render_chat_prompt
 
 from .dialects import Action, Dialect, DocumentTracker, SelectedDocuments, get_dialect
 from .trajectory import FinishReason, Retrieved, Trajectory, Turn
 
-__all__ = ["EnvConfig", "Prefix", "Rollout", "Segment", "Trajectory", "cut_to_tokens", "get_dialect", "rollout"]
+__all__ = ["EnvConfig", "Environment", "Episode", "Prefix", "Rollout", "Segment", "Trajectory", "cut_to_tokens",
+           "get_dialect", "retrieve_checked", "rollout"]
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +78,9 @@ class EnvConfig:
     observation_max_tokens: int = field(default=500, metadata={
         "help": "cut of every inserted text, in tokens (not of observations the dialect bounds itself, e.g. s3's)"})
     max_context_tokens: int = field(default=4096, metadata={"help": "budget of prompt + response tokens"})
+    max_response_tokens: int | None = field(default=None, metadata={
+        "help": "budget of response tokens, all turns and observations (None: max_context_tokens alone; verl's "
+                "agent loop sets its data.max_response_length)"})
     temperature: float = field(default=0.0, metadata={"help": "0 = greedy"})
     top_p: float = field(default=1.0, metadata={"help": "nucleus sampling mass"})
     seed: int | None = field(default=0, metadata={"help": "sampling seed (step s of a rollout uses seed + s)"})
@@ -81,6 +90,9 @@ class EnvConfig:
         for name in ("max_turns", "topk", "max_new_tokens_per_turn", "observation_max_tokens", "max_context_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"EnvConfig.{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_response_tokens is not None and self.max_response_tokens < self.max_new_tokens_per_turn:
+            raise ValueError(f"EnvConfig.max_response_tokens ({self.max_response_tokens}) leaves no room for one turn of "
+                             f"max_new_tokens_per_turn={self.max_new_tokens_per_turn} tokens")
         get_dialect(self.dialect)  # fail early on an unknown name
 
     def sampling_params(self, stop: Sequence[str], step: int) -> SamplingParams:
@@ -157,7 +169,10 @@ class Rollout:
 
 
 @dataclass
-class _State:
+class Episode:
+    """One trajectory in progress: its prompt, the response so far (as segments), its turns, and how it ended
+    (`finish` None while it runs). `pending` holds the search turn (and its action) waiting for its results."""
+
     question: str
     prompt: str
     prompt_ids: list[int]
@@ -170,6 +185,7 @@ class _State:
     length: int = 0
     finish: FinishReason | None = None
     answer: str | None = None
+    pending: tuple[Turn, Action] | None = None
 
     def __post_init__(self):
         self.length = len(self.prompt_ids)
@@ -192,13 +208,22 @@ def cut_to_tokens(tokenizer, text: str, limit: int) -> tuple[str, list[int]]:
     return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False), ids
 
 
-class _Session:
-    """The pieces one rollout call shares: dialect, tokenizer, LLM, retriever, config."""
+class Environment:
+    """The rules of the environment for one dialect, tokenizer and `EnvConfig`, applied one trajectory at a time.
 
-    def __init__(self, llm: LLM, client: RetrievalClient, config: EnvConfig):
-        self.llm, self.client, self.config = llm, client, config
+    Two drivers share it, so that every trainer sees the same agent: the batched `rollout` below (one generation
+    call and one retrieval call per step for the whole batch) and verl's agent loop
+    (`agentic_retriever.loop.verl.agent_loop`, one coroutine per trajectory). A driver calls, per trajectory:
+    `initial_queries` (and retrieves them), `start`; then, while `can_generate`: generate one turn with
+    `sampling_params`, `take_turn`, and when it returns a search action, retrieve its queries (each with
+    ``episode.question``) and `observe`; finally `finish`. `chat_prompt` renders the user message as the model
+    sees it (default: the tokenizer's chat template, `render_chat_prompt`).
+    """
+
+    def __init__(self, tokenizer, config: EnvConfig, chat_prompt: Callable[[str], str] | None = None):
+        self.tokenizer, self.config = tokenizer, config
         self.dialect: Dialect = get_dialect(config.dialect)
-        self.tokenizer = llm.tokenizer
+        self.chat_prompt = chat_prompt or (lambda message: render_chat_prompt(tokenizer, message))
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
@@ -211,7 +236,7 @@ class _Session:
         text, ids = cut_to_tokens(self.tokenizer, text, self.config.observation_max_tokens)
         return Segment(text, ids, generated=False)
 
-    def observation(self, tracker: DocumentTracker, results: Sequence[Sequence[ScoredPassage]]) -> Segment:
+    def observation_segment(self, tracker: DocumentTracker, results: Sequence[Sequence[ScoredPassage]]) -> Segment:
         """The observation of a search's result lists: the passages `tracker` shows, formatted by the dialect;
         cut to the observation budget unless the tracker bounds it."""
         text = self.dialect.format_observation([tracker.observe(hits) for hits in results])
@@ -237,12 +262,112 @@ class _Session:
         log.warning("the generated ids do not decode to the generated text; re-tokenising the cut turn")
         return self.encode(text)
 
-    def retrieve(self, queries: list[str], questions: list[str]) -> list[list[ScoredPassage]]:
-        """One retrieval call for all queries of a step."""
-        results = self.client.retrieve(queries, topk=self.config.topk, questions=questions)
-        if len(results) != len(queries):
-            raise RuntimeError(f"the retrieval client answered {len(results)} result lists for {len(queries)} queries")
-        return results
+    def sampling_params(self, step: int) -> SamplingParams:
+        """The parameters of generation step `step`: the turn budget, the dialect's stop strings, the seed."""
+        return self.config.sampling_params(self.dialect.stop, step)
+
+    def initial_queries(self, question: str) -> tuple[str, ...]:
+        """The searches the dialect runs before the first turn (s3: the question), their results for `start`."""
+        return self.dialect.initial_queries(question)
+
+    def start(self, question: str, initial_results: Sequence[Sequence[ScoredPassage]] = (),
+              prefix: Prefix | None = None) -> Episode:
+        """A new trajectory: the prompt (with the results of `initial_queries`), and, with `prefix`, the resumed
+        response and its forced first observation."""
+        queries = self.initial_queries(question)
+        if len(initial_results) != len(queries):
+            raise ValueError(f"{len(initial_results)} result lists for the {len(queries)} initial queries of the "
+                             f"{self.dialect.name} dialect")
+        tracker = self.dialect.document_tracker(self.count_tokens)
+        shown = [tracker.observe(hits) for hits in initial_results]
+        prompt = self.chat_prompt(self.dialect.build_prompt(question, shown))
+        episode = Episode(question, prompt, self.encode(prompt), tracker)
+        if queries:
+            episode.turns.append(Turn("", "search", list(queries), [_retrieved(h) for h in initial_results]))
+        if prefix is not None:
+            self._apply_prefix(episode, prefix)
+        return episode
+
+    def _apply_prefix(self, episode: Episode, prefix: Prefix) -> None:
+        if not prefix.forced_passages:
+            raise ValueError("a prefix needs at least one forced passage")
+        used = prefix.turns_used if prefix.turns_used is not None else \
+            sum(prefix.response_text.count(s) for s in self.dialect.stop)
+        if not 1 <= used <= self.config.max_turns:
+            raise ValueError(f"a prefix must have used 1..max_turns={self.config.max_turns} turns, got {used}")
+        episode.turns_used = episode.prefix_turns = used
+        episode.prefix = prefix.response_text
+        episode.append(Segment(prefix.response_text, self.encode(prefix.response_text), generated=False))
+        observation = self.observation_segment(episode.tracker, [prefix.forced_passages])
+        episode.append(observation)
+        episode.turns.append(Turn("", "search", [], [_retrieved(prefix.forced_passages)], observation.text,
+                                  forced=True))
+
+    def can_generate(self, episode: Episode) -> bool:
+        """Whether `episode` takes another turn: it has not finished, and a full turn fits `max_context_tokens`
+        and `max_response_tokens` (else it finishes with ``context_exhausted``)."""
+        config, turn = self.config, self.config.max_new_tokens_per_turn
+        response = episode.length - len(episode.prompt_ids)
+        if episode.finish is None and (episode.length + turn > config.max_context_tokens or (
+                config.max_response_tokens is not None and response + turn > config.max_response_tokens)):
+            episode.finish = "context_exhausted"
+        return episode.finish is None
+
+    def take_turn(self, episode: Episode, generation: Generation) -> Action | None:
+        """Record one generated turn and act on it; the search action when it needs retrieval (also kept in
+        ``episode.pending`` for `observe`), else None (an answer, the end of the turns, or an invalid action,
+        whose message is inserted here)."""
+        dialect, config = self.dialect, self.config
+        segment = self.generated(generation)
+        episode.append(segment)
+        episode.tracker.read_turn(segment.text)
+        action = dialect.parse_action(segment.text)
+        search_disabled = episode.turns_used >= config.max_turns  # this was the last, search-disabled generation
+        episode.turns_used += 1
+        turn = Turn(segment.text, action.kind, list(action.queries))
+        episode.turns.append(turn)
+        if action.kind == "answer":
+            episode.finish, episode.answer = "answer", dialect.extract_answer("".join(s.text for s in episode.segments))
+            return None
+        out_of_turns = episode.turns_used >= config.max_turns and not dialect.search_disabled_on_last_turn
+        if search_disabled or out_of_turns:
+            episode.finish = "max_turns"
+            return None
+        if action.kind == "search":
+            episode.pending = (turn, action)
+            return action
+        message = self.inserted(dialect.invalid_action_message)
+        episode.append(message)
+        turn.observation = message.text
+        return None
+
+    def observe(self, episode: Episode, results: Sequence[Sequence[ScoredPassage]]) -> Segment:
+        """Insert the observation of the pending search: `results` holds one result list per query."""
+        if episode.pending is None:
+            raise RuntimeError(f"no search is waiting for its results in the trajectory of {episode.question!r}")
+        turn, action = episode.pending
+        if len(results) != len(action.queries):
+            raise RuntimeError(f"{len(results)} result lists for the {len(action.queries)} queries of a search")
+        observation = self.observation_segment(episode.tracker, results)
+        episode.append(observation)
+        turn.retrieved = [_retrieved(h) for h in results]
+        turn.observation = observation.text
+        episode.pending = None
+        return observation
+
+    def finish(self, episode: Episode) -> Rollout:
+        """The finished trajectory as a `Rollout` (with the document tracker's selection)."""
+        return Rollout(episode.question, episode.prompt, episode.prompt_ids, episode.segments, episode.turns,
+                       episode.answer, episode.finish, episode.prefix, episode.prefix_turns, episode.tracker.selected())
+
+
+def retrieve_checked(client: RetrievalClient, queries: list[str], questions: list[str], topk: int
+                     ) -> list[list[ScoredPassage]]:
+    """One retrieval call for `queries` (each with its question), refusing an answer with another list count."""
+    results = client.retrieve(queries, topk=topk, questions=questions)
+    if len(results) != len(queries):
+        raise RuntimeError(f"the retrieval client answered {len(results)} result lists for {len(queries)} queries")
+    return results
 
 
 def rollout(questions: Sequence[str], llm: LLM, client: RetrievalClient, config: EnvConfig,
@@ -255,105 +380,26 @@ def rollout(questions: Sequence[str], llm: LLM, client: RetrievalClient, config:
     """
     if prefixes is not None and len(prefixes) != len(questions):
         raise ValueError(f"prefixes must be parallel to questions: got {len(prefixes)} for {len(questions)}")
-    session = _Session(llm, client, config)
-    states = _start(session, list(questions), list(prefixes) if prefixes is not None else [None] * len(questions))
-    step = 0
-    while True:
-        active = [s for s in states if s.finish is None]
-        for state in active:
-            if state.length + config.max_new_tokens_per_turn > config.max_context_tokens:
-                state.finish = "context_exhausted"
-        active = [s for s in active if s.finish is None]
-        if not active:
-            break
-        outputs = generate_checked(llm, [s.context_ids() for s in active],
-                                   config.sampling_params(session.dialect.stop, step))
-        searches = []
-        for state, gens in zip(active, outputs):
-            search = _take_turn(session, state, gens[0])
-            if search is not None:
-                searches.append((state, *search))
-        if searches:
-            _observe(session, searches)
-        step += 1
-    return [Rollout(s.question, s.prompt, s.prompt_ids, s.segments, s.turns, s.answer, s.finish, s.prefix,
-                    s.prefix_turns, s.tracker.selected()) for s in states]
-
-
-def _start(session: _Session, questions: list[str], prefixes: list[Prefix | None]) -> list[_State]:
-    """Prompts (after any searches the dialect runs before turn 1), and the forced first observations."""
-    dialect = session.dialect
-    initial = [dialect.initial_queries(q) for q in questions]
+    env = Environment(llm.tokenizer, config, llm.chat_prompt)
+    questions = list(questions)
+    initial = [env.initial_queries(q) for q in questions]
     flat = [(i, q) for i, qs in enumerate(initial) for q in qs]
-    results = session.retrieve([q for _, q in flat], [questions[i] for i, _ in flat]) if flat else []
-    per_question: list[list[list[ScoredPassage]]] = [[] for _ in questions]
-    for (i, _), hits in zip(flat, results):
-        per_question[i].append(hits)
-    states = []
-    for question, queries, passages, prefix in zip(questions, initial, per_question, prefixes):
-        tracker = dialect.document_tracker(session.count_tokens)
-        prompt = session.llm.chat_prompt(dialect.build_prompt(question, [tracker.observe(h) for h in passages]))
-        state = _State(question, prompt, session.encode(prompt), tracker)
-        if queries:
-            state.turns.append(Turn("", "search", list(queries), [_retrieved(h) for h in passages]))
-        if prefix is not None:
-            _apply_prefix(session, state, prefix)
-        states.append(state)
-    return states
-
-
-def _apply_prefix(session: _Session, state: _State, prefix: Prefix) -> None:
-    if not prefix.forced_passages:
-        raise ValueError("a prefix needs at least one forced passage")
-    used = prefix.turns_used if prefix.turns_used is not None else \
-        sum(prefix.response_text.count(s) for s in session.dialect.stop)
-    if not 1 <= used <= session.config.max_turns:
-        raise ValueError(f"a prefix must have used 1..max_turns={session.config.max_turns} turns, got {used}")
-    state.turns_used = state.prefix_turns = used
-    state.prefix = prefix.response_text
-    state.append(Segment(prefix.response_text, session.encode(prefix.response_text), generated=False))
-    observation = session.observation(state.tracker, [prefix.forced_passages])
-    state.append(observation)
-    state.turns.append(Turn("", "search", [], [_retrieved(prefix.forced_passages)], observation.text, forced=True))
-
-
-def _take_turn(session: _Session, state: _State, generation: Generation) -> tuple[Turn, Action] | None:
-    """Record one generated turn and act on it; return (turn, action) when it needs retrieval."""
-    dialect, config = session.dialect, session.config
-    segment = session.generated(generation)
-    state.append(segment)
-    state.tracker.read_turn(segment.text)
-    action = dialect.parse_action(segment.text)
-    search_disabled = state.turns_used >= config.max_turns  # this was the last, search-disabled generation
-    state.turns_used += 1
-    turn = Turn(segment.text, action.kind, list(action.queries))
-    state.turns.append(turn)
-    if action.kind == "answer":
-        state.finish, state.answer = "answer", dialect.extract_answer("".join(s.text for s in state.segments))
-        return None
-    out_of_turns = state.turns_used >= config.max_turns and not dialect.search_disabled_on_last_turn
-    if search_disabled or out_of_turns:
-        state.finish = "max_turns"
-        return None
-    if action.kind == "search":
-        return turn, action
-    message = session.inserted(dialect.invalid_action_message)
-    state.append(message)
-    turn.observation = message.text
-    return None
-
-
-def _observe(session: _Session, searches: list[tuple[_State, Turn, Action]]) -> None:
-    """Retrieve for every search action of the step in one call, and insert the observations."""
-    queries = [q for _, _, action in searches for q in action.queries]
-    questions = [state.question for state, _, action in searches for _ in action.queries]
-    results = iter(session.retrieve(queries, questions))
-    for state, turn, action in searches:
-        hits = [next(results) for _ in action.queries]
-        observation = session.observation(state.tracker, hits)
-        state.append(observation)
-        turn.retrieved = [_retrieved(h) for h in hits]
-        turn.observation = observation.text
+    results = iter(retrieve_checked(client, [q for _, q in flat], [questions[i] for i, _ in flat], config.topk)
+                   if flat else [])
+    episodes = [env.start(question, [next(results) for _ in queries], prefix)
+                for question, queries, prefix in zip(questions, initial, prefixes or [None] * len(questions))]
+    step = 0
+    while active := [e for e in episodes if env.can_generate(e)]:
+        outputs = generate_checked(llm, [e.context_ids() for e in active], env.sampling_params(step))
+        searching = [e for e, gens in zip(active, outputs) if env.take_turn(e, gens[0]) is not None]
+        if searching:
+            queries = [(e, q) for e in searching for q in e.pending[1].queries]
+            results = iter(retrieve_checked(client, [q for _, q in queries], [e.question for e, _ in queries],
+                                            config.topk))
+            for episode in searching:
+                env.observe(episode, [next(results) for _ in episode.pending[1].queries])
+        step += 1
+    return [env.finish(e) for e in episodes]
 
 
 def _retrieved(passages: Sequence[ScoredPassage]) -> Retrieved:
