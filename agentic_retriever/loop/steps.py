@@ -62,8 +62,7 @@ def train_agent_on_verl(job: LoopJob, init_model: str, service_url: str, out: Pa
     its final checkpoint as a model folder (docs/verl.md)."""
     from .verl import prepare_verl_run, start_verl_run, wait_for_checkpoint
 
-    run = prepare_verl_run(out, job.loop.verl, job.agent_train, service_url, init_model, job.agent_train.qa,
-                           job.loop.eval.agent_qa)
+    run = prepare_verl_run(out, job.loop.verl, job.agent_train, service_url, init_model, job.agent_train.qa)
     print(f"verl run written to {run.out_dir}; launch it with: bash {run.launch_script}", flush=True)
     process = start_verl_run(run) if job.loop.verl.launch else None
     if process is None:

@@ -1,16 +1,22 @@
-"""The co-training loop's agent step on verl (agentic_retriever/loop/verl/).
+"""The co-training loop's agent step on verl (agentic_retriever/loop/verl/): the run folder, its overrides, the
+validation slice, the paper's budgets, the hermes tool path, the reward file and the checkpoint pickup.
 
 The overrides are checked against verl 0.9.1's own config: Hydra's compose API composes ``ppo_trainer`` from the
 installed package's ``verl/trainer/config`` folder (found with `importlib.util.find_spec`, which does not run
 ``verl/__init__.py`` and so needs none of verl's heavy dependencies; `make setup` installs verl with ``--no-deps``)
 with our overrides; Hydra refuses a key verl does not define, so composing proves every name, and the composed
-values are compared with ours. Without verl or hydra-core installed that test skips, saying which is missing.
+values are compared with ours. Without verl or hydra-core installed those tests skip, saying which is missing.
+verl's agent-loop machinery running our loop: tests/loop/test_verl_agent_loop.py.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import importlib
 import importlib.util
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -22,12 +28,16 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from agent.rl.config import RLConfig
+from agent.dialects import SearchR1Dialect
+from agent.env import EnvConfig
+from agent.rl.config import RLConfig, SecondStage
 from agentic_retriever.client import HttpRetrievalClient
-from agentic_retriever.loop.verl import (REWARD_FILE, SearchTool, VerlRun, VerlSettings, prepare_verl_run,
-                                         start_verl_run, wait_for_checkpoint)
+from agentic_retriever.loop.verl import (AGENT_LOOP_NAME, REWARD_FILE, SearchTool, VerlRun, VerlSettings,
+                                         prepare_verl_run, start_verl_run, wait_for_checkpoint)
 
 URL = "http://127.0.0.1:8123"
+TRAIN = [("q1", "capital of France", ["Paris"]), ("q2", "who wrote Hamlet?", ["Shakespeare", "W. Shakespeare"]),
+         ("q3", "largest planet", ["Jupiter"]), ("q4", "Largest planet?", ["Jupiter"])]
 
 
 def _qa(path: Path, rows: list[tuple[str, str, list[str]]]) -> Path:
@@ -43,11 +53,8 @@ def _rl() -> RLConfig:
 
 @pytest.fixture
 def run(tmp_path) -> VerlRun:
-    train = _qa(tmp_path / "train.jsonl", [("q1", "capital of France", ["Paris"]), ("q2", "who wrote Hamlet?",
-                                                                                     ["Shakespeare", "W. Shakespeare"])])
-    val = _qa(tmp_path / "val.jsonl", [("v1", "largest planet", ["Jupiter"])])
-    return prepare_verl_run(tmp_path / "verl", VerlSettings(overrides=["trainer.val_before_train=false"]), _rl(),
-                            URL, "/models/agent_0", train, val)
+    settings = VerlSettings(val_questions=1, overrides=["trainer.val_before_train=false"])
+    return prepare_verl_run(tmp_path / "verl", settings, _rl(), URL, "/models/agent_0", _qa(tmp_path / "train.jsonl", TRAIN))
 
 
 def _verl_config_dir() -> Path:
@@ -57,12 +64,16 @@ def _verl_config_dir() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "trainer" / "config"
 
 
-def test_overrides_compose_with_verls_own_ppo_trainer_config(run):
+def _compose(overrides: list[str]):
     hydra = pytest.importorskip("hydra", reason="hydra-core is not installed (the dev extra has it)")
+    with hydra.initialize_config_dir(config_dir=str(_verl_config_dir()), version_base=None):
+        return hydra.compose("ppo_trainer", overrides=overrides)
+
+
+def test_overrides_compose_with_verls_own_ppo_trainer_config(run):
     overrides = (run.out_dir / "overrides.txt").read_text().splitlines()
     assert run.command[-len(overrides):] == overrides and run.command[:3] == ["python3", "-m", "verl.trainer.main_ppo"]
-    with hydra.initialize_config_dir(config_dir=str(_verl_config_dir()), version_base=None):
-        config = hydra.compose("ppo_trainer", overrides=overrides)
+    config = _compose(overrides)
     actor = config.actor_rollout_ref.actor
     assert (actor.optim.lr, config.critic.optim.lr) == (3e-6, 2e-5)
     assert (config.algorithm.adv_estimator, config.algorithm.gamma, config.algorithm.lam) == ("gae", 0.99, 0.95)
@@ -73,30 +84,123 @@ def test_overrides_compose_with_verls_own_ppo_trainer_config(run):
     assert (reward.path, reward.name) == (str(REWARD_FILE), "compute_score")
     assert dict(reward.reward_kwargs) == {"reward": "search_r1_format", "lambda_f": 0.4}
     assert config.actor_rollout_ref.model.path == "/models/agent_0"
-    turn = config.actor_rollout_ref.rollout.multi_turn
-    assert turn.enable and turn.tool_config_path == str(run.out_dir / "search_tool.yaml")
-    assert config.actor_rollout_ref.rollout.agent.default_agent_loop == "tool_agent"
+    agent = config.actor_rollout_ref.rollout.agent  # our agent loop, not verl's hermes tool loop
+    assert agent.default_agent_loop == AGENT_LOOP_NAME
+    assert agent.agent_loop_config_path == str(run.out_dir / "agent_loop.yaml")
+    assert config.actor_rollout_ref.rollout.multi_turn.tool_config_path is None
     assert "hf_model" in actor.checkpoint.save_contents
     assert config.trainer.default_local_dir == str(run.checkpoint_root)
     assert config.trainer.total_training_steps == 7 and config.trainer.val_before_train is False  # extra, last
     assert config.data.train_files == str(run.out_dir / "train.parquet")
+    assert config.data.val_files == str(run.out_dir / "val.parquet")
 
 
-def test_parquet_rows_hold_the_fields_verl_reads(run):
-    rows = pq.read_table(run.out_dir / "train.parquet").to_pylist()
-    assert len(rows) == 2
-    second = rows[1]
-    assert second["prompt"][0]["role"] == "user"
-    assert second["prompt"][0]["content"].startswith("Answer the given question.")
-    assert second["prompt"][0]["content"].endswith("Question: who wrote Hamlet?\n")
-    assert second["reward_model"] == {"style": "rule", "ground_truth": {"target": ["Shakespeare", "W. Shakespeare"]}}
-    assert second["data_source"] and second["agent_name"] == "tool_agent"
-    assert second["extra_info"]["index"] == 1 and second["extra_info"]["tools_kwargs"]["search"]["create_kwargs"]
-    assert pq.read_table(run.out_dir / "val.parquet").to_pylist()[0]["extra_info"]["split"] == "test"
+def test_parquet_rows_hold_the_fields_verl_reads_and_name_our_agent_loop(run):
+    rows = pq.read_table(run.out_dir / "train.parquet").to_pylist() + pq.read_table(run.out_dir / "val.parquet").to_pylist()
+    hamlet = next(row for row in rows if row["extra_info"]["id"] == "q2")
+    assert hamlet["prompt"] == [{"role": "user", "content": SearchR1Dialect().build_prompt("who wrote Hamlet?")}]
+    assert hamlet["reward_model"] == {"style": "rule", "ground_truth": {"target": ["Shakespeare", "W. Shakespeare"]}}
+    assert hamlet["extra_info"]["question"] == "who wrote Hamlet?" and "tools_kwargs" not in hamlet["extra_info"]
+    assert {row["agent_name"] for row in rows} == {AGENT_LOOP_NAME} and all(row["data_source"] for row in rows)
+    loop = yaml.safe_load((run.out_dir / "agent_loop.yaml").read_text())
+    assert loop == [{"name": AGENT_LOOP_NAME, "_target_": "agentic_retriever.loop.verl.agent_loop.DialectAgentLoop",
+                     "_convert_": "all", "retrieval_service_url": URL, "timeout": 60.0,
+                     "env": {"dialect": "search_r1", "max_turns": 4, "topk": 3, "max_new_tokens_per_turn": 512,
+                             "observation_max_tokens": 500, "max_context_tokens": 4096}}]
 
 
-def test_search_tool_yaml_points_at_the_service_and_the_tool_speaks_its_api(run):
-    tool_config = yaml.safe_load((run.out_dir / "search_tool.yaml").read_text())["tools"][0]
+def test_validation_holds_out_training_questions_whole(run):
+    train = pq.read_table(run.out_dir / "train.parquet").to_pylist()
+    val = pq.read_table(run.out_dir / "val.parquet").to_pylist()
+    assert len(train) + len(val) == len(TRAIN) and {row["extra_info"]["split"] for row in val} == {"heldout"}
+    val_ids = {row["extra_info"]["id"] for row in val}
+    assert val_ids in ({"q1"}, {"q2"}, {"q3", "q4"})  # "largest planet" and "Largest planet?" go together
+    assert not val_ids & {row["extra_info"]["id"] for row in train}
+
+
+def _fake_checkpoint(root: Path, step: int, weights: bool = True) -> Path:
+    folder = root / f"global_step_{step}" / "actor" / "huggingface"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    if weights:
+        (folder / "model.safetensors").write_bytes(b"w")
+    (root / "latest_checkpointed_iteration.txt").write_text(str(step))
+    return folder
+
+
+def test_the_loops_verl_step_validates_on_training_questions_not_on_the_dev_set(tmp_path):
+    """The loop's agent step on verl (`steps.train_agent_on_verl`, as the runner calls it) with a dev set in
+    loop.eval: verl's validation rows come from agent_train.qa, none from the dev set."""
+    from agentic_retriever.loop.config import LoopConfig, LoopEvalConfig, LoopJob
+    from agentic_retriever.loop.steps import train_agent_on_verl
+
+    train = _qa(tmp_path / "train.jsonl", TRAIN)
+    dev = _qa(tmp_path / "dev.jsonl", [("d1", "Who painted the Mona Lisa?", ["Leonardo da Vinci"])])
+    settings = VerlSettings(val_questions=2, poll_seconds=0.01, timeout_seconds=5)
+    job = LoopJob(loop=LoopConfig(verl=settings, eval=LoopEvalConfig(agent_qa=str(dev))),
+                  agent_train=dataclasses.replace(_rl(), qa=str(train)), rollout=None, mine=None, train=None, index=None)
+    _fake_checkpoint(tmp_path / "agent" / "checkpoints", 7)
+    summary = train_agent_on_verl(job, "/models/agent_0", URL, tmp_path / "agent")
+    val = pq.read_table(tmp_path / "agent" / "val.parquet").to_pylist()
+    assert summary["trainer"] == "verl" and len(val) >= 2
+    assert {row["extra_info"]["id"] for row in val} <= {qid for qid, _, _ in TRAIN}
+
+
+def test_the_paper_loop_config_gives_verl_the_papers_budgets(tmp_path):
+    """configs/agentic_r_loop.yaml on verl: 4,096 tokens in all, at most 500 generated and 500 retrieved per turn
+    (Agentic-R, Appendix B), five searches of top-3."""
+    from agentic_retriever.config import build_config
+    from agentic_retriever.loop.config import LoopConfig
+
+    path = Path(__file__).resolve().parents[2] / "configs" / "agentic_r_loop.yaml"
+    loop, rl = build_config(LoopConfig, "loop", None, str(path)), build_config(RLConfig, "agent_train", None, str(path))
+    verl_run = prepare_verl_run(tmp_path / "verl", dataclasses.replace(loop.verl, val_questions=1), rl, URL,
+                                "/models/qwen", _qa(tmp_path / "train.jsonl", TRAIN))
+    config = _compose((verl_run.out_dir / "overrides.txt").read_text().splitlines())
+    assert config.data.max_prompt_length + config.data.max_response_length == 4096
+    assert config.data.max_response_length >= 3 * (500 + 500)  # room for several searches, not one
+    (entry,) = yaml.safe_load((verl_run.out_dir / "agent_loop.yaml").read_text())
+    assert entry["env"] == {"dialect": "search_r1", "max_turns": 5, "topk": 3, "max_new_tokens_per_turn": 500,
+                            "observation_max_tokens": 500, "max_context_tokens": 4096}
+    assert config.actor_rollout_ref.rollout.agent.default_agent_loop == AGENT_LOOP_NAME
+
+
+@pytest.mark.parametrize("change, refused", [
+    ({"reward": "s3_gbr"}, "reward=s3_gbr"),
+    ({"stage2": SecondStage(reward="qagent_stage2", after_step=3)}, "stage2.reward=qagent_stage2"),
+    ({"env": EnvConfig(max_new_tokens_per_turn=4000)}, "max_new_tokens_per_turn=4000"),
+])
+def test_settings_verl_cannot_run_are_refused_by_name_before_anything_is_written(tmp_path, change, refused):
+    with pytest.raises(ValueError, match=re.escape(refused)):
+        prepare_verl_run(tmp_path / "verl", VerlSettings(), dataclasses.replace(_rl(), **change), URL, "/m",
+                         _qa(tmp_path / "train.jsonl", TRAIN))
+    assert not (tmp_path / "verl").exists()
+
+
+def test_the_tool_loop_refuses_a_dialect_other_than_search_r1(tmp_path):
+    with pytest.raises(ValueError, match="env.dialect=qagent with agent_loop tool_agent"):
+        prepare_verl_run(tmp_path / "verl", VerlSettings(agent_loop="tool_agent"),
+                         dataclasses.replace(_rl(), env=EnvConfig(dialect="qagent")), URL, "/m",
+                         _qa(tmp_path / "train.jsonl", TRAIN))
+
+
+def test_the_tool_loop_writes_verls_tool_config_and_the_question_for_create(tmp_path):
+    tool_run = prepare_verl_run(tmp_path / "verl", VerlSettings(agent_loop="tool_agent", val_questions=1), _rl(), URL,
+                                "/m", _qa(tmp_path / "train.jsonl", TRAIN))
+    config = _compose((tool_run.out_dir / "overrides.txt").read_text().splitlines())
+    turn = config.actor_rollout_ref.rollout.multi_turn
+    assert config.actor_rollout_ref.rollout.agent.default_agent_loop == "tool_agent" and turn.format == "hermes"
+    assert turn.tool_config_path == str(tool_run.out_dir / "search_tool.yaml") and turn.max_user_turns == 4
+    row = pq.read_table(tool_run.out_dir / "train.parquet").to_pylist()[0]
+    assert row["agent_name"] == "tool_agent" and "<search>" not in row["prompt"][0]["content"]
+    assert row["extra_info"]["tools_kwargs"] == {"search": {"create_kwargs": {"question": row["extra_info"]["question"]}}}
+
+
+def test_search_tool_yaml_points_at_the_service_and_the_tool_speaks_its_api(tmp_path):
+    pytest.importorskip("verl.tools.schemas", reason="verl's tool schemas do not import")
+    tool_run = prepare_verl_run(tmp_path / "verl", VerlSettings(agent_loop="tool_agent", val_questions=1), _rl(), URL,
+                                "/m", _qa(tmp_path / "train.jsonl", TRAIN))
+    tool_config = yaml.safe_load((tool_run.out_dir / "search_tool.yaml").read_text())["tools"][0]
     assert tool_config["config"]["retrieval_service_url"] == URL and tool_config["config"]["topk"] == 3
     module, _, name = tool_config["class_name"].rpartition(".")
     tool_class = getattr(importlib.import_module(module), name)
@@ -112,8 +216,16 @@ def test_search_tool_yaml_points_at_the_service_and_the_tool_speaks_its_api(run)
     assert isinstance(tool, SearchTool)
     assert tool.search(["capital of France"]) == '\n\n<information>Doc 1(Title: "Paris") Capital.</information>\n\n'
     assert seen == [("/retrieve", {"queries": ["capital of France"], "topk": 3, "return_scores": True})]
-    tool._questions["row-1"] = "What is the capital of France?"   # what create() keeps from the row's create_kwargs
-    assert "Paris" in tool.search(["capital"], tool._questions["row-1"])
+
+    async def one_call() -> str:  # as verl's ToolAgentLoop._call_tool calls it
+        instance, _ = await tool.create(create_kwargs={"question": "What is the capital of France?"})
+        try:
+            response, _, _ = await tool.execute(instance, {"query_list": ["capital"]}, agent_data=None)
+        finally:
+            await tool.release(instance)
+        return response.text
+
+    assert "Paris" in asyncio.run(one_call())
     assert seen[-1][1]["questions"] == ["What is the capital of France?"]
 
 
@@ -131,16 +243,6 @@ def test_reward_file_loads_by_path_as_verl_loads_it_and_scores(run):
     wrong = score(data_source="x", solution_str="<think> a </think><answer> Lyon </answer>", ground_truth=truth,
                   extra_info={}, **kwargs)
     assert (right, wrong) == (1.0, 0.0)
-
-
-def _fake_checkpoint(root: Path, step: int, weights: bool = True) -> Path:
-    folder = root / f"global_step_{step}" / "actor" / "huggingface"
-    folder.mkdir(parents=True)
-    (folder / "config.json").write_text("{}")
-    if weights:
-        (folder / "model.safetensors").write_bytes(b"w")
-    (root / "latest_checkpointed_iteration.txt").write_text(str(step))
-    return folder
 
 
 def test_wait_returns_the_hf_folder_of_the_finished_final_checkpoint(run):
@@ -164,11 +266,11 @@ def test_wait_fails_fast_with_the_log_tail_when_the_launched_command_exits_1(run
 
 
 def test_launch_script_passes_every_override_through_the_shell_unchanged(tmp_path, run):
-    """The fixture `run` wrote tmp_path/{train,val}.jsonl; a fake launcher records the argv the script gives it."""
+    """The fixture `run` wrote tmp_path/train.jsonl; a fake launcher records the argv the script gives it."""
     dump = "import json, sys; json.dump(sys.argv[1:], open('argv.json', 'w'))"
-    settings = VerlSettings(launcher=f"{sys.executable} -c {shlex.quote(dump)}", overrides=["trainer.val_before_train=false"])
-    fake = prepare_verl_run(tmp_path / "shell", settings, _rl(), URL, "/models/agent 0's copy",
-                            tmp_path / "train.jsonl", tmp_path / "val.jsonl")
+    settings = VerlSettings(launcher=f"{sys.executable} -c {shlex.quote(dump)}", val_questions=1,
+                            overrides=["trainer.val_before_train=false"])
+    fake = prepare_verl_run(tmp_path / "shell", settings, _rl(), URL, "/models/agent 0's copy", tmp_path / "train.jsonl")
     assert fake.launch_script.stat().st_mode & 0o111
     subprocess.run([str(fake.launch_script)], check=True, cwd=tmp_path)
     argv = json.loads((fake.out_dir / "argv.json").read_text())

@@ -6,29 +6,29 @@ Flexible and Efficient RLHF Framework", arXiv 2409.19256; written against verl 0
 trainer (`agent.rl`): `prepare_verl_run` writes everything verl needs into one folder, `start_verl_run` starts it
 (``VerlSettings.launch``) and `wait_for_checkpoint` returns the trained policy as a Hugging Face model folder.
 
-The agent is Search-R1's ("Search-R1: Training LLMs to Reason and Leverage Search Engines with Reinforcement
-Learning", arXiv 2503.09516) on verl's multi-turn tool agent loop (``tool_agent``, hermes tool calls). Modules:
+The agent is ours: verl runs `agent_loop.DialectAgentLoop` (registered as ``agentic_retriever_agent``), which
+drives the environment of our own rollouts (`agent.env.Environment`) in the dialect of ``agent_train.env`` (Search-R1's
+``<search> q </search>`` by default, "Search-R1: Training LLMs to Reason and Leverage Search Engines with
+Reinforcement Learning", arXiv 2503.09516), calls our retrieval service with the question, and keeps the paper's
+budgets per turn and in all. So the agent verl trains writes what the loop's rollouts and mining read. For
+tool-calling models, ``agent_loop: tool_agent`` runs verl's hermes tool loop with `SearchTool` instead. Modules:
 
 * `settings`: `VerlSettings` (the loop config's ``verl`` section) and `VerlRun` (what a prepared run is);
 * `overrides`: our `RLConfig` and the settings on verl's Hydra names (`verl_overrides`), the reward file, and
   the RLConfig fields verl has no counterpart for;
-* `run_folder`: the files of one run (`prepare_verl_run`: parquet data, tool config, overrides, launch script);
-* `search_tool`: `SearchTool`, the native verl tool that searches our retrieval service, and its config;
+* `run_folder`: the files of one run (`prepare_verl_run`: parquet data with a held-out validation slice of the
+  training questions, the agent-loop or tool config, overrides, launch script);
+* `agent_loop`: `DialectAgentLoop`, verl's ``AgentLoopBase`` over our environment (imports verl: not imported here);
+* `search_tool`: `SearchTool`, the native verl tool of the ``tool_agent`` loop, and its config;
 * `checkpoint`: starting a run (`start_verl_run`) and picking up its final checkpoint (`wait_for_checkpoint`).
-
-**Known mismatch**: verl's tool loop parses hermes ``<tool_call>{"name": "search", "arguments": {"query_list":
-[...]}}</tool_call>`` and renders the tool's answer with the chat template's tool role, while our Search-R1
-prompt asks for ``<search> query </search>``. The chat template (e.g. Qwen2.5's) adds the tool-call instructions
-from the tool schema; a policy that keeps writing ``<search>`` tags gets no retrieval on verl. The Search-R1
-rewards that check the tag sequence (``search_r1_format``, ``search_r1_retrieval``) read ``<information>`` blocks,
-which the tool's text keeps, but not ``<search>`` tags; ``search_r1_em`` scores the last ``<answer>`` only.
 """
 
 from .checkpoint import finished_checkpoint, start_verl_run, wait_for_checkpoint
-from .overrides import REWARD_FILE, verl_overrides
-from .run_folder import prepare_verl_run, write_verl_parquet
+from .overrides import AGENT_LOOP_NAME, REWARD_FILE, verl_overrides
+from .run_folder import agent_loop_config, prepare_verl_run, split_heldout, write_verl_parquet
 from .search_tool import SearchTool, search_tool_config
 from .settings import VerlRun, VerlSettings
 
-__all__ = ["REWARD_FILE", "SearchTool", "VerlRun", "VerlSettings", "finished_checkpoint", "prepare_verl_run",
-           "search_tool_config", "start_verl_run", "verl_overrides", "write_verl_parquet", "wait_for_checkpoint"]
+__all__ = ["AGENT_LOOP_NAME", "REWARD_FILE", "SearchTool", "VerlRun", "VerlSettings", "agent_loop_config",
+           "finished_checkpoint", "prepare_verl_run", "search_tool_config", "split_heldout", "start_verl_run",
+           "verl_overrides", "write_verl_parquet", "wait_for_checkpoint"]

@@ -3,15 +3,22 @@
 **reward**: ``reward.custom_reward_function`` = ``agent/rewards/verl.py`` (absolute path, `REWARD_FILE`),
 ``compute_score``, ``reward_kwargs`` = ``{"reward": rl.reward, **rl.reward_options}``.
 
+**agent loop** (`VerlSettings.agent_loop`): ``dialect`` points ``rollout.agent.agent_loop_config_path`` at the run's
+``agent_loop.yaml`` (our `DialectAgentLoop`, with ``env.dialect``, ``env.max_turns``, ``env.topk``,
+``env.max_new_tokens_per_turn``, ``env.observation_max_tokens``, ``env.max_context_tokens`` and the service URL);
+``tool_agent`` sets verl's hermes tool loop (``multi_turn``: ``env.max_turns`` as its turn limits,
+``env.observation_max_tokens`` x 4 characters as its tool-answer cut, ``search_tool.yaml``).
+
 RLConfig fields without a verl counterpart (refused when they differ from what verl does, else ignored):
 ``whiten_advantages`` (verl always whitens GAE advantages; False is refused), ``value_clip`` None (verl always
 clips; refused), ``dynamic_sampling`` / ``dynamic_sampling_max_batches`` (not in ``verl.trainer.main_ppo``; True is
-refused), ``env.dialect`` other than ``search_r1`` (refused), ``env.max_new_tokens_per_turn`` (verl bounds the
-whole response, ``VerlSettings.max_response_length``), ``env.max_context_tokens`` (verl: max_prompt_length +
-max_response_length), ``env.seed``, ``env.store_token_ids``, ``logprob_chunk_size``, ``generation_batch_size``,
-``progress``, ``report_to``, ``limit``, ``qa`` and ``retrieval`` (the loop passes the questions and the service
-URL), ``out`` (the run folder is `prepare_verl_run`'s ``out_dir``), ``agent`` (the loop passes ``init_model``;
-verl picks device and precision itself).
+refused), a ``reward`` that is not a response reward or a ``stage2`` reward (verl's custom reward function sees the
+decoded response and the golden answers only, one reward for the run: refused; docs/verl.md), ``env.dialect`` other
+than ``search_r1`` with the ``tool_agent`` loop (refused), ``env.seed`` and ``env.temperature``/``top_p`` beyond
+verl's sampling, ``env.store_token_ids``, ``logprob_chunk_size``, ``generation_batch_size``, ``progress``,
+``report_to``, ``limit``, ``qa`` and ``retrieval`` (the loop passes the questions and the service URL), ``out`` (the
+run folder is `prepare_verl_run`'s ``out_dir``), ``agent`` (the loop passes ``init_model``; verl picks device and
+precision itself).
 """
 
 from __future__ import annotations
@@ -22,12 +29,16 @@ from pathlib import Path
 from typing import Any
 
 import agent.rewards.verl as verl_rewards
+from agent.rewards import REWARDS
 from agent.rl.config import RLConfig
 
 from .settings import VerlSettings
 
 CHARS_PER_TOKEN = 4  # verl cuts tool responses by characters; our observation cut is in tokens
 REWARD_FILE = Path(verl_rewards.__file__).resolve()
+AGENT_LOOP_NAME = "agentic_retriever_agent"  # the name `agent_loop.DialectAgentLoop` is registered under
+AGENT_LOOP_FILE = "agent_loop.yaml"          # verl's agent-loop config file in the run folder
+TOOL_FILE = "search_tool.yaml"               # verl's tool config file (agent_loop tool_agent)
 
 
 def _kl_overrides(rl: RLConfig) -> dict[str, Any]:
@@ -43,13 +54,18 @@ def _kl_overrides(rl: RLConfig) -> dict[str, Any]:
     }
 
 
-def _check_mappable(rl: RLConfig) -> None:
+def _check_mappable(settings: VerlSettings, rl: RLConfig) -> None:
     """Refuse RLConfig settings verl's PPO trainer cannot honour (module docstring, "without a verl counterpart")."""
     refused = {
         "whiten_advantages=False": rl.uses_critic and not rl.whiten_advantages,
         "value_clip=None": rl.uses_critic and rl.value_clip is None,
         "dynamic_sampling=True": rl.dynamic_sampling,
-        f"env.dialect={rl.env.dialect}": rl.env.dialect != "search_r1",
+        f"reward={rl.reward} (not a response reward; docs/verl.md)": rl.reward not in REWARDS,
+        f"stage2.reward={rl.stage2.reward} (one reward per verl run)": bool(rl.stage2.reward),
+        f"env.dialect={rl.env.dialect} with agent_loop tool_agent (hermes tool calls; use agent_loop dialect)":
+            settings.agent_loop == "tool_agent" and rl.env.dialect != "search_r1",
+        f"env.max_new_tokens_per_turn={rl.env.max_new_tokens_per_turn} > verl.max_response_length="
+        f"{settings.max_response_length}": rl.env.max_new_tokens_per_turn > settings.max_response_length,
     }
     bad = [name for name, is_bad in refused.items() if is_bad]
     if bad:
@@ -99,10 +115,6 @@ def _rl_overrides(rl: RLConfig) -> dict[str, Any]:
         f"{critic}.model.enable_gradient_checkpointing": rl.gradient_checkpointing,         # gradient_checkpointing
         "actor_rollout_ref.rollout.temperature": rl.env.temperature,     # env.temperature
         "actor_rollout_ref.rollout.top_p": rl.env.top_p,                 # env.top_p
-        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": rl.env.max_turns + 1,  # env.max_turns + the last
-        "actor_rollout_ref.rollout.multi_turn.max_user_turns": rl.env.max_turns,           # env.max_turns (searches)
-        "actor_rollout_ref.rollout.multi_turn.max_tool_response_length":                   # env.observation_max_tokens
-            rl.env.observation_max_tokens * CHARS_PER_TOKEN,
         "reward.custom_reward_function.name": "compute_score",           # reward (by the reward_kwargs below)
         "+reward.custom_reward_function.reward_kwargs.reward": rl.reward,  # reward
         **{f"+reward.custom_reward_function.reward_kwargs.{k}": v for k, v in rl.reward_options.items()},  # reward_options
@@ -125,11 +137,10 @@ def _run_overrides(settings: VerlSettings, rl: RLConfig, out_dir: Path, init_mod
         f"{rollout}.mode": "async",
         f"{rollout}.tensor_model_parallel_size": settings.tensor_parallel_size,
         f"{rollout}.gpu_memory_utilization": settings.gpu_memory_utilization,
-        f"{rollout}.agent.default_agent_loop": "tool_agent",
         f"{turn}.enable": True,
-        f"{turn}.format": "hermes",
-        f"{turn}.tool_config_path": str(out_dir / "search_tool.yaml"),
-        f"{turn}.tool_response_truncate_side": "right",
+        **(_tool_agent_overrides(rl, out_dir) if settings.agent_loop == "tool_agent" else {
+            f"{rollout}.agent.default_agent_loop": AGENT_LOOP_NAME,
+            f"{rollout}.agent.agent_loop_config_path": str(out_dir / AGENT_LOOP_FILE)}),
         "reward.custom_reward_function.path": str(REWARD_FILE),
         "actor_rollout_ref.actor.checkpoint.save_contents": ["model", "optimizer", "extra", "hf_model"],
         "trainer.default_local_dir": str(out_dir / "checkpoints"),
@@ -142,6 +153,20 @@ def _run_overrides(settings: VerlSettings, rl: RLConfig, out_dir: Path, init_mod
         "trainer.project_name": "agentic_retriever",
         "trainer.experiment_name": out_dir.name,
         "trainer.logger": ["console"],
+    }
+
+
+def _tool_agent_overrides(rl: RLConfig, out_dir: Path) -> dict[str, Any]:
+    """verl's hermes tool loop with our search tool (``agent_loop: tool_agent``)."""
+    rollout, turn = "actor_rollout_ref.rollout", "actor_rollout_ref.rollout.multi_turn"
+    return {
+        f"{rollout}.agent.default_agent_loop": "tool_agent",
+        f"{turn}.format": "hermes",
+        f"{turn}.tool_config_path": str(out_dir / TOOL_FILE),
+        f"{turn}.tool_response_truncate_side": "right",
+        f"{turn}.max_assistant_turns": rl.env.max_turns + 1,                             # env.max_turns + the last
+        f"{turn}.max_user_turns": rl.env.max_turns,                                      # env.max_turns (searches)
+        f"{turn}.max_tool_response_length": rl.env.observation_max_tokens * CHARS_PER_TOKEN,  # observation_max_tokens
     }
 
 
@@ -171,6 +196,6 @@ def _hydra_value(value: Any) -> str:
 
 def verl_overrides(settings: VerlSettings, rl: RLConfig, out_dir: str | os.PathLike, init_model: str) -> list[str]:
     """verl's Hydra overrides for the run in `out_dir`: ours, then ``settings.overrides`` (last wins)."""
-    _check_mappable(rl)
+    _check_mappable(settings, rl)
     merged = {**_rl_overrides(rl), **_run_overrides(settings, rl, Path(out_dir).resolve(), init_model)}
     return [f"{key}={_hydra_value(value)}" for key, value in merged.items()] + list(settings.overrides)

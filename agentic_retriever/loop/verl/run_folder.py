@@ -1,12 +1,20 @@
-"""The folder of one verl run (`prepare_verl_run`): its data, tool config, overrides and launch script.
+"""The folder of one verl run (`prepare_verl_run`): its data, agent-loop or tool config, overrides and launch script.
 
-**data**: parquet rows ``{data_source, prompt: [{"role": "user", "content": <our Search-R1 prompt>}], ability,
+**data**: parquet rows ``{data_source, prompt: [{"role": "user", "content": <the prompt>}], ability,
 reward_model: {"style": "rule", "ground_truth": {"target": [golden answers]}}, extra_info: {split, index, id,
-question, need_tools_kwargs, tools_kwargs: {"search": {"create_kwargs": {...}}}}, agent_name: "tool_agent"}``.
+question}, agent_name}``; the ``tool_agent`` loop's rows add ``need_tools_kwargs`` and ``tools_kwargs: {"search":
+{"create_kwargs": {"question"}}}`` (verl hands ``create_kwargs`` to the tool's ``create``). With the
+``dialect`` agent loop, ``agent_name`` is ``agentic_retriever_agent`` and the prompt is the dialect's (for s3,
+whose prompt holds the documents of its first search, the prompt with no documents: the agent loop retrieves them
+and builds the real one); with ``tool_agent`` it is verl's tool loop and `TOOL_PROMPT`.
+
+**validation**: ``val.parquet`` holds `VerlSettings.val_questions` questions held out of the training questions
+(`split_heldout`, by normalised question, so no question is on both sides); the dev questions never go to verl.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import stat
@@ -17,39 +25,76 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from agent.dialects.search_r1 import SearchR1Dialect
+from agent.dialects import get_dialect
+from agent.env import EnvConfig
 from agent.qa_data import QARow, read_qa_rows
 from agent.rl.config import RLConfig
+from agentic_retriever.eval.qa import normalize_answer
 from agentic_retriever.jsonl import atomic_write
 
-from .overrides import final_step, verl_overrides
+from .overrides import AGENT_LOOP_FILE, AGENT_LOOP_NAME, TOOL_FILE, final_step, verl_overrides
 from .search_tool import TOOL_NAME, search_tool_config
 from .settings import VerlRun, VerlSettings
 
 DATA_SOURCE = "agentic_retriever"
 
+#: The prompt of the ``tool_agent`` loop: the chat template adds the search tool's schema and call format.
+TOOL_PROMPT = ("Answer the given question. Call the search tool whenever you lack knowledge. When no further "
+               "knowledge is needed, give the final answer inside <answer> and </answer>, without detailed "
+               "illustrations, for example <answer> Beijing </answer>. Question: {question}\n")
 
-def _row(qa: QARow, split: str, index: int) -> dict[str, Any]:
-    """One verl RL row: the Search-R1 prompt as chat messages, the golden answers, what the tool loop reads."""
+
+def agent_loop_config(env: EnvConfig, service_url: str, timeout: float = 60.0) -> list[dict[str, Any]]:
+    """verl's agent-loop config file (a list of Hydra ``instantiate`` entries): `agent_loop.DialectAgentLoop` with
+    the environment settings of `env` (sampling is verl's) and our retrieval service at `service_url`."""
+    settings = {name: getattr(env, name) for name in ("dialect", "max_turns", "topk", "max_new_tokens_per_turn",
+                                                      "observation_max_tokens", "max_context_tokens")}
+    return [{"name": AGENT_LOOP_NAME, "_target_": f"{__package__}.agent_loop.DialectAgentLoop", "_convert_": "all",
+             "env": settings, "retrieval_service_url": service_url, "timeout": timeout}]
+
+
+def _prompt(qa: QARow, agent_loop: str, dialect: str) -> str:
+    if agent_loop == "tool_agent":
+        return TOOL_PROMPT.format(question=qa.question.strip())
+    speaker = get_dialect(dialect)
+    return speaker.build_prompt(qa.question, [[] for _ in speaker.initial_queries(qa.question)])
+
+
+def _row(qa: QARow, split: str, index: int, agent_loop: str, dialect: str) -> dict[str, Any]:
+    """One verl RL row: the prompt as chat messages, the golden answers, what the agent loop reads."""
     return {
         "data_source": DATA_SOURCE,
-        "prompt": [{"role": "user", "content": SearchR1Dialect().build_prompt(qa.question)}],
+        "prompt": [{"role": "user", "content": _prompt(qa, agent_loop, dialect)}],
         "ability": "fact-reasoning",
         "reward_model": {"style": "rule", "ground_truth": {"target": list(qa.golden_answers)}},
-        "extra_info": {"split": split, "index": index, "id": qa.id, "question": qa.question,
-                       "need_tools_kwargs": True,
-                       "tools_kwargs": {TOOL_NAME: {"create_kwargs": {"question": qa.question}}}},
-        "agent_name": "tool_agent",
+        "extra_info": {"split": split, "index": index, "id": qa.id, "question": qa.question} | ({
+            "need_tools_kwargs": True, "tools_kwargs": {TOOL_NAME: {"create_kwargs": {"question": qa.question}}}}
+            if agent_loop == "tool_agent" else {}),
+        "agent_name": AGENT_LOOP_NAME if agent_loop == "dialect" else "tool_agent",
     }
 
 
-def write_verl_parquet(qa_path: str | os.PathLike, split: str, path: Path) -> int:
-    """The questions of `qa_path` (FlashRAG JSONL) as verl parquet rows at `path` (atomically); the row count."""
-    rows = [_row(qa, split, i) for i, qa in enumerate(read_qa_rows(qa_path))]
+def split_heldout(rows: list[QARow], count: int, seed: int = 0) -> tuple[list[QARow], list[QARow]]:
+    """(training rows, held-out rows): the `count` normalised questions first in a seeded hash order are held out,
+    with every row that asks them, so a question and its duplicates stay on one side."""
+    keys = {normalize_answer(row.question) for row in rows}
+    if count >= len(keys):
+        raise ValueError(f"{len(keys)} distinct training questions cannot spare {count} for verl's validation "
+                         "(VerlSettings.val_questions)")
+    order = sorted(keys, key=lambda key: hashlib.sha256(f"{seed}|{key}".encode()).hexdigest())
+    held = set(order[:count])
+    return ([row for row in rows if normalize_answer(row.question) not in held],
+            [row for row in rows if normalize_answer(row.question) in held])
+
+
+def write_verl_parquet(rows: list[QARow], split: str, path: Path, agent_loop: str = "dialect",
+                       dialect: str = "search_r1") -> int:
+    """`rows` as verl parquet rows at `path` (atomically); the row count."""
     if not rows:
-        raise ValueError(f"{qa_path}: no questions for verl's {split} data")
+        raise ValueError(f"no questions for verl's {split} data ({path})")
+    table = pa.Table.from_pylist([_row(qa, split, i, agent_loop, dialect) for i, qa in enumerate(rows)])
     with atomic_write(path, "wb") as handle:
-        pq.write_table(pa.Table.from_pylist(rows), handle)
+        pq.write_table(table, handle)
     return len(rows)
 
 
@@ -67,22 +112,28 @@ def _launch_script(command: list[str], out_dir: Path) -> str:
 
 
 def prepare_verl_run(out_dir: str | os.PathLike, settings: VerlSettings, rl: RLConfig, service_url: str,
-                     init_model: str, train_qa: str | os.PathLike, val_qa: str | os.PathLike) -> VerlRun:
+                     init_model: str, train_qa: str | os.PathLike) -> VerlRun:
     """Write a verl PPO run of the agent against the retrieval service at `service_url` into `out_dir`.
 
-    Files: ``train.parquet`` / ``val.parquet`` (verl rows, see the module docstring), ``search_tool.yaml``
-    (`search_tool_config`), ``overrides.txt`` (one Hydra override a line, `verl_overrides`) and ``launch.sh``
-    (``LAUNCHER -m verl.trainer.main_ppo OVERRIDES...``, run from `out_dir`). Checkpoints go to
-    ``out_dir/checkpoints``; the log of a launched run to ``out_dir/verl.log``.
+    Files: ``train.parquet`` / ``val.parquet`` (the questions of `train_qa`, `settings.val_questions` of them held
+    out for validation; see the module docstring), ``agent_loop.yaml`` (`agent_loop_config`; agent loop
+    ``dialect``) or ``search_tool.yaml`` (`search_tool_config`; ``tool_agent``), ``overrides.txt`` (one Hydra
+    override a line, `verl_overrides`) and ``launch.sh`` (``LAUNCHER -m verl.trainer.main_ppo OVERRIDES...``, run
+    from `out_dir`). Checkpoints go to ``out_dir/checkpoints``; the log of a launched run to ``out_dir/verl.log``.
     """
     if not service_url:
-        raise ValueError("prepare_verl_run needs the retrieval service URL (verl's search tool calls it)")
+        raise ValueError("prepare_verl_run needs the retrieval service URL (the agent loop calls it)")
+    overrides = verl_overrides(settings, rl, Path(out_dir).resolve(), init_model)  # refuses what verl cannot run
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    write_verl_parquet(train_qa, "train", out / "train.parquet")
-    write_verl_parquet(val_qa, "test", out / "val.parquet")
-    _write_text(out / "search_tool.yaml", yaml.safe_dump(search_tool_config(service_url, rl.env.topk), sort_keys=False))
-    overrides = verl_overrides(settings, rl, out, init_model)
+    train, held_out = split_heldout(read_qa_rows(train_qa), settings.val_questions, rl.seed)
+    write_verl_parquet(train, "train", out / "train.parquet", settings.agent_loop, rl.env.dialect)
+    write_verl_parquet(held_out, "heldout", out / "val.parquet", settings.agent_loop, rl.env.dialect)
+    if settings.agent_loop == "dialect":
+        config = agent_loop_config(rl.env, service_url)
+        _write_text(out / AGENT_LOOP_FILE, yaml.safe_dump(config, sort_keys=False))
+    else:
+        _write_text(out / TOOL_FILE, yaml.safe_dump(search_tool_config(service_url, rl.env.topk), sort_keys=False))
     _write_text(out / "overrides.txt", "\n".join(overrides) + "\n")
     command = [*shlex.split(settings.launcher), "-m", "verl.trainer.main_ppo", *overrides]
     _write_text(out / "launch.sh", _launch_script(command, out), executable=True)

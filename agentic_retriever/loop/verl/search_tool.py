@@ -1,4 +1,4 @@
-"""verl's search tool: `SearchTool`, and verl's native-tool config that names it (`search_tool_config`).
+"""verl's search tool for the ``tool_agent`` loop: `SearchTool`, and the native-tool config naming it (`search_tool_config`).
 
 verl 0.9.1 ships no search tool (``verl.tools`` holds only the base and function-tool classes; the ``SearchTool``
 of earlier verl releases is gone), so the tool config names `SearchTool`, a native verl tool that queries our
@@ -38,9 +38,9 @@ class SearchTool:
     verl builds it from `search_tool_config`: ``config`` holds ``retrieval_service_url``, ``topk`` and ``timeout``;
     ``tool_schema`` is verl's ``OpenAIFunctionToolSchema``. The model calls it with ``{"query_list": [...]}``; the
     answer is Search-R1's observation of all passages (`SearchR1Dialect.format_observation`). Each instance keeps
-    the row's question (its ``create_kwargs``) and sends it along with every query, so a service serving an
-    Agentic-R retriever searches with ``Q [SEP] q``, as our own environment does. verl is imported only inside
-    `create` and `execute`, which run in verl's workers, so this module imports without it.
+    the row's question (``create(create_kwargs={"question": ...})``) and sends it along with every query, so a
+    service serving an Agentic-R retriever searches with ``Q [SEP] q``, as our own environment does. verl is
+    imported only inside `create` and `execute`, which run in verl's workers, so this module imports without it.
     """
 
     def __init__(self, config: dict[str, Any], tool_schema: Any):
@@ -63,11 +63,14 @@ class SearchTool:
         return SearchR1Dialect().format_observation(
             self._client.retrieve(queries, self.topk, questions=[question] * len(queries) if question else None))
 
-    async def create(self, instance_id: str | None = None, **kwargs: Any) -> tuple[str, Any]:
+    async def create(self, instance_id: str | None = None, create_kwargs: dict[str, Any] | None = None,
+                     **kwargs: Any) -> tuple[str, Any]:
+        """A new instance keeping the row's question: verl 0.9.1 calls ``create(create_kwargs=...)`` with the row's
+        ``tools_kwargs.search.create_kwargs`` (``{"question": ...}``, written by `prepare_verl_run`)."""
         from verl.tools.schemas import ToolResponse
 
         instance_id = instance_id or str(uuid4())
-        self._questions[instance_id] = kwargs.get("question")
+        self._questions[instance_id] = (create_kwargs or {}).get("question")
         return instance_id, ToolResponse()
 
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any) -> tuple[Any, float, dict]:

@@ -12,6 +12,13 @@ from typing import Literal
 class VerlSettings:
     """The ``verl`` section of the loop's config: the launch details of a verl run that `RLConfig` does not hold."""
 
+    agent_loop: Literal["dialect", "tool_agent"] = field(default="dialect", metadata={
+        "help": "dialect: our agent loop (agentic_retriever_agent), the agent_train.env dialect's prompt and actions, "
+                "as our rollouts and mining read them; tool_agent: verl's hermes tool-calling loop with our search "
+                "tool, for tool-calling models (its <tool_call> actions are not what the loop's rollouts read)"})
+    val_questions: int = field(default=64, metadata={
+        "help": "questions held out of the training questions for verl's validation (val.parquet); the dev "
+                "questions never go to verl"})
     n_gpus_per_node: int = field(default=8, metadata={"help": "GPUs per node (trainer.n_gpus_per_node)"})
     nnodes: int = field(default=1, metadata={"help": "nodes (trainer.nnodes)"})
     rollout_engine: Literal["vllm", "sglang"] = field(default="vllm", metadata={
@@ -25,9 +32,11 @@ class VerlSettings:
     save_freq: int | None = field(default=None, metadata={
         "help": "checkpoint every N steps, and always on the last (trainer.save_freq; None: RLConfig.save_steps)"})
     test_freq: int = field(default=-1, metadata={"help": "validate every N steps (trainer.test_freq; -1: never)"})
-    max_prompt_length: int = field(default=1024, metadata={"help": "prompt token budget (data.max_prompt_length)"})
+    max_prompt_length: int = field(default=1024, metadata={
+        "help": "prompt token budget (data.max_prompt_length; s3's prompt holds its first documents)"})
     max_response_length: int = field(default=3072, metadata={
-        "help": "token budget of all turns, tool answers included (data.max_response_length)"})
+        "help": "token budget of the whole response, every turn and observation included (data.max_response_length; "
+                "per turn: agent_train.env.max_new_tokens_per_turn and observation_max_tokens)"})
     launcher: str = field(default="python3", metadata={
         "help": "the python executable or launcher prefix that runs `-m verl.trainer.main_ppo` (split like a shell)"})
     overrides: list[str] = field(default_factory=list, metadata={
@@ -39,7 +48,10 @@ class VerlSettings:
         "help": "give up waiting for the final checkpoint after this many seconds"})
 
     def __post_init__(self):
-        for name in ("n_gpus_per_node", "nnodes", "tensor_parallel_size", "max_prompt_length", "max_response_length"):
+        if self.agent_loop not in ("dialect", "tool_agent"):
+            raise ValueError(f"VerlSettings.agent_loop must be dialect or tool_agent, got {self.agent_loop!r}")
+        for name in ("val_questions", "n_gpus_per_node", "nnodes", "tensor_parallel_size", "max_prompt_length",
+                     "max_response_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"VerlSettings.{name} must be at least 1, got {getattr(self, name)}")
         if self.rollout_engine not in ("vllm", "sglang"):

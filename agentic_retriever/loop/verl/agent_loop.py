@@ -1,0 +1,161 @@
+"""verl's agent loop for our search agents: `DialectAgentLoop`, registered as ``agentic_retriever_agent``.
+
+verl ("HybridFlow: A Flexible and Efficient RLHF Framework", arXiv 2409.19256; written against verl 0.9.1) runs
+one `AgentLoopBase` coroutine per trajectory and trains on what it returns. This one runs the environment of our
+own rollouts (`agent.env.Environment`), so the agent verl trains writes the actions that our rollouts, mining and
+evaluation read (Algorithm 1 of "Agentic-R: Learning to Retrieve for Agentic Search", arXiv 2601.11888: "train
+Agent_i using PPO by interacting with retriever Agentic-R_{i-1}"). Per trajectory:
+
+1. the question comes from the row's ``extra_info.question``; a dialect that searches before the first turn (s3)
+   retrieves first; the prompt is the dialect's, rendered by the tokenizer's chat template as our rollouts do;
+2. each turn generates through verl's server manager (vLLM or SGLang) until the dialect's stop strings
+   (``</search>``, ``</answer>``, ...), at most ``env.max_new_tokens_per_turn`` tokens;
+3. the dialect parses the turn (`Environment.take_turn`); a search calls our retrieval service (``POST
+   /retrieve`` with ``questions``, so an encoder trained on ``Q [SEP] q`` gets it) and its observation, cut to
+   ``env.observation_max_tokens``, is appended as tokens with response mask 0; an invalid turn gets the
+   dialect's message, also masked;
+4. it stops at an answer, after ``env.max_turns`` turns (Search-R1's search-disabled last turn included), or when
+   a full turn no longer fits ``env.max_context_tokens`` (prompt + response) or verl's response budget
+   (``data.max_response_length``).
+
+The settings come from the agent-loop config file the run folder writes (`run_folder.agent_loop_config`), which verl's
+``actor_rollout_ref.rollout.agent.agent_loop_config_path`` names: ``env`` (our `EnvConfig` fields),
+``retrieval_service_url`` and ``timeout`` (read from that file when verl builds the loop from its ``register``
+entry, which keeps the class only). This module imports verl, so it is imported only where verl runs
+(`agentic_retriever.loop.verl` does not import it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from pathlib import Path
+from typing import Any
+from uuid import uuid4
+
+import yaml
+
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
+
+from agent.env import EnvConfig, Environment, Episode, retrieve_checked
+from agentic_retriever.client import HttpRetrievalClient
+from agentic_retriever.llm.base import Generation
+
+from .overrides import AGENT_LOOP_NAME
+
+__all__ = ["AGENT_LOOP_NAME", "DialectAgentLoop"]
+
+#: What each rollout engine needs to keep a stop string in the returned tokens (the dialect parses it).
+_KEEP_STOP_STRING = {"vllm": {"include_stop_str_in_output": True}, "sglang": {"no_stop_trim": True}}
+
+
+@functools.cache
+def _client(url: str, timeout: float) -> HttpRetrievalClient:
+    """One HTTP client per service and worker process (verl builds a loop object per trajectory)."""
+    return HttpRetrievalClient(url, timeout=timeout)
+
+
+@functools.cache
+def _config_entry(path: str | None) -> dict[str, Any]:
+    """Our entry of verl's agent-loop config file: verl's ``register`` keeps only the class of a registered loop,
+    and once this module is imported its bare entry replaces the file's, so the settings are read back here."""
+    if not path:
+        raise ValueError(f"{AGENT_LOOP_NAME} reads its settings from actor_rollout_ref.rollout.agent."
+                         "agent_loop_config_path, which is not set; write the run with prepare_verl_run")
+    entries = [dict(entry) for entry in yaml.safe_load(Path(path).read_text(encoding="utf-8")) or []]
+    found = [entry for entry in entries if entry.get("name") == AGENT_LOOP_NAME]
+    if not found or not {"env", "retrieval_service_url"} <= found[0].keys():
+        raise ValueError(f"{path}: no entry named {AGENT_LOOP_NAME} with the fields env and retrieval_service_url")
+    return {"timeout": 60.0, **found[0]}
+
+
+@register(AGENT_LOOP_NAME)
+class DialectAgentLoop(AgentLoopBase):
+    """One trajectory of our search agent in any dialect (``search_r1``, ``s3``, ``qagent``, ``reflect``) on verl.
+
+    ``env``: `EnvConfig` fields (dialect and budgets; ``max_response_tokens`` is verl's response length);
+    ``retrieval_service_url``: our service (``index serve`` or the loop's); ``timeout``: seconds per request.
+    """
+
+    def __init__(self, *args: Any, env: dict[str, Any] | None = None, retrieval_service_url: str | None = None,
+                 timeout: float = 60.0, **kwargs: Any):
+        kwargs.pop("tools", None)  # verl hands every loop its tool list; the dialect is our tool
+        kwargs.pop("name", None)   # the config entry's own name
+        super().__init__(*args, **kwargs)
+        if env is None or retrieval_service_url is None:  # built from `register`'s bare entry: read the file's
+            entry = _config_entry(self.rollout_config.agent.agent_loop_config_path)
+            env, retrieval_service_url, timeout = entry["env"], entry["retrieval_service_url"], entry["timeout"]
+        self.prompt_length = self.rollout_config.prompt_length
+        self.response_length = self.rollout_config.response_length
+        config = EnvConfig(**{**env, "max_response_tokens": self.response_length})
+        self.environment = Environment(self.tokenizer, config)
+        self.client = _client(retrieval_service_url, float(timeout))
+        engine = self.rollout_config.name
+        if engine not in _KEEP_STOP_STRING:
+            raise ValueError(f"{AGENT_LOOP_NAME} supports the rollout engines {', '.join(_KEEP_STOP_STRING)}, "
+                             f"not actor_rollout_ref.rollout.name={engine!r}")
+        self.stop_params = {"stop": list(self.environment.dialect.stop), **_KEEP_STOP_STRING[engine]}
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        question = _question(kwargs.get("extra_info"))
+        env, timing = self.environment, {"generate_sequences": 0.0, "tool_calls": 0.0}
+        initial = env.initial_queries(question)
+        results = await self._retrieve(list(initial), question, timing) if initial else []
+        episode = env.start(question, results)
+        if len(episode.prompt_ids) > self.prompt_length:
+            raise ValueError(f"the {env.dialect.name} prompt of {question!r} has {len(episode.prompt_ids)} tokens, "
+                             f"more than data.max_prompt_length={self.prompt_length} (VerlSettings.max_prompt_length)")
+        request_id, logprobs = uuid4().hex, []
+        params = {**sampling_params, **self.stop_params, "max_tokens": env.config.max_new_tokens_per_turn}
+        while env.can_generate(episode):
+            start = time.perf_counter()
+            output = await self.server_manager.generate(request_id=request_id, prompt_ids=episode.context_ids(),
+                                                        sampling_params=params)
+            timing["generate_sequences"] += time.perf_counter() - start
+            logprobs.append(list(output.log_probs or []))
+            action = env.take_turn(episode, self._generation(output.token_ids, params["max_tokens"]))
+            if action is not None:
+                env.observe(episode, await self._retrieve(list(action.queries), question, timing))
+        return self._output(episode, logprobs, bool(sampling_params.get("logprobs")), timing)
+
+    async def _retrieve(self, queries: list[str], question: str, timing: dict[str, float]):
+        """The service's results for `queries`, each sent with the trajectory's `question`."""
+        start = time.perf_counter()
+        results = await asyncio.to_thread(retrieve_checked, self.client, queries, [question] * len(queries),
+                                          self.environment.config.topk)
+        timing["tool_calls"] += time.perf_counter() - start
+        return results
+
+    def _generation(self, token_ids: list[int], max_tokens: int) -> Generation:
+        text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        return Generation(text, list(token_ids), "length" if len(token_ids) >= max_tokens else "stop")
+
+    def _output(self, episode: Episode, generation_logprobs: list[list[float]], with_logprobs: bool,
+                timing: dict[str, float]) -> AgentLoopOutput:
+        """verl's output: the response cut to its response length (only observation tokens can fall past it,
+        since every turn starts with room for a full turn), the mask, per-token log-probs (0 for inserted ones)."""
+        response_ids, mask, logprobs = [], [], []
+        turns = iter(generation_logprobs)
+        for segment in episode.segments:
+            response_ids += segment.token_ids
+            mask += [int(segment.generated)] * len(segment.token_ids)
+            values = next(turns)[:len(segment.token_ids)] if segment.generated else []
+            logprobs += values + [0.0] * (len(segment.token_ids) - len(values))
+        cut = self.response_length
+        extra = {"searches": sum(1 for turn in episode.turns if turn.retrieved),
+                 "invalid_actions": sum(1 for turn in episode.turns if turn.action == "invalid"),
+                 "finish_reason": episode.finish, "retrieval_seconds": timing["tool_calls"],
+                 "turn_scores": [], "tool_rewards": []}
+        return AgentLoopOutput(prompt_ids=episode.prompt_ids, response_ids=response_ids[:cut], response_mask=mask[:cut],
+                               response_logprobs=logprobs[:cut] if with_logprobs else None,
+                               num_turns=1 + len(episode.segments), metrics=timing, extra_fields=extra)
+
+
+def _question(extra_info: Any) -> str:
+    """The row's question (``extra_info.question``, written by `prepare_verl_run`)."""
+    question = extra_info.get("question") if isinstance(extra_info, dict) else None
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError(f"{AGENT_LOOP_NAME} reads the question from the row's extra_info.question, got "
+                         f"{question!r}; write the data with agentic_retriever.loop.verl.prepare_verl_run")
+    return question
