@@ -7,6 +7,7 @@ line and text).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import subprocess
@@ -38,9 +39,38 @@ class BM25Params:
     threads: int = dataclasses.field(default=0, metadata={"help": "search threads (0 = one)"})
 
 
+@contextlib.contextmanager
+def _jax_hidden():
+    """Make ``import jax.lax`` fail while bm25s is imported. bm25s's top-k module imports JAX when it can and runs a
+    JAX op at import, and JAX then reserves most of a GPU in the process (three quarters by default, seen at 105
+    GiB on one H200): a BM25 search must stay on the CPU. JAX modules already imported are put back afterwards."""
+    saved = {name: sys.modules.get(name) for name in ("jax", "jax.lax")}
+    if saved["jax"] is None:
+        sys.modules["jax"] = None  # type: ignore[assignment]  # None in sys.modules: the import raises ImportError
+    sys.modules["jax.lax"] = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+
+
+def _bm25s():
+    """bm25s, imported with JAX hidden (`_jax_hidden`) unless an earlier import already loaded it; its searches
+    choose the numpy top-k explicitly (`BM25Index.search_rows`) either way."""
+    if "bm25s" not in sys.modules:
+        with _jax_hidden():
+            import bm25s  # noqa: F401
+    return sys.modules["bm25s"]
+
+
 def _tokenizer(params: BM25Params):
     import Stemmer
-    from bm25s.tokenization import Tokenizer
+
+    Tokenizer = _bm25s().tokenization.Tokenizer
 
     stemmer = Stemmer.Stemmer(params.stemmer) if params.stemmer else None
     return Tokenizer(stemmer=stemmer, stopwords=params.stopwords or [])
@@ -58,8 +88,7 @@ def build_bm25_index(corpus: Corpus, out_dir: str | Path, params: BM25Params, dr
         _build_lucene(corpus, out / LUCENE_DIR, params, keep)
         write_row_map(out, None)
     else:
-        import bm25s
-
+        bm25s = _bm25s()
         tokenizer = _tokenizer(params)
         ids = tokenizer.tokenize(_kept_contents(corpus, keep), update_vocab=True, return_as="ids", length=rows,
                                  show_progress=True)
@@ -97,9 +126,7 @@ class BM25Index(SearchIndex):
         if self.params.engine == "pyserini":
             self._searcher = _lucene_searcher(Path(index_dir) / LUCENE_DIR, self.params)
         else:
-            import bm25s
-
-            self._retriever = bm25s.BM25.load(str(Path(index_dir) / BM25_DIR), mmap=True, show_progress=False)
+            self._retriever = _bm25s().BM25.load(str(Path(index_dir) / BM25_DIR), mmap=True, show_progress=False)
             self._tokenizer = _tokenizer(self.params)
             self._tokenizer.load_vocab(str(Path(index_dir) / BM25_DIR))
 
@@ -108,7 +135,7 @@ class BM25Index(SearchIndex):
             return self._search_lucene(queries, k)
         ids = self._tokenizer.tokenize(list(queries), update_vocab=False, return_as="ids", show_progress=False)
         rows, scores = self._retriever.retrieve(self._tokenizer.to_tokenized_tuple(ids), k=k, show_progress=False,
-                                                n_threads=self.params.threads)
+                                                n_threads=self.params.threads, backend_selection="numpy")
         return scores.astype(np.float32), rows.astype(np.int64)
 
     def _search_lucene(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:

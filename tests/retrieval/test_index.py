@@ -322,3 +322,47 @@ def test_a_killed_build_of_a_small_corpus_resumes_past_its_start_by_default(tmp_
     whole, resumed = (np.load(next((tmp_path / name).glob("embeddings-*.npy"))) for name in ("whole", "resumed"))
     assert np.array_equal(whole, resumed)
     assert open_index(tmp_path / "whole").search(QUERIES, 8).ids == open_index(tmp_path / "resumed").search(QUERIES, 8).ids
+
+
+#: A stand-in for JAX: importing it, or running its top-k, writes a line to the file named by $FAKE_JAX_LOG.
+_FAKE_JAX = {
+    "jax/__init__.py": "import os\nopen(os.environ['FAKE_JAX_LOG'], 'a').write('import jax\\n')\nfrom . import lax\n",
+    "jax/lax.py": "import os\n\ndef top_k(scores, k):\n    open(os.environ['FAKE_JAX_LOG'], 'a').write('top_k\\n')\n"
+                  "    import numpy as np\n    order = np.argsort(-np.asarray(scores))[:k]\n"
+                  "    return np.asarray(scores)[order], order\n",
+}
+
+_BM25_RUN = """
+import json, sys
+{preload}
+import torch
+from agentic_retriever.index import IndexBuildConfig, build_index, open_index
+build_index(IndexBuildConfig(corpus=sys.argv[1], out=sys.argv[2], backend="bm25", corpus_cache=sys.argv[3]))
+hits = open_index(sys.argv[2], corpus_cache=sys.argv[3]).retrieve(["river castle"], 3)
+print(json.dumps({{"ids": [p.id for p in hits[0]], "cuda": torch.cuda.is_initialized()}}))
+"""
+
+
+@pytest.mark.parametrize("preload", ["", "import jax"], ids=["jax-installed", "jax-already-imported"])
+def test_a_bm25_build_and_search_never_run_jax_or_touch_cuda(corpus_file, tmp_path, preload):
+    """bm25s runs a JAX op at import when JAX is installed, and JAX then reserves most of a GPU: with JAX importable
+    (a stand-in that logs its use), a BM25 build and search in a fresh process neither import it nor run its top-k,
+    and leave CUDA uninitialised; with JAX imported before us, its top-k is still never run."""
+    import os
+    import subprocess
+    import sys
+
+    for name, text in _FAKE_JAX.items():
+        (tmp_path / "site" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "site" / name).write_text(text)
+    log = tmp_path / "jax.log"
+    env = {**os.environ, "FAKE_JAX_LOG": str(log),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, "-c", _BM25_RUN.format(preload=preload), str(corpus_file),
+                          str(tmp_path / "bm25"), str(tmp_path / "cache")], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["ids"] and result["cuda"] is False
+    used = log.read_text().splitlines() if log.exists() else []
+    assert used == ([] if not preload else ["import jax"])  # imported by the caller, never run by a BM25 search
