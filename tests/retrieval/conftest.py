@@ -1,5 +1,6 @@
 """The indexes the service and client tests share: a small corpus of distinct topics, built once per test
-session into a dense index, a dense index composing ``Q [SEP] q``, and a BM25 index."""
+session into a dense index, a dense index composing ``Q [SEP] q``, and a BM25 index (dense ones in fp32 on any
+device)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,14 @@ def built(tmp_path_factory):
     corpus = root / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"id": pid, "contents": c}) + "\n" for pid, c in CONTENTS.items()))
     cache = str(root / "cache")
-    build_index(IndexBuildConfig(corpus=str(corpus), out=str(root / "dense"), corpus_cache=cache))
-    build_index(IndexBuildConfig(corpus=str(corpus), out=str(root / "dense_qsq"), corpus_cache=cache,
-                                 encoder=EncoderConfig(composition="question_sep_query")))
+    # fp32 on every device (the encoder picks fp16 on a GPU): the tests compare scores across batchings at 1e-4
+    encoders = {"dense": EncoderConfig(precision="fp32"),
+                "dense_qsq": EncoderConfig(composition="question_sep_query", precision="fp32")}
+    for name, encoder in encoders.items():
+        build_index(IndexBuildConfig(corpus=str(corpus), out=str(root / name), corpus_cache=cache, encoder=encoder))
     build_index(IndexBuildConfig(corpus=str(corpus), out=str(root / "bm25"), backend="bm25", corpus_cache=cache))
-    return {name: open_index(root / name, corpus_cache=cache) for name in ("dense", "dense_qsq", "bm25")}
+    return {name: open_index(root / name, encoder=encoders.get(name), corpus_cache=cache)
+            for name in ("dense", "dense_qsq", "bm25")}
 
 
 @pytest.fixture(scope="package")

@@ -25,18 +25,19 @@ def test_default_encoder_equals_sentence_transformers_encode(minilm):
 def test_one_pass_and_batched_encoding_agree_normalised_or_not(tiny_model_dir):
     texts = [f"text number {i} " * (i + 1) for i in range(5)]
     for normalize in (True, False):
-        encoder = Encoder(EncoderConfig(model=tiny_model_dir, batch_size=2, normalize=normalize))
+        # fp32 on any device (fp16 on a GPU is the default): padding to a batch changes fp16 results past 1e-5
+        encoder = Encoder(EncoderConfig(model=tiny_model_dir, batch_size=2, normalize=normalize, precision="fp32"))
         batched = encoder.encode_passages(texts)  # more texts than a batch: SentenceTransformer.encode
         one_by_one = np.concatenate([encoder.encode_passages([t]) for t in texts])  # one forward pass each
         reference = encoder.model.encode(texts, normalize_embeddings=normalize)
-        assert np.allclose(one_by_one, batched, atol=1e-6) and np.allclose(one_by_one, reference, atol=1e-6)
+        assert np.allclose(one_by_one, batched, atol=1e-5) and np.allclose(one_by_one, reference, atol=1e-5)
         assert one_by_one.dtype == np.float32 and one_by_one.flags["C_CONTIGUOUS"]
-        assert np.allclose(np.linalg.norm(one_by_one, axis=1), 1.0, atol=1e-6) == normalize
+        assert np.allclose(np.linalg.norm(one_by_one, axis=1), 1.0, atol=1e-5) == normalize
 
 
 @pytest.mark.parametrize("setting", ["default_prompt", "truncate_dim"])
 def test_a_model_whose_encode_adds_a_prompt_or_truncates_is_encoded_by_sentence_transformers(tiny_model_dir, setting):
-    encoder = Encoder(EncoderConfig(model=tiny_model_dir))
+    encoder = Encoder(EncoderConfig(model=tiny_model_dir, precision="fp32"))
     if setting == "default_prompt":
         encoder.model.prompts, encoder.model.default_prompt_name = {"query": "query: "}, "query"
     else:
@@ -50,7 +51,8 @@ def test_a_model_whose_encode_adds_a_prompt_or_truncates_is_encoded_by_sentence_
 
 
 def test_prefixes_and_cls_pooling_match_a_hand_built_sentence_transformer(tiny_model_dir):
-    encoder = Encoder(EncoderConfig(model=tiny_model_dir, pooling="cls", query_prefix="query: ", passage_prefix="passage: "))
+    encoder = Encoder(EncoderConfig(model=tiny_model_dir, pooling="cls", query_prefix="query: ", passage_prefix="passage: ",
+                                    device="cpu"))  # the reference runs on the CPU: compare on one device
     transformer = models.Transformer(tiny_model_dir)
     reference = SentenceTransformer(modules=[transformer, models.Pooling(32, "cls")], device="cpu")
     expected_q = reference.encode(["query: who"], normalize_embeddings=True)

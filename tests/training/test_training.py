@@ -187,7 +187,7 @@ def test_training_lowers_the_loss_and_exports_a_drop_in_encoder(tmp_path, tiny_m
 
     # loads without our code, encodes the same as our Encoder, and keeps the composition for our tools
     plain = SentenceTransformer(str(out), device="cpu")
-    ours = Encoder(EncoderConfig(model=str(out)))
+    ours = Encoder(EncoderConfig(model=str(out), device="cpu"))  # as `plain`: one device, fp32
     assert ours.settings.composition == "question_sep_query" and ours.settings.query_prefix == "query: "
     assert ours.compose(["capital"], ["Where is X?"]) == ["query: Where is X? [SEP] capital"]
     np.testing.assert_allclose(plain.encode_query(["Where is X? [SEP] capital"], normalize_embeddings=True),

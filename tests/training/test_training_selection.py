@@ -111,13 +111,14 @@ def test_the_pool_is_the_union_of_the_base_index_top_k(tmp_path, index_dir, held
 
 
 def _scripted_scores(monkeypatch, scores: list[float]) -> list[dict]:
-    """Replace the held-out evaluation by `scores`, in call order; return the weights each call saw."""
+    """Replace the held-out evaluation by `scores`, in call order; return the weights each call saw (copied to the
+    CPU, where the exported weights are read: tensors on two devices cannot be compared)."""
     from agentic_retriever.training import selection
 
     seen = []
 
     def scripted(model, pool, metric, batch_size=64):
-        seen.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+        seen.append({k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()})
         return scores[len(seen) - 1]
 
     monkeypatch.setattr(selection, "evaluate_on_pool", scripted)
