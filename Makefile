@@ -11,7 +11,7 @@ PY    := $(VENV)/bin/python
 PIP   := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench clean gpu-bundle gpu-check
 
 setup: $(STAMP)
 
@@ -35,3 +35,11 @@ bench: setup
 
 clean:
 	rm -rf runs .pytest_cache
+
+# The GPU check (docs/development.md): `make gpu-bundle` here writes what a bare GPU host lacks (with wheels);
+# carry gpu_bundle/ with the checkout and run `make gpu-check` there (no setup: the host's own Python).
+gpu-bundle: setup
+	$(PY) benchmarks/gpu_check.py bundle gpu_bundle --wheels
+
+gpu-check:
+	python3 benchmarks/gpu_check.py run --bundle gpu_bundle --out runs/gpu_check

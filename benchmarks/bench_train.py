@@ -3,8 +3,9 @@
 1. Throughput: `train_retriever` (our data reading, Eq. 5 loss with the in-batch accuracy, curves, export)
    against a plain `SentenceTransformerTrainer` + `MultipleNegativesRankingLoss` with the same model, data,
    batch, temperature and number of updates. Each run is its own process (so its peak memory is its own),
-   alternating ours / plain. Reported: queries/s of the training loop (the trainer's own ``train_runtime``)
-   and peak RSS. Target: ours / plain >= 0.9x.
+   alternating ours / plain (the order reversed every round). Reported: queries/s of the training loop (the
+   trainer's own ``train_runtime``), peak RSS and peak CUDA memory. Target: ours / plain >= 0.95x. `--profile`
+   adds one run of each under `torch.profiler`: where the time goes, operator by operator.
 2. Memory of one update at growing global batches with and without the cached loss: the largest batch under
    ``--budget-mib`` of peak RSS growth for each.
 
@@ -36,21 +37,29 @@ def _rows(path: Path, queries: int, negatives: int, corpus: str | None) -> None:
                          + "\n")
 
 
-def _worker(kind: str, data: str, batch: int, steps: int, negatives: int, max_length: int, cached: bool) -> dict:
-    """One training run in this process; returns its loop time and peak memory."""
+def _worker(kind: str, data: str, batch: int, steps: int, negatives: int, max_length: int, cached: bool,
+            model_dir: str, profile: bool) -> dict:
+    """One training run in this process; returns its loop time and peak memory (and, with `profile`, the top
+    operators of the whole run by self time, from `torch.profiler`)."""
+    import contextlib
+
     import torch
 
     from agentic_retriever.encoder import EncoderConfig
 
     torch.manual_seed(0)
     start_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    with tempfile.TemporaryDirectory() as tmp:
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA]
+                                                          if torch.cuda.is_available() else [])
+    profiler = torch.profiler.profile(activities=activities) if profile else contextlib.nullcontext()
+    with tempfile.TemporaryDirectory() as tmp, profiler:
         if kind == "ours":
             from agentic_retriever.training.config import RetrieverTrainConfig
             from agentic_retriever.training.trainer import train_retriever
 
             out = train_retriever(RetrieverTrainConfig(
-                data=data, out=f"{tmp}/model", encoder=EncoderConfig(max_length=max_length, composition="query"),
+                data=data, out=f"{tmp}/model",
+                encoder=EncoderConfig(model=model_dir, max_length=max_length, composition="query"),
                 per_device_batch_size=batch, max_steps=steps, num_negatives=negatives, cached=cached,
                 mini_batch_size=8, save_steps=10_000, logging_steps=1, progress=False))
             history = [json.loads(line) for line in (out / "metrics.jsonl").open()]
@@ -59,11 +68,10 @@ def _worker(kind: str, data: str, batch: int, steps: int, negatives: int, max_le
             from sentence_transformers import SentenceTransformerTrainingArguments
             from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
 
-            from agentic_retriever.defaults import minilm_model_dir
             from agentic_retriever.training.data import read_training_examples
             from agentic_retriever.training.trainer import examples_dataset
 
-            model = SentenceTransformer(str(minilm_model_dir()), device="cpu" if not torch.cuda.is_available() else None)
+            model = SentenceTransformer(model_dir, device="cpu" if not torch.cuda.is_available() else None)
             model.max_seq_length = max_length
             examples, _ = read_training_examples(data, None, lambda q, *_: q, lambda t: t, negatives)
             args = SentenceTransformerTrainingArguments(
@@ -77,11 +85,18 @@ def _worker(kind: str, data: str, batch: int, steps: int, negatives: int, max_le
             history = trainer.state.log_history
     runtime = next(h["train_runtime"] for h in history if "train_runtime" in h)
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"queries_per_s": batch * steps / runtime, "train_runtime": runtime, "peak_rss_mib": peak_mib,
-            "rss_growth_mib": peak_mib - start_rss / 1024}
+    result = {"queries_per_s": batch * steps / runtime, "train_runtime": runtime, "peak_rss_mib": peak_mib,
+              "rss_growth_mib": peak_mib - start_rss / 1024}
+    if torch.cuda.is_available():
+        result["peak_cuda_mib"] = torch.cuda.max_memory_allocated() / 2**20
+    if profile:
+        key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+        result["profile"] = profiler.key_averages().table(sort_by=key, row_limit=25)
+    return result
 
 
 def _spawn(*args: str) -> dict:
+    """One `_worker` run in a process of its own (its arguments as strings, in `_worker`'s order)."""
     done = subprocess.run([sys.executable, __file__, "--worker", *args], capture_output=True, text=True,
                           cwd=str(REPO_ROOT / "benchmarks"))
     if done.returncode != 0:
@@ -91,8 +106,9 @@ def _spawn(*args: str) -> dict:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        kind, data, batch, steps, negatives, max_length, cached = sys.argv[2:9]
-        print(json.dumps(_worker(kind, data, int(batch), int(steps), int(negatives), int(max_length), cached == "1")))
+        kind, data, batch, steps, negatives, max_length, cached, model_dir, profile = sys.argv[2:11]
+        print(json.dumps(_worker(kind, data, int(batch), int(steps), int(negatives), int(max_length), cached == "1",
+                                 model_dir, profile == "1")))
         return
     parser = base_parser(__doc__)
     parser.add_argument("--batch", type=int, default=16, help="queries per step")
@@ -104,7 +120,13 @@ def main() -> None:
                         help="global batches for the cached-loss memory sweep (empty: skip it)")
     parser.add_argument("--budget-mib", type=float, default=1024.0, help="memory budget of the sweep")
     parser.add_argument("--corpus", help="corpus to build rows from (default: the quickstart corpus)")
+    parser.add_argument("--model", help="encoder folder both trainers start from (default: the embedded MiniLM)")
+    parser.add_argument("--profile", action="store_true",
+                        help="one more run of each trainer under torch.profiler: the top operators by self time")
     args = parser.parse_args()
+    from agentic_retriever.defaults import minilm_model_dir
+
+    model_dir = args.model or str(minilm_model_dir())
 
     device = describe_device()
     print(device_line(device))
@@ -113,22 +135,28 @@ def main() -> None:
         _rows(data, args.batch * args.steps, args.negatives, args.corpus)
         common = (str(data), str(args.batch), str(args.steps), str(args.negatives), str(args.max_length))
         runs: dict[str, list[dict]] = {"ours": [], "sentence-transformers": []}
-        for _ in range(args.repeats):
-            runs["ours"].append(_spawn("ours", *common, "0"))
-            runs["sentence-transformers"].append(_spawn("st", *common, "0"))
+        for round_ in range(args.repeats):  # alternating, the order reversed every round
+            order = (("ours", "ours"), ("sentence-transformers", "st"))
+            for name, kind in order if round_ % 2 == 0 else order[::-1]:
+                runs[name].append(_spawn(kind, *common, "0", model_dir, "0"))
+        profiles = {name: _spawn(kind, *common, "0", model_dir, "1")["profile"]
+                    for name, kind in (("ours", "ours"), ("sentence-transformers", "st"))} if args.profile else {}
+        for name, table in profiles.items():
+            print(f"profile of {name} (top operators by self time, whole run):\n{table}")
         best = {name: max(r["queries_per_s"] for r in results) for name, results in runs.items()}
         peak = {name: max(r["peak_rss_mib"] for r in results) for name, results in runs.items()}
         ratio = best["ours"] / best["sentence-transformers"]
         print(f"throughput, {args.batch} queries x {1 + args.negatives} passages per step, {args.steps} steps: "
               f"ours {best['ours']:.2f} q/s, sentence-transformers {best['sentence-transformers']:.2f} q/s "
-              f"-> ratio {ratio:.3f}x (target >= 0.9x); peak RSS ours {peak['ours']:.0f} MiB, "
+              f"-> ratio {ratio:.3f}x (target >= 0.95x); peak RSS ours {peak['ours']:.0f} MiB, "
               f"sentence-transformers {peak['sentence-transformers']:.0f} MiB")
         sweep: dict[str, dict[int, float]] = {"plain": {}, "cached": {}}
         for batch in args.memory_batches:
             _rows(data, batch, args.negatives, args.corpus)
             for name, flag in (("plain", "0"), ("cached", "1")):
                 started = time.perf_counter()
-                result = _spawn("ours", str(data), str(batch), "1", str(args.negatives), str(args.max_length), flag)
+                result = _spawn("ours", str(data), str(batch), "1", str(args.negatives), str(args.max_length), flag,
+                                model_dir, "0")
                 sweep[name][batch] = result["rss_growth_mib"]
                 print(f"  one update, global batch {batch:4d}, {name:6s}: peak RSS growth "
                       f"{result['rss_growth_mib']:.0f} MiB ({time.perf_counter() - started:.0f} s)")
@@ -138,7 +166,8 @@ def main() -> None:
             print(f"largest global batch under {args.budget_mib:.0f} MiB: plain {largest['plain']}, "
                   f"cached {largest['cached']}")
     write_json(args.json, "train", args, device, {"runs": runs, "ratio": ratio, "peak_rss_mib": peak,
-                                                   "memory_sweep_mib": sweep, "largest_batch_under_budget": largest})
+                                                   "memory_sweep_mib": sweep, "largest_batch_under_budget": largest,
+                                                   "model": model_dir, "profiles": profiles})
 
 
 if __name__ == "__main__":
