@@ -270,6 +270,11 @@ class Environment:
         """The searches the dialect runs before the first turn (s3: the question), their results for `start`."""
         return self.dialect.initial_queries(question)
 
+    @property
+    def initial_topk(self) -> int:
+        """Passages per initial search: the dialect's (s3: naive RAG's 3), else `EnvConfig.topk`."""
+        return self.dialect.initial_topk or self.config.topk
+
     def start(self, question: str, initial_results: Sequence[Sequence[ScoredPassage]] = (),
               prefix: Prefix | None = None) -> Episode:
         """A new trajectory: the prompt (with the results of `initial_queries`), and, with `prefix`, the resumed
@@ -384,7 +389,7 @@ def rollout(questions: Sequence[str], llm: LLM, client: RetrievalClient, config:
     questions = list(questions)
     initial = [env.initial_queries(q) for q in questions]
     flat = [(i, q) for i, qs in enumerate(initial) for q in qs]
-    results = iter(retrieve_checked(client, [q for _, q in flat], [questions[i] for i, _ in flat], config.topk)
+    results = iter(retrieve_checked(client, [q for _, q in flat], [questions[i] for i, _ in flat], env.initial_topk)
                    if flat else [])
     episodes = [env.start(question, [next(results) for _ in queries], prefix)
                 for question, queries, prefix in zip(questions, initial, prefixes or [None] * len(questions))]

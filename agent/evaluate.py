@@ -64,6 +64,7 @@ from agentic_retriever.fingerprint import llm_fingerprint
 from agentic_retriever.llm import LLMConfig
 from agentic_retriever.llm.base import LLM
 
+from .dialects.s3 import NAIVE_RAG_TOPK
 from .naive_rag import NaiveRagCache, retriever_identity
 from .qa_data import QARow, as_qa_rows
 from .rewards.answer_judge import judge_answers
@@ -92,7 +93,8 @@ class AgentEvalConfig:
         "help": "judge LLM of Generation Accuracy (model empty: span check only); without a generator, the judge "
                 "of the agent's own answers (judge_acc)"})
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
-    naive_rag_topk: int = field(default=3, metadata={"help": "passages of the naive-RAG baseline (with a generator)"})
+    naive_rag_topk: int = field(default=NAIVE_RAG_TOPK, metadata={
+        "help": "passages of the naive-RAG baseline (with a generator); s3's first retrieval is the same 3"})
     cache: str = field(default="", metadata={"help": "folder of the naive-RAG accuracy cache",
                                              "derive": "{workdir}/agent/naive_rag"})
     generator_protocol: GeneratorProtocol = field(default="auto", metadata={

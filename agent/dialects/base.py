@@ -4,7 +4,8 @@ The environment loop (`agent.env`) is the same for every method; a dialect suppl
 (docs/agent.md, "The environment (`agent.env`) and dialects"):
 
 * `build_prompt`: question (and, for dialects that retrieve before the first turn, those passages) -> the
-  user message; `initial_queries` names those first searches (s3 retrieves with the question itself);
+  user message; `initial_queries` names those first searches and `initial_topk` their depth (s3 retrieves naive
+  RAG's top-3 for the question itself);
 * `stop`: the stop strings that end a generated turn; `truncate_turn` cuts a turn right after the first one;
 * `parse_action`: one generated turn -> `Action` (search with one or more queries, answer, or invalid);
 * `format_observation`: the passages of one search action (a list per query) -> the inserted text;
@@ -105,6 +106,8 @@ class Dialect(abc.ABC):
     stop: ClassVar[tuple[str, ...]]
     invalid_action_message: ClassVar[str]
     search_disabled_on_last_turn: ClassVar[bool]
+    #: Passages per search of `initial_queries` (None: `EnvConfig.topk`, as every later search).
+    initial_topk: ClassVar[int | None] = None
 
     @abc.abstractmethod
     def build_prompt(self, question: str, initial_passages: Sequence[Sequence[ScoredPassage]] = ()) -> str:

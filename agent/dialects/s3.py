@@ -51,12 +51,15 @@ from agentic_retriever.corpus import Passage, ScoredPassage
 from .base import Action, Dialect, DocumentTracker, SelectedDocuments
 from .search_r1 import search_r1_question
 
-__all__ = ["INVALID_ACTION_MESSAGE", "S3Counters", "S3Dialect", "S3Selection", "S3Settings", "S3Turn",
+__all__ = ["INVALID_ACTION_MESSAGE", "NAIVE_RAG_TOPK", "S3Counters", "S3Dialect", "S3Selection", "S3Settings", "S3Turn",
            "SEARCHER_PROMPT", "format_documents", "parse_turn"]
 
 #: The searcher prompt of Figure 11 of [P], byte for byte as the paper's text gives it (one line; the arrows
 #: are ``\\rightarrow`` and the example is the paper's own placeholder); placeholders ``{question}`` and
 #: ``{initial_search_result}``.
+#: Passages of the naive-RAG baseline D_RAG, and so of s3's first retrieval D_0 (section 3: "k=3 in our experiments").
+NAIVE_RAG_TOPK = 3
+
 SEARCHER_PROMPT = (
     "You are a search copilot for a generation model. Based on a user\u2019s query and initial searched results, "
     "you will first determine if the searched results are enough to produce an answer. If the searched results "
@@ -198,9 +201,14 @@ class S3Dialect(Dialect):
     def __init__(self, settings: S3Settings | None = None):
         self.settings = settings if settings is not None else S3Settings()
 
+    #: D_0 is naive RAG's documents: "s3 begins by retrieving top-k (k=3 in our experiments) documents from the
+    #: original question, just like naive RAG" (section 3), so that GBR measures what search adds beyond them.
+    initial_topk = NAIVE_RAG_TOPK
+
     def initial_queries(self, question: str) -> tuple[str, ...]:
-        """q_0 = Q ("Begin with Search", section 3.1), the question as the prompt shows it."""
-        return (search_r1_question(question),)
+        """q_0 = Q ("Begin with Search", section 3.1): the question exactly as naive RAG searches it
+        (`agent.naive_rag`), its top-`NAIVE_RAG_TOPK` the prompt's documents."""
+        return (question,)
 
     def build_prompt(self, question: str, initial_passages: Sequence[Sequence[ScoredPassage]] = ()) -> str:
         """Figure 11 with the question ([R]: stripped, "?" appended) and the documents of q_0."""

@@ -54,6 +54,7 @@ from agentic_retriever.fingerprint import llm_fingerprint
 from agentic_retriever.llm import LLM, load_llm
 
 from ..dialects.reflect import search_queries
+from ..dialects.s3 import NAIVE_RAG_TOPK
 from ..env import Rollout
 from ..naive_rag import NaiveRagCache, retriever_identity, training_filter_counts, training_rows
 from ..qa_data import QARow
@@ -322,7 +323,7 @@ def _gain_reward(config: RLConfig, client: RetrievalClient, rows: Sequence[QARow
     """s3's Gain Beyond RAG (one stage: `RLConfig.validate` refuses a gain in a two-stage run) and its filters."""
     judge = load_llm(config.judge) if config.judge.model else None
     cache = NaiveRagCache(config.naive_rag_cache, retriever_identity(client), llm_fingerprint(generator),
-                          llm_fingerprint(judge) if judge is not None else None, topk=3)
+                          llm_fingerprint(judge) if judge is not None else None, topk=NAIVE_RAG_TOPK)
 
     def naive_rag(questions: Sequence[QARow]) -> dict[str, float]:
         return cache.accuracies(questions, client, generator, judge)

@@ -8,7 +8,8 @@ import hashlib
 import pytest
 
 from agent.dialects import Action, S3Dialect, get_dialect
-from agent.dialects.s3 import INVALID_ACTION_MESSAGE, SEARCHER_PROMPT, S3Selection, S3Settings, parse_turn
+from agent.dialects.s3 import (INVALID_ACTION_MESSAGE, NAIVE_RAG_TOPK, SEARCHER_PROMPT, S3Selection, S3Settings,
+                              parse_turn)
 from agentic_retriever.corpus import ScoredPassage
 from tests.agent.paper_text import S3_PAPER, figure_text
 
@@ -36,7 +37,8 @@ def docs(prefix: str, n: int, words: int = 3) -> list[ScoredPassage]:
 def test_the_dialect_is_registered_and_searches_with_the_question_first():
     dialect = get_dialect("s3")
     assert isinstance(dialect, S3Dialect)
-    assert dialect.initial_queries("  who wrote hamlet ") == ("who wrote hamlet?",)
+    assert dialect.initial_queries("  who wrote hamlet ") == ("  who wrote hamlet ",)  # as naive RAG searches it
+    assert dialect.initial_topk == NAIVE_RAG_TOPK == 3
     assert dialect.stop == ("</query>",)
     assert dialect.search_disabled_on_last_turn
     assert dialect.invalid_action_message == INVALID_ACTION_MESSAGE

@@ -27,13 +27,14 @@ BUDGET = S3Settings().max_doc_tokens  # 1,400 document tokens per turn ([P] Appe
 
 
 class TableClient:
-    """A fixed result list per query (at most `topk` of it); records every query."""
+    """A fixed result list per query (at most `topk` of it); records every query and its depth."""
 
     def __init__(self, table: dict[str, list[ScoredPassage]]):
-        self.table, self.queries = table, []
+        self.table, self.queries, self.topks = table, [], []
 
     def retrieve(self, queries: Sequence[str], topk: int, questions=None) -> list[list[ScoredPassage]]:
         self.queries.extend(queries)
+        self.topks.extend([topk] * len(queries))
         return [self.table[q][:topk] for q in queries]
 
 
@@ -42,12 +43,13 @@ def doc(pid: str, size: int = 400) -> ScoredPassage:
     return ScoredPassage(pid, f"T{pid}", (pid + " ") * (size // (len(pid) + 1)), 1.0)
 
 
-# three 400-character documents fit the 1,400-token budget of a turn, a fourth does not
-HAMLET = [doc(f"a{i}") for i in range(1, 6)]
+# three 400-character documents fit the 1,400-token budget of a turn, a fourth does not (nor a 700-character
+# third after two); the first search is naive RAG's: the question as asked, its top 3
+HAMLET = [doc("a1"), doc("a2"), doc("a3", 700), doc("a4"), doc("a5")]
 AUTHOR = [doc("b1"), doc("a2"), doc("b3"), doc("b4")]
 EMPTY = [doc("c1", 100), doc("c2", 100)]
 PERU = [doc(f"p{i}", 100) for i in range(1, 4)]
-TABLE = {"who wrote hamlet?": HAMLET, "hamlet author": AUTHOR, "": EMPTY, "capital of peru?": PERU}
+TABLE = {"who wrote hamlet": HAMLET, "hamlet author": AUTHOR, "": EMPTY, "capital of peru": PERU}
 
 SCRIPT = {
     "who wrote hamlet": [
@@ -73,12 +75,13 @@ def run_s3(script: dict[str, list[str]] = SCRIPT, **config) -> tuple[list[Rollou
 
 def test_the_prompt_holds_only_the_initial_documents_within_the_budget():
     (hamlet, peru), _, client = run_s3()
-    assert client.queries[:2] == ["who wrote hamlet?", "capital of peru?"]
+    assert client.queries[:2] == ["who wrote hamlet", "capital of peru"]
+    assert client.topks[:2] == [3, 3]  # naive RAG's depth, not env.topk (8)
     assert hamlet.prompt == SEARCHER_PROMPT.format(question="who wrote hamlet?",
-                                                   initial_search_result=format_documents(HAMLET[:3]).strip())
-    assert len(format_documents(HAMLET[:3])) <= BUDGET < len(format_documents(HAMLET[:4]))
-    assert HAMLET[3].text not in hamlet.prompt
-    assert hamlet.turns[0].retrieved[0].ids == [d.id for d in HAMLET]  # the record keeps what was retrieved
+                                                   initial_search_result=format_documents(HAMLET[:2]).strip())
+    assert len(format_documents(HAMLET[:2])) <= BUDGET < len(format_documents(HAMLET[:3]))
+    assert HAMLET[2].text not in hamlet.prompt
+    assert hamlet.turns[0].retrieved[0].ids == [d.id for d in HAMLET[:3]]  # the record keeps what was retrieved
     assert peru.prompt.endswith(f"<information> {format_documents(PERU).strip()} </information>")
 
 
@@ -102,7 +105,7 @@ def test_the_rollout_carries_d_s3_by_the_selection_rules_and_counts_what_was_ign
                                                                                   AUTHOR[2], EMPTY[1])]
     counters = hamlet.selection.counters
     assert (counters["ignored_ids"], counters["query_parse_failures"], counters["duplicate_docs"],
-            counters["docs_over_budget"], counters["turns_without_action"]) == (1, 1, 1, 3, 0)
+            counters["docs_over_budget"], counters["turns_without_action"]) == (1, 1, 1, 2, 0)
     assert peru.finish_reason == "answer" and peru.answer is None
     assert peru.selection == SelectedDocuments([Passage("p3", "Tp3", PERU[2].text)],
                                                {**dict.fromkeys(counters, 0), "turns_without_action": 1})

@@ -223,3 +223,36 @@ def test_an_s3_reward_without_a_generator_is_refused_before_any_model_loads(tmp_
         RLTrainer(s3_config(tmp_path, "policy", reward="gbr"), client, TRAIN)
     with pytest.raises(ValueError, match="gain 's3_gbr' takes no option lambda_f"):
         RLTrainer(s3_config(tmp_path, "policy", reward_options={"lambda_f": 0.4}), client, TRAIN)
+
+
+class RankedClient:
+    """Every query's passages in rank order; the answer is in the 5th (deeper than naive RAG's top 3)."""
+
+    def identity(self) -> dict:
+        return {"fake": "ranked"}
+
+    def retrieve(self, queries, topk, questions=None):
+        return [[ScoredPassage(f"{q}#{i}", f"T{i}", f"passage {i}" + (" ANSWER: Paris" if i == 4 else ""), 1 - i / 10)
+                 for i in range(topk)] for q in queries]
+
+
+def test_a_searcher_that_completes_at_once_gains_nothing_beyond_naive_rag(tmp_path):
+    """GBR measures what search adds beyond naive RAG (s3, section 3: "s3 begins by retrieving top-k (k=3) documents
+    from the original question, just like naive RAG"): a searcher that declares search_complete before searching
+    hands the generator D_0, naive RAG's own documents, so its gain is 0 whatever env.topk is."""
+    from agent.dialects.s3 import NAIVE_RAG_TOPK
+    from agent.env import rollout
+    from agent.naive_rag import NaiveRagCache, retriever_identity
+    from tests.fakes import CharScriptedLLM
+
+    client, generator = RankedClient(), DocumentReader()
+    llm = CharScriptedLLM({"capital of france": ["<search_complete>True</search_complete>"]})
+    env = EnvConfig(dialect="s3", topk=8, max_turns=2, max_new_tokens_per_turn=60, max_context_tokens=20000)
+    [result] = rollout(["capital of france"], llm, client, env)
+    naive = NaiveRagCache(tmp_path / "naive", retriever_identity(client), "scripted-generator", None, NAIVE_RAG_TOPK)
+    reward = GainBeyondRagReward(get_gain("s3_gbr_paper"), generator, None,
+                                 lambda rows: naive.accuracies(rows, client, generator, None))
+    scores, components = reward.score([result], [QARow("q0", "capital of france", ("Paris",))])
+    d_rag = client.retrieve(["capital of france"], NAIVE_RAG_TOPK, ["capital of france"])[0]
+    assert [d.id for d in result.selection.documents] == [p.id for p in d_rag]
+    assert scores == [0.0] and components[0]["gbr"] == 0.0

@@ -101,7 +101,7 @@ class DialectAgentLoop(AgentLoopBase):
         question = _question(kwargs.get("extra_info"))
         env, timing = self.environment, {"generate_sequences": 0.0, "tool_calls": 0.0}
         initial = env.initial_queries(question)
-        results = await self._retrieve(list(initial), question, timing) if initial else []
+        results = await self._retrieve(list(initial), question, timing, env.initial_topk) if initial else []
         episode = env.start(question, results)
         if len(episode.prompt_ids) > self.prompt_length:
             raise ValueError(f"the {env.dialect.name} prompt of {question!r} has {len(episode.prompt_ids)} tokens, "
@@ -116,14 +116,13 @@ class DialectAgentLoop(AgentLoopBase):
             logprobs.append(list(output.log_probs or []))
             action = env.take_turn(episode, self._generation(output.token_ids, params["max_tokens"]))
             if action is not None:
-                env.observe(episode, await self._retrieve(list(action.queries), question, timing))
+                env.observe(episode, await self._retrieve(list(action.queries), question, timing, env.config.topk))
         return self._output(episode, logprobs, bool(sampling_params.get("logprobs")), timing)
 
-    async def _retrieve(self, queries: list[str], question: str, timing: dict[str, float]):
-        """The service's results for `queries`, each sent with the trajectory's `question`."""
+    async def _retrieve(self, queries: list[str], question: str, timing: dict[str, float], topk: int):
+        """The service's top-`topk` for each of `queries`, each sent with the trajectory's `question`."""
         start = time.perf_counter()
-        results = await asyncio.to_thread(retrieve_checked, self.client, queries, [question] * len(queries),
-                                          self.environment.config.topk)
+        results = await asyncio.to_thread(retrieve_checked, self.client, queries, [question] * len(queries), topk)
         timing["tool_calls"] += time.perf_counter() - start
         return results
 
