@@ -221,7 +221,7 @@ def test_s3s_first_search_runs_before_the_first_turn_and_fills_the_prompt(tmp_pa
                                    _rl(dialect="s3", max_new_tokens_per_turn=40), questions=1)
     assert searched(served) == [(run.questions[0], run.questions[0])]  # q_0 = Q, before any generation
     first_prompt = server.tokenizer.decode(server.calls[0][0])
-    assert first_prompt.count("Doc ") == 2 and len(server.calls) == 1
+    assert first_prompt.count("Doc ") == 3 and len(server.calls) == 1  # naive RAG's top 3, not env.topk (2)
     assert output.non_tensor_batch["finish_reason"][0] == "answer"
 
 
