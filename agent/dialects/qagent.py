@@ -19,7 +19,7 @@ QAgent is Search-R1's loop with planning, reflection and several queries per sea
   numbered across the queries in query order, top-1 per query (Appendix C: "1 for iterative methods", so
   ``Doc i`` is the passage of query i);
 * an unreadable turn gets Search-R1's rethink message (Algorithm 1, line 18); the answer is the last
-  ``<answer>`` of the response, stripped;
+  ``<answer>`` (or ``<answer >``) of the response, stripped;
 * the passage set K (Algorithm 1, line 14; parseDocSet of Eq. 8) is every passage the agent was shown in the
   episode, deduplicated by passage id, first seen first (`QAgentPassages`): ``Rollout.selection.documents``,
   what QAgent's stage-2 reward and the submodule evaluation give the frozen generator.
@@ -90,7 +90,11 @@ PROMPT_TEMPLATE = (
 #: The question's placeholder in `PROMPT_TEMPLATE`, as the paper's text spells it.
 QUESTION_PLACEHOLDER = "{questionquestion}"
 
+#: The opening tags QAgent acts on: Table 5's loop spells ``<search >``, so whitespace before the ``>`` is allowed.
+#: One pattern for the dialect's parser, its answer extraction and the format gate (`agent.rewards.qagent_format`).
+SEARCH_OPEN, ANSWER_OPEN = r"<search\s*>", r"<answer\s*>"
 _ACTION = re.compile(r"<(search|answer)\s*>(.*?)</\1>", re.DOTALL)
+_ANSWER = re.compile(rf"{ANSWER_OPEN}(.*?)</answer>", re.DOTALL)
 _QUERY = re.compile(r"<query>(.*?)</query>", re.DOTALL)
 _STRAY_QUERY_TAG = re.compile(r"</?query>")
 
@@ -169,6 +173,11 @@ class QAgentDialect(SearchR1Dialect):
         if not question:
             raise ValueError("the question is empty")
         return PROMPT_TEMPLATE.replace(QUESTION_PLACEHOLDER, question)
+
+    def extract_answer(self, response_text: str) -> str | None:
+        """The last ``<answer>`` (``<answer >`` too, as the parser reads it) of the response, stripped."""
+        matches = _ANSWER.findall(response_text)
+        return matches[-1].strip() if matches else None
 
     def parse_action(self, turn_text: str) -> Action:
         """A search with at least one query, an answer, or invalid (neither, or a search with no query)."""

@@ -56,16 +56,17 @@ def format_context(documents: Sequence[Passage]) -> str:
 
 @dataclass(frozen=True)
 class GeneratorPrompt:
-    """How a frozen generator is asked: `template` with the placeholders ``{context}`` and ``{question}``, and
-    `context`, which writes the documents into ``{context}``. s3's is `S3_GENERATOR`; QAgent's is
-    `agent.rewards.qagent.QAGENT_GENERATOR`."""
+    """How a frozen generator is asked: `template` with the placeholders ``{context}`` and ``{question}``,
+    `context`, which writes the documents into ``{context}``, and `question`, which writes the question into
+    ``{question}`` (as given by default). s3's is `S3_GENERATOR`; QAgent's is `agent.rewards.qagent.QAGENT_GENERATOR`."""
 
     template: str
     context: Callable[[Sequence[Passage]], str]
+    question: Callable[[str], str] = str
 
     def render(self, question: str, documents: Sequence[Passage]) -> str:
         """The user message for one question and its documents."""
-        return self.template.format(context=self.context(documents), question=question)
+        return self.template.format(context=self.context(documents), question=self.question(question))
 
 
 #: s3's generator prompt: Figure 12 with the release's document list.

@@ -7,7 +7,8 @@ arXiv 2510.08383, sections 3.3 and 3.4, Eqs. 7-10; docs/rl.md, "QAgent").
 * r_fmt: `agent.rewards.qagent_format.check_format` (plan before every search, reflection after every
   information block, an answer);
 * EM_s: strict EM, "the same as Search-R1": SQuAD-normalised equality of the last ``<answer>`` of the response
-  with a golden answer (`agent.rewards.outcome.extract_answer`, `agentic_retriever.eval.qa.exact_match`);
+  with a golden answer (`QAgentDialect.extract_answer`, which reads ``<answer >`` as the dialect's parser does;
+  `agentic_retriever.eval.qa.exact_match`);
 * EM in Eq. 10 is "relaxed to non-strict EM": EM_contains, a normalised gold occurs in the normalised answer on
   word boundaries (`agentic_retriever.eval.qa.contains_match`, the paper's evaluation EM, section 4.1);
 * Hit: "the entire trajectory contains the gold answer": EM_contains over the response text, i.e. everything
@@ -36,21 +37,25 @@ from collections.abc import Callable, Sequence
 from agentic_retriever.corpus import Passage
 from agentic_retriever.eval.qa import Golden, contains_match, exact_match
 
+from ..dialects.qagent import QAgentDialect
 from .base import Response, response_text
 from .generation import GeneratorPrompt
-from .outcome import extract_answer
 from .qagent_format import check_format
 from .registry import bind, keyword_options, register, register_in
 
-__all__ = ["DEFAULT_HIT_WEIGHT", "QAGENT_GENERATOR", "QAGENT_GENERATOR_PROMPT", "SUBMODULE_REWARDS",
+__all__ = ["DEFAULT_HIT_WEIGHT", "QAGENT_GENERATOR", "QAGENT_GENERATOR_PROMPT", "SUBMODULE_REWARDS", "as_sentence",
            "SubmoduleRewardFn", "format_passages", "get_submodule_reward", "hit", "hit_reward", "stage1_reward",
            "stage2_reward", "submodule_reward_options"]
 
-#: The release's frozen-generator prompt [R], ``{passage}`` written ``{context}``.
+#: The release's frozen-generator prompt [R], ``{passage}`` written ``{context}``; its "Question: {question}." ends
+#: the question with a period, which `as_sentence` writes only where the question has no final punctuation (a
+#: question ending in "?" would read "?.").
 QAGENT_GENERATOR_PROMPT = ("{context}\n\nAnswer the given question. The answer should be a few short words. "
-                           "Question: {question}.")
+                           "Question: {question}")
 
 DEFAULT_HIT_WEIGHT = 0.5
+
+_DIALECT = QAgentDialect()
 
 SubmoduleRewardFn = Callable[..., float]
 
@@ -63,8 +68,14 @@ def format_passages(documents: Sequence[Passage]) -> str:
     return "".join(f"Doc {i}(Title: {d.title}) {d.text}\n" for i, d in enumerate(documents, start=1)).rstrip("\n")
 
 
+def as_sentence(question: str) -> str:
+    """The question stripped, with the template's final period unless it already ends in ".", "?" or "!"."""
+    question = question.strip()
+    return question if question.endswith((".", "?", "!")) else question + "."
+
+
 #: QAgent's frozen generator prompt: the release's template, the passages as `format_passages` writes them.
-QAGENT_GENERATOR = GeneratorPrompt(QAGENT_GENERATOR_PROMPT, format_passages)
+QAGENT_GENERATOR = GeneratorPrompt(QAGENT_GENERATOR_PROMPT, format_passages, as_sentence)
 
 
 def hit(response: Response, golden: Golden) -> bool:
@@ -84,7 +95,7 @@ def stage1_reward(response: Response, golden: Golden) -> float:
     """Eq. 7: strict EM of the last ``<answer>`` when the response has QAgent's format, else 0.0."""
     if not check_format(response).valid:
         return 0.0
-    return exact_match(extract_answer(response), golden)
+    return exact_match(_DIALECT.extract_answer(response_text(response)), golden)
 
 
 @register_in(SUBMODULE_REWARDS, "submodule reward", "qagent_stage2")

@@ -4,10 +4,11 @@ post-retrieval reflection, and final answer tags").
 
 A response (prompt excluded) has the format when all three clauses hold:
 
-1. every ``<search>`` is immediately preceded by a closed ``<plan>...</plan>`` block;
+1. every ``<search>`` (or ``<search >``: the dialect's pattern, `agent.dialects.qagent.SEARCH_OPEN`) is immediately
+   preceded by a closed ``<plan>...</plan>`` block;
 2. every ``<information>`` block is closed and immediately followed by a closed ``<reflection>...</reflection>``
    block;
-3. a closed ``<answer>...</answer>`` block exists.
+3. a closed ``<answer>...</answer>`` block (``<answer >`` too) exists.
 
 "Immediately" [I] allows whitespace only between the two tags: ``</plan>\\n<search>`` and
 ``</information>\\n\\n<reflection>`` pass, any other text in between fails. A plan block holds no other
@@ -27,16 +28,18 @@ from typing import NamedTuple
 
 from agentic_retriever.eval.qa import Golden
 
+from ..dialects.qagent import ANSWER_OPEN, SEARCH_OPEN
 from .base import Response, response_text
 from .registry import register
 
 __all__ = ["FormatCheck", "check_format", "valid_format_reward"]
 
-_PLAN_THEN_SEARCH = re.compile(r"<plan>(?:(?!</?plan>).)*</plan>\s*<search>", re.DOTALL)
+_SEARCH = re.compile(SEARCH_OPEN)
+_PLAN_THEN_SEARCH = re.compile(rf"<plan>(?:(?!</?plan>).)*</plan>\s*{SEARCH_OPEN}", re.DOTALL)
 _INFORMATION_THEN_REFLECTION = re.compile(
     r"<information>(?:(?!</?information>).)*</information>\s*<reflection>(?:(?!</?reflection>).)*</reflection>",
     re.DOTALL)
-_ANSWER = re.compile(r"<answer>.*?</answer>", re.DOTALL)
+_ANSWER = re.compile(rf"{ANSWER_OPEN}.*?</answer>", re.DOTALL)
 
 
 class FormatCheck(NamedTuple):
@@ -49,7 +52,7 @@ class FormatCheck(NamedTuple):
 def check_format(response: Response) -> FormatCheck:
     """The three clauses of the module docstring, checked in order."""
     text = response_text(response)
-    searches = text.count("<search>")
+    searches = len(_SEARCH.findall(text))
     if len(_PLAN_THEN_SEARCH.findall(text)) != searches:
         return FormatCheck(False, "a <search> without a <plan>...</plan> right before it")
     informations = text.count("<information>")

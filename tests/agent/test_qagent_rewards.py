@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from agent.dialects import SelectedDocuments
+from agent.dialects import QAgentDialect, SelectedDocuments
 from agent.env import Rollout, Segment
 from agent.evaluate import AgentEvalConfig, evaluate_agent, evaluate_submodule, generator_protocol
 from agent.qa_data import QARow
@@ -58,6 +58,19 @@ def test_a_response_with_plan_reflection_and_answer_has_the_format():
 def test_each_clause_of_the_format_fails_on_its_own(response, clause):
     check = check_format(response)
     assert not check.valid and clause in check.reason
+
+
+def test_the_gate_reads_search_and_answer_tags_as_the_dialect_does():
+    """Table 5's loop writes ``<search >``, and the dialect executes it: a search so spelled with no plan before it
+    fails the gate (stage 1 gives it 0, not 1), and with its plan it passes, as ``<answer >`` does."""
+    spaced = "<search >\n<query>capital of France</query>\n</search>"
+    assert QAgentDialect().parse_action(spaced).kind == "search"
+    assert not check_format(spaced + INFO + REFLECT + ANSWER).valid
+    assert get_reward("qagent_stage1")(spaced + INFO + REFLECT + ANSWER, GOLD) == 0.0
+    assert check_format(PLAN + spaced + INFO + REFLECT + ANSWER).valid
+    spaced_answer = PLAN + SEARCH + INFO + REFLECT + "<answer > Paris </answer>"
+    assert QAgentDialect().extract_answer(spaced_answer) == "Paris" and check_format(spaced_answer).valid
+    assert get_reward("qagent_stage1")(spaced_answer, GOLD) == 1.0
 
 
 def test_an_invalid_action_message_breaks_the_format():
@@ -124,7 +137,7 @@ def test_stage2_scores_the_generators_answer_and_hit_in_one_batched_call():
     assert [c["submodule_contains_em"] for c in components] == [1.0, 1.0, 0.0, 0.0]
     assert len(generator.calls) == 1 and len(generator.calls[0]) == 4
     assert generator.calls[0][0] == ("Doc 1(Title: Paris) the capital\nDoc 2(Title: Lyon) a city\n\nAnswer the given "
-                                     "question. The answer should be a few short words. Question: capital of france?.")
+                                     "question. The answer should be a few short words. Question: capital of france?")
     weighted = SubmoduleReward(get_submodule_reward("qagent_stage2", hit_weight=1.0), ScriptedGenerator())
     assert weighted.score(results[:1], rows[:1]).scores == [2.0]
     with pytest.raises(ValueError, match="env.dialect qagent"):
@@ -144,11 +157,12 @@ def test_stage2_lives_outside_the_response_registry_and_checks_its_options():
 def test_the_generator_prompt_is_a_parameter_and_s3s_stays_the_default():
     generator, docs = ScriptedGenerator(), [[Passage("7", "Ada", "wrote it")]]
     generate_answers(generator, ["who?"], docs)
-    generate_answers(generator, ["who?"], docs, prompt=QAGENT_GENERATOR)
+    generate_answers(generator, ["who?", " name the author "], docs * 2, prompt=QAGENT_GENERATOR)
     assert generator.calls[0][0] == S3_GENERATOR.render("who?", docs[0])
     assert generator.calls[0][0].startswith("Use the following contexts")
     assert generator.calls[1][0] == "Doc 1(Title: Ada) wrote it\n\nAnswer the given question. The answer should " \
-                                    "be a few short words. Question: who?."
+                                    "be a few short words. Question: who?"  # no "?." after a question mark
+    assert generator.calls[1][1].endswith("Question: name the author.")  # the release's period, where none ends it
 
 
 # --- verl ----------------------------------------------------------------------------------------------------
