@@ -103,7 +103,11 @@ class RLConfig:
     kl_estimator: Literal["auto", "k1", "k2", "k3", "low_var_kl"] = field(default="auto", metadata={
         "help": "auto: k1 in the reward, low_var_kl in the loss"})
     dynamic_sampling: bool = field(default=False, metadata={
-        "help": "DAPO: drop groups whose rewards are all equal and sample more prompts to refill the step"})
+        "help": "DAPO: drop groups that teach nothing (dynamic_sampling_filter) and sample more prompts to refill "
+                "the step"})
+    dynamic_sampling_filter: Literal["correctness", "score"] = field(default="correctness", metadata={
+        "help": "correctness: drop groups whose answers are all correct or all wrong (DAPO, Eq. 11); score: drop "
+                "groups whose rewards are all equal (a continuous reward term keeps nearly every group)"})
     dynamic_sampling_max_batches: int = field(default=3, metadata={"help": "prompt batches tried per step"})
     # -------------------------------------------------------------------- reward and environment
     reward: str = field(default="search_r1_em", metadata={
@@ -154,6 +158,8 @@ class RLConfig:
             raise ValueError(f"RLConfig.mini_batch_size must be at least 1, got {self.mini_batch_size}")
         if self.algorithm == "grpo" and self.samples_per_prompt < 2:
             raise ValueError("GRPO compares the samples of a prompt: samples_per_prompt must be at least 2")
+        if self.dynamic_sampling_filter not in ("correctness", "score"):
+            raise ValueError(f"dynamic_sampling_filter must be correctness or score, got {self.dynamic_sampling_filter!r}")
         if self.dynamic_sampling and self.samples_per_prompt < 2:
             raise ValueError("dynamic sampling drops groups of equal rewards: samples_per_prompt must be at least 2")
         if self.agent.backend != "transformers":

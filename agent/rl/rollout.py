@@ -9,8 +9,10 @@ scored training samples.
   reward per rollout, or s3's Gain Beyond RAG or QAgent's stage 2 with one generator call for all of them) and
   logged with its diagnostics (`components`), as `agent.rl.batch.Sample`;
 * `RolloutCollector.collect`: the samples of one step; with dynamic sampling (DAPO, "DAPO: An Open-Source LLM
-  Reinforcement Learning System at Scale", arXiv 2503.14476) groups whose rewards are all equal are dropped
-  and more questions are rolled out, up to ``dynamic_sampling_max_batches`` batches;
+  Reinforcement Learning System at Scale", arXiv 2503.14476, section 3.2, Eq. 11: keep a group when
+  ``0 < |{o_i | is_equivalent(a, o_i)}| < G``) groups whose answers are all correct or all wrong are dropped
+  (`answer_correct`; ``dynamic_sampling_filter: score`` drops groups whose rewards are all equal instead) and more
+  questions are rolled out, up to ``dynamic_sampling_max_batches`` batches;
 * `rollout_metrics`: mean reward, its spread and components, and token and search counts of a set of samples.
 
 The collector generates and scores only: the log-prob passes, advantages and updates are the trainer's
@@ -59,6 +61,21 @@ def questions_at(rows: Sequence[QARow], seed: int, start: int, count: int) -> li
     return out
 
 
+#: The components that say whether a sample's answer is correct, first found first: the judge's or exact match's
+#: verdict of the when-to-search rewards, the frozen generator's accuracy (s3's Gain Beyond RAG) or contains-EM
+#: (QAgent's stage 2), else the EM of the agent's own answer, which the collector logs for every dialect but s3.
+CORRECTNESS_COMPONENTS = ("answer_correct", "gen_acc", "submodule_contains_em", "em")
+
+
+def answer_correct(sample: Sample) -> bool:
+    """Whether the sample's answer is correct, by the first of `CORRECTNESS_COMPONENTS` its components hold."""
+    name = next((name for name in CORRECTNESS_COMPONENTS if name in sample.components), None)
+    if name is None:
+        raise ValueError(f"dynamic sampling by correctness needs one of the components {CORRECTNESS_COMPONENTS}; "
+                         f"this sample has {sorted(sample.components)} (set dynamic_sampling_filter: score)")
+    return sample.components[name] >= 1.0
+
+
 class StepSamples(NamedTuple):
     """What `RolloutCollector.collect` gathered for one step."""
 
@@ -81,7 +98,8 @@ class RolloutCollector:
 
     def collect(self, step: int, cursor: int) -> StepSamples:
         """The samples of step ``step + 1``, drawing questions from position `cursor` of the stream; with
-        dynamic sampling only groups whose rewards differ are kept."""
+        dynamic sampling only groups with both correct and wrong answers (or, by ``score``, different rewards)
+        are kept."""
         config = self.config
         kept: list[Sample] = []
         kept_groups = 0
@@ -93,15 +111,18 @@ class RolloutCollector:
                                            step=step)
             if not config.dynamic_sampling:
                 return StepSamples(samples, len(rows), cursor)
+            signal = answer_correct if config.dynamic_sampling_filter == "correctness" else (lambda s: s.score)
             for group in sorted({s.group for s in samples}):
                 members = [s for s in samples if s.group == group]
-                if len({s.score for s in members}) > 1 and kept_groups < config.prompts_per_step:
+                if len({signal(s) for s in members}) > 1 and kept_groups < config.prompts_per_step:
                     kept.extend(members)
                     kept_groups += 1
             if kept_groups >= config.prompts_per_step:
                 break
         if not kept:
-            log.warning("step %d: every group had equal rewards; the step updates nothing", step + 1)
+            log.warning("step %d: no group had %s; the step updates nothing", step + 1,
+                        "both correct and wrong answers" if config.dynamic_sampling_filter == "correctness"
+                        else "different rewards")
         return StepSamples(kept, kept_groups, cursor)
 
     def rollout_samples(self, rows: Sequence[QARow], samples_per_prompt: int, seed: int | None,

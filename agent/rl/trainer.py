@@ -11,8 +11,9 @@ Reinforcement Learning", arXiv 2503.09516, at the values of the authors' release
    whose frozen generator answers from every rollout's selected documents in one call); with ``stage2`` set, the
    reward of the step's stage (`agent.rl.reward_schedule`; QAgent, "QAgent: A modular Search Agent with
    Interactive Query Understanding", arXiv 2510.08383: Eq. 7 up to step 1120, Eq. 10 after), logged as
-   ``reward_stage``. With dynamic sampling (DAPO, arXiv 2503.14476), groups whose rewards are all equal are
-   dropped and more questions are rolled out, up to ``dynamic_sampling_max_batches`` batches;
+   ``reward_stage``. With dynamic sampling (DAPO, arXiv 2503.14476), groups whose answers are all correct or all
+   wrong (or, with ``dynamic_sampling_filter: score``, whose rewards are all equal) are dropped and more questions
+   are rolled out, up to ``dynamic_sampling_max_batches`` batches;
 2. log-prob passes without gradients: the rollout policy's log-probabilities (PPO's "old" policy), the
    reference model's (for the KL) and, for PPO, the critic's values. The rollout policy's pass is skipped when
    the update is on-policy (`RLConfig.on_policy`: one epoch over one mini-batch, no KL in the reward): its

@@ -121,7 +121,7 @@ def test_dynamic_sampling_keeps_only_groups_whose_rewards_differ(tmp_path, tiny_
         return 0.0 if golden[0] in ("city 0", "city 1", "city 2") else next(alternate)
 
     trainer = RLTrainer(config(tmp_path, tiny_causal_lm_dir, dynamic_sampling=True, dynamic_sampling_max_batches=3,
-                               prompts_per_step=2), FakeClient(), ROWS, reward_fn=reward)
+                               dynamic_sampling_filter="score", prompts_per_step=2), FakeClient(), ROWS, reward_fn=reward)
     samples, kept = trainer.collect()
     assert kept == len({s.group for s in samples}) == 2  # 3 of the 6 questions qualify
     for group in {s.group for s in samples}:

@@ -282,9 +282,42 @@ def flat_or_varied(varied_groups: set[int]):
 
 
 def collector(tmp_path, rows, **overrides) -> RolloutCollector:
+    settings = {"dynamic_sampling_filter": "score", **overrides}
     config = when_to_search_config(tmp_path, reward="constant", stage2=SecondStage(), env=EnvConfig(),
-                                   dynamic_sampling=True, prompts_per_step=2, **overrides)
+                                   dynamic_sampling=True, prompts_per_step=2, **settings)
     return RolloutCollector(config, rows, llm=None, client=None, rewards=RewardSchedule(None))
+
+
+def scripted_groups(groups: list[list[tuple[float, float]]]):
+    """A stand-in for `RolloutCollector.rollout_samples`: group g's samples score ``groups[g][j][0]`` and have
+    ``answer_correct`` ``groups[g][j][1]`` (the when-to-search reward's verdict component)."""
+    def rollout_samples(rows, samples_per_prompt, seed, first_group=0, *, step):
+        return [Sample([1], [2], [1], group=first_group + i, score=score, components={"answer_correct": correct})
+                for i, _ in enumerate(rows) for score, correct in groups[first_group + i]]
+    return rollout_samples
+
+
+def test_dynamic_sampling_by_correctness_drops_all_correct_and_all_wrong_groups_whatever_their_scores(tmp_path):
+    """DAPO (arXiv 2503.14476, Eq. 11) keeps a group with some but not all answers correct: an all-correct group
+    whose scores differ only by a continuous term (query diversity) teaches no correctness and is dropped, where the
+    score filter would keep it and std-normalisation would amplify that noise."""
+    groups = [[(1.0, 1.0), (1.13, 1.0)],    # all correct, scores differ by the diversity term
+              [(-1.0, 0.0), (-0.7, 0.0)],   # all wrong, scores differ
+              [(1.0, 1.0), (-1.0, 0.0)],    # mixed: kept by both filters
+              [(0.4, 0.0), (0.9, 1.0)]]     # mixed
+    rows = [QARow(str(i), f"q{i}", ("a",)) for i in range(4)]
+    by_correctness = collector(tmp_path, rows, dynamic_sampling_filter="correctness", dynamic_sampling_max_batches=2)
+    by_correctness.rollout_samples = scripted_groups(groups)
+    samples, kept, _ = by_correctness.collect(step=0, cursor=0)
+    assert kept == 2 and sorted({s.group for s in samples}) == [2, 3]
+    by_score = collector(tmp_path, rows, dynamic_sampling_max_batches=2)
+    by_score.rollout_samples = scripted_groups(groups)
+    samples, kept, _ = by_score.collect(step=0, cursor=0)
+    assert kept == 2 and sorted({s.group for s in samples}) == [0, 1]  # the first two differing groups
+    by_correctness.rollout_samples = lambda rows, n, seed, first_group=0, *, step: [
+        Sample([1], [2], [1], group=first_group, score=float(j)) for j in range(n)]
+    with pytest.raises(ValueError, match="dynamic_sampling_filter: score"):
+        by_correctness.collect(step=0, cursor=0)
 
 
 def test_dynamic_sampling_refills_the_step_with_groups_whose_rewards_differ(tmp_path):
@@ -348,5 +381,6 @@ def test_the_shipped_when_to_search_configs_build_and_switch_to_stage_2(config_f
     config.validate()
     assert config.rewards == ["when_to_search_stage1", "when_to_search_stage2"] and config.uses_query_encoder
     assert config.env.dialect == "reflect" and config.algorithm == "grpo" and config.dynamic_sampling
+    assert config.dynamic_sampling_filter == "correctness"  # DAPO's definition
     assert config.loss_aggregation == "token-mean" and config.clip_high > config.clip_low
     assert 1 <= config.stage2.after_step < config.steps
