@@ -3,6 +3,7 @@ rows and other shared fakes: `tests/fakes.py`)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -10,9 +11,29 @@ import pytest
 from tests.fakes import synthetic_rows, write_jsonl
 
 
-@pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("AGENTIC_RETRIEVER_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+#: The cache the project writes to outside the tests (`agentic_retriever.defaults.cache_root`), as the user has it.
+USER_CACHE = Path(os.environ.get("AGENTIC_RETRIEVER_CACHE") or Path.home() / ".cache" / "agentic_retriever")
+
+
+def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file under `root` with its size and modification time (empty when `root` does not exist)."""
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in root.rglob("*") if p.is_file()} if root.is_dir() else {}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_cache(tmp_path_factory):
+    """Every cache the suite writes goes under the session's temporary folder: set for the whole session, before
+    any session-, package- or module-scoped fixture runs. At the end the user's cache must be as it was found."""
+    before = _snapshot(USER_CACHE)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AGENTIC_RETRIEVER_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+        yield
+    after = _snapshot(USER_CACHE)
+    if after != before:
+        changed = sorted(set(after.items()) ^ set(before.items()))
+        pytest.fail(f"the test suite changed the user's cache {USER_CACHE}: {len(changed)} files, e.g. "
+                    f"{[name for name, _ in changed[:5]]}; a fixture wrote there instead of the test cache")
 
 
 @pytest.fixture

@@ -20,6 +20,17 @@ def test_a_constant_shift_gives_that_difference_with_a_zero_width_ci():
     assert result["p_value"] == pytest.approx(2 / 2001)  # add-one smoothed: never exactly 0
 
 
+def test_the_default_interval_is_95_percent():
+    """Differences of +1 and -1 in equal numbers (n = 400): the mean's bootstrap distribution is close to normal
+    with sd 1/sqrt(400) = 0.05, so the 95% interval is about +-1.96 x 0.05 = +-0.098 (an 80% one: +-0.064)."""
+    diffs = np.array([1.0, -1.0] * 200)
+    result = paired_bootstrap(np.zeros(400), diffs, num_samples=20_000)
+    assert result["confidence"] == 0.95
+    assert result["ci_high"] == pytest.approx(1.96 * 0.05, rel=0.08) and result["ci_low"] == pytest.approx(-0.098, rel=0.08)
+    narrower = paired_bootstrap(np.zeros(400), diffs, num_samples=20_000, confidence=0.80)
+    assert narrower["ci_high"] == pytest.approx(1.2816 * 0.05, rel=0.08)  # the level is a parameter, read
+
+
 def test_sign_is_b_minus_a():
     result = paired_bootstrap([1.0, 1.0, 0.0, 1.0], [0.0, 0.0, 0.0, 1.0], num_samples=500)
     assert result["diff"] == pytest.approx(-0.5) and result["mean_a"] == 0.75 and result["mean_b"] == 0.25

@@ -11,6 +11,7 @@ import json
 import os
 from pathlib import Path
 
+import httpx
 import pytest
 
 from agent.env import EnvConfig
@@ -111,8 +112,25 @@ STEP_FUNCTIONS = dict(zip(STEPS, ("train_agent", "roll_out", "mine_rows", "train
                                   "build_index_step", "evaluate_iteration")))
 
 
+def served_index(monkeypatch) -> list[tuple[str, str]]:
+    """Record, for every call of the steps that search the service (agent RL, rollouts, mining), the index folder
+    the service held at that moment (its ``/health``), in call order."""
+    served = []
+    for name in ("train_agent", "roll_out", "mine_rows"):
+        real = getattr(loop_steps, name)
+
+        def recorded(*args, _real=real, _name=name, **kwargs):
+            url = next(a for a in args if isinstance(a, str) and a.startswith("http"))
+            served.append((_name, httpx.get(f"{url}/health", timeout=30).json()["index_dir"]))
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(loop_steps, name, recorded)
+    return served
+
+
 def test_two_iterations_run_end_to_end_with_versioned_artifacts_a_report_and_a_status_table(
-        workdir, tiny_model_dir, tiny_causal_lm_dir, capsys):
+        workdir, tiny_model_dir, tiny_causal_lm_dir, capsys, monkeypatch):
+    served = served_index(monkeypatch)
     report = run_loop(make_job(tiny_model_dir, tiny_causal_lm_dir))
 
     manifest = LoopManifest.load("loop")
@@ -124,6 +142,12 @@ def test_two_iterations_run_end_to_end_with_versioned_artifacts_a_report_and_a_s
             record = manifest.get(i, step)
             assert record.artifact == f"iter_{i}/{step}/{record.key[:12]}"
             assert (workdir / "loop" / record.artifact).is_dir()
+    # Algorithm 1: Agent_i trains, rolls out and is mined against Agentic-R_{i-1}: the base index in iteration 1,
+    # iteration 1's index in iteration 2 (never its own iteration's)
+    base, first_index = str((workdir / "index" / "base").resolve()), manifest.get(1, "index").summary["index"]
+    assert [(name, str(Path(index).resolve())) for name, index in served] == [
+        (name, index) for index in (base, str(Path(first_index).resolve())) for name in ("train_agent", "roll_out",
+                                                                                          "mine_rows")]
     # the chain: Agent_2 starts from Agent_1; each iteration's rows train a retriever from the base encoder
     assert manifest.get(2, "agent").summary["model"] != manifest.get(1, "agent").summary["model"]
     assert manifest.get(1, "mining").summary["rows"] > 0
@@ -145,12 +169,10 @@ def test_two_iterations_run_end_to_end_with_versioned_artifacts_a_report_and_a_s
     assert table.count("| done |") == 14 and "| 2 | evaluate |" in table
 
     # a second run finds everything done and runs nothing
-    calls = count_calls(pytest.MonkeyPatch())
-    try:
+    with pytest.MonkeyPatch.context() as patch:  # undone on leaving: later tests see the real step functions
+        calls = count_calls(patch)
         run_loop(make_job(tiny_model_dir, tiny_causal_lm_dir))
-    finally:
-        pytest.MonkeyPatch().undo()
-    assert calls == {}
+    assert calls == {} and loop_steps.roll_out.__name__ == "recorded"  # the test's own patch is the fixture's
 
 
 def test_a_run_killed_in_every_step_resumes_to_the_uninterrupted_manifest(tmp_path, tiny_model_dir,
