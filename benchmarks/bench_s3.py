@@ -60,12 +60,11 @@ def answer_rank(hits, golden) -> int | None:
 
 def select_questions(path: str, client, topk: int) -> tuple[list, Counter]:
     """The non-yes/no rows of `path` whose answer is in their question's top-`topk` but not its top-1."""
-    from agent.dialects.search_r1 import search_r1_question
     from agent.naive_rag import is_yes_no
     from agent.qa_data import read_qa_rows
 
     rows = [row for row in read_qa_rows(path) if not is_yes_no(row.golden_answers)]
-    hits = client.retrieve([search_r1_question(row.question) for row in rows], topk=topk)
+    hits = client.retrieve([row.question for row in rows], topk=topk)  # naive RAG's search, the searcher's D_0
     ranks = [answer_rank(h, row.golden_answers) for row, h in zip(rows, hits)]
     return [row for row, rank in zip(rows, ranks) if rank and rank > 1], Counter(ranks)
 
@@ -75,7 +74,6 @@ def warm_start(args, client) -> str:
     from transformers import AutoTokenizer
 
     from agent.dialects.s3 import S3Dialect, S3Selection, S3Settings
-    from agent.dialects.search_r1 import search_r1_question
     from agent.qa_data import read_qa_rows
     from agent.sft import SFTConfig, SFTExample, data_fingerprint, train_sft
     from agentic_retriever.defaults import resolve_llm_name
@@ -89,7 +87,7 @@ def warm_start(args, client) -> str:
     dialect = S3Dialect(S3Settings(topk=args.topk))
     picks = random.Random(args.seed + 1)
     examples = []
-    hits = client.retrieve([search_r1_question(row.question) for row in rows], topk=args.topk)
+    hits = client.retrieve([row.question for row in rows], topk=args.topk)  # D_0: naive RAG's search
     for row, found in zip(rows, hits):
         selection = S3Selection(lambda s: len(tokenizer.encode(s, add_special_tokens=False)))
         shown = selection.observe(found)

@@ -60,7 +60,8 @@ class ScriptedServer:
         turn = sum(1 for ids, _ in self.calls if len(ids) < len(prompt_ids) and prompt_ids[:len(ids)] == ids)
         self.calls.append((prompt_ids, dict(sampling_params)))
         ids = self.tokenizer.encode(self.reply(context, turn), add_special_tokens=False)[:sampling_params.get("max_tokens")]
-        return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids), stop_reason="completed")
+        return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids), stop_reason="completed",  # as verl's client:
+                           extra_fields={"min_global_steps": 7, "max_global_steps": 7 + turn})  # the policy version
 
 
 def search_then_answer(context: str, turn: int) -> str:
@@ -167,6 +168,8 @@ def test_verl_runs_our_search_r1_agent_with_the_question_reaching_the_service(tm
     assert list(output.non_tensor_batch["finish_reason"]) == ["answer", "answer"]
     assert list(output.non_tensor_batch["invalid_actions"]) == [0, 0]
     assert list(output.non_tensor_batch["__num_turns__"]) == [4, 4]  # prompt, search, observation, answer
+    assert list(output.non_tensor_batch["min_global_steps"]) == [7, 7]  # the server's fields, the last turn's version
+    assert list(output.non_tensor_batch["max_global_steps"]) == [8, 8]
 
 
 def test_the_turn_limit_ends_with_searchr1s_search_disabled_last_turn(tmp_path, served, tiny_causal_lm_dir):

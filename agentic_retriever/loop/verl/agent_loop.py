@@ -106,7 +106,7 @@ class DialectAgentLoop(AgentLoopBase):
         if len(episode.prompt_ids) > self.prompt_length:
             raise ValueError(f"the {env.dialect.name} prompt of {question!r} has {len(episode.prompt_ids)} tokens, "
                              f"more than data.max_prompt_length={self.prompt_length} (VerlSettings.max_prompt_length)")
-        request_id, logprobs = uuid4().hex, []
+        request_id, logprobs, server_fields = uuid4().hex, [], {}
         params = {**sampling_params, **self.stop_params, "max_tokens": env.config.max_new_tokens_per_turn}
         while env.can_generate(episode):
             start = time.perf_counter()
@@ -114,10 +114,11 @@ class DialectAgentLoop(AgentLoopBase):
                                                         sampling_params=params)
             timing["generate_sequences"] += time.perf_counter() - start
             logprobs.append(list(output.log_probs or []))
+            _merge_server_fields(server_fields, output.extra_fields)
             action = env.take_turn(episode, self._generation(output.token_ids, params["max_tokens"]))
             if action is not None:
                 env.observe(episode, await self._retrieve(list(action.queries), question, timing, env.config.topk))
-        return self._output(episode, logprobs, bool(sampling_params.get("logprobs")), timing)
+        return self._output(episode, logprobs, bool(sampling_params.get("logprobs")), timing, server_fields)
 
     async def _retrieve(self, queries: list[str], question: str, timing: dict[str, float], topk: int):
         """The service's top-`topk` for each of `queries`, each sent with the trajectory's `question`."""
@@ -131,9 +132,10 @@ class DialectAgentLoop(AgentLoopBase):
         return Generation(text, list(token_ids), "length" if len(token_ids) >= max_tokens else "stop")
 
     def _output(self, episode: Episode, generation_logprobs: list[list[float]], with_logprobs: bool,
-                timing: dict[str, float]) -> AgentLoopOutput:
+                timing: dict[str, float], server_fields: dict[str, Any]) -> AgentLoopOutput:
         """verl's output: the response cut to its response length (only observation tokens can fall past it,
-        since every turn starts with room for a full turn), the mask, per-token log-probs (0 for inserted ones)."""
+        since every turn starts with room for a full turn), the mask, per-token log-probs (0 for inserted ones),
+        and the server's own fields beside ours."""
         response_ids, mask, logprobs = [], [], []
         turns = iter(generation_logprobs)
         for segment in episode.segments:
@@ -142,13 +144,22 @@ class DialectAgentLoop(AgentLoopBase):
             values = next(turns)[:len(segment.token_ids)] if segment.generated else []
             logprobs += values + [0.0] * (len(segment.token_ids) - len(values))
         cut = self.response_length
-        extra = {"searches": sum(1 for turn in episode.turns if turn.retrieved),
+        extra = {**server_fields, "searches": sum(1 for turn in episode.turns if turn.retrieved),
                  "invalid_actions": sum(1 for turn in episode.turns if turn.action == "invalid"),
                  "finish_reason": episode.finish, "retrieval_seconds": timing["tool_calls"],
                  "turn_scores": [], "tool_rewards": []}
         return AgentLoopOutput(prompt_ids=episode.prompt_ids, response_ids=response_ids[:cut], response_mask=mask[:cut],
                                response_logprobs=logprobs[:cut] if with_logprobs else None,
                                num_turns=1 + len(episode.segments), metrics=timing, extra_fields=extra)
+
+
+def _merge_server_fields(fields: dict[str, Any], new: dict[str, Any]) -> None:
+    """The server's extra fields over a trajectory's turns, as verl's tool loop keeps them: the first turn's, with
+    the latest ``max_global_steps`` (the policy version of the last turn, for verl's asynchronous trainers)."""
+    if not fields:
+        fields.update(new)
+    elif new.get("max_global_steps") is not None:
+        fields["max_global_steps"] = new["max_global_steps"]
 
 
 def _question(extra_info: Any) -> str:
