@@ -45,6 +45,7 @@ from agent.sft import WarmStartConfig, warm_start_agent  # noqa: E402
 from agentic_retriever.client import RetrievalConfig  # noqa: E402
 from agentic_retriever.config import build_config  # noqa: E402
 from agentic_retriever.corpus import Corpus  # noqa: E402
+from agentic_retriever.data.prepare import assert_disjoint  # noqa: E402
 from agentic_retriever.demo import Steps  # noqa: E402
 from agentic_retriever.encoder import EncoderConfig  # noqa: E402
 from agentic_retriever.eval.bootstrap import compare_reports, paired_bootstrap  # noqa: E402
@@ -257,6 +258,16 @@ def plot(results: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def check_splits(config: ExperimentConfig, data: Path) -> None:
+    """Refuse to run when the selection slice or the mining questions meet the dev set (ids, parents, normalised
+    questions: `assert_disjoint`), or the selection slice meets the mining questions."""
+    rows = {name: [row for _, row in iter_jsonl(data / name)]
+            for name in (config.heldout_qa, config.mining_qa, config.dev_qa)}
+    for left, right in ((config.heldout_qa, config.dev_qa), (config.mining_qa, config.dev_qa),
+                        (config.heldout_qa, config.mining_qa)):
+        assert_disjoint(rows[left], rows[right], left, right)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/mining_experiment.yaml")
@@ -267,6 +278,7 @@ def main() -> None:
     mine = build_config(MineJobConfig, "mine_run", None, args.config, ("experiment",))
     train = build_config(RetrieverTrainConfig, "retriever_train", None, args.config, ("experiment",))
     work, data = Path(config.workdir), Path(config.data)
+    check_splits(config, data)
     cache = work / "eval"
     cache.mkdir(parents=True, exist_ok=True)
     steps = Steps()

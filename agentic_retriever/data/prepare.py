@@ -54,7 +54,7 @@ class PrepareConfig:
 
 
 #: Bump when the set of files written changes, so an older prepared folder is rewritten.
-FILES_VERSION = 8
+FILES_VERSION = 9
 
 
 def answer_strings(answer) -> list[str]:
@@ -133,7 +133,7 @@ def fanoutqa_rows(questions: list[dict], corpus_text: dict[str, str], dev_fracti
             "supporting_titles": titles, "leaf_ids": [leaf["id"] for leaf in _leaves(question)],
         })
     dev_keys = {key for row in leaves["dev"] for key in _leaf_keys(row)}
-    leaves["train"] = [row for row in leaves["train"] if not _leaf_keys(row) & dev_keys]
+    leaves["train"] = _first_of_each_question([row for row in leaves["train"] if not _leaf_keys(row) & dev_keys])
     return {split: _first_of_each_id(rows) for split, rows in leaves.items()}, multihop
 
 
@@ -141,6 +141,32 @@ def _leaf_keys(row: dict) -> set[str]:
     """A leaf's id and its question under the QA normaliser ("What is the capital of the United States?" and
     "What is the capital of United States?" are one question)."""
     return {f"id:{row['id']}", f"q:{normalize_answer(row['question'])}"}
+
+
+def _first_of_each_question(rows: list[dict]) -> list[dict]:
+    """The first row of each normalised question: a sub-question asked under two parents is one training question,
+    so the held-out slice drawn afterwards (by parent) cannot hold a question the rest of train also holds."""
+    seen: set[str] = set()
+    return [row for row in rows if not ((key := normalize_answer(row["question"])) in seen or seen.add(key))]
+
+
+def split_keys(rows: list[dict]) -> set[str]:
+    """What makes two QA rows the same question for a split: its id, its parent's id, its normalised question."""
+    keys = set()
+    for row in rows:
+        keys |= {f"id:{row['id']}", f"q:{normalize_answer(row['question'])}"}
+        if row.get("parent_id"):
+            keys.add(f"parent:{row['parent_id']}")
+    return keys
+
+
+def assert_disjoint(left: list[dict], right: list[dict], left_name: str, right_name: str) -> None:
+    """Refuse two splits that share a question by id, parent id or normalised question (ValueError naming both
+    and up to five shared keys): a selection or training slice must never meet the dev set, after normalisation."""
+    shared = split_keys(left) & split_keys(right)
+    if shared:
+        raise ValueError(f"{left_name} and {right_name} share {len(shared)} question keys (ids, parents or normalised "
+                         f"questions), e.g. {sorted(shared)[:5]}: they must be disjoint")
 
 
 def _first_of_each_id(rows: list[dict]) -> list[dict]:
@@ -196,6 +222,11 @@ def prepare_defaults(config: PrepareConfig) -> dict:
                       [r for r in in_corpus if not is_heldout(r["parent_id"], config.heldout_fraction)])
     _write_if_changed(out / "fanoutqa_leaf_train_mining_all.jsonl",
                       [r for r in leaves["train"] if not is_heldout(r["parent_id"], config.heldout_fraction)])
+    mining_in_corpus = [r for r in in_corpus if not is_heldout(r["parent_id"], config.heldout_fraction)]
+    assert_disjoint(heldout, mining_in_corpus, "the held-out slice", "the mining questions")
+    for name, rows in (("the held-out slice", heldout), ("the mining questions", mining_in_corpus),
+                       ("the train leaves", leaves["train"])):
+        assert_disjoint(rows, leaves["dev"], name, "the dev leaves")
     summary = {
         "corpus_passages": len(corpus),
         "leaf_questions": {s: len(leaves[s]) for s in leaves},

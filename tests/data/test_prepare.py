@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from agentic_retriever.data.prepare import PrepareConfig, answer_strings, fanoutqa_rows, prepare_defaults
+from agentic_retriever.data.prepare import (PrepareConfig, answer_strings, assert_disjoint, fanoutqa_rows,
+                                             prepare_defaults)
 from agentic_retriever.corpus import Corpus
 
 
@@ -59,6 +60,28 @@ def test_train_leaves_that_dev_has_after_qa_normalisation_are_left_out():
                       "What is the capital of United States") for i in range(40)]
     leaves, _ = fanoutqa_rows(questions, {}, 0.5)
     assert leaves["dev"] and not leaves["train"]  # articles and punctuation do not make a new question
+
+
+def test_a_train_question_asked_under_two_parents_is_one_question_so_no_slice_shares_it():
+    """Two train parents with the same sub-question (other leaf ids, other casing): one train row, so the held-out
+    slice, drawn by parent afterwards, can never hold a question that the mining questions hold too."""
+    def tree(qid, leaves):
+        return {"id": qid, "question": f"{qid}?", "answer": "x", "decomposition": [
+            {"id": leaf_id, "question": text, "answer": "Paris", "decomposition": []} for leaf_id, text in leaves]}
+
+    questions = [tree("q1", [("l1", "What is the capital of France?"), ("o1", "Who founded Paris?")]),
+                 tree("q2", [("l2", "what is the capital of france"), ("o2", "Where is the Louvre?")])]
+    leaves, _ = fanoutqa_rows(questions, {}, 1e-12)  # every question in train
+    assert [r["id"] for r in leaves["train"]] == ["l1", "o1", "o2"] and not leaves["dev"]
+
+
+def test_splits_that_share_an_id_a_parent_or_a_normalised_question_are_refused():
+    row = {"id": "a", "question": "What is the capital of France?", "parent_id": "p1"}
+    assert_disjoint([row], [{"id": "b", "question": "Who wrote Hamlet?", "parent_id": "p2"}], "held-out", "dev")
+    for other in ({"id": "a", "question": "x?", "parent_id": "p2"}, {"id": "b", "question": "x?", "parent_id": "p1"},
+                  {"id": "b", "question": "what is the capital of france", "parent_id": "p2"}):
+        with pytest.raises(ValueError, match="held-out and dev share 1 question keys"):
+            assert_disjoint([row], [other], "held-out", "dev")
 
 
 def test_answer_in_evidence_matches_on_word_boundaries_only():
