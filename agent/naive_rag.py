@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from agentic_retriever.client import RetrievalClient
-from agentic_retriever.eval.qa import normalize_answer
+from agentic_retriever.eval.qa import YES_NO, is_yes_no  # re-exported: s3 drops yes/no questions (section 4.1)
 from agentic_retriever.jsonl import DataFormatError, json_error_text, write_json
 from agentic_retriever.llm.base import LLM
 
@@ -205,16 +205,6 @@ def _unique_keys(rows: Sequence[QARow]) -> list[str]:
 
 
 #: The golden answers of the questions s3 removes from training (section 4.1, "Datasets").
-YES_NO = frozenset({"yes", "no", "true", "false"})
-
-
-def is_yes_no(golden_answers: Sequence[str]) -> bool:
-    """Whether every golden answer is yes, no, true or false after SQuAD normalisation: s3 removes "all yes/no and
-    true/false questions" from training, as the span check accepts "not true" for "true" (section 4.1)."""
-    normalised = {normalize_answer(answer) for answer in golden_answers}
-    return bool(normalised) and normalised <= YES_NO
-
-
 def _drop_reasons(rows: Sequence[QARow], naive_rag_accuracy: Mapping[str, float] | None, drop_yes_no: bool,
                   drop_naive_rag_solved: bool) -> Iterator[tuple[QARow, str | None]]:
     """Each row with the first filter that drops it ("yes_no", then "naive_rag_solved"), or None when kept."""

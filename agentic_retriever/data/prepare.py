@@ -4,7 +4,8 @@ Writes, into one folder:
 
 * ``corpus.jsonl``: one Search-R1 passage per Wikipedia lead summary (ids "0".. in title order);
 * ``fanoutqa_leaf_{train,dev}.jsonl``: the leaf sub-questions of FanOutQA's decomposition trees as
-  FlashRAG QA rows (``id``, ``question``, ``golden_answers``, ``supporting_titles``) plus ``parent_id``;
+  FlashRAG QA rows (``id``, ``question``, ``golden_answers``, ``supporting_titles``) plus ``parent_id`` and, for an
+  answer of several parts (a list or a dict), ``answer_parts`` (`answer_parts`);
 * ``fanoutqa_leaf_{train,dev}_in_corpus.jsonl``: the leaves whose evidence page is in the corpus (the
   ones retrieval, and an agent answering from what it retrieves, can get right);
 * ``fanoutqa_leaf_{train,dev}_answerable.jsonl``: of those, the leaves with a golden answer inside the
@@ -54,7 +55,7 @@ class PrepareConfig:
 
 
 #: Bump when the set of files written changes, so an older prepared folder is rewritten.
-FILES_VERSION = 9
+FILES_VERSION = 10
 
 
 def answer_strings(answer) -> list[str]:
@@ -72,6 +73,18 @@ def answer_strings(answer) -> list[str]:
     if isinstance(answer, dict):
         return [", ".join(f"{k}: {answer_strings(v)[0]}" for k, v in answer.items())]
     return [str(answer)]
+
+
+def answer_parts(answer) -> list[list[str]] | None:
+    """The parts of a FanOutQA answer made of several (None for a single answer), each as its alternatives: a list's
+    items, a dict's entries as [key, value] (the question may ask for either: "Who are the founders of YouTube?"
+    gives {name: age}, "the population of the 5 smallest countries" {country: population}). Answer recall scores
+    them part by part, since the joined golden string occurs in no passage."""
+    if isinstance(answer, list):
+        return [answer_strings(item) for item in answer]
+    if isinstance(answer, dict):
+        return [[str(key), answer_strings(value)[0]] for key, value in answer.items()]
+    return None
 
 
 def is_dev(question_id: str, dev_fraction: float) -> bool:
@@ -119,8 +132,10 @@ def fanoutqa_rows(questions: list[dict], corpus_text: dict[str, str], dev_fracti
         titles: list[str] = []
         for leaf in _leaves(question):
             title = (leaf.get("evidence") or {}).get("title")
+            parts = answer_parts(leaf["answer"])
             leaves[split].append({
                 "id": leaf["id"], "question": leaf["question"], "golden_answers": answer_strings(leaf["answer"]),
+                **({"answer_parts": parts} if parts else {}),
                 "supporting_titles": [title] if title else [], "parent_id": question["id"],
                 "evidence_in_corpus": title in corpus_text,
                 "answer_in_evidence": bool(title in corpus_text

@@ -88,6 +88,16 @@ def _token_f1(pred: list[str], gold: list[str]) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
+#: Answers that say yes or no: no passage "contains" them in any useful sense.
+YES_NO = frozenset({"yes", "no", "true", "false"})
+
+
+def is_yes_no(golden: Golden) -> bool:
+    """Whether every golden answer is yes, no, true or false after SQuAD normalisation."""
+    normalised = {normalize_answer(answer) for answer in golden_strings(golden)}
+    return bool(normalised) and normalised <= YES_NO
+
+
 def contains_match(prediction: str | None, golden: Golden) -> float:
     """QAgent's EM_contains: a normalised gold occurs in the normalised prediction between word boundaries."""
     if prediction is None:

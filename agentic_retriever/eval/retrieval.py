@@ -11,8 +11,11 @@ Wikipedia evidence gives (FanOutQA's ``supporting_titles``). Several passages ma
                     and on word boundaries (`eval.qa.contains_match`), else 0: the top-k retrieval accuracy of
                     DPR (Karpukhin et al. 2020, "Dense Passage Retrieval for Open-Domain Question Answering",
                     arXiv:2004.04906) and FlashRAG. It needs no evidence labels, so it is what an agent gets
-                    even where the labelled page is not the only one that answers. Counted only over the
-                    evaluated rows that have ``golden_answers``.
+                    even where the labelled page is not the only one that answers. An answer of several parts
+                    (a row's ``answer_parts``: a list's items, a dict's entries, each as its alternatives) scores
+                    the share of its parts that some top-k passage contains. Counted only over the evaluated rows
+                    that have ``golden_answers`` and whose answer is not yes/no/true/false (`eval.qa.is_yes_no`:
+                    "no" would match any passage with the word).
 
 Query composition: an encoder trained on ``Q [SEP] q`` (``encoder.compose_query``) is evaluated as trained by
 passing the Q of every question to ``Index.search(questions=...)`` (`composition_questions`): FanOutQA leaf rows
@@ -44,11 +47,12 @@ from tqdm.auto import tqdm
 
 from ..corpus import Corpus
 from ..jsonl import DataFormatError, iter_jsonl
-from .qa import contains_match, golden_strings
+from .qa import contains_match, golden_strings, is_yes_no
 
 ID_FIELDS = ("supporting_ids", "positive_ids")
 TITLE_FIELD = "supporting_titles"
 ANSWER_FIELD = "golden_answers"
+PARTS_FIELD = "answer_parts"
 PARENT_FIELD = "parent_id"
 COMPOSE_WITH = ("none", "parent", "self")
 
@@ -87,6 +91,11 @@ def first_answer_rank(passages: Sequence[str], golden: Any, k: int) -> int | Non
         if contains_match(text, golden):
             return rank
     return None
+
+
+def parts_recall(part_ranks: Sequence[int | None], k: int) -> float:
+    """The share of an answer's parts that some top-k passage contains (`part_ranks`: each part's first rank)."""
+    return sum(rank is not None and rank <= k for rank in part_ranks) / len(part_ranks)
 
 
 def answer_recall_at_k(passages: Sequence[str], golden: Any, k: int) -> float:
@@ -135,12 +144,14 @@ class _Judged:
     parent_id: str | None = None
     path: str = ""
     line: int = 0
+    answer_parts: list[list[str]] | None = None
 
 
 def load_judged_questions(path: str, relevance: str = "auto") -> list[_Judged]:
     """QA rows with their relevant keys; `auto` uses ids when a row has them, titles otherwise.
 
-    Also kept: ``golden_answers`` (for answer recall; None when the row has none) and ``parent_id``.
+    Also kept: ``golden_answers`` (for answer recall; None when the row has none or they say yes or no),
+    ``answer_parts`` (an answer of several parts, each a list of alternatives) and ``parent_id``.
     """
     rows = []
     for line, row in iter_jsonl(path):
@@ -155,12 +166,18 @@ def load_judged_questions(path: str, relevance: str = "auto") -> list[_Judged]:
             raise DataFormatError(path, line, "missing or not a list of strings (needed to judge relevance)", field=fld)
         golden = row.get(ANSWER_FIELD)
         try:
-            has_answers = golden is not None and bool(golden_strings(golden))
+            has_answers = golden is not None and bool(golden_strings(golden)) and not is_yes_no(golden)
         except TypeError as error:
             raise DataFormatError(path, line, str(error), field=ANSWER_FIELD) from None
+        parts = row.get(PARTS_FIELD)
+        if parts is not None and (not isinstance(parts, list) or not parts or not all(
+                isinstance(part, list) and part and all(isinstance(a, str) and a for a in part) for part in parts)):
+            raise DataFormatError(path, line, "must be a non-empty list of non-empty lists of answer strings",
+                                  field=PARTS_FIELD)
         parent = row.get(PARENT_FIELD)
         rows.append(_Judged(str(row["id"]), str(row["question"]), {str(k) for k in keys}, by,
-                            golden if has_answers else None, None if parent is None else str(parent), str(path), line))
+                            golden if has_answers else None, None if parent is None else str(parent), str(path), line,
+                            parts if has_answers else None))
     return rows
 
 
@@ -247,7 +264,11 @@ def evaluate_retrieval(index, questions: list[_Judged], ks: Sequence[int] = (1, 
             metrics[f"mrr@{mrr_k}"] = mrr_at_k(retrieved, relevant, mrr_k)
             metrics[f"ndcg@{ndcg_k}"] = ndcg_at_k(retrieved, relevant, ndcg_k)
             answer_rank = None
-            if q.golden_answers is not None:
+            if q.answer_parts is not None:
+                part_ranks = [first_answer_rank(contents[i], part, depth) for part in q.answer_parts]
+                answer_rank = min((r for r in part_ranks if r is not None), default=None)
+                metrics |= {name: parts_recall(part_ranks, k) for name, k in zip(answer_names, ks)}
+            elif q.golden_answers is not None:
                 answer_rank = first_answer_rank(contents[i], q.golden_answers, depth)
                 metrics |= {name: float(answer_rank is not None and answer_rank <= k) for name, k in zip(answer_names, ks)}
             else:

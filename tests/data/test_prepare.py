@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from agentic_retriever.data.prepare import (PrepareConfig, answer_strings, assert_disjoint, fanoutqa_rows,
-                                             prepare_defaults)
+from agentic_retriever.data.prepare import (PrepareConfig, answer_parts, answer_strings, assert_disjoint,
+                                             fanoutqa_rows, prepare_defaults)
 from agentic_retriever.corpus import Corpus
 
 
@@ -13,6 +13,19 @@ from agentic_retriever.corpus import Corpus
 ])
 def test_answers_become_one_golden_string(answer, expected):
     assert answer_strings(answer) == expected
+
+
+def test_an_answer_of_several_parts_keeps_its_parts_for_answer_recall():
+    assert answer_parts(["Pat Burrell", 5, True]) == [["Pat Burrell"], ["5"], ["yes"]]
+    assert answer_parts({"Steve Chen": 45, "Macau": 680000.0}) == [["Steve Chen", "45"], ["Macau", "680000"]]
+    assert answer_parts("Paris") is None and answer_parts(3) is None
+    tree = {"id": "q", "question": "q?", "answer": "x", "decomposition": [
+        {"id": "q-a", "question": "Who were the picks?", "answer": ["A", "B"], "decomposition": []},
+        {"id": "q-b", "question": "Where?", "answer": "C", "decomposition": []}]}
+    leaves, _ = fanoutqa_rows([tree], {}, 0.5)
+    rows = {r["id"]: r for r in leaves["train"] + leaves["dev"]}
+    assert rows["q-a"]["golden_answers"] == ["A, B"] and rows["q-a"]["answer_parts"] == [["A"], ["B"]]
+    assert "answer_parts" not in rows["q-b"]
 
 
 def test_split_keeps_every_leaf_with_its_top_level_question():

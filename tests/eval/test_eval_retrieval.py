@@ -109,6 +109,29 @@ def test_answer_recall_counts_only_rows_with_golden_answers(tmp_path):
     assert all("recall@1" in p and "mrr@10" in p and "ndcg@10" in p for p in report["per_question"])
 
 
+def test_an_answer_of_several_parts_scores_its_share_and_yes_no_answers_are_left_out(tmp_path):
+    """A list answer's joined golden string ("abacus, dice, violin") occurs in no passage: its parts are scored one by
+    one. A yes/no answer would match any passage with the word "no": it is not an answer recall question."""
+    index = _answer_corpus(tmp_path)
+    qa = write_jsonl(tmp_path / "qa.jsonl", [
+        {"id": "list", "question": "abacus units sold first year", "golden_answers": ["abacus, dice, violin"],
+         "answer_parts": [["abacus"], ["dice"], ["violin"]], "supporting_titles": ["Abacus"]},
+        {"id": "dict", "question": "how many dice games roll", "golden_answers": ["Dice: 6, Kite: 2"],
+         "answer_parts": [["Dice", "6"], ["Kite", "2"]], "supporting_titles": ["Dice"]},
+        {"id": "yes", "question": "lava crust rupture", "golden_answers": ["no"], "supporting_titles": ["Volcano"]},
+    ])
+    report = evaluate_retrieval(index, load_judged_questions(str(qa)), ks=[1, 3])
+    per = {p["id"]: p for p in report["per_question"]}
+    assert per["list"]["answer_recall@3"] == pytest.approx(2 / 3)  # abacus and dice are in the corpus, violin not
+    assert per["dict"]["answer_recall@3"] == pytest.approx(1 / 2)  # "Dice" (or "6") found, neither "Kite" nor "2"
+    assert per["yes"]["answer_recall@3"] is None and report["questions_with_answers"] == 2
+    assert report["metrics"]["answer_recall@3"] == pytest.approx((2 / 3 + 1 / 2) / 2)
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"id": "x", "question": "q", "golden_answers": ["a, b"],
+                                                "answer_parts": [["a"], []], "supporting_titles": ["Dice"]}])
+    with pytest.raises(DataFormatError, match="answer_parts"):
+        load_judged_questions(str(bad))
+
+
 class _RecordingIndex:
     """Wraps a real index and records the `questions` every search call received."""
 
