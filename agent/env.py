@@ -396,7 +396,10 @@ def rollout(questions: Sequence[str], llm: LLM, client: RetrievalClient, config:
     step = 0
     while active := [e for e in episodes if env.can_generate(e)]:
         outputs = generate_checked(llm, [e.context_ids() for e in active], env.sampling_params(step))
-        searching = [e for e, gens in zip(active, outputs) if env.take_turn(e, gens[0]) is not None]
+        searching = []
+        for episode, gens in zip(active, outputs):
+            if env.take_turn(episode, gens[0]) is not None:  # a search: its results come in one call below
+                searching.append(episode)
         if searching:
             queries = [(e, q) for e in searching for q in e.pending[1].queries]
             results = iter(retrieve_checked(client, [q for _, q in queries], [e.question for e, _ in queries],

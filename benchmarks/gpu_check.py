@@ -53,8 +53,10 @@ SIZES = {
             ["--rounds", "1", "--candidates", "2", "--max-new-tokens", "4", "--max-turns", "2", "--repeats", "1",
              "--warmup", "0", "--think-words", "8"]),
     "rl": (["--questions", "16"], ["--questions", "2", "--max-new-tokens", "4"]),
-    "index": (["--passages", "20000"], ["--passages", "64"]),
+    "index": ([], []),  # the corpus the check writes: INDEX_PASSAGES
 }
+#: Synthetic passages of the corpus every step reads (the index step builds over all of it), real and tiny.
+INDEX_PASSAGES = (20_000, 64)
 #: Longest each step may take (seconds), within the overall deadline.
 STEP_LIMITS = {"install": 120, "tests": 240, "encode": 60, "train": 150, "rollout": 120, "gac": 90, "rl": 90,
                "index": 60}
@@ -153,16 +155,11 @@ class Check:
         self.record["steps"][step] = entry
         print(f"{step:8s} {status} ({entry['seconds']} s)", flush=True)
 
-    def bench(self, step: str, script: str, extra: list[str]) -> None:
-        sizes = SIZES[step][1 if self.args.tiny else 0]
+    def measure(self, step: str, script: list[str], extra: list[str]) -> None:
+        """Run `script` (a benchmark, or this file's worker of the step) at the step's sizes, its JSON read back."""
         figures = self.out / f"{step}.json"
-        self.run(step, [sys.executable, str(HERE / script), *sizes, *extra, "--json", str(figures)], figures)
-
-    def worker(self, step: str, extra: list[str]) -> None:
-        sizes = SIZES[step][1 if self.args.tiny else 0]
-        figures = self.out / f"{step}.json"
-        self.run(step, [sys.executable, str(HERE / "gpu_check.py"), f"_{step}", *extra, *sizes, "--json",
-                        str(figures)], figures)
+        self.run(step, [sys.executable, *script, *SIZES[step][int(self.args.tiny)], *extra, "--json", str(figures)],
+                 figures)
 
 
 def _install(check: Check, bundle: Path) -> None:
@@ -234,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
     check.record["stand_ins"] = models["stand_ins"]
     check.env["PYTHONPATH"] = os.pathsep.join([models["site"], str(REPO_ROOT), check.env.get("PYTHONPATH", "")])
     corpus, qa = check.out / "corpus.jsonl", check.out / "qa.jsonl"
-    passages = synthetic_passages(int(SIZES["index"][1 if args.tiny else 0][1]))
+    passages = synthetic_passages(INDEX_PASSAGES[int(args.tiny)])
     corpus.write_text("".join(json.dumps({"id": str(i), "contents": p}) + "\n" for i, p in enumerate(passages)))
     qa.write_text("".join(json.dumps({"id": f"q{i}", "question": f"Which river runs through city number {i}?",
                                       "golden_answers": [f"river {i}"]}) + "\n" for i in range(64)))
@@ -242,20 +239,21 @@ def run(args: argparse.Namespace) -> int:
         if step == "tests":
             _tests(check)
         elif step == "encode":
-            check.bench("encode", "bench_encode.py", ["--model", models["encoder"], "--corpus", str(corpus)])
+            check.measure("encode", [str(HERE / "bench_encode.py")], ["--model", models["encoder"], "--corpus", str(corpus)])
         elif step == "train":  # the profile: two more runs, left out of the dry run
-            check.bench("train", "bench_train.py", ["--model", models["encoder"], "--corpus", str(corpus),
+            check.measure("train", [str(HERE / "bench_train.py")], ["--model", models["encoder"], "--corpus", str(corpus),
                                                      "--memory-batches", *([] if args.tiny else ["--profile"])])
         elif step == "rollout":
-            check.bench("rollout", "bench_rollout.py", ["--model", models["lm"], "--fixed-passages", str(corpus),
+            check.measure("rollout", [str(HERE / "bench_rollout.py")], ["--model", models["lm"], "--fixed-passages", str(corpus),
                                                          "--qa", str(qa)])
         elif step == "gac":
-            check.bench("gac", "bench_gac.py", ["--model", models["lm"], "--corpus", str(corpus),
+            check.measure("gac", [str(HERE / "bench_gac.py")], ["--model", models["lm"], "--corpus", str(corpus),
                                                  "--index", str(check.out / "no-index")])
         elif step == "rl":
-            check.worker("rl", ["--model", models["lm"], "--corpus", str(corpus)])
+            check.measure("rl", [str(HERE / "gpu_check.py"), "_rl"], ["--model", models["lm"], "--corpus", str(corpus)])
         elif step == "index":
-            check.worker("index", ["--model", models["encoder"], "--corpus", str(corpus)])
+            check.measure("index", [str(HERE / "gpu_check.py"), "_index"], ["--model", models["encoder"],
+                                                                         "--corpus", str(corpus)])
     write_report(check)
     return 0 if all(entry["status"] == "ok" or entry["status"].startswith("skipped")
                     for entry in check.record["steps"].values()) else 1
@@ -286,8 +284,6 @@ def main(argv: list[str] | None = None) -> int:
         if name == "rl":
             worker.add_argument("--questions", type=int, default=16)
             worker.add_argument("--max-new-tokens", type=int)
-        else:
-            worker.add_argument("--passages", type=int, help="(the corpus has them; for the record)")
     args = parser.parse_args(argv)
     if args.command == "bundle":
         sizes = write_bundle(Path(args.out), args.wheels)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -147,26 +147,17 @@ def fanoutqa_rows(questions: list[dict], corpus_text: dict[str, str], dev_fracti
             "id": question["id"], "question": question["question"], "golden_answers": answer_strings(question["answer"]),
             "supporting_titles": titles, "leaf_ids": [leaf["id"] for leaf in _leaves(question)],
         })
-    dev_keys = {key for row in leaves["dev"] for key in _leaf_keys(row)}
-    leaves["train"] = _first_of_each_question([row for row in leaves["train"] if not _leaf_keys(row) & dev_keys])
-    return {split: _first_of_each_id(rows) for split, rows in leaves.items()}, multihop
-
-
-def _leaf_keys(row: dict) -> set[str]:
-    """A leaf's id and its question under the QA normaliser ("What is the capital of the United States?" and
-    "What is the capital of United States?" are one question)."""
-    return {f"id:{row['id']}", f"q:{normalize_answer(row['question'])}"}
-
-
-def _first_of_each_question(rows: list[dict]) -> list[dict]:
-    """The first row of each normalised question: a sub-question asked under two parents is one training question,
-    so the held-out slice drawn afterwards (by parent) cannot hold a question the rest of train also holds."""
-    seen: set[str] = set()
-    return [row for row in rows if not ((key := normalize_answer(row["question"])) in seen or seen.add(key))]
+    dev_keys = split_keys(leaves["dev"])  # parents never meet (split by top-level question): ids and questions do
+    # one row per normalised question: a sub-question asked under two parents is one training question, so the
+    # held-out slice drawn afterwards (by parent) cannot hold a question the rest of train also holds
+    leaves["train"] = _first_of_each([row for row in leaves["train"] if not split_keys([row]) & dev_keys],
+                                     lambda row: normalize_answer(row["question"]))
+    return {split: _first_of_each(rows, lambda row: row["id"]) for split, rows in leaves.items()}, multihop
 
 
 def split_keys(rows: list[dict]) -> set[str]:
-    """What makes two QA rows the same question for a split: its id, its parent's id, its normalised question."""
+    """What makes two QA rows the same question for a split: its id, its parent's id, its normalised question
+    ("What is the capital of the United States?" and "What is the capital of United States?" are one question)."""
     keys = set()
     for row in rows:
         keys |= {f"id:{row['id']}", f"q:{normalize_answer(row['question'])}"}
@@ -184,9 +175,10 @@ def assert_disjoint(left: list[dict], right: list[dict], left_name: str, right_n
                          f"questions), e.g. {sorted(shared)[:5]}: they must be disjoint")
 
 
-def _first_of_each_id(rows: list[dict]) -> list[dict]:
+def _first_of_each(rows: list[dict], key: Callable[[dict], str]) -> list[dict]:
+    """The first row of each `key`."""
     seen: set[str] = set()
-    return [row for row in rows if not (row["id"] in seen or seen.add(row["id"]))]
+    return [row for row in rows if not ((k := key(row)) in seen or seen.add(k))]
 
 
 def _write_if_changed(path: Path, rows: list[dict]) -> None:
