@@ -74,9 +74,11 @@ def served(tmp_path_factory, tiny_model_dir):
     index was searched with: (queries, questions) per call."""
     root = tmp_path_factory.mktemp("verl-service")
     corpus = write_jsonl(root / "corpus.jsonl", synthetic_rows(60))
+    # fp32 on any device: the observation is compared with a search of another batch shape
+    encoder = EncoderConfig(model=tiny_model_dir, composition="question_sep_query", precision="fp32")
     build_index(IndexBuildConfig(corpus=str(corpus), out=str(root / "index"), corpus_cache=str(root / "cache"),
-                                 encoder=EncoderConfig(model=tiny_model_dir, composition="question_sep_query")))
-    index = open_index(root / "index", corpus_cache=str(root / "cache"))
+                                 encoder=encoder))
+    index = open_index(root / "index", encoder=encoder, corpus_cache=str(root / "cache"))
     asked, search_rows = [], index.search_rows
 
     def spy(queries, k, questions=None, histories=None):
