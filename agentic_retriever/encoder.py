@@ -32,6 +32,9 @@ from .defaults import resolve_model_name
 CompositionMode = Literal["query", "question_sep_query", "history"]
 COMPOSITION_MODES: tuple[str, ...] = ("query", "question_sep_query", "history")
 SEPARATOR = " [SEP] "
+#: What an evaluation composes a QA row's search with when it has no agent question: nothing (the bare
+#: question), its parent question (``parent_id``), or the question itself (``Q [SEP] q`` with Q = q).
+COMPOSE_WITH: tuple[str, ...] = ("none", "parent", "self")
 SETTINGS_FILE = "agentic_retriever.json"
 BGE_QUERY_INSTRUCTION = "Represent this sentence for searching relevant passages: "
 

@@ -45,7 +45,7 @@ from agent.sft import WarmStartConfig, warm_start_agent  # noqa: E402
 from agentic_retriever.client import RetrievalConfig  # noqa: E402
 from agentic_retriever.config import build_config  # noqa: E402
 from agentic_retriever.corpus import Corpus  # noqa: E402
-from agentic_retriever.data.prepare import assert_disjoint  # noqa: E402
+from agentic_retriever.data.prepare import assert_disjoint, split_keys  # noqa: E402
 from agentic_retriever.demo import Steps  # noqa: E402
 from agentic_retriever.encoder import EncoderConfig  # noqa: E402
 from agentic_retriever.eval.bootstrap import compare_reports, paired_bootstrap  # noqa: E402
@@ -64,6 +64,8 @@ from agentic_retriever.training.trainer import train_retriever  # noqa: E402
 LEAF_METRICS = ["answer_recall@1", "answer_recall@5", "answer_recall@20", "recall@1", "recall@5", "recall@20",
                 "mrr@10"]
 AGENT_METRICS = ["evidence_recall", "answer_recall", "em", "f1"]
+SUMMARY_METRICS = ["recall@1", "mrr@10", "answer_recall@5"]  # each bare and composed, side by side
+SPLIT_METRICS = ["recall@1", "mrr@10"]
 
 
 @dataclass
@@ -76,6 +78,7 @@ class ExperimentConfig:
     mining_qa: str = "fanoutqa_leaf_train_mining_in_corpus.jsonl"
     mining_questions: int | None = None
     heldout_qa: str = "fanoutqa_leaf_train_heldout.jsonl"
+    heldout_parents: str = "fanoutqa_multihop_train_heldout.jsonl"
     dev_qa: str = "fanoutqa_leaf_dev.jsonl"
     dev_parents: str = "fanoutqa_multihop_dev.jsonl"
     agent_eval_questions: int = 98
@@ -143,6 +146,45 @@ def reference_rows(mining_dir: Path, qa_path: Path, corpus: Corpus, out: Path, n
     return out
 
 
+def rows_from_seen_questions(rows_path: Path, mining_qa: Path, warm_start_rows: list[dict]) -> dict:
+    """How many mined rows come from a question the agent's warm start read: the same question (id or normalised
+    text) or a leaf of the same top-level question (`prepare.split_keys`). Reads questions only."""
+    mining = {row["id"]: row for _, row in iter_jsonl(mining_qa)}
+    seen = split_keys(warm_start_rows)
+    rows = [row for _, row in iter_jsonl(rows_path)]
+    from_seen = sum(bool(split_keys([mining.get(row["query_id"]) or {"id": row["query_id"],
+                                                                    "question": row["question"]}]) & seen)
+                    for row in rows)
+    return {"rows": len(rows), "from_questions_the_agent_saw": from_seen}
+
+
+def positive_titles(rows_path: Path, corpus: Corpus) -> set[str]:
+    """The pages of a training file's positives (first passage id of each row)."""
+    ids = sorted({row["passage_ids"][0] for _, row in iter_jsonl(rows_path)})
+    return {passage.title for passage in corpus.get(ids)} if ids else set()
+
+
+def _subset(report: dict, ids: set[str]) -> dict:
+    return {**report, "per_question": [q for q in report["per_question"] if q["id"] in ids]}
+
+
+def gain_by_training_positives(base: dict, trained: dict, dev_qa: Path, positives: set[str], metrics: list[str],
+                               num_samples: int) -> dict:
+    """EVALUATION (reads dev evidence titles): trained minus base, separately for the dev questions whose evidence
+    page is among the training positives and for the others (a gain on pages trained on may be memorised)."""
+    evidence = {row["id"]: set(row.get("supporting_titles") or []) for _, row in iter_jsonl(dev_qa)}
+    ids = {q["id"] for q in base["none"]["per_question"]}
+    groups = {"evidence page trained on": {i for i in ids if evidence.get(i, set()) & positives}}
+    groups["evidence page not trained on"] = ids - groups["evidence page trained on"]
+    out = {}
+    for group, members in groups.items():
+        out[group] = {"questions": len(members)}
+        if members:
+            out[group] |= {mode: compare_reports(_subset(base[mode], members), _subset(trained[mode], members),
+                                                 metrics, num_samples=num_samples) for mode in ("none", "parent")}
+    return out
+
+
 def leaf_reports(index_dir: str, config: ExperimentConfig, data: Path, cache: Path) -> dict[str, dict]:
     """Leaf dev retrieval of one index, bare and composed with the parent question (cached by index manifest)."""
     key = stable_hash([(Path(index_dir) / "manifest.json").read_text(), config.dev_qa, config.dev_parents])[:16]
@@ -203,9 +245,28 @@ def _ci_cell(comparison: dict | None, value: float) -> str:
     return f"{value:.3f} ({comparison['diff']:+.3f} [{comparison['ci_low']:+.3f}, {comparison['ci_high']:+.3f}])"
 
 
+def _diff_cell(comparison: dict | None) -> str:
+    if not comparison:
+        return "-"
+    return f"{comparison['diff']:+.3f} [{comparison['ci_low']:+.3f}, {comparison['ci_high']:+.3f}]"
+
+
 def render(results: dict) -> str:
-    """Markdown tables: the mined labels (audit), leaf dev retrieval (bare and composed), then the agent."""
-    lines = ["Mined labels (audit of the mining rounds; reads their evidence titles)", "",
+    """Markdown tables: the summary (bare and composed side by side), the mined labels (audit), leaf dev retrieval
+    (bare, composed), the gain by whether the dev evidence page was a training positive, then the agent."""
+    lines = [f"Summary: leaf dev questions ({results['leaf_questions']}), bare question | composed with the parent "
+             "question; each cell: value (trained minus base [95% CI])", "",
+             "| retriever | kept | rows (from questions the agent saw) | "
+             + " | ".join(f"{m} bare | {m} composed" for m in SUMMARY_METRICS) + " |",
+             "|---|---|---|" + "---:|" * (2 * len(SUMMARY_METRICS))]
+    for name, system in results["systems"].items():
+        seen = system.get("seen")
+        cells = [_ci_cell(system.get("vs_base", {}).get(mode, {}).get(m), system["leaf"][mode]["metrics"][m])
+                 for m in SUMMARY_METRICS for mode in ("none", "parent")]
+        lines.append(f"| {name} | {system.get('kept', '-')} | "
+                     + (f"{seen['rows']} ({seen['from_questions_the_agent_saw']})" if seen else "-") + " | "
+                     + " | ".join(cells) + " |")
+    lines += ["", "Mined labels (audit of the mining rounds; reads their evidence titles)", "",
              "| rows from | rows | positive is the evidence page | evidence sampled as negative | "
              "negatives holding a gold answer | evidence AUC of LR / GAC / retriever |", "|---|---:|---:|---:|---:|---|"]
     for name, audit in results["audits"].items():
@@ -225,6 +286,15 @@ def render(results: dict) -> str:
             cells = [_ci_cell(comparisons.get(m), metrics[m]) for m in LEAF_METRICS]
             lines.append(f"| {name} | {system.get('kept', '-')} | " + " | ".join(cells) + " |")
         lines.append("")
+    lines += ["Gain by whether the dev question's evidence page is among the training positives (reads dev evidence "
+              "titles); trained minus base [95% CI]", "",
+              "| retriever | dev questions | " + " | ".join(f"{m} bare | {m} composed" for m in SPLIT_METRICS) + " |",
+              "|---|---|" + "---:|" * (2 * len(SPLIT_METRICS))]
+    for name, system in results["systems"].items():
+        for group, split in (system.get("by_training_positives") or {}).items():
+            cells = [_diff_cell(split.get(mode, {}).get(m)) for m in SPLIT_METRICS for mode in ("none", "parent")]
+            lines.append(f"| {name} | {group}: {split['questions']} | " + " | ".join(cells) + " |")
+    lines.append("")
     agents = {n: s["agent"] for n, s in results["systems"].items() if s.get("agent")}
     if agents:
         first = next(iter(agents.values()))
@@ -258,14 +328,22 @@ def plot(results: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def check_splits(config: ExperimentConfig, data: Path) -> None:
-    """Refuse to run when the selection slice or the mining questions meet the dev set (ids, parents, normalised
-    questions: `assert_disjoint`), or the selection slice meets the mining questions."""
+def warm_start_rows(warm: WarmStartConfig) -> list[dict]:
+    """The QA rows the agent's warm start reads (its `qa` less `exclude_qa`, by id)."""
+    excluded = {row["id"] for _, row in iter_jsonl(warm.exclude_qa)} if warm.exclude_qa else set()
+    return [row for _, row in iter_jsonl(warm.qa) if row["id"] not in excluded]
+
+
+def check_splits(config: ExperimentConfig, data: Path, warm_rows: list[dict]) -> None:
+    """Refuse to run when two of the selection slice, the mining questions, the warm start's questions and the dev
+    set share a question (ids, parents, normalised questions: `assert_disjoint`)."""
     rows = {name: [row for _, row in iter_jsonl(data / name)]
             for name in (config.heldout_qa, config.mining_qa, config.dev_qa)}
-    for left, right in ((config.heldout_qa, config.dev_qa), (config.mining_qa, config.dev_qa),
-                        (config.heldout_qa, config.mining_qa)):
-        assert_disjoint(rows[left], rows[right], left, right)
+    rows["the warm start's questions"] = warm_rows
+    names = list(rows)
+    for i, left in enumerate(names):
+        for right in names[i + 1:]:
+            assert_disjoint(rows[left], rows[right], left, right)
 
 
 def main() -> None:
@@ -278,7 +356,8 @@ def main() -> None:
     mine = build_config(MineJobConfig, "mine_run", None, args.config, ("experiment",))
     train = build_config(RetrieverTrainConfig, "retriever_train", None, args.config, ("experiment",))
     work, data = Path(config.workdir), Path(config.data)
-    check_splits(config, data)
+    warm_rows = warm_start_rows(warm)
+    check_splits(config, data, warm_rows)
     cache = work / "eval"
     cache.mkdir(parents=True, exist_ok=True)
     steps = Steps()
@@ -302,7 +381,7 @@ def main() -> None:
             work / "mining" / "full", data / config.mining_qa, corpus, work / "mining" / "reference_rows.jsonl"))
 
     train = dataclasses.replace(train, corpus=corpus_path, select_on=str(data / config.heldout_qa),
-                                select_index=config.base_index)
+                                select_parents=str(data / config.heldout_parents), select_index=config.base_index)
     best, search = steps.run("training settings on the held-out slice (full method)", lambda: choose_training_settings(
         dataclasses.replace(train, data=str(rows["full"]), out=str(work / "retriever" / "settings")),
         config.settings_grid))
@@ -346,6 +425,11 @@ def main() -> None:
             system["vs_base"] = {mode: compare_reports(base["leaf"][mode], system["leaf"][mode], LEAF_METRICS,
                                                        num_samples=config.bootstrap_samples)
                                  for mode in ("none", "parent")}
+    for name, settings in trainings.items():  # evaluation side: reads the dev questions' evidence titles
+        systems[name]["seen"] = rows_from_seen_questions(Path(settings.data), data / config.mining_qa, warm_rows)
+        systems[name]["by_training_positives"] = gain_by_training_positives(
+            base["leaf"], systems[name]["leaf"], data / config.dev_qa, positive_titles(Path(settings.data), corpus),
+            SPLIT_METRICS, config.bootstrap_samples)
     if config.agent_eval_questions:
         for name in ("base", "full"):
             systems[name]["agent"] = steps.run(f"agent on multi-hop dev: {name}", lambda: agent_report(

@@ -7,7 +7,7 @@ warm start").
 
     from agent.sft import WarmStartConfig, warm_start_agent
     from agentic_retriever.client import RetrievalConfig
-    path = warm_start_agent(WarmStartConfig(qa="runs/quickstart/data/fanoutqa_leaf_train.jsonl",
+    path = warm_start_agent(WarmStartConfig(qa="runs/quickstart/data/fanoutqa_leaf_train_warmstart.jsonl",
                                             retrieval=RetrievalConfig(index="runs/quickstart/index/minilm-flat")))
 """
 

@@ -8,7 +8,7 @@ trained on again. A folder cached by the previous release (keyed by the base mod
 found: renamed to its new key. Pass `out` to write it somewhere of your choosing instead.
 
     from agentic_retriever.client import RetrievalConfig
-    path = warm_start_agent(WarmStartConfig(qa="runs/quickstart/data/fanoutqa_leaf_train.jsonl",
+    path = warm_start_agent(WarmStartConfig(qa="runs/quickstart/data/fanoutqa_leaf_train_warmstart.jsonl",
                                             retrieval=RetrievalConfig(index="runs/quickstart/index/minilm-flat")))
 """
 

@@ -11,15 +11,21 @@ Writes, into one folder:
 * ``fanoutqa_leaf_{train,dev}_answerable.jsonl``: of those, the leaves with a golden answer inside the
   evidence passage (normalised, on word boundaries): the ones where the right passage alone lets a reader
   answer, so answer correctness after a passage (mining's GAC) measures that passage;
-* ``fanoutqa_leaf_train_mining.jsonl``: a share (``mining_fraction``, by a hash of the leaf id) of the train
-  answerable leaves outside the held-out slice, for agent rollouts and utility mining; the quickstart warm start holds them out, so GAC
-  measures the passage, not an answer the agent memorised during its warm start;
-* ``fanoutqa_leaf_train_heldout.jsonl``: the in-corpus train leaves of a share (``heldout_fraction``, by a hash
-  of the top-level question id) of the train questions: the slice that chooses retriever training settings
-  and checkpoints (it reads evidence labels), never mined or trained on;
-* ``fanoutqa_leaf_train_mining_in_corpus.jsonl``: every other in-corpus train leaf, the larger mining input
-  (mining reads their questions and gold answers only); ``fanoutqa_leaf_train_mining_all.jsonl``: every train
-  leaf outside the held-out slice, evidence in the corpus or not (mining needs gold answers only);
+* the train questions fall in three roles, by hashes of the top-level question id, so that a question (and
+  every leaf under it) has one role only (`train_role`): the held-out slice (``heldout_fraction``), the mining
+  questions (``mining_fraction`` of the rest) and the warm-start questions (the others). The agent's warm start
+  reads only its own questions, so mining never reads a question (nor a sibling leaf) that the agent saw with
+  its evidence passage and gold answer, and GAC measures the passage, not a memorised answer:
+
+  * ``fanoutqa_leaf_train_warmstart.jsonl``: the leaves of the warm-start questions (the warm start keeps those
+    whose evidence it retrieves);
+  * ``fanoutqa_leaf_train_mining.jsonl``: the answerable leaves of the mining questions (the quickstart's mining
+    input); ``fanoutqa_leaf_train_mining_in_corpus.jsonl``: their in-corpus leaves (the larger mining input,
+    questions and gold answers only); ``fanoutqa_leaf_train_mining_all.jsonl``: all their leaves, evidence in the
+    corpus or not (mining needs gold answers only);
+  * ``fanoutqa_leaf_train_heldout.jsonl``: the in-corpus leaves of the held-out questions: the slice that
+    chooses retriever training settings and checkpoints (it reads evidence labels), never mined or trained on;
+  * ``fanoutqa_multihop_train_{warmstart,mining,heldout}.jsonl``: the top-level train questions of each role;
 * ``fanoutqa_multihop_{train,dev}.jsonl``: the top-level questions with the evidence titles of all
   their leaves (for evidence recall of whole trajectories);
 * ``prepare_summary.json``: counts, including how many leaves have their evidence page in the corpus.
@@ -49,13 +55,16 @@ class PrepareConfig:
                                            "derive": "{workdir}/data"})
     dev_fraction: float = field(default=0.3, metadata={"help": "share of top-level FanOutQA questions in dev"})
     mining_fraction: float = field(default=0.5, metadata={
-        "help": "share of the train answerable leaves set aside for mining (held out of the warm start)"})
+        "help": "share of the train questions outside the held-out slice set aside for mining (the others "
+                "warm-start the agent)"})
     heldout_fraction: float = field(default=0.3, metadata={
         "help": "share of train top-level questions whose leaves choose training settings (never mined)"})
 
 
+#: The roles of the top-level train questions (`train_role`).
+TRAIN_ROLES = ("warmstart", "mining", "heldout")
 #: Bump when the set of files written changes, so an older prepared folder is rewritten.
-FILES_VERSION = 10
+FILES_VERSION = 11
 
 
 def answer_strings(answer) -> list[str]:
@@ -96,6 +105,13 @@ def is_dev(question_id: str, dev_fraction: float) -> bool:
 def is_heldout(question_id: str, heldout_fraction: float) -> bool:
     """Deterministic held-out slice of the train questions, by a hash independent of the dev split's."""
     return is_dev(f"heldout:{question_id}", heldout_fraction)
+
+
+def train_role(question_id: str, mining_fraction: float, heldout_fraction: float) -> str:
+    """The role of a top-level train question: ``heldout`` (model selection), ``mining`` or ``warmstart``."""
+    if is_heldout(question_id, heldout_fraction):
+        return "heldout"
+    return "mining" if is_dev(f"mining:{question_id}", mining_fraction) else "warmstart"
 
 
 def _leaves(node: dict) -> Iterator[dict]:
@@ -219,29 +235,36 @@ def prepare_defaults(config: PrepareConfig) -> dict:
         _write_if_changed(out / f"fanoutqa_leaf_{split}_answerable.jsonl",
                           [r for r in leaves[split] if r["answer_in_evidence"]])
         _write_if_changed(out / f"fanoutqa_multihop_{split}.jsonl", multihop[split])
-    mining = [r for r in leaves["train"] if r["answer_in_evidence"] and is_dev(r["id"], config.mining_fraction)
-              and not is_heldout(r["parent_id"], config.heldout_fraction)]
-    _write_if_changed(out / "fanoutqa_leaf_train_mining.jsonl", mining)
-    in_corpus = [r for r in leaves["train"] if r["evidence_in_corpus"]]
-    heldout = [r for r in in_corpus if is_heldout(r["parent_id"], config.heldout_fraction)]
-    _write_if_changed(out / "fanoutqa_leaf_train_heldout.jsonl", heldout)
-    _write_if_changed(out / "fanoutqa_leaf_train_mining_in_corpus.jsonl",
-                      [r for r in in_corpus if not is_heldout(r["parent_id"], config.heldout_fraction)])
-    _write_if_changed(out / "fanoutqa_leaf_train_mining_all.jsonl",
-                      [r for r in leaves["train"] if not is_heldout(r["parent_id"], config.heldout_fraction)])
-    mining_in_corpus = [r for r in in_corpus if not is_heldout(r["parent_id"], config.heldout_fraction)]
-    assert_disjoint(heldout, mining_in_corpus, "the held-out slice", "the mining questions")
-    for name, rows in (("the held-out slice", heldout), ("the mining questions", mining_in_corpus),
-                       ("the train leaves", leaves["train"])):
-        assert_disjoint(rows, leaves["dev"], name, "the dev leaves")
+    roles = {row["id"]: train_role(row["id"], config.mining_fraction, config.heldout_fraction)
+             for row in multihop["train"]}
+    by_role = {role: [r for r in leaves["train"] if roles[r["parent_id"]] == role] for role in TRAIN_ROLES}
+    for role in TRAIN_ROLES:
+        _write_if_changed(out / f"fanoutqa_multihop_train_{role}.jsonl",
+                          [r for r in multihop["train"] if roles[r["id"]] == role])
+    files = {
+        "warmstart": by_role["warmstart"],
+        "mining": [r for r in by_role["mining"] if r["answer_in_evidence"]],
+        "mining_in_corpus": [r for r in by_role["mining"] if r["evidence_in_corpus"]],
+        "mining_all": by_role["mining"],
+        "heldout": [r for r in by_role["heldout"] if r["evidence_in_corpus"]],
+    }
+    for name, rows in files.items():
+        _write_if_changed(out / f"fanoutqa_leaf_train_{name}.jsonl", rows)
+    for left, right in (("heldout", "mining"), ("heldout", "warmstart"), ("mining", "warmstart")):
+        assert_disjoint(by_role[left], by_role[right], f"the {left} questions", f"the {right} questions")
+    for role, rows in by_role.items():
+        assert_disjoint(rows, leaves["dev"], f"the {role} questions", "the dev leaves")
     summary = {
         "corpus_passages": len(corpus),
         "leaf_questions": {s: len(leaves[s]) for s in leaves},
         "leaf_questions_with_evidence_in_corpus": {s: sum(r["evidence_in_corpus"] for r in leaves[s]) for s in leaves},
         "leaf_questions_with_answer_in_evidence": {s: sum(r["answer_in_evidence"] for r in leaves[s]) for s in leaves},
-        "leaf_questions_for_mining": len(mining),
-        "leaf_questions_heldout": len(heldout),
-        "leaf_questions_for_mining_in_corpus": len(in_corpus) - len(heldout),
+        "leaf_questions_for_mining": len(files["mining"]),
+        "leaf_questions_heldout": len(files["heldout"]),
+        "leaf_questions_for_mining_in_corpus": len(files["mining_in_corpus"]),
+        "leaf_questions_warmstart": len(files["warmstart"]),
+        "leaf_questions_warmstart_answerable": sum(r["answer_in_evidence"] for r in files["warmstart"]),
+        "multihop_train_questions": {role: sum(r == role for r in roles.values()) for role in TRAIN_ROLES},
         "multihop_questions": {s: len(multihop[s]) for s in multihop},
         "dev_fraction": config.dev_fraction,
         "mining_fraction": config.mining_fraction,

@@ -46,6 +46,7 @@ from ..client import RetrievalConfig
 from tqdm.auto import tqdm
 
 from ..corpus import Corpus
+from ..encoder import COMPOSE_WITH
 from ..jsonl import DataFormatError, iter_jsonl
 from .qa import contains_match, golden_strings, is_yes_no
 
@@ -54,7 +55,6 @@ TITLE_FIELD = "supporting_titles"
 ANSWER_FIELD = "golden_answers"
 PARTS_FIELD = "answer_parts"
 PARENT_FIELD = "parent_id"
-COMPOSE_WITH = ("none", "parent", "self")
 
 
 def _first_hit_ranks(retrieved: Sequence[str], relevant: set[str], k: int) -> list[int]:

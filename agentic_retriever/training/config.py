@@ -8,7 +8,7 @@ from typing import Literal
 
 from ..config import Precision
 from ..curves import validate_report_to
-from ..encoder import EncoderConfig
+from ..encoder import COMPOSE_WITH, EncoderConfig
 
 __all__ = ["LOSSES", "SELECT_METRIC_PATTERN", "SOFT_LABEL_KEYS", "RetrieverTrainConfig"]
 
@@ -74,6 +74,12 @@ class RetrieverTrainConfig:
     select_metric: str = field(default="mrr@10", metadata={
         "help": "held-out metric to maximise: mrr@k, recall@k, ndcg@k"})
     select_pool: int = field(default=50, metadata={"help": "base-encoder passages per held-out question in the pool"})
+    select_compose_with: list[str] = field(default_factory=lambda: ["self"], metadata={
+        "help": "the inputs a held-out question is scored with; their mean decides. self: Q [SEP] q with Q = q = "
+                "the question; none: the bare question; parent: composed with its parent question (select_parents). "
+                "Select on the inputs you report"})
+    select_parents: str = field(default="", metadata={
+        "help": "QA JSONL of the held-out rows' parent questions (by parent_id), for select_compose_with parent"})
     deepspeed: str = field(default="", metadata={"help": "DeepSpeed JSON config (extra [deepspeed]); e.g. configs/deepspeed_zero2.json"})
     skip_bad_rows: bool = field(default=False, metadata={"help": "skip and count rows with unknown passage ids or too few negatives"})
     save_steps: int = field(default=100, metadata={"help": "checkpoint every N updates (a rerun resumes from the last)"})
@@ -122,4 +128,10 @@ class RetrieverTrainConfig:
             raise ValueError(f"select_metric must be mrr@k, recall@k or ndcg@k, got {self.select_metric!r}")
         if self.select_pool < 1:
             raise ValueError(f"select_pool must be at least 1, got {self.select_pool}")
+        unknown = [mode for mode in self.select_compose_with if mode not in COMPOSE_WITH]
+        if unknown or not self.select_compose_with or len(set(self.select_compose_with)) < len(self.select_compose_with):
+            raise ValueError(f"select_compose_with must list distinct inputs of {', '.join(COMPOSE_WITH)}, "
+                             f"got {self.select_compose_with}")
+        if "parent" in self.select_compose_with and not self.select_parents:
+            raise ValueError("select_compose_with parent needs --select-parents (the QA file of the parent questions)")
         validate_report_to(self.report_to)

@@ -16,10 +16,14 @@ The score of an encoder is a fixed re-ranking task, so every candidate is judged
   Recall@k and nDCG@k as in `agentic_retriever.eval.retrieval`, a relevant title counting once);
 * questions with no relevant passage in the pool cannot tell encoders apart and are left out (counted).
 
-The held-out rows have no agent query, so the query input is composed like a training query with the
-question in both places: ``Q [SEP] q`` with Q = q = the question (with the encoder's prefix).
+The held-out rows have no agent query: each is scored with the inputs of ``select_compose_with``, and their
+mean decides. ``self`` composes like a training query with the question in both places (``Q [SEP] q`` with
+Q = q = the question); ``none`` is the bare question, ``parent`` the question composed with its parent question
+(as an agent working on the multi-hop question would send it). Select on the inputs you report: a checkpoint
+chosen on ``Q [SEP] Q`` and reported on the bare question is chosen for another task than the one reported.
 
-    pool = build_heldout_pool("heldout.jsonl", "index/minilm-flat", 50, query_input, passage_input)
+    pool = build_heldout_pool("heldout.jsonl", "index/minilm-flat", 50, query_input, passage_input,
+                              compose_with=("none", "parent"), parent_qa="multihop_train_heldout.jsonl")
     score = evaluate_on_pool(model, pool, "mrr@10")
 """
 
@@ -29,13 +33,14 @@ import hashlib
 import json
 import logging
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from ..eval.retrieval import keys_in_corpus, load_judged_questions, mrr_at_k, ndcg_at_k, recall_at_k
+from ..eval.retrieval import (composition_questions, keys_in_corpus, load_judged_questions, mrr_at_k, ndcg_at_k,
+                              recall_at_k)
 from ..jsonl import read_json, write_json
 from .config import SELECT_METRIC_PATTERN
 
@@ -75,12 +80,15 @@ class HeldOutPool:
         return hashlib.sha256(json.dumps(content).encode()).hexdigest()[:16]
 
 
-def build_heldout_pool(qa_path: str, index_dir: str, pool_size: int, query_input: Callable[[str], str],
-                       passage_input: Callable[[str], str]) -> HeldOutPool:
+def build_heldout_pool(qa_path: str, index_dir: str, pool_size: int,
+                       query_input: Callable[[str, str | None], str], passage_input: Callable[[str], str],
+                       compose_with: Sequence[str] = ("self",), parent_qa: str | None = None) -> HeldOutPool:
     """Retrieve each held-out question's top-`pool_size` passages with the index (its own encoder and
     composition, the question as both query and original question) and return the union as the pool,
-    with the questions that have a relevant title in it. `query_input(question)` is the candidate
-    encoders' input (``Q [SEP] q`` with Q = q), `passage_input(contents)` their passage input."""
+    with the questions that have a relevant title in it, once per input of `compose_with` (in that order).
+    `query_input(query, question)` is the candidate encoders' input for a search (``question`` None: the bare
+    query; `eval.retrieval.composition_questions` gives the question of each input, `parent_qa` the parents),
+    `passage_input(contents)` their passage input."""
     from ..index import open_index
 
     questions = load_judged_questions(qa_path, relevance="title")
@@ -93,15 +101,22 @@ def build_heldout_pool(qa_path: str, index_dir: str, pool_size: int, query_input
     passages = index.corpus.passages_at(rows) if len(rows) else []
     in_corpus = keys_in_corpus(index.corpus, set().union(*(q.relevant for q in questions)), "title")
     pool_titles = {p.title for p in passages}
-    judged = [(q, q.relevant & in_corpus) for q in questions if q.relevant & pool_titles]
+    judged = [(i, q.relevant & in_corpus) for i, q in enumerate(questions) if q.relevant & pool_titles]
     counts = {"questions": len(questions), "questions_judged": len(judged),
-              "questions_skipped_no_relevant_in_pool": len(questions) - len(judged), "pool_passages": len(passages)}
+              "questions_skipped_no_relevant_in_pool": len(questions) - len(judged), "pool_passages": len(passages),
+              "inputs": len(compose_with)}
     if not judged:
         raise ValueError(f"no held-out question of {qa_path} has a relevant passage among the top-{pool_size} of "
                          f"{index_dir}: the held-out score could not tell encoders apart")
     del index
-    return HeldOutPool([q.id for q, _ in judged], [query_input(q.question) for q, _ in judged],
-                       [relevant for _, relevant in judged], [passage_input(p.contents) for p in passages],
+    ids, queries, relevant = [], [], []
+    for mode in compose_with:
+        composed = composition_questions(questions, mode, parent_qa) or [None] * len(questions)
+        for i, titles in judged:
+            ids.append(questions[i].id)
+            queries.append(query_input(questions[i].question, composed[i]))
+            relevant.append(titles)
+    return HeldOutPool(ids, queries, relevant, [passage_input(p.contents) for p in passages],
                        [p.title for p in passages], counts)
 
 
@@ -169,9 +184,10 @@ class SelectionRecord:
         return [{"step": self.steps[name], f"heldout_{self.metric}": score}
                 for name, score in sorted(self.per_checkpoint.items(), key=lambda item: self.steps[item[0]])]
 
-    def summary(self, select_on: str, pool_size: int) -> dict:
+    def summary(self, select_on: str, pool_size: int, compose_with: Sequence[str] = ("self",)) -> dict:
         """The manifest's ``selection`` field."""
-        return {"metric": self.metric, "pool": pool_size, "select_on": select_on, **self.pool.counts,
+        return {"metric": self.metric, "pool": pool_size, "select_on": select_on,
+                "compose_with": list(compose_with), **self.pool.counts,
                 "per_checkpoint": self.per_checkpoint, "kept": self.best}
 
 

@@ -73,8 +73,9 @@ def _fingerprint(config: RetrieverTrainConfig, examples: list[TrainingExample]) 
     digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
     for example in examples:
         digest.update(json.dumps([example.query, example.positive, example.negatives, example.utilities]).encode())
-    if config.select_on:  # the held-out questions, not only their path
-        digest.update(Path(config.select_on).read_bytes())
+    for path in (config.select_on, config.select_parents):  # the held-out questions, not only their paths
+        if config.select_on and path:
+            digest.update(Path(path).read_bytes())
     return digest.hexdigest()[:32]
 
 
@@ -170,7 +171,8 @@ def train_retriever(config: RetrieverTrainConfig) -> Path:
         "passages_per_query": 1 + len(examples[0].negatives), "updates": trainer.state.global_step,
         "train_loss": result.training_loss, "seconds": round(time.perf_counter() - started, 1),
         "device": torch.cuda.get_device_name() if on_gpu else "cpu",
-        "selection": record.summary(config.select_on, config.select_pool) if record is not None else None,
+        "selection": (record.summary(config.select_on, config.select_pool, config.select_compose_with)
+                      if record is not None else None),
         "report_to": report_to, "logs": str(logs) if report_to else None,
     }
     save_trained_encoder(exported, settings, out, manifest,
@@ -189,10 +191,11 @@ def _held_out_selection(config: RetrieverTrainConfig, encoder: Encoder, checkpoi
         return None, []
     from .selection import SelectionRecord, build_heldout_pool, evaluate_on_pool, heldout_callback
 
-    # the slice has no agent query: the question is both Q and q of "Q [SEP] q" (module docstring of selection)
+    # the slice has no agent query: the inputs of select_compose_with (module docstring of selection)
     pool = build_heldout_pool(config.select_on, config.select_index, config.select_pool,
-                              lambda question: encoder.compose([question], [question])[0],
-                              lambda text: encoder.settings.passage_prefix + text)
+                              lambda query, question: encoder.compose([query], [question])[0],
+                              lambda text: encoder.settings.passage_prefix + text,
+                              config.select_compose_with, config.select_parents or None)
     record = SelectionRecord(checkpoints, config.select_metric, pool)
     if "base" not in record.per_checkpoint:
         record.add("base", evaluate_on_pool(encoder.model, pool, config.select_metric, config.encoder.batch_size), 0)

@@ -115,18 +115,29 @@ def test_prepare_defaults_writes_the_embedded_corpus_and_fanoutqa_splits(tmp_pat
     assert 0 < answerable["train"] < summary["leaf_questions_with_evidence_in_corpus"]["train"]
     rows = [json.loads(line) for line in (tmp_path / "fanoutqa_leaf_train_answerable.jsonl").open()]
     assert len(rows) == answerable["train"] and all(r["answer_in_evidence"] and r["evidence_in_corpus"] for r in rows)
-    mining = [json.loads(line) for line in (tmp_path / "fanoutqa_leaf_train_mining.jsonl").open()]
+    def read(name):
+        return [json.loads(line) for line in (tmp_path / f"fanoutqa_{name}.jsonl").open()]
+
+    mining, mining_in_corpus, mining_all = (read(f"leaf_train_{n}") for n in ("mining", "mining_in_corpus", "mining_all"))
+    heldout, warmstart = read("leaf_train_heldout"), read("leaf_train_warmstart")
     assert 0 < len(mining) == summary["leaf_questions_for_mining"] < len(rows)
-    assert {r["id"] for r in mining} <= {r["id"] for r in rows}
-    heldout = [json.loads(line) for line in (tmp_path / "fanoutqa_leaf_train_heldout.jsonl").open()]
-    mining_all = [json.loads(line) for line in (tmp_path / "fanoutqa_leaf_train_mining_in_corpus.jsonl").open()]
-    assert len(heldout) == summary["leaf_questions_heldout"] > 30 and len(mining_all) > 5 * len(mining)
-    assert len(heldout) + len(mining_all) == summary["leaf_questions_with_evidence_in_corpus"]["train"]
-    # the held-out slice is whole top-level questions, none of which is mined
-    assert not {r["parent_id"] for r in heldout} & {r["parent_id"] for r in mining_all + mining}
-    every = [json.loads(line) for line in (tmp_path / "fanoutqa_leaf_train_mining_all.jsonl").open()]
-    assert {r["id"] for r in mining_all} < {r["id"] for r in every}
-    assert not {r["parent_id"] for r in heldout} & {r["parent_id"] for r in every}
+    assert {r["id"] for r in mining} <= {r["id"] for r in rows} & {r["id"] for r in mining_in_corpus}
+    assert len(heldout) == summary["leaf_questions_heldout"] > 30 and len(mining_in_corpus) > 2 * len(mining)
+    assert {r["id"] for r in mining_in_corpus} < {r["id"] for r in mining_all}
+    assert len(warmstart) == summary["leaf_questions_warmstart"] > 100
+    assert sum(r["answer_in_evidence"] for r in warmstart) == summary["leaf_questions_warmstart_answerable"] > 10
+    # every train leaf has one role: held out (in-corpus leaves only), mined or warm start; roles are whole
+    # top-level questions, and the multi-hop files split the same way
+    in_corpus = [r for r in read("leaf_train") if r["evidence_in_corpus"]]
+    assert len(heldout) + len(mining_in_corpus) + sum(r["evidence_in_corpus"] for r in warmstart) == len(in_corpus)
+    parents = {name: {r["parent_id"] for r in rows} for name, rows in
+               (("heldout", heldout), ("mining", mining_all), ("warmstart", warmstart))}
+    assert not parents["heldout"] & parents["mining"] and not parents["heldout"] & parents["warmstart"]
+    assert not parents["mining"] & parents["warmstart"]
+    for role, ids in parents.items():
+        multihop = read(f"multihop_train_{role}")
+        assert len(multihop) == summary["multihop_train_questions"][role] and ids <= {r["id"] for r in multihop}
+    assert sum(summary["multihop_train_questions"].values()) == summary["multihop_questions"]["train"]
     first = json.loads((tmp_path / "corpus.jsonl").open().readline())
     assert set(first) == {"id", "contents"} and first["id"] == "0" and first["contents"].startswith('"')
     assert len(Corpus.open(tmp_path / "corpus.jsonl")) == 10033

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from agentic_retriever.encoder import EncoderConfig
+from agentic_retriever.jsonl import DataFormatError
 from agentic_retriever.training.selection import HeldOutPool, build_heldout_pool, evaluate_on_pool
 from tests.fakes import kill_training_after_first_checkpoint
 from tests.training.test_training import _config  # the trainer tests' settings: one tiny, fast configuration
@@ -95,15 +96,34 @@ def test_the_pool_is_the_union_of_the_base_index_top_k(tmp_path, index_dir, held
     rows[1]["supporting_titles"] = [sorted(titles_found)[-1]]
     write_rows(heldout, rows)
 
-    pool = build_heldout_pool(str(heldout), index_dir, 3, lambda q: f"query: {q} [SEP] {q}", lambda t: "passage: " + t)
+    def query_input(query, question):
+        return f"query: {question} [SEP] {query}" if question else f"query: {query}"
+
+    pool = build_heldout_pool(str(heldout), index_dir, 3, query_input, lambda t: "passage: " + t)
     assert pool.passages == [f"passage: {p.contents}" for p in index.corpus.get(union)]
     assert pool.titles == [p.title for p in index.corpus.get(union)]
     judged = [r for r in rows if set(r["supporting_titles"]) & titles_found]
     assert pool.question_ids == [r["id"] for r in judged]
     assert pool.queries == [f"query: {r['question']} [SEP] {r['question']}" for r in judged]
     assert pool.relevant[0] == {sorted(titles_found)[0], "Title 39"}  # in the corpus, even if not in the pool
-    assert pool.counts == {"questions": 5, "questions_judged": len(judged),
+    assert pool.counts == {"questions": 5, "questions_judged": len(judged), "inputs": 1,
                            "questions_skipped_no_relevant_in_pool": 5 - len(judged), "pool_passages": len(union)}
+
+    # scored on the inputs one reports: the bare question, then composed with its parent question
+    parents = tmp_path / "parents.jsonl"
+    write_rows(parents, [{"id": f"p{i}", "question": f"Parent {i}?", "golden_answers": ["x"]} for i in range(5)])
+    write_rows(heldout, [{**row, "parent_id": f"p{i}"} for i, row in enumerate(rows)])
+    both = build_heldout_pool(str(heldout), index_dir, 3, query_input, lambda t: "passage: " + t,
+                              compose_with=("none", "parent"), parent_qa=str(parents))
+    parent_of = {r["id"]: f"Parent {i}?" for i, r in enumerate(rows)}
+    assert both.question_ids == pool.question_ids * 2 and both.relevant == pool.relevant * 2
+    assert both.queries == ([f"query: {r['question']}" for r in judged]
+                            + [f"query: {parent_of[r['id']]} [SEP] {r['question']}" for r in judged])
+    assert both.passages == pool.passages and both.counts["inputs"] == 2 and both.fingerprint != pool.fingerprint
+    write_rows(heldout, rows)  # no parent_id: composing with the parent names the file, line and field
+    with pytest.raises(DataFormatError, match="parent_id"):
+        build_heldout_pool(str(heldout), index_dir, 3, query_input, str, compose_with=("parent",),
+                           parent_qa=str(parents))
 
     write_rows(heldout, [rows[-1]])  # evidence nowhere: the score could not tell encoders apart
     with pytest.raises(ValueError, match="no held-out question .* has a relevant passage"):
@@ -118,7 +138,7 @@ def _scripted_scores(monkeypatch, scores: list[float]) -> list[dict]:
     seen = []
 
     def scripted(model, pool, metric, batch_size=64):
-        seen.append({k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()})
+        seen.append({k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()} | {"pool": pool})
         return scores[len(seen) - 1]
 
     monkeypatch.setattr(selection, "evaluate_on_pool", scripted)
@@ -159,14 +179,25 @@ def test_the_best_epoch_is_exported_even_when_it_is_not_the_last(
     from agentic_retriever.training.trainer import train_retriever
 
     seen = _scripted_scores(monkeypatch, [0.1, 0.6, 0.3])
+    # selected on the inputs reported: the bare question and the question composed with its parent
+    write_rows(heldout, [{**json.loads(line), "parent_id": "p"} for line in heldout.open()])
+    parents = write_rows(tmp_path / "parents.jsonl", [{"id": "p", "question": "The parent?", "golden_answers": ["x"]}])
     out = train_retriever(_config(tiny_model_dir, train_rows, corpus_path, tmp_path / "r", select_on=str(heldout),
-                                  select_index=index_dir, select_pool=60))
+                                  select_index=index_dir, select_pool=60, select_compose_with=["none", "parent"],
+                                  select_parents=str(parents)))
     selection = json.loads((out / "train_manifest.json").read_text())["selection"]
-    assert selection["kept"] == "epoch-1"
+    assert selection["kept"] == "epoch-1" and selection["compose_with"] == ["none", "parent"]
+    pool = seen[0]["pool"]
+    questions = [json.loads(line)["question"] for line in heldout.open()][:4]  # the last has no evidence in the pool
+    assert pool.queries == ([f"query: {q}" for q in questions]  # the encoder's prefix, then the input
+                            + [f"query: The parent? [SEP] {q}" for q in questions])
     exported = _weights(out)
     for name in exported:
         torch.testing.assert_close(exported[name], seen[1][name])
     assert any(not torch.equal(exported[name], seen[2][name]) for name in exported)
+    with pytest.raises(ValueError, match="needs --select-parents"):
+        train_retriever(_config(tiny_model_dir, train_rows, corpus_path, tmp_path / "r2", select_on=str(heldout),
+                                select_index=index_dir, select_compose_with=["parent"]))
 
 
 @pytest.mark.slow

@@ -1,0 +1,92 @@
+"""The CPU-scale experiment's bookkeeping (benchmarks/mining_experiment.py): which splits it refuses, how many mined
+rows come from questions the agent saw, and the gain split by whether a dev evidence page was trained on."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.sft import WarmStartConfig
+from agentic_retriever.corpus import Corpus
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def experiment():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import mining_experiment
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return mining_experiment
+
+
+def _write(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def _leaf(qid: str, question: str, parent: str, title: str = "T") -> dict:
+    return {"id": qid, "question": question, "golden_answers": ["x"], "supporting_titles": [title],
+            "parent_id": parent}
+
+
+def test_the_warm_start_may_not_read_a_question_mining_reads(experiment, tmp_path):
+    data = tmp_path
+    _write(data / "heldout.jsonl", [_leaf("h1", "Held out?", "P1")])
+    _write(data / "mining.jsonl", [_leaf("m1", "Mined?", "P2"), _leaf("m2", "Also mined?", "P3")])
+    _write(data / "dev.jsonl", [_leaf("d1", "Dev?", "P4")])
+    config = experiment.ExperimentConfig(heldout_qa="heldout.jsonl", mining_qa="mining.jsonl", dev_qa="dev.jsonl")
+    warm = _write(data / "warm.jsonl", [_leaf("w1", "Warm?", "P5"), _leaf("w2", "A sibling of a mined one?", "P3")])
+    exclude = _write(data / "exclude.jsonl", [_leaf("w2", "A sibling of a mined one?", "P3")])
+    rows = experiment.warm_start_rows(WarmStartConfig(qa=str(warm), exclude_qa=str(exclude)))
+    assert [row["id"] for row in rows] == ["w1"]
+    experiment.check_splits(config, data, rows)
+    # a leaf of a mined top-level question in the warm start: refused, naming both sides
+    with pytest.raises(ValueError, match="mining.jsonl and the warm start's questions share"):
+        experiment.check_splits(config, data, experiment.warm_start_rows(WarmStartConfig(qa=str(warm))))
+    # the same question in other words under the normaliser, in dev and in the selection slice
+    _write(data / "dev.jsonl", [_leaf("d1", "held out", "P9")])
+    with pytest.raises(ValueError, match="heldout.jsonl and dev.jsonl share"):
+        experiment.check_splits(config, data, rows)
+
+
+def test_mined_rows_from_questions_the_agent_saw_are_counted(experiment, tmp_path):
+    mining = _write(tmp_path / "mining.jsonl", [_leaf("m1", "Mined?", "P2"), _leaf("m2", "Other?", "P3"),
+                                                _leaf("m3", "Third?", "P4")])
+    rows = _write(tmp_path / "rows.jsonl", [{"query_id": qid, "question": q, "passage_ids": ["0"]}
+                                            for qid, q in (("m1", "Mined?"), ("m2", "Other?"), ("m3", "Third?"))])
+    warm = [_leaf("w1", "mined", "P7"), _leaf("w2", "Unrelated?", "P3"), _leaf("w3", "Unrelated too?", "P8")]
+    # m1: the same question after normalisation; m2: a sibling leaf (same top-level question); m3: unseen
+    assert experiment.rows_from_seen_questions(rows, mining, warm) == {"rows": 3, "from_questions_the_agent_saw": 2}
+
+
+def test_the_gain_is_split_by_whether_the_dev_evidence_page_was_a_training_positive(experiment, tmp_path):
+    corpus_path = _write(tmp_path / "corpus.jsonl", [{"id": str(i), "contents": f'"Page {i}"\ntext {i}'}
+                                                     for i in range(4)])
+    rows = _write(tmp_path / "rows.jsonl", [{"query_id": "m1", "passage_ids": ["1", "2", "3"]}])
+    positives = experiment.positive_titles(rows, Corpus.open(corpus_path))
+    assert positives == {"Page 1"}
+    dev = _write(tmp_path / "dev.jsonl", [_leaf(f"d{i}", f"Dev {i}?", "P", f"Page {i % 2}") for i in range(8)])
+
+    def report(values):
+        per_question = [{"id": f"d{i}", "recall@1": v, "mrr@10": v} for i, v in enumerate(values)]
+        return {"metrics": {}, "per_question": per_question}
+
+    base = {mode: report([0.0] * 8) for mode in ("none", "parent")}
+    # the trained model gains on the questions whose page was a positive (odd ids: Page 1) only
+    trained = {mode: report([float(i % 2) for i in range(8)]) for mode in ("none", "parent")}
+    split = experiment.gain_by_training_positives(base, trained, dev, positives, ["recall@1", "mrr@10"], 200)
+    seen, unseen = split["evidence page trained on"], split["evidence page not trained on"]
+    assert seen["questions"] == unseen["questions"] == 4
+    assert seen["none"]["recall@1"]["diff"] == 1.0 and unseen["parent"]["mrr@10"]["diff"] == 0.0
+    table = experiment.render({"leaf_questions": 8, "audits": {}, "systems": {
+        "base": {"leaf": {m: {"metrics": {k: 0.0 for k in experiment.LEAF_METRICS}} for m in ("none", "parent")}},
+        "full": {"leaf": {m: {"metrics": {k: 0.5 for k in experiment.LEAF_METRICS}} for m in ("none", "parent")},
+                 "seen": {"rows": 1, "from_questions_the_agent_saw": 0}, "by_training_positives": split}}})
+    assert "| full | - | 1 (0) | 0.500 | 0.500 |" in table
+    assert "| full | evidence page trained on: 4 | +1.000 [+1.000, +1.000]" in table
