@@ -329,9 +329,13 @@ def plot(results: dict, path: Path) -> None:
 
 
 def warm_start_rows(warm: WarmStartConfig) -> list[dict]:
-    """The QA rows the agent's warm start reads (its `qa` less `exclude_qa`, by id)."""
+    """The QA rows the agent's warm start reads: its `qa` less `exclude_qa` (by id), and its multi-hop questions
+    (`multihop_qa`, each the parent of its own leaves)."""
     excluded = {row["id"] for _, row in iter_jsonl(warm.exclude_qa)} if warm.exclude_qa else set()
-    return [row for _, row in iter_jsonl(warm.qa) if row["id"] not in excluded]
+    rows = [row for _, row in iter_jsonl(warm.qa) if row["id"] not in excluded]
+    if warm.multihop_qa:
+        rows += [{**row, "parent_id": row["id"]} for _, row in iter_jsonl(warm.multihop_qa)]
+    return rows
 
 
 def check_splits(config: ExperimentConfig, data: Path, warm_rows: list[dict]) -> None:

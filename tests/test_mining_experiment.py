@@ -46,6 +46,12 @@ def test_the_warm_start_may_not_read_a_question_mining_reads(experiment, tmp_pat
     rows = experiment.warm_start_rows(WarmStartConfig(qa=str(warm), exclude_qa=str(exclude)))
     assert [row["id"] for row in rows] == ["w1"]
     experiment.check_splits(config, data, rows)
+    # a multi-hop warm-start question is the parent of its leaves: one whose leaves are mined is refused
+    multihop = _write(data / "multihop.jsonl", [{"id": "P2", "question": "Top?", "golden_answers": ["x"],
+                                                  "leaf_ids": ["m1"]}])
+    with pytest.raises(ValueError, match="mining.jsonl and the warm start's questions share"):
+        experiment.check_splits(config, data, experiment.warm_start_rows(
+            WarmStartConfig(qa=str(warm), exclude_qa=str(exclude), multihop_qa=str(multihop))))
     # a leaf of a mined top-level question in the warm start: refused, naming both sides
     with pytest.raises(ValueError, match="mining.jsonl and the warm start's questions share"):
         experiment.check_splits(config, data, experiment.warm_start_rows(WarmStartConfig(qa=str(warm))))

@@ -70,12 +70,16 @@ class SynthesisConfig:
     queries_per_search: int = field(default=1, metadata={
         "help": "phrasings searched at once, in one search (dialects whose search holds several queries: qagent, "
                 "up to 3)"})
+    max_searches: int = field(default=6, metadata={
+        "help": "most searches of a multi-search trajectory (its first leaf sub-questions; agent_sft.multihop_qa)"})
 
     def __post_init__(self):
         if not 0.0 <= self.direct_answer_share < 1.0:
             raise ValueError(f"synthesis.direct_answer_share must be in [0, 1), got {self.direct_answer_share}")
         if self.queries_per_search < 1:
             raise ValueError(f"synthesis.queries_per_search must be at least 1, got {self.queries_per_search}")
+        if self.max_searches < 2:
+            raise ValueError(f"synthesis.max_searches must be at least 2, got {self.max_searches}")
 
 
 def content_words(question: str) -> str:

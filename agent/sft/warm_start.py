@@ -30,6 +30,7 @@ from agentic_retriever.llm import LLMConfig
 
 from ..qa_data import read_qa_rows
 from .data import SynthesisConfig, synthesize_sft_examples
+from .multihop import read_multihop_rows, synthesize_multihop_examples
 from .train import SFTConfig, data_fingerprint, train_sft, write_sft_examples
 
 __all__ = ["WarmStartConfig", "warm_start_agent"]
@@ -50,6 +51,9 @@ class WarmStartConfig:
                                           "required": True})
     exclude_qa: str = field(default="", metadata={
         "help": "QA rows held out of the warm start (by id), e.g. the questions mining will use"})
+    multihop_qa: str = field(default="", metadata={
+        "help": "multi-hop questions (with leaf_ids, e.g. fanoutqa_multihop_train_warmstart.jsonl) to add multi-search "
+                "trajectories from, their leaves read from qa (agent.sft.multihop); empty: leaf questions only"})
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
     agent: LLMConfig = field(default_factory=LLMConfig)
     out: str = field(default="", metadata={"help": "model folder to write (default: the cache, keyed by inputs)"})
@@ -124,6 +128,11 @@ def warm_start_agent(config: WarmStartConfig) -> Path:
         rows = [row for row in rows if row.id not in held_out]
         log.info("warm start on %d questions (%d held out by %s)", len(rows), len(held_out), config.exclude_qa)
     examples, counts = synthesize_sft_examples(rows, client, tokenizer, config.synthesis)
+    if config.multihop_qa:
+        multihop, multihop_counts = synthesize_multihop_examples(
+            read_multihop_rows(config.multihop_qa, config.qa), client, tokenizer, config.synthesis)
+        examples += multihop
+        counts |= {f"multihop_{k}": v for k, v in multihop_counts.items()} | {"examples": len(examples)}
     if not examples:
         raise ValueError(f"no warm-start trajectory could be built from {config.qa}: no retrieved evidence passage "
                          f"holds its question's answer ({counts})")
@@ -144,5 +153,6 @@ def warm_start_agent(config: WarmStartConfig) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     write_sft_examples(out.with_name(out.name + ".examples.jsonl"), examples)
     return train_sft(config.train, config.agent, examples, out, extra_manifest={
-        "qa": config.qa, "retriever": config.retrieval.index or config.retrieval.url, "synthesis": dataclasses.asdict(config.synthesis),
+        "qa": config.qa, "multihop_qa": config.multihop_qa,
+        "retriever": config.retrieval.index or config.retrieval.url, "synthesis": dataclasses.asdict(config.synthesis),
         "synthesis_counts": counts, "base_model_fingerprint": base})
