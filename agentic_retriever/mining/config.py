@@ -57,6 +57,11 @@ class MiningConfig:
     gac_criterion: Literal["sequence", "per_token", "gain"] = field(default="gain", metadata={
         "help": "answer_likelihood: graded GAC = p(gold), its per-token geometric mean, or the per-token "
                 "log-prob gain over no passage (see mining/gac.py)"})
+    gac_target: Literal["final", "sub_question"] = field(default="final", metadata={
+        "help": "the gold GAC scores: the question's final answer (paper), or the answer of the leaf sub-question the "
+                "round's query pursues (multi-hop questions; needs sub_questions; mining/sub_questions.py)"})
+    sub_questions: str = field(default="", metadata={
+        "help": "leaf QA rows with parent_id (the decomposition of the mined questions) for gac_target sub_question"})
     gac_batch_pairs: int = field(default=1024, metadata={"help": "(round, candidate) continuations per rollout call"})
     skip_hopeless_gac: bool = field(default=True, metadata={
         "help": "no GAC for rounds whose best LR is below the threshold (same rows, less compute)"})
@@ -74,11 +79,14 @@ class MiningConfig:
             raise ValueError(f"MiningConfig.lr_retries must be >= 0, got {self.lr_retries}")
         for name, choices in (("lr_scorer", ("listwise", "pointwise", "retriever", "none")),
                               ("gac_mode", ("rollout", "answer_likelihood")),
+                              ("gac_target", ("final", "sub_question")),
                               ("gac_criterion", ("sequence", "per_token", "gain")),
                               ("lr_scale", ("absolute", "round_posterior")),
                               ("gac_metric", ("em", "contains")), ("pointwise_mode", ("judgement", "query_likelihood"))):
             if getattr(self, name) not in choices:
                 raise ValueError(f"MiningConfig.{name} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
+        if self.gac_target == "sub_question" and not self.sub_questions:
+            raise ValueError("gac_target sub_question needs sub_questions (the leaf QA rows of the mined questions)")
         self.resolved_selection().validate()
 
     def resolved_selection(self) -> SelectionConfig:

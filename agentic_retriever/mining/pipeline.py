@@ -67,6 +67,7 @@ from .local_relevance import ListwiseScorer, PointwiseLikelihoodScorer, Relevanc
 from .outputs import MiningResult, round_record, run_info, training_row, write_outputs
 from .prompts import passage_text
 from .rounds import Round, extract_rounds, search_queries
+from .sub_questions import read_sub_questions, target_sub_questions
 from .selection import Candidate, select_passages
 from .shards import read_shard, shard_dir
 from .stats import STAGES, add_counters, count_gac, count_local_relevance, new_counters, summarize
@@ -113,6 +114,8 @@ class _Miner:
         self.counters = new_counters()
         self.dropped: dict[str, str] = {}  # round id -> reason
         self.charged: set[tuple[str, str]] = set()  # (stage, key) whose cost is in the statistics
+        self.sub_questions = (read_sub_questions(config.sub_questions) if config.gac_target == "sub_question"
+                              else None)
 
     # plumbing -----------------------------------------------------------------------------------------------
 
@@ -193,6 +196,9 @@ class _Miner:
             for drop in drops:
                 self._drop(drop.round_id, drop.reason)
             out.extend(rounds)
+        if self.sub_questions is not None:
+            out, counts = target_sub_questions(out, self.sub_questions)
+            self.counters["gac_target"] = counts
         return out
 
     def candidates(self, rounds: list[Round]) -> list[Round]:
