@@ -328,20 +328,25 @@ def plot(results: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def _as_parent(row: dict) -> dict:
+    """A multi-hop row (it lists its ``leaf_ids``) is the parent of its own leaves, for `split_keys`."""
+    return {**row, "parent_id": row["id"]} if "leaf_ids" in row else row
+
+
 def warm_start_rows(warm: WarmStartConfig) -> list[dict]:
     """The QA rows the agent's warm start reads: its `qa` less `exclude_qa` (by id), and its multi-hop questions
     (`multihop_qa`, each the parent of its own leaves)."""
     excluded = {row["id"] for _, row in iter_jsonl(warm.exclude_qa)} if warm.exclude_qa else set()
     rows = [row for _, row in iter_jsonl(warm.qa) if row["id"] not in excluded]
     if warm.multihop_qa:
-        rows += [{**row, "parent_id": row["id"]} for _, row in iter_jsonl(warm.multihop_qa)]
+        rows += [_as_parent(row) for _, row in iter_jsonl(warm.multihop_qa)]
     return rows
 
 
 def check_splits(config: ExperimentConfig, data: Path, warm_rows: list[dict]) -> None:
     """Refuse to run when two of the selection slice, the mining questions, the warm start's questions and the dev
     set share a question (ids, parents, normalised questions: `assert_disjoint`)."""
-    rows = {name: [row for _, row in iter_jsonl(data / name)]
+    rows = {name: [_as_parent(row) for _, row in iter_jsonl(data / name)]
             for name in (config.heldout_qa, config.mining_qa, config.dev_qa)}
     rows["the warm start's questions"] = warm_rows
     names = list(rows)

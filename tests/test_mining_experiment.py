@@ -55,6 +55,12 @@ def test_the_warm_start_may_not_read_a_question_mining_reads(experiment, tmp_pat
     # a leaf of a mined top-level question in the warm start: refused, naming both sides
     with pytest.raises(ValueError, match="mining.jsonl and the warm start's questions share"):
         experiment.check_splits(config, data, experiment.warm_start_rows(WarmStartConfig(qa=str(warm))))
+    # multi-hop mining questions are the parents of their leaves: one whose leaf is held out is refused
+    _write(data / "mining_multihop.jsonl", [{"id": "P1", "question": "Top one?", "golden_answers": ["x"],
+                                              "leaf_ids": ["h1"]}])
+    with pytest.raises(ValueError, match="heldout.jsonl and mining_multihop.jsonl share 1"):
+        experiment.check_splits(experiment.ExperimentConfig(heldout_qa="heldout.jsonl", dev_qa="dev.jsonl",
+                                                            mining_qa="mining_multihop.jsonl"), data, rows)
     # the same question in other words under the normaliser, in dev and in the selection slice
     _write(data / "dev.jsonl", [_leaf("d1", "held out", "P9")])
     with pytest.raises(ValueError, match="heldout.jsonl and dev.jsonl share"):
