@@ -325,6 +325,17 @@ def test_the_warm_started_agent_is_cached_by_its_inputs(tmp_path, tiny_causal_lm
         warm_start.warm_start_agent(config)  # its only question is held out
 
 
+def recording_trainer(trained: list):
+    """A stand-in for `train_sft` that records the examples it gets and writes only the manifest."""
+    def fake_train(config, agent, examples, out, extra_manifest=None):
+        trained.append(examples)
+        out.mkdir(parents=True)
+        (out / "sft_manifest.json").write_text(json.dumps(extra_manifest))
+        return out
+
+    return fake_train
+
+
 def _warm_start_setup(tmp_path, tiny_causal_lm_dir, monkeypatch):
     """A warm start whose base model lives inside the cache root (as ``default`` does: the embedded model is
     converted into ``cache_root()/models``), with training replaced by a record of what would be trained."""
@@ -341,14 +352,7 @@ def _warm_start_setup(tmp_path, tiny_causal_lm_dir, monkeypatch):
     shutil.copytree(tiny_causal_lm_dir, base)
     monkeypatch.setattr(warm_start, "resolve_llm_name", lambda name: str(warm_start.cache_root() / "models" / "base"))
     trained = []
-
-    def fake_train(config, agent, examples, out, extra_manifest=None):
-        trained.append(examples)
-        out.mkdir(parents=True)
-        (out / "sft_manifest.json").write_text(json.dumps(extra_manifest))
-        return out
-
-    monkeypatch.setattr(warm_start, "train_sft", fake_train)
+    monkeypatch.setattr(warm_start, "train_sft", recording_trainer(trained))
     config = warm_start.WarmStartConfig(qa=str(qa), retrieval=RetrievalConfig(index="unused"),
                                         agent=LLMConfig(model="default"))
     return warm_start, config, base, trained

@@ -14,7 +14,7 @@ from agentic_retriever.client import RetrievalConfig
 from agentic_retriever.corpus import ScoredPassage
 from agentic_retriever.jsonl import DataFormatError
 from agentic_retriever.llm import LLMConfig
-from tests.agent.test_agent_sft import OTHER, TableClient
+from tests.agent.test_agent_sft import OTHER, TableClient, recording_trainer
 
 LIST_PAGE = ScoredPassage("1", "Nordic countries", "The Nordic countries are Denmark, Finland and Norway.", 0.9)
 OSLO = ScoredPassage("2", "Norway", "Norway is a country. Its capital is Oslo, on a fjord.", 0.8)
@@ -122,14 +122,7 @@ def test_the_warm_start_adds_multihop_trajectories_when_given_the_questions(file
     multihop, leaves = files
     monkeypatch.setattr(warm_start, "open_client", lambda retrieval: TableClient({"capital Norway": [OSLO]}))
     trained = []
-
-    def fake_train(config, agent, examples, out, extra_manifest=None):
-        trained.append(examples)
-        out.mkdir(parents=True)
-        (out / "sft_manifest.json").write_text(json.dumps(extra_manifest))
-        return out
-
-    monkeypatch.setattr(warm_start, "train_sft", fake_train)
+    monkeypatch.setattr(warm_start, "train_sft", recording_trainer(trained))
     config = warm_start.WarmStartConfig(qa=str(leaves), multihop_qa=str(multihop), out=str(tmp_path / "agent"),
                                         retrieval=RetrievalConfig(index="unused"),
                                         agent=LLMConfig(model=tiny_causal_lm_dir),
