@@ -80,7 +80,8 @@ def _index_serve(config) -> None:
     serve(index, host=config.host, port=config.port, batching=config.batching,
           max_batch_queries=config.max_batch_queries, max_wait_ms=config.max_wait_ms,
           max_queries_per_request=config.max_queries_per_request, max_query_chars=config.max_query_chars,
-          request_timeout_s=config.request_timeout_s, admin_token=config.admin_token or None)
+          request_timeout_s=config.request_timeout_s, admin_token=config.admin_token or None,
+          max_request_bytes=config.max_request_bytes)
 
 
 def _index_swap(config) -> None:

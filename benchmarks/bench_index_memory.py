@@ -85,11 +85,12 @@ def child(args) -> None:
     else:
         from agentic_retriever.encoder import EncoderConfig
         from agentic_retriever.index import DenseParams, IndexBuildConfig, build_index
+        from agentic_retriever.index.dense import FAISS_FILE
 
         manifest = build_index(IndexBuildConfig(corpus=args.corpus, out=args.out, encoder=EncoderConfig(model=args.model),
                                                 dense=DenseParams(type="flat", chunk_size=args.chunk_size)))
         result.update(rows=manifest.rows, dim=manifest.dim,
-                      index_file_bytes=os.path.getsize(Path(args.out) / "index.faiss"))
+                      index_file_bytes=os.path.getsize(manifest.data_folder(args.out) / FAISS_FILE))
     result["seconds"] = time.perf_counter() - started
     peaks = sampler.stop()
     result.update(max_rss=peaks.get("VmHWM") or ru_maxrss_bytes(), ru_maxrss=ru_maxrss_bytes(),

@@ -11,7 +11,6 @@ efSearch >= 64 on real embeddings.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -26,7 +25,10 @@ def random_unit_vectors(rows: int, dim: int, rng: np.random.Generator) -> np.nda
 
 def real_vectors(args, faiss) -> tuple[np.ndarray, str]:
     if args.index:
-        path = Path(args.index) / "index.faiss"
+        from agentic_retriever.index.dense import FAISS_FILE
+        from agentic_retriever.index.manifest import IndexManifest
+
+        path = IndexManifest.load(args.index).data_folder(args.index) / FAISS_FILE  # the generation it names
         index = faiss.read_index(str(path))
         if not isinstance(index, (faiss.IndexFlat, faiss.IndexHNSWFlat)):
             raise SystemExit(f"{path}: need a flat or hnsw index to read the vectors back, got {type(index).__name__}")

@@ -11,21 +11,15 @@ from pathlib import Path
 import numpy as np
 
 from ..corpus import Corpus, ScoredPassage
-from ..jsonl import atomic_write
+from .generations import ROW_MAP_FILE
 from .manifest import IndexManifest
 
-#: Corpus row of each index position, in an index that left passages out (`IndexManifest.dropped`).
-ROW_MAP_FILE = "rows.npy"
 
-
-def write_row_map(out: Path, keep: np.ndarray | None) -> None:
-    """Write ``rows.npy`` (the corpus row of each index position) when rows were left out; else remove a stale one."""
-    path = out / ROW_MAP_FILE
-    if keep is None:
-        path.unlink(missing_ok=True)
-        return
-    with atomic_write(path, "wb") as handle:
-        np.save(handle, np.flatnonzero(keep).astype(np.int64))
+def write_row_map(data_folder: Path, keep: np.ndarray | None) -> None:
+    """Write ``rows.npy`` (the corpus row of each index position) into a build's new generation folder when rows were
+    left out (`keep` not None)."""
+    if keep is not None:
+        np.save(data_folder / ROW_MAP_FILE, np.flatnonzero(keep).astype(np.int64))
 
 
 @dataclass
@@ -42,8 +36,8 @@ class SearchIndex(abc.ABC):
 
     def __init__(self, manifest: IndexManifest, corpus: Corpus, index_dir: str | Path | None = None,
                  positions_are_rows: bool = False):
-        """`index_dir` holds ``rows.npy`` when passages were left out of the index, unless the index's own
-        positions are corpus rows anyway (`positions_are_rows`)."""
+        """`index_dir`'s data folder (`IndexManifest.data_folder`) holds ``rows.npy`` when passages were left out of
+        the index, unless the index's own positions are corpus rows anyway (`positions_are_rows`)."""
         self.manifest = manifest
         self.corpus = corpus
         self.index_dir = os.path.abspath(index_dir) if index_dir is not None else None
@@ -51,7 +45,7 @@ class SearchIndex(abc.ABC):
         if manifest.dropped and not positions_are_rows:
             if index_dir is None:
                 raise ValueError("an index that left passages out needs its folder (for rows.npy)")
-            self._row_map = np.load(Path(index_dir) / ROW_MAP_FILE, mmap_mode="r")
+            self._row_map = np.load(manifest.data_folder(index_dir) / ROW_MAP_FILE, mmap_mode="r")
 
     def __len__(self) -> int:
         return self.manifest.rows

@@ -4,7 +4,8 @@ Build: the corpus is encoded chunk by chunk into ``embeddings-<corpus>-<encoder>
 small state file beside it records how many rows are done, so a killed build resumes at the last finished
 chunk (by default a tenth of the corpus, 256 to 16,384 passages: every corpus gets resume points). FAISS is
 then filled from the memmap (in chunks; Flat in one add of the file-backed memmap): peak memory is the FAISS
-index plus one chunk, whatever the corpus size. Search on GPUs (with faiss-gpu)
+index plus one chunk, whatever the corpus size. The FAISS file goes into the build's own generation folder, which
+the manifest then names in one atomic switch (`generations`). Search on GPUs (with faiss-gpu)
 shards the index over all visible GPUs in fp16, as Search-R1's server does for the 64.6 GB fp32 wiki-18
 Flat index.
 """
@@ -14,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,11 +28,11 @@ from ..corpus import Corpus
 from ..encoder import Encoder
 from ..jsonl import read_json, write_json
 from .base import SearchIndex, kept_rows, write_row_map
+from .generations import FAISS_FILE, NewGeneration
 from .manifest import IndexManifest
 
 log = logging.getLogger(__name__)
 
-FAISS_FILE = "index.faiss"
 _PROGRESS_STEP = 1024  # passages per encode call inside a chunk (progress-bar granularity)
 MIN_AUTO_CHUNK, MAX_AUTO_CHUNK = 256, 16_384  # bounds of the default chunk, a tenth of the corpus
 
@@ -96,7 +96,9 @@ def build_dense_index(corpus: Corpus, encoder: Encoder, out_dir: str | Path, par
     """Encode `corpus` with `encoder` into a FAISS index in `out_dir`, resuming an interrupted build.
 
     `drop_rows` (ascending corpus rows) are left out of the index; the corpus is still encoded whole (the
-    embeddings file stays shareable between indexes) and ``rows.npy`` maps index positions to corpus rows."""
+    embeddings file stays shareable between indexes) and ``rows.npy`` maps index positions to corpus rows.
+    ``index.faiss`` and ``rows.npy`` are written into a new generation folder and committed with the manifest
+    (`generations`): the folder opens as the old index until the new one is complete."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -120,21 +122,20 @@ def build_dense_index(corpus: Corpus, encoder: Encoder, out_dir: str | Path, par
         for start in tqdm(range(0, len(corpus), chunk), desc=f"adding to {params.type}", unit=" chunks"):
             part = embeddings[start:start + chunk]
             index.add(np.ascontiguousarray(part if keep is None else part[keep[start:start + chunk]]))
-    tmp = out / f".{FAISS_FILE}.tmp"
-    faiss.write_index(index, str(tmp))
-    os.replace(tmp, out / FAISS_FILE)
-    write_row_map(out, keep)
-    manifest = IndexManifest(
-        backend="dense", index_type=params.type, rows=rows, corpus_path=str(corpus.source),
-        corpus_sha256=corpus.sha256, params=dataclasses.asdict(params),
-        encoder=dataclasses.asdict(encoder.settings) | {"config": portable_config(encoder)}, dim=encoder.dim,
-        build_seconds=round(time.perf_counter() - started, 2), empty_passages=empty_passages,
-    )
-    manifest.save(out)
+    with NewGeneration(out) as generation:
+        faiss.write_index(index, str(generation.path / FAISS_FILE))
+        write_row_map(generation.path, keep)
+        manifest = IndexManifest(
+            backend="dense", index_type=params.type, rows=rows, corpus_path=str(corpus.source),
+            corpus_sha256=corpus.sha256, params=dataclasses.asdict(params),
+            encoder=dataclasses.asdict(encoder.settings) | {"config": portable_config(encoder)}, dim=encoder.dim,
+            build_seconds=round(time.perf_counter() - started, 2), empty_passages=empty_passages,
+        )
+        generation.commit(manifest)
     del embeddings
-    if not params.keep_embeddings:
-        embeddings_path.unlink()
-        _state_path(embeddings_path).unlink()
+    if not params.keep_embeddings:  # a concurrent build of the same corpus and encoder may have removed them
+        embeddings_path.unlink(missing_ok=True)
+        _state_path(embeddings_path).unlink(missing_ok=True)
     return manifest
 
 
@@ -209,7 +210,7 @@ class DenseIndex(SearchIndex):
         self.encoder = encoder
         self.params = DenseParams(**{**manifest.params, **(overrides or {})})
         flags = faiss.IO_FLAG_MMAP if self.params.mmap else 0
-        self.index = faiss.read_index(str(Path(index_dir) / FAISS_FILE), flags)
+        self.index = faiss.read_index(str(manifest.data_folder(index_dir) / FAISS_FILE), flags)
         self.device = "cpu"
         if self.params.type == "hnsw":
             self.index.hnsw.efSearch = self.params.ef_search

@@ -1,6 +1,9 @@
 """The manifest of an index folder: what built it, from what, and how to open it again.
 
-`manifest.json` is written last, so its presence means the index is complete.
+`manifest.json` is written last, so its presence means the index is complete, and it is the commit point of a
+build: it names the generation folder holding the build's data files (``data_dir``, `generations`), and replacing
+it in one rename switches the index from one build's data to the next's. A manifest of an earlier version has no
+``data_dir``: its data files are at the top of the index folder (`data_folder`).
 
 Paths. The manifest names files outside the index folder: the corpus (``corpus_path``) and, for dense
 indexes, the encoder (``encoder.config.model``, the folder or hub name to load; ``encoder.model``, the name
@@ -39,6 +42,9 @@ PATH_BASE = "index"
 PATH_FIELDS = ("corpus_path", "encoder.config.model", "encoder.model")
 #: A Hugging Face hub id (``name`` or ``namespace/name``): kept as it is when no such local path exists.
 _HUB_ID = re.compile(r"[A-Za-z0-9_][\w.-]*(/[\w.-]+)?")
+#: The name of a generation folder (``data_dir``): this prefix and 32 hex digits, a folder inside the index folder.
+DATA_DIR_PREFIX = "data-"
+DATA_DIR_NAME = re.compile(DATA_DIR_PREFIX + "[0-9a-f]{32}")
 
 
 class IndexMismatchError(ValueError):
@@ -66,6 +72,9 @@ class IndexManifest:
     path_base: str | None = None
     #: Absolute form, at build time, of each local path field (dotted name -> path).
     build_paths: dict[str, str] = field(default_factory=dict)
+    #: The generation folder, inside the index folder, holding this build's data files (`generations`); None in
+    #: manifests of earlier versions, whose data files are at the top of the index folder.
+    data_dir: str | None = None
 
     #: Path fields found nowhere when the manifest was loaded: dotted name -> the absolute paths tried.
     unresolved: ClassVar[dict[str, list[str]]] = {}   # replaced per instance by `load`
@@ -107,10 +116,29 @@ class IndexManifest:
             raise FileNotFoundError(f"{index_dir} is not a complete index: {MANIFEST_FILE} is missing "
                                     "(build it with `agentic-retriever index build`; an interrupted build resumes)")
         data = read_json(path)
+        data_dir = data.get("data_dir")
+        if data_dir is not None and not (isinstance(data_dir, str) and DATA_DIR_NAME.fullmatch(data_dir)):
+            raise ValueError(f"{path}: field 'data_dir' is {data_dir!r}, not the name of a generation folder "
+                             f"({DATA_DIR_PREFIX}<32 hex digits>, inside the index folder); rebuild the index with "
+                             f"`agentic-retriever index build`")
         known = {f.name for f in dataclasses.fields(cls)}
         manifest = cls(**{k: v for k, v in data.items() if k in known})
         manifest._resolve_paths(Path(index_dir))
         return manifest
+
+    def data_folder(self, index_dir: str | Path) -> Path:
+        """The folder holding this index's data files: its generation folder inside `index_dir`, or `index_dir`
+        itself for an index of an earlier version (no ``data_dir``). A generation folder that is gone (removed by
+        a later build of this folder after this manifest was read) is a FileNotFoundError naming it."""
+        if self.data_dir is None:
+            return Path(index_dir)
+        folder = Path(index_dir) / self.data_dir
+        if not folder.is_dir():
+            raise FileNotFoundError(
+                f"index {index_dir}: {MANIFEST_FILE} names the data folder {self.data_dir!r} (field 'data_dir'), and "
+                f"it is not there: a later build of this folder replaced it since the manifest was read (open the "
+                f"index again), or it was deleted (rebuild the index with `agentic-retriever index build`)")
+        return folder
 
     def set_path(self, key: str, value: str) -> None:
         """Point a path field (dotted name) at `value`, a local path (as given) or a hub name."""

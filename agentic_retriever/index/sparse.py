@@ -2,7 +2,8 @@
 
 Defaults k1=0.9, b=0.4 with English stemming and stop words, as pyserini's BM25 that Search-R1 and
 FlashRAG used as their sparse baseline. Passages are indexed as their Search-R1 ``contents`` (title
-line and text).
+line and text). A build writes its ``bm25/`` (or ``lucene/``) and ``rows.npy`` into a new generation folder that
+the manifest then names in one atomic switch (`generations`).
 """
 
 from __future__ import annotations
@@ -23,10 +24,8 @@ import numpy as np
 from ..corpus import Corpus
 from ..jsonl import atomic_write
 from .base import SearchIndex, kept_rows, write_row_map
+from .generations import BM25_DIR, LUCENE_COLLECTION_DIR, LUCENE_DIR, NewGeneration
 from .manifest import IndexManifest
-
-BM25_DIR = "bm25"
-LUCENE_DIR = "lucene"
 
 
 @dataclass
@@ -79,31 +78,35 @@ def _tokenizer(params: BM25Params):
 def build_bm25_index(corpus: Corpus, out_dir: str | Path, params: BM25Params, drop_rows: np.ndarray | None = None,
                      empty_passages: dict | None = None) -> IndexManifest:
     """Tokenise the corpus in a stream and build a BM25 index in `out_dir`, leaving out `drop_rows` (ascending
-    corpus rows; ``rows.npy`` then maps bm25s document numbers to corpus rows, Lucene's doc ids are the rows)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    corpus rows; ``rows.npy`` then maps bm25s document numbers to corpus rows, Lucene's doc ids are the rows).
+    The index is written into a new generation folder and committed with the manifest (`generations`)."""
     started = time.perf_counter()
     keep, rows = kept_rows(corpus, drop_rows)
-    if params.engine == "pyserini":
-        _build_lucene(corpus, out / LUCENE_DIR, params, keep)
-        write_row_map(out, None)
-    else:
-        bm25s = _bm25s()
-        tokenizer = _tokenizer(params)
-        ids = tokenizer.tokenize(_kept_contents(corpus, keep), update_vocab=True, return_as="ids", length=rows,
-                                 show_progress=True)
-        retriever = bm25s.BM25(k1=params.k1, b=params.b)
-        retriever.index(tokenizer.to_tokenized_tuple(ids), show_progress=True)
-        retriever.save(str(out / BM25_DIR), show_progress=False)
-        tokenizer.save_vocab(str(out / BM25_DIR))
-        write_row_map(out, keep)
-    manifest = IndexManifest(
-        backend="bm25", index_type=params.engine, rows=rows, corpus_path=str(corpus.source),
-        corpus_sha256=corpus.sha256, params=dataclasses.asdict(params),
-        build_seconds=round(time.perf_counter() - started, 2), empty_passages=empty_passages,
-    )
-    manifest.save(out)
+    with NewGeneration(out_dir) as generation:
+        if params.engine == "pyserini":
+            _build_lucene(corpus, generation.path / LUCENE_DIR, params, keep)
+        else:
+            _build_bm25s(corpus, generation.path / BM25_DIR, params, keep, rows)
+            write_row_map(generation.path, keep)
+        manifest = IndexManifest(
+            backend="bm25", index_type=params.engine, rows=rows, corpus_path=str(corpus.source),
+            corpus_sha256=corpus.sha256, params=dataclasses.asdict(params),
+            build_seconds=round(time.perf_counter() - started, 2), empty_passages=empty_passages,
+        )
+        generation.commit(manifest)
     return manifest
+
+
+def _build_bm25s(corpus: Corpus, bm25_dir: Path, params: BM25Params, keep: np.ndarray | None, rows: int) -> None:
+    """Tokenise the `keep` rows of the corpus (`rows` of them) in a stream and save a bm25s index and its
+    vocabulary in `bm25_dir`."""
+    tokenizer = _tokenizer(params)
+    ids = tokenizer.tokenize(_kept_contents(corpus, keep), update_vocab=True, return_as="ids", length=rows,
+                             show_progress=True)
+    retriever = _bm25s().BM25(k1=params.k1, b=params.b)
+    retriever.index(tokenizer.to_tokenized_tuple(ids), show_progress=True)
+    retriever.save(str(bm25_dir), show_progress=False)
+    tokenizer.save_vocab(str(bm25_dir))
 
 
 def _kept_contents(corpus: Corpus, keep: np.ndarray | None):
@@ -123,12 +126,13 @@ class BM25Index(SearchIndex):
         # Lucene's doc ids are corpus rows already; bm25s numbers the indexed documents
         super().__init__(manifest, corpus, index_dir, positions_are_rows=manifest.index_type == "pyserini")
         self.params = BM25Params(**{**manifest.params, **(overrides or {})})
+        data = manifest.data_folder(index_dir)
         if self.params.engine == "pyserini":
-            self._searcher = _lucene_searcher(Path(index_dir) / LUCENE_DIR, self.params)
+            self._searcher = _lucene_searcher(data / LUCENE_DIR, self.params)
         else:
-            self._retriever = _bm25s().BM25.load(str(Path(index_dir) / BM25_DIR), mmap=True, show_progress=False)
+            self._retriever = _bm25s().BM25.load(str(data / BM25_DIR), mmap=True, show_progress=False)
             self._tokenizer = _tokenizer(self.params)
-            self._tokenizer.load_vocab(str(Path(index_dir) / BM25_DIR))
+            self._tokenizer.load_vocab(str(data / BM25_DIR))
 
     def search_rows(self, queries: Sequence[str], k: int, questions=None, histories=None) -> tuple[np.ndarray, np.ndarray]:
         if self.params.engine == "pyserini":
@@ -161,7 +165,7 @@ def _build_lucene(corpus: Corpus, lucene_dir: Path, params: BM25Params, keep: np
     """Write the corpus (its `keep` rows) as a pyserini JsonCollection (doc id = row number) and run pyserini's
     indexer."""
     _import_pyserini()
-    collection = lucene_dir.parent / "lucene_collection"
+    collection = lucene_dir.parent / LUCENE_COLLECTION_DIR
     collection.mkdir(parents=True, exist_ok=True)
     with atomic_write(collection / "docs.jsonl") as handle:
         row = 0

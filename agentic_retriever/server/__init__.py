@@ -27,9 +27,12 @@ This package implements that API over any `SearchIndex` (dense FAISS or BM25), w
 * fairness: a big request is searched in chunks (at most ``max_batch_queries`` queries, one chunk of each
   waiting request per batch, shared max-min fairly, round-robin), so a small request waits about one batch
   behind it, not the whole big request;
-* limits: more than ``max_queries_per_request`` queries (10,000), or a query, question or history longer than
-  ``max_query_chars`` characters (4,096), get a 413 naming the limit; a request not answered within
-  ``request_timeout_s`` (120 s) gets a 504 and the rest of it is not searched;
+* limits: a body larger than ``max_request_bytes`` (128 MiB) gets a 413 before it is parsed (`body_limit`: a
+  ``Content-Length`` over it at once, a chunked body as soon as it passes it); more than
+  ``max_queries_per_request`` queries (10,000), or a query, question or history longer than ``max_query_chars``
+  characters (4,096), get a 413 naming the limit; a request not answered within ``request_timeout_s`` (120 s)
+  gets a 504 and the rest of it is not searched; nor is the rest of a request whose client hangs up (the chunk
+  being searched finishes; ``/health`` counts it in ``stats.abandoned_requests``);
 * ``GET /health`` (`app`): the CURRENT index's folder and ``generation``, backend, index type, model,
   composition, encoder fingerprint, corpus hash, size, dimension; uptime, batching, limits, whether admin is on;
 * swapping the index without a restart (`slot`), for the co-training loop that builds a new index per iteration:
@@ -60,12 +63,13 @@ from .app import GENERATION_HEADER, ServerThread, create_app, running_server, se
 from .auth import ADMIN_TOKEN_ENV
 from .config import ServeConfig
 from .schema import (
-    DEFAULT_MAX_QUERIES_PER_REQUEST, DEFAULT_MAX_QUERY_CHARS, DEFAULT_MAX_WAIT_MS, DEFAULT_REQUEST_TIMEOUT_S,
-    DEFAULT_TOPK, MAX_TOPK, RetrieveRequest,
+    DEFAULT_MAX_QUERIES_PER_REQUEST, DEFAULT_MAX_QUERY_CHARS, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_WAIT_MS,
+    DEFAULT_REQUEST_TIMEOUT_S, DEFAULT_TOPK, MAX_TOPK, RetrieveRequest,
 )
 
 __all__ = ["ADMIN_TOKEN_ENV",
-           "DEFAULT_MAX_QUERIES_PER_REQUEST", "DEFAULT_MAX_QUERY_CHARS", "DEFAULT_MAX_WAIT_MS", "DEFAULT_REQUEST_TIMEOUT_S",
+           "DEFAULT_MAX_QUERIES_PER_REQUEST", "DEFAULT_MAX_QUERY_CHARS", "DEFAULT_MAX_REQUEST_BYTES",
+           "DEFAULT_MAX_WAIT_MS", "DEFAULT_REQUEST_TIMEOUT_S",
            "DEFAULT_TOPK", "GENERATION_HEADER",
            "MAX_TOPK", "RetrieveRequest", "ServeConfig", "ServerThread", "create_app", "running_server", "serve",
            "swap_index"]

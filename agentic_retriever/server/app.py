@@ -1,8 +1,9 @@
 """The FastAPI application of the retrieval service and the ways to run it: `create_app` (``POST /retrieve``
-through the request batcher, with its limits: 413 beyond ``max_queries_per_request`` queries or
-``max_query_chars`` characters, 504 after ``request_timeout_s``, and the header ``X-Index-Generation`` naming the
-index generation that answered; ``GET /health``: the current index's folder, generation, backend, index type,
-model, composition, encoder fingerprint and corpus hash, size, dimension, and uptime, batching, limits;
+through the request batcher, with its limits: 413 for a body over ``max_request_bytes`` before it is parsed
+(`body_limit`), or beyond ``max_queries_per_request`` queries or ``max_query_chars`` characters, 504 after
+``request_timeout_s``, nothing more searched for a client that hung up, and the header ``X-Index-Generation``
+naming the index generation that answered; ``GET /health``: the current index's folder, generation, backend,
+index type, model, composition, encoder fingerprint and corpus hash, size, dimension, and uptime, batching, limits;
 ``POST /admin/swap-index``: serve another index folder without a restart, `slot`, behind the admin token, `auth`),
 `serve` (uvicorn in the foreground), `ServerThread` and `running_server` (uvicorn in a background thread on a
 loopback port).
@@ -14,32 +15,69 @@ loopback port).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from starlette.types import Receive
 
 from ..index.base import SearchIndex
 from .auth import admin_refusal, resolve_admin_token
 from .batcher import RequestTimeout, _Batcher
+from .body_limit import BodySizeLimit
 from .schema import (
-    DEFAULT_MAX_QUERIES_PER_REQUEST, DEFAULT_MAX_QUERY_CHARS, DEFAULT_MAX_WAIT_MS, DEFAULT_REQUEST_TIMEOUT_S,
-    RetrieveRequest, SwapRequest,
+    DEFAULT_MAX_QUERIES_PER_REQUEST, DEFAULT_MAX_QUERY_CHARS, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_WAIT_MS,
+    DEFAULT_REQUEST_TIMEOUT_S, RetrieveRequest, SwapRequest,
     _readable_errors, _render, limit_violation,
 )
 from .slot import IndexSlot, SwapRefused
 
 #: The response header of ``POST /retrieve`` naming the index generation that answered (the body stays Search-R1's).
 GENERATION_HEADER = "X-Index-Generation"
+#: The status logged for a request whose client hung up before its answer (nginx's "client closed request").
+CLIENT_CLOSED_REQUEST = 499
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class ClientDisconnected(Exception):
+    """The HTTP client of a request went away before its answer was ready."""
+
+
+async def _until_disconnect(receive: Receive) -> None:
+    """Return when the ASGI server reports that the client went away (after the body, ``receive`` gives nothing
+    else)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(work: Coroutine[Any, Any, T], receive: Receive) -> T:
+    """`work`'s result, or `ClientDisconnected` as soon as the client goes away first; the loser is cancelled
+    (`work` is cancelled on a hang-up: the batcher then drops the rest of the request). `work` starts before the
+    wait for a hang-up does, so its cancellation always reaches its own clean-up."""
+    task = asyncio.ensure_future(work)
+    hangup = asyncio.ensure_future(_until_disconnect(receive))
+    try:
+        done, _ = await asyncio.wait((task, hangup), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        hangup.cancel()
+        task.cancel()  # a no-op when it is done
+    if task in done:
+        return task.result()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task  # its cancellation runs (the batcher forgets the request) before the handler answers
+    hangup.result()  # a failure of the server's receive is raised, not taken for a hang-up
+    raise ClientDisconnected
 
 
 def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: float = DEFAULT_MAX_WAIT_MS,
@@ -47,16 +85,18 @@ def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: fl
                max_queries_per_request: int = DEFAULT_MAX_QUERIES_PER_REQUEST,
                max_query_chars: int = DEFAULT_MAX_QUERY_CHARS,
                request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S,
-               admin_token: str | None = None) -> FastAPI:
+               admin_token: str | None = None,
+               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> FastAPI:
     """The FastAPI application serving `index` (see the `agentic_retriever.server` docstring for the API).
 
     `max_batch_queries` bounds one batch, and so the chunks a big request is searched in. A batch is searched as
     soon as the index is free and gathers the requests that arrived while it was busy; `max_wait_ms` > 0 also
     holds a batch open that long after its first request arrived (bigger batches for a GPU encoder, at a cost in
-    latency to a lone client). A request with more
+    latency to a lone client). A request whose body is larger than `max_request_bytes` gets a 413 before it is
+    parsed (a ``Content-Length`` over it at once, a chunked body as soon as it passes it); one with more
     than `max_queries_per_request` queries, or a query, question or history longer than `max_query_chars`
     characters, gets a 413; one not answered within `request_timeout_s` seconds (None or 0: no limit) gets a 504
-    and the rest of it is not searched.
+    and the rest of it is not searched, and so does one whose client hangs up before its answer.
 
     `admin_token` (None or empty: ``$AGENTIC_RETRIEVER_ADMIN_TOKEN``; that empty too: admin endpoints off, 403)
     guards ``POST /admin/swap-index`` (`auth`). A swap opens the new folder in a worker thread while `index`
@@ -64,7 +104,7 @@ def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: fl
     a 409 (`slot`).
     """
     for name, value in (("max_batch_queries", max_batch_queries), ("max_queries_per_request", max_queries_per_request),
-                        ("max_query_chars", max_query_chars)):
+                        ("max_query_chars", max_query_chars), ("max_request_bytes", max_request_bytes)):
         if value < 1:
             raise ValueError(f"{name} must be at least 1, got {value}")
     if max_wait_ms < 0:
@@ -91,6 +131,11 @@ def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: fl
     app.state.batcher = batcher
     app.state.slot = slot
 
+    def count_refusal() -> None:
+        batcher.stats.rejected_requests += 1
+
+    app.add_middleware(BodySizeLimit, max_bytes=max_request_bytes, on_refused=count_refusal)
+
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
         errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
@@ -98,7 +143,7 @@ def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: fl
         return JSONResponse(status_code=422, content={"detail": _readable_errors(errors), "errors": errors})
 
     @app.post("/retrieve")
-    async def retrieve(request: RetrieveRequest) -> JSONResponse:
+    async def retrieve(request: RetrieveRequest, http: Request) -> JSONResponse:
         if not request.queries:
             return JSONResponse({"result": []}, headers={GENERATION_HEADER: str(slot.current.generation)})
         if (problem := limit_violation(request, max_queries_per_request, max_query_chars)) is not None:
@@ -107,7 +152,10 @@ def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: fl
         batcher.stats.requests += 1
         batcher.stats.queries += len(request.queries)
         try:
-            results, generation = await batcher.submit(request)
+            results, generation = await unless_disconnected(batcher.submit(request), http.receive)
+        except ClientDisconnected:
+            log.info("the client of a request of %d queries hung up before its answer", len(request.queries))
+            return JSONResponse(status_code=CLIENT_CLOSED_REQUEST, content={"detail": "the client hung up"})
         except RequestTimeout as timeout:
             log.warning("a request of %d queries timed out after %s s (%s)", len(request.queries), timeout_s, timeout)
             return JSONResponse(status_code=504, content={
@@ -153,6 +201,7 @@ def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: fl
             "max_wait_ms": max_wait_ms,
             "max_queries_per_request": max_queries_per_request,
             "max_query_chars": max_query_chars,
+            "max_request_bytes": max_request_bytes,
             "request_timeout_s": timeout_s,
             "stats": batcher.stats.as_dict(),
         }
@@ -172,20 +221,22 @@ def serve(index: SearchIndex, host: str = "127.0.0.1", port: int = 8000, max_bat
           max_wait_ms: float = DEFAULT_MAX_WAIT_MS, batching: bool = True, log_level: str = "info",
           max_queries_per_request: int = DEFAULT_MAX_QUERIES_PER_REQUEST,
           max_query_chars: int = DEFAULT_MAX_QUERY_CHARS,
-          request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S, admin_token: str | None = None) -> None:
+          request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S, admin_token: str | None = None,
+          max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> None:
     """Serve `index` with uvicorn until interrupted (one process: the index lives in its memory; an admin
     token, given or from ``$AGENTIC_RETRIEVER_ADMIN_TOKEN``, turns on ``POST /admin/swap-index``)."""
     import uvicorn
 
     app = create_app(index, max_batch_queries=max_batch_queries, max_wait_ms=max_wait_ms, batching=batching,
                      max_queries_per_request=max_queries_per_request, max_query_chars=max_query_chars,
-                     request_timeout_s=request_timeout_s, admin_token=admin_token)
+                     request_timeout_s=request_timeout_s, admin_token=admin_token,
+                     max_request_bytes=max_request_bytes)
     log.info("serving %s", _describe(index))
-    log.info("retrieval service on http://%s:%d/retrieve (health: /health); micro-batching %s; limits: %d queries "
-             "per request, %d characters per query, %s per request", host, port,
+    log.info("retrieval service on http://%s:%d/retrieve (health: /health); micro-batching %s; limits: %d bytes "
+             "per request body, %d queries per request, %d characters per query, %s per request", host, port,
              f"on (up to {max_batch_queries} queries" + (f", {max_wait_ms:g} ms window)" if max_wait_ms else ")")
              if batching else "off",
-             max_queries_per_request, max_query_chars,
+             max_request_bytes, max_queries_per_request, max_query_chars,
              f"{request_timeout_s:g} s" if request_timeout_s else "no time limit")
     log.info("admin endpoints (POST /admin/swap-index) %s", "on" if resolve_admin_token(admin_token) else
              "off (set AGENTIC_RETRIEVER_ADMIN_TOKEN to turn them on)")

@@ -21,8 +21,9 @@ before it finish on the old index, which is freed once no waiting request pins i
 one index call never mixes indexes and a request's results never depend on its batch-mates (HNSW's beam and
 top-k tie-breaking can depend on k).
 The calls run one at a time in a single worker thread; a failed call is retried chunk by chunk, so one bad
-request fails only itself. A request whose caller gave up (`RequestTimeout`) is dropped from the queue: the
-chunk being searched finishes, the rest of the request is never searched.
+request fails only itself. A request whose caller gave up is dropped from the queue: one past its time limit
+(`RequestTimeout`), or one whose awaiting task was cancelled (its client hung up, `app`); the chunk being searched
+finishes, the rest of the request is never searched.
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ import asyncio
 import collections
 import contextlib
 import logging
+from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..corpus import ScoredPassage
 from .schema import RetrieveRequest
@@ -86,6 +89,7 @@ class _Stats:
     failed_requests: int = 0
     rejected_requests: int = 0
     timed_out_requests: int = 0
+    abandoned_requests: int = 0
     split_requests: int = 0
     largest_batch_queries: int = 0
     largest_batch_requests: int = 0
@@ -95,6 +99,7 @@ class _Stats:
             "requests": self.requests, "queries": self.queries, "index_calls": self.index_calls,
             "batches": self.batches, "failed_requests": self.failed_requests,
             "rejected_requests": self.rejected_requests, "timed_out_requests": self.timed_out_requests,
+            "abandoned_requests": self.abandoned_requests,
             "split_requests": self.split_requests, "largest_batch_queries": self.largest_batch_queries,
             "largest_batch_requests": self.largest_batch_requests,
             "mean_batch_requests": round(self.requests / self.index_calls, 3) if self.index_calls else 0.0,
@@ -182,26 +187,32 @@ class _Batcher:
 
     # requests ----------------------------------------------------------------------------------
 
-    async def submit(self, request: RetrieveRequest) -> tuple[list[list[ScoredPassage]], int]:
-        """The request's result rows and the generation of the index that answered all of them (the one current
-        when it arrived); raises `RequestTimeout` after ``timeout_s`` (its rest is then dropped).
-
-        The request is queued, with its index pinned, before the first ``await``: once this coroutine has started,
-        it is waiting."""
+    def submit(self, request: RetrieveRequest) -> Coroutine[Any, Any, tuple[list[list[ScoredPassage]], int]]:
+        """Queue the request now, with the current index pinned, and return the coroutine awaiting its answer
+        (`_answer`): queued when this returns, it is in the next batch whenever its coroutine starts running."""
         self.start()
         loop = asyncio.get_running_loop()
-        served = self.slot.current
         pending = _Pending(request.queries, request.topk, request.questions, request.histories,
-                           loop.create_future(), loop.time(), served)
+                           loop.create_future(), loop.time(), self.slot.current)
         self._enqueue(pending)
-        if not self.timeout_s:
-            return await pending.future, served.generation
+        return self._answer(pending)
+
+    async def _answer(self, pending: _Pending) -> tuple[list[list[ScoredPassage]], int]:
+        """The request's result rows and the generation of the index that answered all of them (the one current
+        when it arrived); raises `RequestTimeout` after ``timeout_s``. Either way out early, a timeout or the
+        cancellation of the task awaiting this (the client hung up), drops the rest of the request from the queue."""
         try:
-            return await asyncio.wait_for(pending.future, self.timeout_s), served.generation
+            return await asyncio.wait_for(pending.future, self.timeout_s), pending.served.generation
         except TimeoutError:  # wait_for cancelled the future: the worker skips what is left of it
             self._forget(pending)
             self.stats.timed_out_requests += 1
             raise RequestTimeout(f"{pending.searched} of {len(pending.queries)} queries searched") from None
+        except asyncio.CancelledError:  # the future is cancelled with the awaiting task
+            self._forget(pending)
+            self.stats.abandoned_requests += 1
+            log.info("a request was abandoned after %d of its %d queries were searched; the rest is not searched",
+                     pending.searched, len(pending.queries))
+            raise
 
     def _enqueue(self, pending: _Pending) -> None:
         self._waiting.append(pending)

@@ -7,7 +7,8 @@ from typing import ClassVar, Literal
 
 from ..client import RetrievalConfig
 from .schema import (
-    DEFAULT_MAX_QUERIES_PER_REQUEST, DEFAULT_MAX_QUERY_CHARS, DEFAULT_MAX_WAIT_MS, DEFAULT_REQUEST_TIMEOUT_S,
+    DEFAULT_MAX_QUERIES_PER_REQUEST, DEFAULT_MAX_QUERY_CHARS, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_WAIT_MS,
+    DEFAULT_REQUEST_TIMEOUT_S,
 )
 
 __all__ = ["IndexSwapConfig", "ServeConfig"]
@@ -30,6 +31,10 @@ class ServeConfig:
         "help": "most queries in one request (more: 413); big requests are searched in chunks of max_batch_queries"})
     max_query_chars: int = field(default=DEFAULT_MAX_QUERY_CHARS, metadata={
         "help": "most characters in one query, question or history (more: 413)"})
+    max_request_bytes: int = field(default=DEFAULT_MAX_REQUEST_BYTES, metadata={
+        "help": "most bytes in one request body, refused (413) before it is parsed: a Content-Length above it at "
+                "once, a chunked body as soon as it passes it (the default lets a request at the query and "
+                "character limits through)"})
     request_timeout_s: float = field(default=DEFAULT_REQUEST_TIMEOUT_S, metadata={
         "help": "longest time one request may take, queueing included (longer: 504); 0: no limit"})
     admin_token: str = field(default="", metadata={

@@ -1,8 +1,8 @@
 """The wire format of ``POST /retrieve``: the pydantic request model (`RetrieveRequest`, with the optional
-``questions``/``histories`` lists parallel to ``queries``), the size limits a request must keep
-(`limit_violation`: the 413 message), the rendering of retrieved passages as Search-R1 result rows, and
-pydantic validation errors rendered as one readable line for the 4xx reply; and the body of
-``POST /admin/swap-index`` (`SwapRequest`).
+``questions``/``histories`` lists parallel to ``queries``), the size limits a request must keep (their defaults;
+`limit_violation`: the 413 message of the parsed request; `body_limit` enforces the byte limit on the body), the
+rendering of retrieved passages as Search-R1 result rows, and pydantic validation errors rendered as one readable
+line for the 4xx reply; and the body of ``POST /admin/swap-index`` (`SwapRequest`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,11 @@ DEFAULT_TOPK = 3
 DEFAULT_MAX_QUERIES_PER_REQUEST = 10_000
 DEFAULT_MAX_QUERY_CHARS = 4096
 DEFAULT_REQUEST_TIMEOUT_S = 120.0
+#: Bytes in one request body, refused (413) before it is parsed. A request at the two limits above holds 10,000
+#: queries of 4,096 characters: 41 MB of JSON in ASCII. 128 MiB (134 MB) lets it through with a question as long
+#: beside each query (82 MB), or with every character of its queries a 3-byte UTF-8 one (123 MB), and refuses a
+#: body far beyond anything those limits accept before FastAPI spends memory parsing it.
+DEFAULT_MAX_REQUEST_BYTES = 128 * 1024 * 1024
 #: No fixed batching window: a batch gathers the requests that arrived while the index searched the one before.
 DEFAULT_MAX_WAIT_MS = 0.0
 

@@ -275,8 +275,9 @@ def test_empty_passages_are_counted_logged_and_left_out_on_request(tmp_path, tin
             assert lean_ids == [i for i, _ in pairs] and np.allclose(lean_scores, [s for _, s in pairs])
     # the same settings reuse the index; without drop_empty it is built again, whole
     assert build_index(config).created_at == lean.created_at
+    assert (IndexManifest.load(tmp_path / "lean").data_folder(tmp_path / "lean") / "rows.npy").is_file()
     assert build_index(dataclasses.replace(config, drop_empty=False)).rows == 300
-    assert not (tmp_path / "lean" / "rows.npy").exists()
+    assert not list((tmp_path / "lean").rglob("rows.npy")), "the new build has none, the one it replaced is removed"
 
 
 def test_bm25_leaves_empty_passages_out_on_request(tmp_path, caplog):

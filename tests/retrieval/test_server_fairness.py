@@ -132,7 +132,8 @@ def test_a_request_over_its_time_limit_gets_504_and_the_rest_of_it_is_never_sear
     assert stats["timed_out_requests"] == 2 and stats["failed_requests"] == 0
 
 
-@pytest.mark.parametrize("bad", [{"max_queries_per_request": 0}, {"max_query_chars": 0}, {"request_timeout_s": -1}])
+@pytest.mark.parametrize("bad", [{"max_queries_per_request": 0}, {"max_query_chars": 0}, {"request_timeout_s": -1},
+                                 {"max_request_bytes": 0}])
 def test_create_app_refuses_nonsense_limits(bm25, bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         create_app(bm25, **bad)
