@@ -307,3 +307,29 @@ def test_docs_cli_lists_exactly_the_commands_of_the_parser():
     assert sorted(documented) == sorted((c.name, c.section) for c in COMMANDS)
     deprecated = {" ".join(old) for old in DEPRECATED_COMMANDS}
     assert all(f"| `{old}" in page for old in deprecated), "every deprecated spelling is documented"
+
+
+def test_readme_is_a_front_door_whose_commands_all_parse():
+    """README stays short (at most 160 lines: narratives live in benchmarks/RESULTS.md) and every
+    `agentic-retriever ...` command it shows, in code blocks or inline, parses with the CLI (placeholders such as
+    AGENT_FOLDER are values to argparse)."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    from agentic_retriever.cli import build_parser
+
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert len(text.splitlines()) <= 160
+    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.DOTALL)
+    commands = [line.split("#")[0] for block in blocks for line in block.splitlines()
+                if line.startswith("agentic-retriever ")]
+    commands += re.findall(r"`(agentic-retriever [^`]+)`", text)
+    assert len(commands) >= 10, commands
+    parser = build_parser()
+    for command in commands:
+        argv = shlex.split(command)[1:]
+        try:
+            parser.parse_args(argv)
+        except SystemExit as exit_:
+            raise AssertionError(f"README command does not parse: {command!r}") from exit_
