@@ -102,3 +102,28 @@ def test_the_gain_is_split_by_whether_the_dev_evidence_page_was_a_training_posit
                  "seen": {"rows": 1, "from_questions_the_agent_saw": 0}, "by_training_positives": split}}})
     assert "| full | - | 1 (0) | 0.500 | 0.500 |" in table
     assert "| full | evidence page trained on: 4 | +1.000 [+1.000, +1.000]" in table
+
+
+def test_the_multisearch_comparison_pairs_questions_and_skips_missing_values():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import multisearch_agent
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+    def report(values):
+        return {"per_question": [{"id": qid, "evidence_recall": v, "answer_recall": 0.0, "em": 0.0, "f1": 0.0}
+                                 for qid, v in values.items()]}
+
+    single = report({"a": 0.0, "b": 0.5, "c": None, "d": 0.0})
+    multi = report({"a": 1.0, "b": 0.5, "c": 1.0})  # "c" has no evidence in the corpus, "d" was not rolled out
+    comparison = multisearch_agent.compare(single, multi, 200)
+    assert comparison["evidence_recall"]["diff"] == pytest.approx(0.5)  # over a and b only
+    assert comparison["em"]["diff"] == 0.0
+    reports = {"single-search": {"metrics": {"evidence_recall": 0.25, "answer_recall": 0, "em": 0, "f1": 0,
+                                             "searches": 1.0}},
+               "multi-search": {"metrics": {"evidence_recall": 0.75, "answer_recall": 0, "em": 0, "f1": 0,
+                                            "searches": 3.5}}}
+    table = multisearch_agent.render(reports, comparison, 2)
+    assert "| single-search | 0.250 |" in table and "| multi-search | 0.750 (+0.500 [" in table
+    assert table.rstrip().endswith("| 3.50 |")

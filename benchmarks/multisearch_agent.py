@@ -1,0 +1,93 @@
+"""The multi-search agent against the single-search one, on their own searches over multi-hop dev questions.
+
+The leaf warm start (`configs/quickstart.yaml`) makes an agent that searches about once per question, so its rounds
+have Q and q nearly the same text; the multi-search warm start (`configs/multisearch_quickstart.yaml`,
+`agent.sft.multihop`) adds trajectories that search a multi-hop question's parts one by one. Both agents answer the
+same multi-hop dev questions with the same retriever and environment (the multi-search config's `agent_rollout`),
+sending their question with every search; per question: evidence recall over everything their searches retrieved
+(EVALUATION: reads the dev questions' evidence titles), answer recall over those passages, EM, F1, searches. The
+multi-search agent minus the single-search one, paired bootstrap over questions:
+
+    .venv/bin/python benchmarks/multisearch_agent.py
+
+Writes ``results.json`` and ``results.md`` into ``--work`` (trajectories under ``--work/agent``, reused by a rerun).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import describe_device  # noqa: E402
+from mining_experiment import AGENT_METRICS, ExperimentConfig, _ci_cell, agent_report  # noqa: E402
+
+from agent.rollouts import RolloutConfig  # noqa: E402
+from agent.sft import WarmStartConfig, warm_start_agent  # noqa: E402
+from agentic_retriever.config import build_config  # noqa: E402
+from agentic_retriever.demo import Steps  # noqa: E402
+from agentic_retriever.eval.bootstrap import paired_bootstrap  # noqa: E402
+from agentic_retriever.jsonl import write_json  # noqa: E402
+
+
+def compare(base: dict, other: dict, samples: int) -> dict:
+    """Per agent metric, `other` minus `base` over the questions both have a value for (paired bootstrap)."""
+    a = {q["id"]: q for q in base["per_question"]}
+    b = {q["id"]: q for q in other["per_question"]}
+    out = {}
+    for metric in AGENT_METRICS:
+        ids = [i for i in sorted(a.keys() & b.keys()) if a[i][metric] is not None and b[i][metric] is not None]
+        out[metric] = paired_bootstrap([a[i][metric] for i in ids], [b[i][metric] for i in ids], num_samples=samples)
+    return out
+
+
+def render(reports: dict[str, dict], comparison: dict, questions: int) -> str:
+    lines = [f"Multi-hop dev questions ({questions}), each agent's own searches with its question sent along; value "
+             "(multi-search minus single-search [95% CI])", "",
+             "| agent | " + " | ".join(AGENT_METRICS) + " | searches/q |", "|---|" + "---:|" * (len(AGENT_METRICS) + 1)]
+    for name, report in reports.items():
+        cells = [_ci_cell(comparison.get(m) if name == "multi-search" else None, report["metrics"][m])
+                 for m in AGENT_METRICS]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {report['metrics']['searches']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="configs/multisearch_quickstart.yaml",
+                        help="the multi-search agent's warm start, and the rollouts both agents are evaluated with")
+    parser.add_argument("--baseline-config", default="configs/quickstart.yaml",
+                        help="the single-search agent's warm start (its agent_sft section)")
+    parser.add_argument("--data", default="runs/quickstart/data")
+    parser.add_argument("--questions", type=int, default=48, help="the first N multi-hop dev questions")
+    parser.add_argument("--work", default="runs/multisearch")
+    parser.add_argument("--bootstrap-samples", type=int, default=10000)
+    args = parser.parse_args()
+    steps = Steps()
+    agents = {name: steps.run(f"warm start: {name}", lambda: warm_start_agent(
+        build_config(WarmStartConfig, "agent_sft", None, path, ())))
+        for name, path in (("single-search", args.baseline_config), ("multi-search", args.config))}
+    rollout = build_config(RolloutConfig, "agent_rollout", None, args.config, ())
+    index = rollout.retrieval.index
+    if not index:
+        raise ValueError(f"{args.config}: the agent_rollout section (or retrieval) must name the index to search")
+    experiment = ExperimentConfig(data=args.data, agent_eval_questions=args.questions,
+                                  bootstrap_samples=args.bootstrap_samples)
+    work = Path(args.work)
+    reports = {name: steps.run(f"rollouts on multi-hop dev: {name}", lambda: agent_report(
+        index, str(model), rollout, experiment, Path(args.data), work)) for name, model in agents.items()}
+    comparison = compare(reports["single-search"], reports["multi-search"], args.bootstrap_samples)
+    table = render(reports, comparison, reports["multi-search"]["questions"])
+    results = {"agents": {n: str(p) for n, p in agents.items()}, "index": index,
+               "env": dataclasses.asdict(rollout.env), "metrics": {n: r["metrics"] for n, r in reports.items()},
+               "questions": reports["multi-search"]["questions"], "multi_minus_single": comparison,
+               "step_seconds": steps.seconds, "device": describe_device()}
+    write_json(work / "results.json", results)
+    (work / "results.md").write_text(table)
+    print("\n" + table + f"\nwrote {work / 'results.json'}, {work / 'results.md'}")
+
+
+if __name__ == "__main__":
+    main()
