@@ -153,7 +153,8 @@ def test_timeouts_and_connection_errors_are_retried_then_reported(server, tiny_c
 def test_requests_run_concurrently_up_to_the_limit_and_keep_prompt_order(server, tiny_causal_lm_dir):
     app, url = server
     app.state.max_in_flight = 0
-    llm = make_llm(url, tiny_causal_lm_dir, max_concurrency=3)
+    # a generous timeout: on a loaded machine a 5 s timeout fires and its retry is a 4th request in flight
+    llm = make_llm(url, tiny_causal_lm_dir, max_concurrency=3, timeout=60.0)
     outputs = llm.generate([f"P{i}" for i in range(9)], SamplingParams(max_new_tokens=1))
     assert len(outputs) == 9 and all(o[0].text == "Let" for o in outputs)
     assert 1 < app.state.max_in_flight <= 3
