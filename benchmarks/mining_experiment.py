@@ -56,6 +56,7 @@ from agentic_retriever.index import DenseParams, IndexBuildConfig, build_index, 
 from agentic_retriever.jsonl import iter_jsonl, read_json, write_json, write_jsonl  # noqa: E402
 from agentic_retriever.mining.audit import audit_mining  # noqa: E402
 from agentic_retriever.mining.job import MineJobConfig, run_mine_job  # noqa: E402
+from agentic_retriever.mining.rounds import search_queries  # noqa: E402
 from agentic_retriever.mining.store import stable_hash  # noqa: E402
 from agentic_retriever.training.config import RetrieverTrainConfig  # noqa: E402
 from agentic_retriever.training.settings_search import choose_training_settings  # noqa: E402
@@ -64,6 +65,7 @@ from agentic_retriever.training.trainer import train_retriever  # noqa: E402
 LEAF_METRICS = ["answer_recall@1", "answer_recall@5", "answer_recall@20", "recall@1", "recall@5", "recall@20",
                 "mrr@10"]
 AGENT_METRICS = ["evidence_recall", "answer_recall", "em", "f1"]
+AGENT_BEHAVIOUR = ["searches", "distinct_queries", "answered"]  # per question: searches, distinct queries, answered
 SUMMARY_METRICS = ["recall@1", "mrr@10", "answer_recall@5"]  # each bare and composed, side by side
 SPLIT_METRICS = ["recall@1", "mrr@10"]
 
@@ -219,8 +221,10 @@ def agent_report(index_dir: str, agent_model: str, rollout: RolloutConfig, confi
         per_question.append({"id": t.question_id,
                              "evidence_recall": len(titles & set(t.retrieved_titles)) / len(titles) if titles else None,
                              "answer_recall": contains_match(observed, t.golden_answers), "em": scores.em,
-                             "f1": scores.f1, "searches": t.num_searches})
-    means = {m: _mean([q[m] for q in per_question]) for m in [*AGENT_METRICS, "searches"]}
+                             "f1": scores.f1, "searches": t.num_searches,
+                             "distinct_queries": len({q.strip().lower() for _, q in search_queries(t)}),
+                             "answered": float(t.finish_reason == "answer")})
+    means = {m: _mean([q[m] for q in per_question]) for m in [*AGENT_METRICS, *AGENT_BEHAVIOUR]}
     return {"metrics": means, "questions": len(per_question), "per_question": per_question}
 
 

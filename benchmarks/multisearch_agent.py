@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import describe_device  # noqa: E402
-from mining_experiment import AGENT_METRICS, ExperimentConfig, _ci_cell, agent_report  # noqa: E402
+from mining_experiment import AGENT_BEHAVIOUR, AGENT_METRICS, ExperimentConfig, _ci_cell, agent_report  # noqa: E402
 
 from agent.rollouts import RolloutConfig  # noqa: E402
 from agent.sft import WarmStartConfig, warm_start_agent  # noqa: E402
@@ -46,11 +46,13 @@ def compare(base: dict, other: dict, samples: int) -> dict:
 def render(reports: dict[str, dict], comparison: dict, questions: int) -> str:
     lines = [f"Multi-hop dev questions ({questions}), each agent's own searches with its question sent along; value "
              "(multi-search minus single-search [95% CI])", "",
-             "| agent | " + " | ".join(AGENT_METRICS) + " | searches/q |", "|---|" + "---:|" * (len(AGENT_METRICS) + 1)]
+             "| agent | " + " | ".join(AGENT_METRICS) + " | searches/q | distinct queries/q | answered |",
+             "|---|" + "---:|" * (len(AGENT_METRICS) + 3)]
     for name, report in reports.items():
         cells = [_ci_cell(comparison.get(m) if name == "multi-search" else None, report["metrics"][m])
                  for m in AGENT_METRICS]
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {report['metrics']['searches']:.2f} |")
+        lines.append(f"| {name} | " + " | ".join(cells) + " | "
+                     + " | ".join(f"{report['metrics'][m]:.2f}" for m in AGENT_BEHAVIOUR) + " |")
     return "\n".join(lines) + "\n"
 
 

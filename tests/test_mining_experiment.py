@@ -120,10 +120,11 @@ def test_the_multisearch_comparison_pairs_questions_and_skips_missing_values():
     comparison = multisearch_agent.compare(single, multi, 200)
     assert comparison["evidence_recall"]["diff"] == pytest.approx(0.5)  # over a and b only
     assert comparison["em"]["diff"] == 0.0
+    behaviour = {"distinct_queries": 1.0, "answered": 1.0}
     reports = {"single-search": {"metrics": {"evidence_recall": 0.25, "answer_recall": 0, "em": 0, "f1": 0,
-                                             "searches": 1.0}},
+                                             "searches": 1.0, **behaviour}},
                "multi-search": {"metrics": {"evidence_recall": 0.75, "answer_recall": 0, "em": 0, "f1": 0,
-                                            "searches": 3.5}}}
+                                            "searches": 3.5, **behaviour}}}
     table = multisearch_agent.render(reports, comparison, 2)
     assert "| single-search | 0.250 |" in table and "| multi-search | 0.750 (+0.500 [" in table
-    assert table.rstrip().endswith("| 3.50 |")
+    assert table.rstrip().endswith("| 3.50 | 1.00 | 1.00 |")
