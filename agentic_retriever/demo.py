@@ -55,7 +55,8 @@ class DemoConfig:
 
     workdir: str = field(default="", metadata={"help": "folder for every artifact of the run", "derive": "{workdir}"})
     dev_fraction: float = field(default=0.3, metadata={"help": "share of FanOutQA top-level questions in dev"})
-    mining_fraction: float = field(default=0.5, metadata={"help": "share of train questions (outside the held-out slice) for mining"})
+    mining_fraction: float = field(default=0.5, metadata={
+        "help": "share of train questions (outside the held-out slice) for mining"})
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     dense_types: list[str] = field(default_factory=lambda: ["flat", "hnsw"], metadata={"help": "base dense indexes"})
     dense: DenseParams = field(default_factory=DenseParams)
