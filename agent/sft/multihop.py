@@ -31,9 +31,10 @@ from dataclasses import dataclass
 
 from agentic_retriever.client import RetrievalClient
 from agentic_retriever.corpus import ScoredPassage
+from agentic_retriever.eval.qa import part_answers
 from agentic_retriever.jsonl import DataFormatError, iter_jsonl
 
-from .data import SynthesisConfig, _answer_sentence, _Builder, content_words, query_phrasings
+from .data import SynthesisConfig, _Builder, _evidence_hit, content_words, query_phrasings
 from ..qa_data import QARow
 from .train import SFTExample
 
@@ -82,8 +83,8 @@ def read_multihop_rows(multihop_path: str | os.PathLike, leaf_path: str | os.Pat
     leaves: dict[str, QARow] = {}
     for line, row in iter_jsonl(leaf_path):
         leaf = QARow.from_json(row, leaf_path, line)
-        parts = [alternative for part in row.get("answer_parts") or () for alternative in part[-1:]]
-        leaves[leaf.id] = QARow(leaf.id, leaf.question, (*leaf.golden_answers, *parts), leaf.supporting_titles)
+        leaves[leaf.id] = QARow(leaf.id, leaf.question, (*leaf.golden_answers, *part_answers(row.get("answer_parts"))),
+                                leaf.supporting_titles)
     rows = []
     for line, row in iter_jsonl(multihop_path):
         parent = QARow.from_json(row, multihop_path, line)
@@ -106,15 +107,6 @@ def _candidate_queries(leaf: QARow) -> list[str]:
     keywords = content_words(leaf.question)
     first = keywords if len(keywords.split()) > 1 else leaf.question.strip()
     return [first, *(q for q in query_phrasings(leaf) if q != first)]
-
-
-def _found(hits: Sequence[ScoredPassage], leaf: QARow) -> tuple[str, str] | None:
-    """(title, sentence) of the first retrieved evidence passage holding a sub-answer; None when none does."""
-    titles = {t.casefold() for t in leaf.supporting_titles or ()}
-    for passage in hits:
-        if passage.title.casefold() in titles and (found := _answer_sentence(passage, leaf.golden_answers)):
-            return passage.title, found[1]
-    return None
 
 
 def synthesize_multihop_examples(rows: Sequence[MultiHopRow], client: RetrievalClient, tokenizer,
@@ -145,14 +137,14 @@ def synthesize_multihop_examples(rows: Sequence[MultiHopRow], client: RetrievalC
         reading, queries = "", []
         for j, leaf in enumerate(leaves):
             options = tried[(p, j)]
-            query, hits = next(((q, h) for q, h in options if _found(h, leaf)), options[0])
+            query, hits = next(((q, h) for q, h in options if _evidence_hit(h, leaf)), options[0])
             template = MULTIHOP_VOICE.first_search if j == 0 else MULTIHOP_VOICE.next_search
             segments.append((template.format(goal=_step(row.question), reading=reading, step=_step(leaf.question),
                                              query=query), True))
             segments.append((builder.observation([hits]), False))
-            found = _found(hits, leaf)
+            found = _evidence_hit(hits, leaf)
             counts["leaves_found"] += found is not None
-            reading = (MULTIHOP_VOICE.found.format(title=found[0], sentence=found[1]) if found
+            reading = (MULTIHOP_VOICE.found.format(title=found[0].title, sentence=found[2]) if found
                        else MULTIHOP_VOICE.missed.format(step=_step(leaf.question)))
             queries.append(query)
         answer = row.golden_answers[0]

@@ -44,6 +44,12 @@ def normalize_answer(text: str) -> str:
     return " ".join(_ARTICLES.sub(" ", text).split())
 
 
+def part_answers(answer_parts) -> list[str]:
+    """The answer of each part of a list or dict answer (`data prepare`'s ``answer_parts``): a list's item, a dict
+    entry's value (the last of a part's strings; a dict entry's key names the part, it does not answer it)."""
+    return [str(part[-1]) for part in answer_parts or () if part]
+
+
 def golden_strings(golden: Golden) -> list[str]:
     """Flatten golden answers to strings: lists (nested) are alternatives, numbers become their text.
 

@@ -26,7 +26,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..eval.qa import golden_strings, normalize_answer
+from ..eval.qa import golden_strings, normalize_answer, part_answers
 from ..jsonl import DataFormatError, iter_jsonl
 from .rounds import Round
 
@@ -57,8 +57,7 @@ def read_sub_questions(path: str | os.PathLike) -> dict[str, list[SubQuestion]]:
         for name in ("id", "question", "golden_answers", "parent_id"):
             if name not in row:
                 raise DataFormatError(path, line, "missing (needed for gac_target sub_question)", field=name)
-        parts = [alternative for part in row.get("answer_parts") or () for alternative in part[-1:]]
-        golds = tuple(dict.fromkeys([*golden_strings(row["golden_answers"]), *map(str, parts)]))
+        golds = tuple(dict.fromkeys([*golden_strings(row["golden_answers"]), *part_answers(row.get("answer_parts"))]))
         by_parent[str(row["parent_id"])].append(SubQuestion(str(row["id"]), row["question"], golds))
     return dict(by_parent)
 
