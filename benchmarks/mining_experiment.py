@@ -228,6 +228,18 @@ def agent_report(index_dir: str, agent_model: str, rollout: RolloutConfig, confi
     return {"metrics": means, "questions": len(per_question), "per_question": per_question}
 
 
+def compare_agents(base: dict, other: dict, samples: int) -> dict:
+    """Per agent metric (`agent_report`), `other` minus `base` over the questions both have a value for (paired
+    bootstrap)."""
+    a = {q["id"]: q for q in base["per_question"]}
+    b = {q["id"]: q for q in other["per_question"]}
+    out = {}
+    for metric in AGENT_METRICS:
+        ids = [i for i in sorted(a.keys() & b.keys()) if a[i][metric] is not None and b[i][metric] is not None]
+        out[metric] = paired_bootstrap([a[i][metric] for i in ids], [b[i][metric] for i in ids], num_samples=samples)
+    return out
+
+
 def _audit_summary(audit: dict) -> dict:
     """The audit's headline: where evidence went, positives' classes, AUCs, false negatives."""
     return {"evidence": audit["evidence"], "answer": audit["answer"], "auc": audit["auc"],
@@ -447,13 +459,8 @@ def main() -> None:
         for name in ("base", "full"):
             systems[name]["agent"] = steps.run(f"agent on multi-hop dev: {name}", lambda: agent_report(
                 systems[name]["index"], agent_model, rollout, config, data, work))
-        base_q = {q["id"]: q for q in base["agent"]["per_question"]}
-        full_q = {q["id"]: q for q in systems["full"]["agent"]["per_question"]}
-        ids = sorted(base_q.keys() & full_q.keys())
-        systems["full"]["agent_vs_base"] = {
-            m: paired_bootstrap([base_q[i][m] for i in ids if base_q[i][m] is not None and full_q[i][m] is not None],
-                                [full_q[i][m] for i in ids if base_q[i][m] is not None and full_q[i][m] is not None],
-                                num_samples=config.bootstrap_samples) for m in AGENT_METRICS}
+        systems["full"]["agent_vs_base"] = compare_agents(base["agent"], systems["full"]["agent"],
+                                                          config.bootstrap_samples)
     for system in systems.values():  # per-question records stay in the eval/ and agent/ folders
         system["leaf"] = {mode: _without_per_question(report) for mode, report in system["leaf"].items()}
         if system.get("agent"):

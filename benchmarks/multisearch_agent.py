@@ -22,25 +22,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import describe_device  # noqa: E402
-from mining_experiment import AGENT_BEHAVIOUR, AGENT_METRICS, ExperimentConfig, _ci_cell, agent_report  # noqa: E402
+from mining_experiment import (AGENT_BEHAVIOUR, AGENT_METRICS, ExperimentConfig, _ci_cell, agent_report,  # noqa: E402
+                               compare_agents)
 
 from agent.rollouts import RolloutConfig  # noqa: E402
 from agent.sft import WarmStartConfig, warm_start_agent  # noqa: E402
 from agentic_retriever.config import build_config  # noqa: E402
 from agentic_retriever.demo import Steps  # noqa: E402
-from agentic_retriever.eval.bootstrap import paired_bootstrap  # noqa: E402
 from agentic_retriever.jsonl import write_json  # noqa: E402
-
-
-def compare(base: dict, other: dict, samples: int) -> dict:
-    """Per agent metric, `other` minus `base` over the questions both have a value for (paired bootstrap)."""
-    a = {q["id"]: q for q in base["per_question"]}
-    b = {q["id"]: q for q in other["per_question"]}
-    out = {}
-    for metric in AGENT_METRICS:
-        ids = [i for i in sorted(a.keys() & b.keys()) if a[i][metric] is not None and b[i][metric] is not None]
-        out[metric] = paired_bootstrap([a[i][metric] for i in ids], [b[i][metric] for i in ids], num_samples=samples)
-    return out
 
 
 def render(reports: dict[str, dict], comparison: dict, questions: int) -> str:
@@ -80,7 +69,7 @@ def main() -> None:
     work = Path(args.work)
     reports = {name: steps.run(f"rollouts on multi-hop dev: {name}", lambda: agent_report(
         index, str(model), rollout, experiment, Path(args.data), work)) for name, model in agents.items()}
-    comparison = compare(reports["single-search"], reports["multi-search"], args.bootstrap_samples)
+    comparison = compare_agents(reports["single-search"], reports["multi-search"], args.bootstrap_samples)
     table = render(reports, comparison, reports["multi-search"]["questions"])
     results = {"agents": {n: str(p) for n, p in agents.items()}, "index": index,
                "env": dataclasses.asdict(rollout.env), "metrics": {n: r["metrics"] for n, r in reports.items()},

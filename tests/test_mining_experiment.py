@@ -117,7 +117,7 @@ def test_the_multisearch_comparison_pairs_questions_and_skips_missing_values():
 
     single = report({"a": 0.0, "b": 0.5, "c": None, "d": 0.0})
     multi = report({"a": 1.0, "b": 0.5, "c": 1.0})  # "c" has no evidence in the corpus, "d" was not rolled out
-    comparison = multisearch_agent.compare(single, multi, 200)
+    comparison = multisearch_agent.compare_agents(single, multi, 200)
     assert comparison["evidence_recall"]["diff"] == pytest.approx(0.5)  # over a and b only
     assert comparison["em"]["diff"] == 0.0
     behaviour = {"distinct_queries": 1.0, "answered": 1.0}
