@@ -238,6 +238,10 @@ def prepare_defaults(config: PrepareConfig) -> dict:
     roles = {row["id"]: train_role(row["id"], config.mining_fraction, config.heldout_fraction)
              for row in multihop["train"]}
     by_role = {role: [r for r in leaves["train"] if roles[r["parent_id"]] == role] for role in TRAIN_ROLES}
+    for left, right in (("heldout", "mining"), ("heldout", "warmstart"), ("mining", "warmstart")):
+        assert_disjoint(by_role[left], by_role[right], f"the {left} questions", f"the {right} questions")
+    for role, rows in by_role.items():
+        assert_disjoint(rows, leaves["dev"], f"the {role} questions", "the dev leaves")
     for role in TRAIN_ROLES:
         _write_if_changed(out / f"fanoutqa_multihop_train_{role}.jsonl",
                           [r for r in multihop["train"] if roles[r["id"]] == role])
@@ -250,10 +254,6 @@ def prepare_defaults(config: PrepareConfig) -> dict:
     }
     for name, rows in files.items():
         _write_if_changed(out / f"fanoutqa_leaf_train_{name}.jsonl", rows)
-    for left, right in (("heldout", "mining"), ("heldout", "warmstart"), ("mining", "warmstart")):
-        assert_disjoint(by_role[left], by_role[right], f"the {left} questions", f"the {right} questions")
-    for role, rows in by_role.items():
-        assert_disjoint(rows, leaves["dev"], f"the {role} questions", "the dev leaves")
     summary = {
         "corpus_passages": len(corpus),
         "leaf_questions": {s: len(leaves[s]) for s in leaves},
