@@ -31,7 +31,8 @@ from pathlib import Path
 #: What a GPU test host lacks that the tests and benchmarks need (GPU_NOTES), shipped as wheels.
 HOST_PACKAGES = ("faiss-cpu", "bm25s", "PyStemmer", "gguf", "datasets", "dill", "multiprocess", "fastapi",
                  "starlette", "uvicorn", "pydantic", "pydantic-core", "typing-inspection", "annotated-types",
-                 "annotated-doc", "hydra-core", "omegaconf", "antlr4-python3-runtime", "verl")
+                 "annotated-doc", "hydra-core", "omegaconf", "antlr4-python3-runtime", "verl", "pytest-xdist",
+                 "execnet")
 HOST_PYTHON = "3.12"
 HOST_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 

@@ -26,6 +26,7 @@ warm-up and alternates its contenders in the same process, as `bench_*.py` alway
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -172,9 +173,14 @@ def _install(check: Check, bundle: Path) -> None:
 
 
 def _tests(check: Check) -> None:
+    """The suite with CUDA visible, over ``--test-workers`` pytest-xdist workers where xdist is installed (the
+    bundle carries it: one process runs the quick suite in about 4 minutes, past the step's limit)."""
     junit = check.out / "junit.xml"
-    check.run("tests", [sys.executable, "-m", "pytest", *check.args.pytest_args, "-q", "-p", "no:cacheprovider",
-                        "--junitxml", str(junit)])
+    importlib.invalidate_caches()  # the install step may just have added xdist
+    workers = ["-n", str(check.args.test_workers)] if check.args.test_workers > 1 and importlib.util.find_spec(
+        "xdist") else []
+    check.run("tests", [sys.executable, "-m", "pytest", *workers, *check.args.pytest_args, "-q", "-p",
+                        "no:cacheprovider", "--junitxml", str(junit)])
     if junit.is_file():
         suite = ElementTree.parse(junit).getroot()
         suite = suite.find("testsuite") if suite.tag == "testsuites" else suite
@@ -276,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
                        help="stand-ins for the offline default packages this Python lacks, or for all of them")
     check.add_argument("--pytest-args", nargs="+", default=["-m", "not slow", "tests"],
                        help="what the tests step passes to pytest")
+    check.add_argument("--test-workers", type=int, default=8,
+                       help="pytest-xdist workers of the tests step (where xdist is installed; 1: one process)")
     for name in ("rl", "index"):  # the steps' own workers, run by `run` in processes of their own
         worker = commands.add_parser(f"_{name}")
         worker.add_argument("--model", required=True)

@@ -75,7 +75,7 @@ def test_cli_rolls_out_evaluates_and_mines_with_a_tiny_agent(tmp_path, corpus_fi
                "--env.max-new-tokens-per-turn", "4"]
     assert main(rollout) == 0
     assert [json.loads(line)["question_id"] for line in trajectories.read_text().splitlines()] == ["q0", "q1"]
-    assert main(rollout[:-8] + ["--limit", "3"] + rollout[-6:]) == 0, "a rerun completes the file"
+    assert main([*rollout[:8], "--limit", "3", *rollout[10:]]) == 0, "a rerun completes the file"
     assert len(trajectories.read_text().splitlines()) == 3
     capsys.readouterr()
     assert main(["eval", "agent", "--trajectories", str(trajectories), "--qa", str(qa),
