@@ -89,9 +89,11 @@ def _worker(kind: str, data: str, batch: int, steps: int, negatives: int, max_le
               "rss_growth_mib": peak_mib - start_rss / 1024}
     if torch.cuda.is_available():
         result["peak_cuda_mib"] = torch.cuda.max_memory_allocated() / 2**20
-    if profile:
-        key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
-        result["profile"] = profiler.key_averages().table(sort_by=key, row_limit=25)
+    if profile:  # by host time (Python, launches, waits on the GPU), and on a GPU by kernel time too
+        averages = profiler.key_averages()
+        result["profile"] = averages.table(sort_by="self_cpu_time_total", row_limit=25)
+        if torch.cuda.is_available():
+            result["profile"] += "\n" + averages.table(sort_by="self_cuda_time_total", row_limit=15)
     return result
 
 
@@ -139,6 +141,7 @@ def main() -> None:
             order = (("ours", "ours"), ("sentence-transformers", "st"))
             for name, kind in order if round_ % 2 == 0 else order[::-1]:
                 runs[name].append(_spawn(kind, *common, "0", model_dir, "0"))
+                print(f"  {name}: {runs[name][-1]['queries_per_s']:.1f} q/s", flush=True)  # a timed-out run shows these
         profiles = {name: _spawn(kind, *common, "0", model_dir, "1")["profile"]
                     for name, kind in (("ours", "ours"), ("sentence-transformers", "st"))} if args.profile else {}
         for name, table in profiles.items():

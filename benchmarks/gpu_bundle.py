@@ -31,8 +31,15 @@ from pathlib import Path
 #: What a GPU test host lacks that the tests and benchmarks need (GPU_NOTES), shipped as wheels.
 HOST_PACKAGES = ("faiss-cpu", "bm25s", "PyStemmer", "gguf", "datasets", "dill", "multiprocess", "fastapi",
                  "starlette", "uvicorn", "pydantic", "pydantic-core", "typing-inspection", "annotated-types",
-                 "annotated-doc", "hydra-core", "omegaconf", "antlr4-python3-runtime", "verl", "pytest-xdist",
-                 "execnet")
+                 "annotated-doc", "opentelemetry-api", "hydra-core", "omegaconf", "antlr4-python3-runtime", "verl",
+                 "pytest-xdist", "execnet")
+#: What the host has that `HOST_PACKAGES` require (GPU_NOTES: torch's, transformers', pytest's and httpx's
+#: dependencies). A requirement in neither is an error of `write_bundle` (`unmet_requirements`): fastapi 0.165
+#: began to import opentelemetry, and the host's first check lost 26 tests to it.
+HOST_PROVIDES = ("numpy", "packaging", "pyyaml", "requests", "tqdm", "filelock", "pyarrow", "pandas", "xxhash",
+                 "fsspec", "huggingface-hub", "anyio", "typing-extensions", "click", "h11", "pytest")
+#: Installed with --no-deps for its config files only (docs/verl.md); its runtime is not wanted on the host.
+CONFIG_ONLY = ("verl",)
 HOST_PYTHON = "3.12"
 HOST_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 
@@ -56,11 +63,36 @@ def _stand_in(folder: Path) -> Path:
     return folder
 
 
+def unmet_requirements() -> list[str]:
+    """Requirements of the installed `HOST_PACKAGES` (their default markers) that neither they nor the host
+    (`HOST_PROVIDES`) satisfy: "package -> requirement"."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    covered = {canonicalize_name(name) for name in (*HOST_PACKAGES, *HOST_PROVIDES)}
+    unmet = []
+    for package in HOST_PACKAGES:
+        if package in CONFIG_ONLY:
+            continue
+        for line in importlib.metadata.requires(package) or []:
+            requirement = Requirement(line)
+            if requirement.marker and not requirement.marker.evaluate({"extra": "", "python_version": HOST_PYTHON}):
+                continue
+            if canonicalize_name(requirement.name) not in covered:
+                unmet.append(f"{package} -> {requirement.name}")
+    return unmet
+
+
 def write_bundle(out: Path, wheels: bool = False) -> dict:
-    """Write the bundle into `out` (see the module docstring); what it holds, with sizes in MiB."""
+    """Write the bundle into `out` (see the module docstring); what it holds, with sizes in MiB. Refuses when a
+    shipped package needs what neither the bundle nor the host has (`unmet_requirements`)."""
     import gguf
     from transformers import AutoConfig, AutoTokenizer
 
+    unmet = unmet_requirements()
+    if unmet:
+        raise RuntimeError(f"the GPU host would lack {', '.join(unmet)}: add them to HOST_PACKAGES (or, if the "
+                           "host has them, to HOST_PROVIDES) in benchmarks/gpu_bundle.py")
     if out.exists():
         shutil.rmtree(out)
     site = out / "site"

@@ -40,17 +40,19 @@ from gpu_bundle import materialize, write_bundle
 
 HERE = Path(__file__).resolve().parent
 STEPS = ("install", "tests", "encode", "train", "rollout", "gac", "rl", "index")
-#: Per step: (sizes of the real check, sizes of the tiny dry run), as command-line arguments of its script.
+#: Per step: (sizes of the real check, sizes of the tiny dry run), as command-line arguments of its script. A
+#: random-weight agent never stops early: every turn runs to its token budget, and the one-at-a-time rollouts
+#: decode questions x turns x tokens steps (32 x 4 x 128 ran past the step's limit on an H100).
 SIZES = {
     "encode": (["--passages", "2048", "--queries", "200", "--repeats", "5"],
                ["--passages", "16", "--queries", "4", "--repeats", "2"]),
     "train": (["--batch", "32", "--negatives", "7", "--max-length", "128", "--steps", "30", "--repeats", "2"],
               ["--batch", "4", "--negatives", "3", "--max-length", "32", "--steps", "2", "--repeats", "1"]),
-    "rollout": (["--questions", "32", "--batch-size", "16", "--max-new-tokens", "128", "--max-turns", "4",
+    "rollout": (["--questions", "8", "--batch-size", "8", "--max-new-tokens", "64", "--max-turns", "2",
                  "--repeats", "2"],
                 ["--questions", "2", "--batch-size", "2", "--max-new-tokens", "4", "--max-turns", "2",
                  "--repeats", "1"]),
-    "gac": (["--rounds", "8", "--candidates", "20", "--max-new-tokens", "64", "--repeats", "2"],
+    "gac": (["--rounds", "4", "--candidates", "10", "--max-new-tokens", "32", "--repeats", "2"],
             ["--rounds", "1", "--candidates", "2", "--max-new-tokens", "4", "--max-turns", "2", "--repeats", "1",
              "--warmup", "0", "--think-words", "8"]),
     "rl": (["--questions", "16"], ["--questions", "2", "--max-new-tokens", "4"]),

@@ -28,6 +28,23 @@ def test_the_bundle_carries_no_weights_and_fits_beside_the_wheels(bundle):
     assert sum(files.values()) < 20 * 2**20  # with ~25 MB of wheels and the checkout, under the 64 MiB a run carries
 
 
+def test_the_wheels_close_over_what_they_require_on_the_host(monkeypatch, tmp_path):
+    """Every requirement of a shipped wheel is shipped too or on the host; a missing one is named (fastapi's
+    opentelemetry-api cost the first GPU check 26 tests)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_bundle
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert gpu_bundle.unmet_requirements() == []
+    monkeypatch.setattr(gpu_bundle, "HOST_PACKAGES", tuple(p for p in gpu_bundle.HOST_PACKAGES
+                                                            if p != "opentelemetry-api"))
+    assert "fastapi -> opentelemetry-api" in gpu_bundle.unmet_requirements()
+    with pytest.raises(RuntimeError, match="fastapi -> opentelemetry-api"):
+        gpu_bundle.write_bundle(tmp_path / "bundle")
+    assert not (tmp_path / "bundle").exists()
+
+
 def test_the_stand_ins_have_the_real_layout_and_load_where_our_code_looks(bundle, tmp_path):
     """The zeroed GGUF is the real file with its tensor bytes zeroed; MiniLM's folder has weights of the real shape;
     a process with the site first on its path finds both through `agentic_retriever.defaults`."""

@@ -128,6 +128,12 @@ def answer_likelihood_gac(requests: Sequence[GACRequest], llm, env: EnvConfig, a
     return records
 
 
+def _significant(probability: float) -> float:
+    """`probability` to 6 significant digits: rounding to 6 decimals made every answer a weak model (or a long
+    answer's sequence probability) finds unlikely a tie at 0.00002 or 0, so no candidate could be a negative."""
+    return float(f"{probability:.6g}")
+
+
 def gac_value(record: dict, criterion: str) -> list[float]:
     """The graded GAC of each candidate of a stored answer-likelihood record, by `criterion` (see module)."""
     if criterion not in GAC_CRITERIA:
@@ -138,9 +144,9 @@ def gac_value(record: dict, criterion: str) -> list[float]:
         if not sums:
             values.append(0.0)
         elif criterion == "sequence":
-            values.append(round(math.exp(max(sums)), 6))
+            values.append(_significant(math.exp(max(sums))))
         elif criterion == "per_token":
-            values.append(round(math.exp(max(s / n for s, n in zip(sums, tokens))), 6))
+            values.append(_significant(math.exp(max(s / n for s, n in zip(sums, tokens)))))
         else:
             values.append(round(max((s - b) / n for s, b, n in zip(sums, record["baseline_logprobs"], tokens)), 6))
     return values

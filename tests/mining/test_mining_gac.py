@@ -86,3 +86,14 @@ def test_gac_criteria_are_length_robust_or_relative_to_no_passage():
     assert gac_value(record, "gain") == pytest.approx([math.log(2), math.log(1.25)], abs=1e-5)
     with pytest.raises(ValueError, match="criterion"):
         gac_value(record, "max")
+
+
+def test_gac_keeps_unlikely_answers_apart():
+    """A weak model's (or a long answer's) probabilities are tiny; rounded to decimals they all tied at 0, and a
+    round with no lower candidate has no negative."""
+    record = {"answer_logprobs": [[-20.0], [-20.5], [-11.0], [-11.2]], "answer_tokens": [1],
+              "baseline_logprobs": [-21.0]}
+    for criterion in ("sequence", "per_token"):
+        values = gac_value(record, criterion)
+        assert values[0] > values[1] > 0 and values[2] > values[3] > 0
+        assert values == pytest.approx([math.exp(v[0]) for v in record["answer_logprobs"]], rel=1e-5)
