@@ -139,6 +139,7 @@ def main() -> None:
     from agent.qa_data import read_qa_rows
     from agentic_retriever.client import LocalRetrievalClient
     from agentic_retriever.llm import LLMConfig, load_llm
+    from agentic_retriever.llm.prefix_cache import DEFAULT_PREFIX_CACHE_TOKENS
     from agentic_retriever.llm.transformers import TransformersLLM
 
     def open_index(folder):
@@ -158,11 +159,11 @@ def main() -> None:
     retriever = f"first passages of {args.fixed_passages}" if args.fixed_passages else f"index {args.index}"
     print(f"rollouts: {len(questions)} questions from {args.qa}; model {model}; {retriever}; "
           f"max {args.max_turns} turns x {args.max_new_tokens} new tokens; greedy; "
-          f"prefix cache of {loaded.prefix_cache.max_tokens} tokens", flush=True)
+          f"prefix cache of {DEFAULT_PREFIX_CACHE_TOKENS} tokens where on", flush=True)
 
     def backend(cached: bool) -> TransformersLLM:  # a new one per run: an empty prefix cache
         return TransformersLLM(loaded.model, loaded.tokenizer, name=loaded.name, max_batch_size=args.batch_size,
-                               prefix_cache_tokens=loaded.prefix_cache.max_tokens if cached else 0)
+                               prefix_cache_tokens=DEFAULT_PREFIX_CACHE_TOKENS if cached else 0)
 
     rollout(questions[:2], backend(True), client, config)  # warm-up, not measured
     contenders = [c for c in CONTENDERS if c[0] not in args.skip]

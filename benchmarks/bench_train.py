@@ -3,7 +3,7 @@
 1. Throughput: `train_retriever` (our data reading, Eq. 5 loss with the in-batch accuracy, curves, export)
    against a plain `SentenceTransformerTrainer` + `MultipleNegativesRankingLoss` with the same model, data,
    batch, temperature and number of updates. Each run is its own process (so its peak memory is its own),
-   alternating ours / plain (the order reversed every round). Reported: queries/s of the training loop (the
+   after one short unmeasured warm-up run, alternating ours / plain (the order reversed every round). Reported: queries/s of the training loop (the
    trainer's own ``train_runtime``), peak RSS and peak CUDA memory. Target: ours / plain >= 0.95x. `--profile`
    adds one run of each under `torch.profiler`: where the time goes, operator by operator.
 2. Memory of one update at growing global batches with and without the cached loss: the largest batch under
@@ -137,6 +137,10 @@ def main() -> None:
         _rows(data, args.batch * args.steps, args.negatives, args.corpus)
         common = (str(data), str(args.batch), str(args.steps), str(args.negatives), str(args.max_length))
         runs: dict[str, list[dict]] = {"ours": [], "sentence-transformers": []}
+        # not measured: the first training process on a machine runs its loop at half speed on an H100 (86.7 q/s
+        # against 200 after it, whichever trainer; benchmarks/RESULTS.md, "The GPU check")
+        warm_up = _spawn("ours", str(data), str(args.batch), str(min(args.steps, 3)), *common[3:], "0", model_dir, "0")
+        print(f"  warm-up (not measured): {warm_up['queries_per_s']:.1f} q/s", flush=True)
         for round_ in range(args.repeats):  # alternating, the order reversed every round
             order = (("ours", "ours"), ("sentence-transformers", "st"))
             for name, kind in order if round_ % 2 == 0 else order[::-1]:

@@ -52,8 +52,9 @@ class LLMConfig:
     enable_prefix_caching: bool = dataclasses.field(default=True, metadata={
         "help": "vllm and transformers: keep KV caches across calls, so a prompt that starts like an earlier "
                 "sequence (an agent's next turn) computes only its new tokens"})
-    prefix_cache_tokens: int = dataclasses.field(default=DEFAULT_PREFIX_CACHE_TOKENS, metadata={
-        "help": "transformers: budget of the prefix cache in tokens, least recently used out first"})
+    prefix_cache_tokens: int | None = dataclasses.field(default=None, metadata={
+        "help": f"transformers: budget of the prefix cache in tokens, least recently used out first; unset: "
+                f"{DEFAULT_PREFIX_CACHE_TOKENS} on a CPU, off on CUDA (where it measured slower)"})
     max_model_len: int | None = dataclasses.field(
         default=None, metadata={"help": "vllm: context length (model's own if unset)"})
 

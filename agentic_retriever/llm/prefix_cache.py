@@ -34,6 +34,17 @@ if TYPE_CHECKING:  # the configuration (`LLMConfig`) reads the default budget wi
 #: Default budget, in tokens: 16 agent contexts of 2,048 tokens. A token's KV cache takes layers x 2 x kv heads x
 #: head dim values: 46 KB for SmolLM2-135M in float32 (1.5 GB at this budget), 57 KB for Qwen2.5-7B in bfloat16.
 DEFAULT_PREFIX_CACHE_TOKENS = 32768
+#: The budget a backend gets when none is set, by device type: measured (benchmarks/RESULTS.md, "The GPU check"),
+#: the cache pays on a CPU, where prefill dominates (batched rollouts 1.50x, one question at a time 1.96x), and
+#: loses on an H100, where decoding a batch from merged cached rows is slower than the prefill it saves
+#: (batched 0.33x, one at a time 0.88x).
+PREFIX_CACHE_TOKENS_BY_DEVICE = {"cpu": DEFAULT_PREFIX_CACHE_TOKENS, "cuda": 0}
+
+
+def prefix_cache_budget(tokens: int | None, device_type: str) -> int:
+    """`tokens`, or where it is None the budget `PREFIX_CACHE_TOKENS_BY_DEVICE` gives `device_type` (off on
+    devices it does not name)."""
+    return PREFIX_CACHE_TOKENS_BY_DEVICE.get(device_type, 0) if tokens is None else tokens
 
 
 class PrefixCache:

@@ -50,7 +50,7 @@ from .base import Generation, Prompt, SamplingParams
 from .batching import batch_order, length_groups, prefix_groups
 from .device import resolve_device, resolve_dtype
 from .kv_rows import cached_row, pass_row, row_kv, stack_rows
-from .prefix_cache import DEFAULT_PREFIX_CACHE_TOKENS, PrefixCache
+from .prefix_cache import PrefixCache, prefix_cache_budget
 from .text import find_stop, render_chat_prompt
 
 log = logging.getLogger(__name__)
@@ -94,12 +94,13 @@ class TransformersLLM:
     ``TransformersLLM(model, tokenizer)`` wraps a model that lives elsewhere, e.g. the policy an RL
     trainer is updating (generation then sees its current weights; the caller puts it in eval mode; the
     prefix cache is emptied whenever a parameter was changed in place or replaced since the last call).
-    `prefix_cache_tokens` is the prefix cache's budget in tokens (0: no prefix cache).
+    `prefix_cache_tokens` is the prefix cache's budget in tokens (0: no prefix cache; None: by the model's device,
+    `prefix_cache.PREFIX_CACHE_TOKENS_BY_DEVICE`: on a CPU, off on CUDA, where it measured slower).
     """
 
     def __init__(self, model, tokenizer, name: str | None = None, max_batch_size: int = 16, progress: bool = False,
                  reuse_prefix: bool = True, pass_cost: int | None = None,
-                 prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS):
+                 prefix_cache_tokens: int | None = None):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
         self.model = model
@@ -119,6 +120,7 @@ class TransformersLLM:
         #: The KV caches of finished sequences, kept across calls (`agentic_retriever.llm.prefix_cache`): a
         #: prompt that starts with one prefills only its new tokens. None: off (`prefix_cache_tokens` 0, or a
         #: model with sliding-window layers, whose caches cannot be cut into rows).
+        prefix_cache_tokens = prefix_cache_budget(prefix_cache_tokens, self.device.type)
         self.prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens > 0 and self._mergeable else None
         if prefix_cache_tokens > 0 and not self._mergeable:
             log.info("%s has sliding-window cache layers: no prefix cache, no shared prefixes", self.name)
@@ -135,7 +137,7 @@ class TransformersLLM:
 
     @classmethod
     def load(cls, model: str = "default", dtype: str = "auto", device: str = "auto", max_batch_size: int = 16,
-             progress: bool = False, prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS) -> TransformersLLM:
+             progress: bool = False, prefix_cache_tokens: int | None = None) -> TransformersLLM:
         """Load a hub name, a local folder or ``default`` (the embedded SmolLM2-135M-Instruct)."""
         path = resolve_llm_name(model)
         torch_device = resolve_device(device)

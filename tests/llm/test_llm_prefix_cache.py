@@ -231,3 +231,19 @@ def test_prefix_cache_drops_what_a_sequence_extends_then_the_least_recently_used
     assert (len(cache), cache.tokens) == (2, 7)
     with pytest.raises(ValueError, match="at least 1 token"):
         PrefixCache(max_tokens=0)
+
+
+def test_the_default_budget_follows_the_device_the_cache_measured_faster_on(model_and_tokenizer):
+    """Unset, the budget is the device's (on a CPU, off on CUDA, where it measured slower); a set budget, 0
+    included, holds on any device; the loader's setting reaches the backend."""
+    from agentic_retriever.llm import LLMConfig, load_llm
+    from agentic_retriever.llm.prefix_cache import DEFAULT_PREFIX_CACHE_TOKENS, prefix_cache_budget
+
+    model, tokenizer = model_and_tokenizer
+    assert TransformersLLM(model, tokenizer).prefix_cache.max_tokens == DEFAULT_PREFIX_CACHE_TOKENS  # a CPU model
+    assert TransformersLLM(model, tokenizer, prefix_cache_tokens=0).prefix_cache is None
+    assert [prefix_cache_budget(None, "cuda"), prefix_cache_budget(4096, "cuda"), prefix_cache_budget(0, "cpu"),
+            prefix_cache_budget(None, "mps")] == [0, 4096, 0, 0]
+    path = model.name_or_path
+    assert load_llm(LLMConfig(model=path, device="cpu", prefix_cache_tokens=512)).prefix_cache.max_tokens == 512
+    assert load_llm(LLMConfig(model=path, device="cpu", enable_prefix_caching=False)).prefix_cache is None
