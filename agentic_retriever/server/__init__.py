@@ -24,9 +24,10 @@ This package implements that API over any `SearchIndex` (dense FAISS or BM25), w
   results never depend on its batch-mates), then each request gets its own slice back.
   ``batching=False`` serves one chunk of one request per index call, one at a time (the baseline of
   ``benchmarks/bench_service.py``), through the same code path;
-* fairness: a big request is searched in chunks (at most ``max_batch_queries`` queries, one chunk of each
-  waiting request per batch, shared max-min fairly, round-robin), so a small request waits about one batch
-  behind it, not the whole big request;
+* fairness: a big request is searched in chunks (at most ``max_batch_queries`` queries and at most
+  ``max_batch_ms`` (100) of index time, timed on the recent calls; one chunk of each waiting request per batch,
+  shared max-min fairly, round-robin), so a small request waits about one batch behind it, not the whole big
+  request;
 * limits: a body larger than ``max_request_bytes`` (128 MiB) gets a 413 before it is parsed (`body_limit`: a
   ``Content-Length`` over it at once, a chunked body as soon as it passes it); more than
   ``max_queries_per_request`` queries (10,000), or a query, question or history longer than ``max_query_chars``
@@ -63,11 +64,11 @@ from .app import GENERATION_HEADER, ServerThread, create_app, running_server, se
 from .auth import ADMIN_TOKEN_ENV
 from .config import ServeConfig
 from .schema import (
-    DEFAULT_MAX_QUERIES_PER_REQUEST, DEFAULT_MAX_QUERY_CHARS, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_WAIT_MS,
+    DEFAULT_MAX_QUERIES_PER_REQUEST, DEFAULT_MAX_QUERY_CHARS, DEFAULT_MAX_BATCH_MS, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_WAIT_MS,
     DEFAULT_REQUEST_TIMEOUT_S, DEFAULT_TOPK, MAX_TOPK, RetrieveRequest,
 )
 
-__all__ = ["ADMIN_TOKEN_ENV",
+__all__ = ["ADMIN_TOKEN_ENV", "DEFAULT_MAX_BATCH_MS",
            "DEFAULT_MAX_QUERIES_PER_REQUEST", "DEFAULT_MAX_QUERY_CHARS", "DEFAULT_MAX_REQUEST_BYTES",
            "DEFAULT_MAX_WAIT_MS", "DEFAULT_REQUEST_TIMEOUT_S",
            "DEFAULT_TOPK", "GENERATION_HEADER",

@@ -35,7 +35,7 @@ from .auth import admin_refusal, resolve_admin_token
 from .batcher import RequestTimeout, _Batcher
 from .body_limit import BodySizeLimit
 from .schema import (
-    DEFAULT_MAX_QUERIES_PER_REQUEST, DEFAULT_MAX_QUERY_CHARS, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_WAIT_MS,
+    DEFAULT_MAX_QUERIES_PER_REQUEST, DEFAULT_MAX_QUERY_CHARS, DEFAULT_MAX_BATCH_MS, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_WAIT_MS,
     DEFAULT_REQUEST_TIMEOUT_S, RetrieveRequest, SwapRequest,
     _readable_errors, _render, limit_violation,
 )
@@ -86,10 +86,12 @@ def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: fl
                max_query_chars: int = DEFAULT_MAX_QUERY_CHARS,
                request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S,
                admin_token: str | None = None,
-               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> FastAPI:
+               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+               max_batch_ms: float = DEFAULT_MAX_BATCH_MS) -> FastAPI:
     """The FastAPI application serving `index` (see the `agentic_retriever.server` docstring for the API).
 
-    `max_batch_queries` bounds one batch, and so the chunks a big request is searched in. A batch is searched as
+    `max_batch_queries` bounds one batch, and so the chunks a big request is searched in; `max_batch_ms` > 0 bounds
+    it by time too (no more queries than the recent index calls say fit in that long; 0: by count only). A batch is searched as
     soon as the index is free and gathers the requests that arrived while it was busy; `max_wait_ms` > 0 also
     holds a batch open that long after its first request arrived (bigger batches for a GPU encoder, at a cost in
     latency to a lone client). A request whose body is larger than `max_request_bytes` gets a 413 before it is
@@ -107,13 +109,14 @@ def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: fl
                         ("max_query_chars", max_query_chars), ("max_request_bytes", max_request_bytes)):
         if value < 1:
             raise ValueError(f"{name} must be at least 1, got {value}")
-    if max_wait_ms < 0:
-        raise ValueError(f"max_wait_ms must be >= 0, got {max_wait_ms}")
+    for name, value in (("max_wait_ms", max_wait_ms), ("max_batch_ms", max_batch_ms)):
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0, got {value}")
     if request_timeout_s is not None and request_timeout_s < 0:
         raise ValueError(f"request_timeout_s must be >= 0 (0: no limit), got {request_timeout_s}")
     timeout_s = request_timeout_s or None
     slot = IndexSlot(index)
-    batcher = _Batcher(slot, max_batch_queries, max_wait_ms / 1000.0, batching, timeout_s)
+    batcher = _Batcher(slot, max_batch_queries, max_wait_ms / 1000.0, batching, timeout_s, max_batch_ms / 1000.0)
     token = resolve_admin_token(admin_token)
     started = time.time()
 
@@ -198,6 +201,8 @@ def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: fl
             "uptime_s": round(time.time() - started, 3),
             "batching": batching,
             "max_batch_queries": max_batch_queries,
+            "max_batch_ms": max_batch_ms,
+            "batch_capacity": batcher.batch_capacity,
             "max_wait_ms": max_wait_ms,
             "max_queries_per_request": max_queries_per_request,
             "max_query_chars": max_query_chars,
@@ -222,7 +227,7 @@ def serve(index: SearchIndex, host: str = "127.0.0.1", port: int = 8000, max_bat
           max_queries_per_request: int = DEFAULT_MAX_QUERIES_PER_REQUEST,
           max_query_chars: int = DEFAULT_MAX_QUERY_CHARS,
           request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S, admin_token: str | None = None,
-          max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> None:
+          max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, max_batch_ms: float = DEFAULT_MAX_BATCH_MS) -> None:
     """Serve `index` with uvicorn until interrupted (one process: the index lives in its memory; an admin
     token, given or from ``$AGENTIC_RETRIEVER_ADMIN_TOKEN``, turns on ``POST /admin/swap-index``)."""
     import uvicorn
@@ -230,11 +235,12 @@ def serve(index: SearchIndex, host: str = "127.0.0.1", port: int = 8000, max_bat
     app = create_app(index, max_batch_queries=max_batch_queries, max_wait_ms=max_wait_ms, batching=batching,
                      max_queries_per_request=max_queries_per_request, max_query_chars=max_query_chars,
                      request_timeout_s=request_timeout_s, admin_token=admin_token,
-                     max_request_bytes=max_request_bytes)
+                     max_request_bytes=max_request_bytes, max_batch_ms=max_batch_ms)
     log.info("serving %s", _describe(index))
     log.info("retrieval service on http://%s:%d/retrieve (health: /health); micro-batching %s; limits: %d bytes "
              "per request body, %d queries per request, %d characters per query, %s per request", host, port,
-             f"on (up to {max_batch_queries} queries" + (f", {max_wait_ms:g} ms window)" if max_wait_ms else ")")
+             f"on (up to {max_batch_queries} queries" + (f" and {max_batch_ms:g} ms" if max_batch_ms else "")
+             + (f", {max_wait_ms:g} ms window)" if max_wait_ms else ")")
              if batching else "off",
              max_request_bytes, max_queries_per_request, max_query_chars,
              f"{request_timeout_s:g} s" if request_timeout_s else "no time limit")

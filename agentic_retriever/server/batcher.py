@@ -9,6 +9,13 @@ requests that arrived meanwhile are ahead of it (round-robin): a small request w
 any number of big ones, and the big ones take turns. With ``batching`` off a batch is one chunk of one
 request (the queue's head), taken round-robin the same way.
 
+Chunks are also bounded by time: with ``max_batch_s`` > 0 a big request's chunk, with the small requests taken
+whole beside it, is no more than the index searches in that long (`CallTimes`: a line fitted to the recent index
+calls' seconds against their queries), so a small request waits for at most about ``max_batch_s`` of a big
+request's work before its own batch, on any hardware (a count alone meant a second of encoder time per chunk on 2
+CPU cores, and a few milliseconds on a GPU). Small requests are never cut by it: many clients' one-query requests
+still share one encoder batch.
+
 When a batch is taken: as soon as the index thread is free (``max_wait_s`` 0, the default), so a lone
 request is searched at once and the requests that arrive while a batch is searched form the next one: the
 batching window is the index's own busy time, which grows with the load (continuous batching). A
@@ -32,6 +39,8 @@ import asyncio
 import collections
 import contextlib
 import logging
+import statistics
+import time
 from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -106,6 +115,40 @@ class _Stats:
         }
 
 
+class CallTimes:
+    """Seconds an index call takes for n queries, as ``intercept + slope * n`` fitted (least squares) to the last
+    `window` calls: `queries_within` says how many queries fit in a time budget. Until it has seen two calls of
+    different sizes it takes the calls' mean seconds per query, which overestimates the slope (each call's fixed
+    cost counted per query) and so keeps chunks small rather than slow. A short window lets one slow call (a cold
+    first one) fall out of the fit after a few fast ones."""
+
+    def __init__(self, window: int = 16):
+        self.calls: collections.deque[tuple[int, float]] = collections.deque(maxlen=window)
+
+    def add(self, queries: int, seconds: float) -> None:
+        self.calls.append((queries, seconds))
+
+    def fit(self) -> tuple[float, float] | None:
+        """(intercept, slope) in seconds; None before the first call."""
+        if not self.calls:
+            return None
+        sizes, seconds = zip(*self.calls)
+        if len(set(sizes)) > 1:
+            slope, intercept = statistics.linear_regression(sizes, seconds)
+            if slope > 0:
+                return max(0.0, intercept), slope
+        return 0.0, sum(seconds) / sum(sizes)
+
+    def queries_within(self, budget_s: float, most: int) -> int:
+        """How many queries one call searches in `budget_s` seconds, between 1 and `most` (`most` before the
+        first call)."""
+        fitted = self.fit()
+        if fitted is None:
+            return most
+        intercept, slope = fitted
+        return max(1, min(most, int((budget_s - intercept) / slope)))
+
+
 def fair_shares(remaining: list[int], capacity: int) -> list[int]:
     """How many queries of each waiting request (their counts left, in queue order) the next batch takes.
 
@@ -130,6 +173,22 @@ def fair_shares(remaining: list[int], capacity: int) -> list[int]:
     return shares
 
 
+def within_time(shares: list[int], remaining: list[int], capacity: int) -> list[int]:
+    """`fair_shares`'s `shares` with each big request's chunk cut so the batch holds at most `capacity` queries
+    (what the index searches in the time budget). Big: more left than `capacity`, or cut by the count already.
+    The requests taken whole are kept whole; the chunks get what they leave, oldest first, and at least half of
+    `capacity` (at least one query), so a big request keeps advancing under any load of small ones."""
+    big = [share and (left > capacity or share < left) for share, left in zip(shares, remaining)]
+    room = max(capacity - sum(share for share, is_big in zip(shares, big) if share and not is_big),
+               (capacity + 1) // 2)
+    cut = list(shares)
+    for i, is_big in enumerate(big):
+        if is_big:
+            cut[i] = max(0, min(shares[i], room))
+            room -= cut[i]
+    return cut
+
+
 @dataclass
 class _Batcher:
     """Gathers waiting requests into batches; one worker task per event loop, one index thread.
@@ -143,7 +202,17 @@ class _Batcher:
     max_wait_s: float
     batching: bool
     timeout_s: float | None = None
+    max_batch_s: float = 0.0
     stats: _Stats = field(default_factory=_Stats)
+    call_times: CallTimes = field(default_factory=CallTimes)
+
+    @property
+    def batch_capacity(self) -> int:
+        """Most queries of a batch that holds a big request's chunk: ``max_batch_queries``, and with
+        ``max_batch_s`` no more than the index searches in that long (`CallTimes`)."""
+        if self.max_batch_s <= 0:
+            return self.max_batch_queries
+        return self.call_times.queries_within(self.max_batch_s, self.max_batch_queries)
 
     def __post_init__(self):
         self._waiting: collections.deque[_Pending] = collections.deque()
@@ -258,11 +327,11 @@ class _Batcher:
             self._forget(pending)
         if not self._waiting:
             return []
+        remaining = [p.remaining for p in self._waiting]
         if not self.batching:
-            head = self._waiting[0]
-            shares = [min(head.remaining, self.max_batch_queries)] + [0] * (len(self._waiting) - 1)
+            shares = [min(remaining[0], self.batch_capacity)] + [0] * (len(remaining) - 1)
         else:
-            shares = fair_shares([p.remaining for p in self._waiting], self.max_batch_queries)
+            shares = within_time(fair_shares(remaining, self.max_batch_queries), remaining, self.batch_capacity)
         batch, kept = [], collections.deque()
         for pending, share in zip(self._waiting, shares):
             if share:
@@ -331,8 +400,10 @@ class _Batcher:
         self.stats.index_calls += 1
         self.stats.largest_batch_queries = max(self.stats.largest_batch_queries, len(queries))
         self.stats.largest_batch_requests = max(self.stats.largest_batch_requests, len(chunks))
+        started = time.perf_counter()
         results = await asyncio.get_running_loop().run_in_executor(
             self._executor, index.retrieve, queries, topk, questions, histories)
+        self.call_times.add(len(queries), time.perf_counter() - started)
         if len(results) != len(queries):
             raise RuntimeError(f"the index returned {len(results)} result lists for {len(queries)} queries")
         return results

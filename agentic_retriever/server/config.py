@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 
 from ..client import RetrievalConfig
 from .schema import (
-    DEFAULT_MAX_QUERIES_PER_REQUEST, DEFAULT_MAX_QUERY_CHARS, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_WAIT_MS,
+    DEFAULT_MAX_QUERIES_PER_REQUEST, DEFAULT_MAX_QUERY_CHARS, DEFAULT_MAX_BATCH_MS, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_WAIT_MS,
     DEFAULT_REQUEST_TIMEOUT_S,
 )
 
@@ -24,11 +24,14 @@ class ServeConfig:
     port: int = field(default=8000, metadata={"help": "port to listen on"})
     batching: bool = field(default=True, metadata={"help": "gather concurrent requests into one search"})
     max_batch_queries: int = field(default=256, metadata={"help": "most queries gathered into one search"})
+    max_batch_ms: float = field(default=DEFAULT_MAX_BATCH_MS, metadata={
+        "help": "most index time one search may take, timed on the recent searches (a small request waits for about "
+                "this much of a big one's work); 0: max_batch_queries alone"})
     max_wait_ms: float = field(default=DEFAULT_MAX_WAIT_MS, metadata={
         "help": "extra window a batch stays open for more requests after its first (0: search as soon as the index "
                 "is free; requests arriving meanwhile form the next batch)"})
     max_queries_per_request: int = field(default=DEFAULT_MAX_QUERIES_PER_REQUEST, metadata={
-        "help": "most queries in one request (more: 413); big requests are searched in chunks of max_batch_queries"})
+        "help": "most queries in one request (more: 413); big requests are searched in chunks (max_batch_queries, max_batch_ms)"})
     max_query_chars: int = field(default=DEFAULT_MAX_QUERY_CHARS, metadata={
         "help": "most characters in one query, question or history (more: 413)"})
     max_request_bytes: int = field(default=DEFAULT_MAX_REQUEST_BYTES, metadata={

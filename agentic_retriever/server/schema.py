@@ -25,6 +25,9 @@ DEFAULT_REQUEST_TIMEOUT_S = 120.0
 DEFAULT_MAX_REQUEST_BYTES = 128 * 1024 * 1024
 #: No fixed batching window: a batch gathers the requests that arrived while the index searched the one before.
 DEFAULT_MAX_WAIT_MS = 0.0
+#: Most index time one batch may take (`batcher.CallTimes`): a small request beside a big one waits for about this
+#: much of the big one's work before its own batch.
+DEFAULT_MAX_BATCH_MS = 100.0
 
 
 class RetrieveRequest(BaseModel):

@@ -4,6 +4,7 @@ limits (413) and the time bound (504), and results that do not depend on batch-m
 from __future__ import annotations
 
 import threading
+import time
 
 import httpx
 import pytest
@@ -12,7 +13,7 @@ from fastapi.testclient import TestClient
 from agentic_retriever.encoder import EncoderConfig
 from agentic_retriever.index import DenseParams, IndexBuildConfig, build_index, open_index
 from agentic_retriever.server import ServerThread, create_app
-from agentic_retriever.server.batcher import fair_shares
+from agentic_retriever.server.batcher import CallTimes, fair_shares, within_time
 from tests.fakes import (
     WORDS, CountingRetrieve, post_in_thread, result_ids, result_scores, synthetic_rows, wait_until, write_jsonl,
 )
@@ -32,6 +33,65 @@ def test_fair_shares_take_small_requests_whole_and_the_rest_oldest_first():
         shares = fair_shares(remaining, 256)
         assert sum(shares) == min(256, sum(remaining))
         assert all(0 <= s <= r for s, r in zip(shares, remaining))
+
+
+def test_call_times_fit_the_index_cost_and_size_a_batch_to_a_time_budget():
+    times = CallTimes()
+    assert times.fit() is None and times.queries_within(0.1, 256) == 256, "nothing timed yet: the count alone"
+    times.add(10, 0.025)
+    assert times.queries_within(0.1, 256) == 40, "one size: its seconds per query, the fixed cost included"
+    intercept, slope = 2 / 1024, 1 / 1024
+    for n in (1, 50, 200, 10):
+        times.add(n, intercept + slope * n)
+    times.calls.popleft()  # the first call, off the line
+    assert times.fit() == pytest.approx((intercept, slope))
+    assert times.queries_within(0.1, 256) == 100  # (0.1 - 2/1024) * 1024 = 100.4
+    assert times.queries_within(0.001, 256) == 1 and times.queries_within(10.0, 256) == 256
+
+
+def test_the_time_budget_cuts_big_chunks_and_never_a_small_request():
+    remaining = [1, 10_000, 3]
+    assert within_time(fair_shares(remaining, 256), remaining, 20) == [1, 16, 3], "the chunk gets what is left"
+    assert within_time([1] * 64, [1] * 64, 20) == [1] * 64, "64 one-query requests still share one batch"
+    assert within_time([5, 5], [5, 5], 4) == [4, 0], "two big ones: the oldest first"
+    assert within_time([3, 5], [3, 100], 3) == [3, 2], "small ones fill the budget: the big one still gets half"
+    assert within_time([1] * 30 + [200], [1] * 30 + [10_000], 21) == [1] * 30 + [11]
+    assert within_time([30, 2], [30, 2], 20) == [18, 2]
+    assert within_time([255, 1], [10_000, 1], 256) == [255, 1], "within the budget: fair_shares unchanged"
+
+
+class SlowRetrieve(CountingRetrieve):
+    """An index call that takes 2 ms plus `per_query` seconds a query, as an encoder does."""
+
+    def __init__(self, index, per_query: float):
+        super().__init__(index)
+        self.per_query = per_query
+
+    def __call__(self, queries, k, questions=None, histories=None):
+        time.sleep(0.002 + self.per_query * len(queries))
+        return super().__call__(queries, k, questions, histories)
+
+
+@pytest.mark.parametrize("max_batch_ms", [30.0, 0.0])
+def test_a_big_request_is_searched_in_chunks_of_the_time_budget(bm25, monkeypatch, max_batch_ms):
+    """With max_batch_ms, once the service has timed its index the chunks hold what it searches in that long (1 ms a
+    query: about 28 in 30 ms), not max_batch_queries (256: a quarter of a second here, seconds on a slow CPU); with
+    0 the count alone."""
+    counter = SlowRetrieve(bm25, per_query=0.001)
+    monkeypatch.setattr(bm25, "retrieve", counter)
+    queries = [QUERIES[i % len(QUERIES)] for i in range(600)]
+    app = create_app(bm25, max_batch_queries=256, max_queries_per_request=1000, max_batch_ms=max_batch_ms)
+    with TestClient(app) as client:
+        answer = client.post("/retrieve", json={"queries": queries, "topk": 3})
+        health = client.get("/health").json()
+    assert answer.status_code == 200 and len(answer.json()["result"]) == 600
+    sizes = [len(call) for call in counter.calls]
+    assert sizes[0] == 256, "the first call, before any timing, takes the count"
+    if max_batch_ms:
+        assert all(10 <= size <= 30 for size in sizes[1:-1]), sizes  # sleep() overshoots: never over the budget
+        assert health["max_batch_ms"] == max_batch_ms and 10 <= health["batch_capacity"] <= 30
+    else:
+        assert sizes == [256, 256, 88] and health["batch_capacity"] == 256
 
 
 @pytest.mark.parametrize("batching, bigs, small_call", [(True, 1, 1), (True, 2, 1), (False, 1, 1), (False, 2, 2)])
@@ -167,7 +227,7 @@ def test_results_do_not_depend_on_batch_mates_with_a_larger_topk(tie_prone_index
     hold = threading.Event()
     counter = CountingRetrieve(index, hold_first=hold)
     monkeypatch.setattr(index, "retrieve", counter)
-    app = create_app(index, max_wait_ms=0)
+    app = create_app(index, max_wait_ms=0, max_batch_ms=0)  # the held plug would time the index as slow
     bodies = {"plug": {"queries": ["plug"], "topk": 3}, "mine": mine,
               "mates50": {"queries": queries, "topk": 50}, "mates300": {"queries": queries[::-1], "topk": 300}}
     responses, finished, threads = {}, [], []
