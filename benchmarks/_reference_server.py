@@ -10,7 +10,10 @@ encoder weights as the contender (on the same device, in the same precision), so
 passages; only the serving differs. It is written
 here from that design, not copied; the real server can be measured as it is with ``--peer-url``.
 
-Not a benchmark itself (run_all.py only runs ``bench_*.py``).
+Not a benchmark itself (run_all.py only runs ``bench_*.py``). Run as a script it serves an index folder in a
+process of its own (``bench_service.py --servers process``):
+
+    python benchmarks/_reference_server.py --index DIR --port 8001
 """
 
 from __future__ import annotations
@@ -80,3 +83,24 @@ def create_reference_app(index: DenseIndex, default_topk: int = 3):
         return {"status": "ok"}
 
     return app
+
+
+def main() -> None:
+    import argparse
+
+    import uvicorn
+
+    from agentic_retriever.index import open_index
+
+    parser = argparse.ArgumentParser(description="the per-request reference server over an index folder")
+    parser.add_argument("--index", required=True, help="a dense index folder")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8001)
+    parser.add_argument("--topk", type=int, default=3, help="passages when a request names none")
+    args = parser.parse_args()
+    uvicorn.run(create_reference_app(open_index(args.index), default_topk=args.topk), host=args.host, port=args.port,
+                workers=1)
+
+
+if __name__ == "__main__":
+    main()
