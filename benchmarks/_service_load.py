@@ -57,9 +57,21 @@ class RawConnection:
         status = int(lines[0].split()[1])
         self.headers = {name.strip().lower().decode("latin-1"): value.strip().decode("latin-1")
                         for name, _, value in (line.partition(b":") for line in lines[1:] if line)}
+        if self.headers.get("transfer-encoding", "").lower() == "chunked":  # a streamed answer
+            return status, await self._chunked_body()
         if "content-length" not in self.headers:
-            raise RuntimeError(f"response without Content-Length: {head[:200]!r}")
+            raise RuntimeError(f"response without Content-Length or chunked encoding: {head[:200]!r}")
         return status, await self.reader.readexactly(int(self.headers["content-length"]))
+
+    async def _chunked_body(self) -> bytes:
+        """A chunked body (RFC 9112, section 7.1): hex size lines and their data, up to the zero-size chunk."""
+        parts = []
+        while size := int((await self.reader.readuntil(b"\r\n")).split(b";")[0], 16):
+            parts.append(await self.reader.readexactly(size))
+            await self.reader.readexactly(2)
+        while await self.reader.readuntil(b"\r\n") != b"\r\n":  # trailer fields, then the empty line
+            pass
+        return b"".join(parts)
 
     async def close(self) -> None:
         if self.writer is not None:

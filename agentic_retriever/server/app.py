@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 from starlette.types import Receive
 
@@ -35,9 +35,10 @@ from .auth import admin_refusal, resolve_admin_token
 from .batcher import RequestTimeout, _Batcher
 from .body_limit import BodySizeLimit
 from .schema import (
-    DEFAULT_MAX_QUERIES_PER_REQUEST, DEFAULT_MAX_QUERY_CHARS, DEFAULT_MAX_BATCH_MS, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_WAIT_MS,
-    DEFAULT_REQUEST_TIMEOUT_S, RetrieveRequest, SwapRequest,
-    _readable_errors, _render, limit_violation,
+    DEFAULT_MAX_BATCH_MS, DEFAULT_MAX_QUERIES_PER_REQUEST, DEFAULT_MAX_QUERY_CHARS, DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_MAX_WAIT_MS,
+    DEFAULT_REQUEST_TIMEOUT_S, RENDER_PIECE_ROWS, RetrieveRequest, SwapRequest,
+    _readable_errors, _render, limit_violation, render_answer,
 )
 from .slot import IndexSlot, SwapRefused
 
@@ -91,8 +92,9 @@ def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: fl
     """The FastAPI application serving `index` (see the `agentic_retriever.server` docstring for the API).
 
     `max_batch_queries` bounds one batch, and so the chunks a big request is searched in; `max_batch_ms` > 0 bounds
-    it by time too (no more queries than the recent index calls say fit in that long; 0: by count only). A batch is searched as
-    soon as the index is free and gathers the requests that arrived while it was busy; `max_wait_ms` > 0 also
+    it by time too (no more queries than the recent index calls say fit in that long; 0: by count only). An answer
+    of more than `RENDER_PIECE_ROWS` rows is streamed in pieces, the other requests served in between. A batch is
+    searched as soon as the index is free and gathers the requests that arrived while it was busy; `max_wait_ms` > 0 also
     holds a batch open that long after its first request arrived (bigger batches for a GPU encoder, at a cost in
     latency to a lone client). A request whose body is larger than `max_request_bytes` gets a 413 before it is
     parsed (a ``Content-Length`` over it at once, a chunked body as soon as it passes it); one with more
@@ -170,8 +172,11 @@ def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: fl
             log.warning("retrieval failed for a request of %d queries: %s", len(request.queries), error)
             return JSONResponse(status_code=500,
                                 content={"detail": f"retrieval failed: {type(error).__name__}: {error}"})
-        return JSONResponse({"result": [_render(rows, request.return_scores) for rows in results]},
-                            headers={GENERATION_HEADER: str(generation)})
+        headers = {GENERATION_HEADER: str(generation)}
+        if len(results) > RENDER_PIECE_ROWS:  # rendered piece by piece, other requests served in between
+            return StreamingResponse(render_answer(results, request.return_scores), media_type="application/json",
+                                     headers=headers)
+        return JSONResponse({"result": [_render(rows, request.return_scores) for rows in results]}, headers=headers)
 
     @app.post("/admin/swap-index")
     async def swap_index(request: Request) -> JSONResponse:

@@ -7,7 +7,8 @@ from typing import ClassVar, Literal
 
 from ..client import RetrievalConfig
 from .schema import (
-    DEFAULT_MAX_QUERIES_PER_REQUEST, DEFAULT_MAX_QUERY_CHARS, DEFAULT_MAX_BATCH_MS, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_WAIT_MS,
+    DEFAULT_MAX_BATCH_MS, DEFAULT_MAX_QUERIES_PER_REQUEST, DEFAULT_MAX_QUERY_CHARS, DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_MAX_WAIT_MS,
     DEFAULT_REQUEST_TIMEOUT_S,
 )
 
@@ -31,7 +32,8 @@ class ServeConfig:
         "help": "extra window a batch stays open for more requests after its first (0: search as soon as the index "
                 "is free; requests arriving meanwhile form the next batch)"})
     max_queries_per_request: int = field(default=DEFAULT_MAX_QUERIES_PER_REQUEST, metadata={
-        "help": "most queries in one request (more: 413); big requests are searched in chunks (max_batch_queries, max_batch_ms)"})
+        "help": "most queries in one request (more: 413); big requests are searched in chunks "
+                "(max_batch_queries, max_batch_ms)"})
     max_query_chars: int = field(default=DEFAULT_MAX_QUERY_CHARS, metadata={
         "help": "most characters in one query, question or history (more: 413)"})
     max_request_bytes: int = field(default=DEFAULT_MAX_REQUEST_BYTES, metadata={

@@ -247,3 +247,25 @@ def test_results_do_not_depend_on_batch_mates_with_a_larger_topk(tie_prone_index
     assert result_ids(batched) == result_ids(alone)
     assert result_scores(batched) == result_scores(alone)
     assert all(len(hits) == 3 for hits in batched)
+
+
+def test_a_big_answer_is_streamed_in_pieces_with_the_bytes_of_one_json_response(bm25):
+    """Over RENDER_PIECE_ROWS rows the answer is rendered piece by piece (the event loop serves others in between);
+    the body parses to what rendering it whole gives, with scores and without."""
+    from agentic_retriever.server.schema import RENDER_PIECE_ROWS
+
+    queries = [QUERIES[i % len(QUERIES)] for i in range(RENDER_PIECE_ROWS * 2 + 7)]
+    expected = bm25.search(queries, 3).ids
+    with ServerThread(create_app(bm25, max_queries_per_request=len(queries))) as url:
+        for scores in (True, False):
+            with httpx.Client(timeout=60) as http, http.stream(
+                    "POST", f"{url}/retrieve", json={"queries": queries, "topk": 3, "return_scores": scores}) as big:
+                pieces = list(big.iter_raw())
+                headers = big.headers
+            body = b"".join(pieces)
+            assert big.status_code == 200 and "content-length" not in headers and headers["x-index-generation"] == "0"
+            result = httpx.Response(200, content=body).json()["result"]
+            assert [[(hit["document"] if scores else hit)["id"] for hit in hits] for hits in result] == expected
+            small = httpx.post(f"{url}/retrieve", json={"queries": queries[:3], "topk": 3, "return_scores": scores})
+            assert "content-length" in small.headers, "a small answer is one JSON response, as before"
+            assert result[:3] == small.json()["result"]
