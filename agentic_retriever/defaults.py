@@ -13,7 +13,7 @@ import os
 import shutil
 from pathlib import Path
 
-from .jsonl import temp_folder_beside
+from .jsonl import give_new_file_modes, temp_folder_beside
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +102,7 @@ def smollm2_hf_dir() -> Path:
     building = temp_folder_beside(target)  # mode 0777 less the umask (mkdtemp would leave it 0700)
     try:
         _convert_gguf(gguf, building)
+        give_new_file_modes(building)  # safetensors leaves the weights 0600
         try:
             os.rename(building, target)
         except OSError:

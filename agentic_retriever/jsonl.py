@@ -11,6 +11,8 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
+import stat
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -94,6 +96,31 @@ def temp_folder_beside(path: str | os.PathLike) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     folder, _ = _create_beside(path, lambda candidate: os.mkdir(candidate, 0o777))
     return folder
+
+
+def give_new_file_modes(folder: str | os.PathLike) -> None:
+    """Give every file under `folder` the mode a new file from ``open()`` gets (0666 less the umask, read from a
+    probe file so the process umask is never changed): some writers leave theirs 0600 (safetensors' model files),
+    which other users of a shared cache or run folder could not read."""
+    folder = Path(folder)
+    probe, fd = _create_beside(folder / "mode", lambda candidate: os.open(candidate, _FILE_FLAGS, 0o666))
+    os.close(fd)
+    mode = stat.S_IMODE(os.stat(probe).st_mode)
+    os.unlink(probe)
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            os.chmod(path, mode)
+
+
+def replace_folder(building: str | os.PathLike, out: str | os.PathLike) -> Path:
+    """Put the filled folder `building` (beside `out`) in the place of `out`: its files get new-file modes
+    (`give_new_file_modes`), then `out`, if any, is removed and `building` renamed to it."""
+    building, out = Path(building), Path(out)
+    give_new_file_modes(building)
+    if out.exists():
+        shutil.rmtree(out)
+    building.rename(out)
+    return out
 
 
 @contextlib.contextmanager

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -154,6 +155,12 @@ def test_index_swap_moves_a_running_service_and_a_refusal_is_an_error_not_a_trac
         assert "give the service's admin token" in capsys.readouterr().err
 
 
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def test_retriever_export_turns_a_checkpoint_into_the_drop_in_folder(tmp_path, tiny_model_dir, capsys):
     from sentence_transformers import SentenceTransformer
 
@@ -167,6 +174,8 @@ def test_retriever_export_turns_a_checkpoint_into_the_drop_in_folder(tmp_path, t
     assert (settings["composition"], settings["query_prefix"]) == ("question_sep_query", "query: ")
     manifest = json.loads((out / "train_manifest.json").read_text())
     assert manifest["updates"] == 4 and manifest["exported_from"].endswith("checkpoint-4")
+    new_file_mode = 0o666 & ~_current_umask()  # safetensors writes its weights 0600; the export gives what open() does
+    assert {oct(p.stat().st_mode & 0o777) for p in out.rglob("*") if p.is_file()} == {oct(new_file_mode)}
     card = (out / "README.md").read_text()
     assert "not recorded (exported from a checkpoint)" in card
     model = SentenceTransformer(str(out), device="cpu")

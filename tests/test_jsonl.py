@@ -9,8 +9,8 @@ import stat
 
 import pytest
 
-from agentic_retriever.jsonl import (DataFormatError, atomic_write, iter_jsonl, read_json, temp_folder_beside,
-                                     write_json, write_jsonl)
+from agentic_retriever.jsonl import (DataFormatError, atomic_write, iter_jsonl, read_json, replace_folder,
+                                     temp_folder_beside, write_json, write_jsonl)
 
 
 @contextlib.contextmanager
@@ -73,6 +73,25 @@ def test_a_failed_atomic_write_leaves_the_old_file_and_no_temporary(tmp_path):
         raise RuntimeError("interrupted")
     assert read_json(target) == {"old": True}
     assert [p.name for p in tmp_path.iterdir()] == ["report.json"]
+
+
+@pytest.mark.parametrize(("mask", "file_mode", "folder_mode"), UMASKS, ids=lambda v: f"{v:04o}")
+def test_a_replaced_folder_gets_new_file_modes_whatever_its_writers_left(tmp_path, mask, file_mode, folder_mode):
+    out = tmp_path / "model"
+    out.mkdir()
+    (out / "old.bin").write_bytes(b"old")
+    with umask(mask):
+        building = temp_folder_beside(out)
+        (building / "nested").mkdir()
+        for name in ("model.safetensors", "nested/config.json"):
+            (building / name).write_text("x")
+            os.chmod(building / name, 0o600)  # as safetensors leaves its weights
+        assert replace_folder(building, out) == out
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == ["model.safetensors", "nested",
+                                                                       "nested/config.json"]
+    assert mode(out / "model.safetensors") == mode(out / "nested" / "config.json") == file_mode
+    assert mode(out) == folder_mode and not building.exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["model"], "no probe or building folder left"
 
 
 @pytest.mark.parametrize("mask", [0o022, 0o077], ids=["umask-022", "umask-077"])

@@ -48,6 +48,7 @@ from tqdm.auto import tqdm
 
 from agentic_retriever.client import RetrievalClient
 from agentic_retriever.curves import ScalarLogger, resolve_report_to, write_training_curves
+from agentic_retriever.jsonl import replace_folder
 from agentic_retriever.llm import LLM
 from agentic_retriever.llm.device import resolve_device
 from agentic_retriever.llm.transformers import TransformersLLM
@@ -393,7 +394,6 @@ class RLTrainer:
         manifest = {"settings": dataclasses.asdict(self.config), "steps": self.state.step,
                     "questions_seen": self.state.cursor, "question_filters": self.question_filters, "last_step": last}
         (tmp / "rl_manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
+        replace_folder(tmp, final)
         log.info("wrote the trained policy to %s (%d steps)", final, self.state.step)
         return final

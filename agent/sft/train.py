@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agentic_retriever.curves import hf_reporting, resolve_report_to, train_resuming, write_training_curves
-from agentic_retriever.jsonl import DataFormatError, atomic_write, iter_jsonl, require_field
+from agentic_retriever.jsonl import DataFormatError, atomic_write, iter_jsonl, replace_folder, require_field
 from agentic_retriever.llm import LLMConfig
 
 __all__ = ["IGNORE_INDEX", "SFTConfig", "SFTExample", "data_fingerprint", "read_sft_examples", "tokenize_example",
@@ -233,9 +233,7 @@ def train_sft(config: SFTConfig, agent: LLMConfig, examples: Sequence[SFTExample
     tokenizer.save_pretrained(tmp)
     (tmp / "sft_manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
     write_training_curves(trainer.state.log_history, tmp, "agent SFT (loss on generated tokens only)")
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
+    replace_folder(tmp, out)
     shutil.rmtree(checkpoints, ignore_errors=True)
     log.info("wrote the fine-tuned agent to %s (%d updates, train loss %.4f)", out, trainer.state.global_step,
              result.training_loss)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..encoder import SEPARATOR, SETTINGS_FILE, Encoder, EncoderConfig, EncoderSettings, save_model_settings
-from ..jsonl import read_json, write_json
+from ..jsonl import read_json, replace_folder, write_json
 
 __all__ = ["MANIFEST_FILE", "RetrieverExportConfig", "export_checkpoint", "model_card", "push_folder_to_hub",
            "save_trained_encoder"]
@@ -57,10 +57,7 @@ def save_trained_encoder(model, settings: EncoderSettings, out: str | Path, mani
     (tmp / "README.md").write_text(model_card(settings, manifest, model_id), encoding="utf-8")
     if extras is not None:
         extras(tmp)
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
-    return out
+    return replace_folder(tmp, out)
 
 
 @dataclass

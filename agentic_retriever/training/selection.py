@@ -41,7 +41,7 @@ import numpy as np
 
 from ..eval.retrieval import (composition_questions, keys_in_corpus, load_judged_questions, mrr_at_k, ndcg_at_k,
                               recall_at_k)
-from ..jsonl import read_json, write_json
+from ..jsonl import read_json, replace_folder, write_json
 from .config import SELECT_METRIC_PATTERN
 
 __all__ = ["HeldOutPool", "SelectionRecord", "build_heldout_pool", "evaluate_on_pool", "heldout_callback",
@@ -167,8 +167,7 @@ class SelectionRecord:
             tmp = self.folder / f".selected-{name}.tmp"
             shutil.rmtree(tmp, ignore_errors=True)
             model.save(str(tmp), create_model_card=False)
-            shutil.rmtree(self.weights_of(name), ignore_errors=True)
-            tmp.rename(self.weights_of(name))
+            replace_folder(tmp, self.weights_of(name))
         self.per_checkpoint[name], self.steps[name] = score, step
         previous, self.best = self.best, (name if better else self.best)
         self.folder.mkdir(parents=True, exist_ok=True)
