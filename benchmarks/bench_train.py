@@ -3,9 +3,10 @@
 1. Throughput: `train_retriever` (our data reading, Eq. 5 loss with the in-batch accuracy, curves, export)
    against a plain `SentenceTransformerTrainer` + `MultipleNegativesRankingLoss` with the same model, data,
    batch, temperature and number of updates. Each run is its own process (so its peak memory is its own),
-   after one short unmeasured warm-up run, alternating ours / plain (the order reversed every round). Reported: queries/s of the training loop (the
-   trainer's own ``train_runtime``), peak RSS and peak CUDA memory. Target: ours / plain >= 0.95x. `--profile`
-   adds one run of each under `torch.profiler`: where the time goes, operator by operator.
+   after one short unmeasured warm-up run, alternating ours / plain (the order reversed every round). Reported:
+   queries/s of the training loop (the trainer's own ``train_runtime``), peak RSS and peak CUDA memory. Target:
+   ours / plain >= 0.95x. `--profile` adds one run of each under `torch.profiler`: where the time goes, operator
+   by operator.
 2. Memory of one update at growing global batches with and without the cached loss: the largest batch under
    ``--budget-mib`` of peak RSS growth for each.
 
