@@ -160,14 +160,15 @@ def _our_app(index: SearchIndex, batching: bool):
 def _contenders(index: SearchIndex, index_dir: str, args) -> dict[str, object]:
     """name -> an app to serve in a thread of this process, a `ServerProcess` (``--servers process``), or the URL
     of a running server."""
+    peer_url = args.peer_url.rstrip("/") if args.peer_url else None
     if args.servers == "process":
-        peer = ServerProcess([sys.executable, str(Path(__file__).with_name("_reference_server.py")), "--index",
-                              index_dir, "--topk", str(args.topk)], "peer")
-        return {"peer": args.peer_url.rstrip("/") if args.peer_url else peer,
+        reference = [sys.executable, str(Path(__file__).with_name("_reference_server.py")), "--index", index_dir,
+                     "--topk", str(args.topk)]
+        return {"peer": peer_url or ServerProcess(reference, "peer"),
                 "ours": ServerProcess(our_server(index_dir), "ours"),
                 "ours, batching off": ServerProcess(our_server(index_dir, batching=False), "ours, batching off")}
-    peer = args.peer_url.rstrip("/") if args.peer_url else create_reference_app(index, default_topk=args.topk)
-    return {"peer": peer, "ours": _our_app(index, batching=True), "ours, batching off": _our_app(index, batching=False)}
+    return {"peer": peer_url or create_reference_app(index, default_topk=args.topk),
+            "ours": _our_app(index, batching=True), "ours, batching off": _our_app(index, batching=False)}
 
 
 def _start(stack: contextlib.ExitStack, target) -> tuple[str, ServerProcess | None]:
@@ -376,7 +377,7 @@ def run_fairness(index: SearchIndex, index_dir: str, rng: random.Random, args) -
                     "max_queries_per_request": max(args.big_queries, DEFAULT_MAX_QUERIES_PER_REQUEST)}
         if args.servers == "process":
             return ServerProcess(our_server(index_dir, **settings), f"ours (max_batch_queries {max_batch_queries})")
-        return ServerThread(create_app(index, **settings))
+        return create_app(index, **settings)
 
     print(f"fairness: {args.probe_clients} probe clients sending requests of 1 query (topk {args.topk}) back to back: "
           f"{args.probes} each alone, and for as long as one request of {args.big_queries} queries is unanswered; "
@@ -390,11 +391,8 @@ def run_fairness(index: SearchIndex, index_dir: str, rng: random.Random, args) -
     rounds: dict[str, list[dict]] = {name: [] for name, _, _ in modes}
     with contextlib.ExitStack() as stack:
         calls = stack.enter_context(_CallLog(index)) if args.servers == "thread" else None
-        urls = {}
-        for name, server in (("chunked", app(args.max_batch_queries, args.max_batch_ms)),
-                             ("unchunked", app(max(args.big_queries, args.max_batch_queries), 0))):
-            entered = stack.enter_context(server)
-            urls[name] = entered if isinstance(entered, str) else entered.url
+        urls = {"chunked": _start(stack, app(args.max_batch_queries, args.max_batch_ms))[0],
+                "unchunked": _start(stack, app(max(args.big_queries, args.max_batch_queries), 0))[0]}
         chunked = urls["chunked"]
         for url in urls.values():
             with httpx.Client(base_url=url, timeout=60) as http:  # warm-up, not measured

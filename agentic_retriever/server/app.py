@@ -94,8 +94,8 @@ def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: fl
     `max_batch_queries` bounds one batch, and so the chunks a big request is searched in; `max_batch_ms` > 0 bounds
     it by time too (no more queries than the recent index calls say fit in that long; 0: by count only). An answer
     of more than `RENDER_PIECE_ROWS` rows is streamed in pieces, the other requests served in between. A batch is
-    searched as soon as the index is free and gathers the requests that arrived while it was busy; `max_wait_ms` > 0 also
-    holds a batch open that long after its first request arrived (bigger batches for a GPU encoder, at a cost in
+    searched as soon as the index is free and gathers the requests that arrived while it was busy; `max_wait_ms` > 0
+    also holds a batch open that long after its first request arrived (bigger batches for a GPU encoder, at a cost in
     latency to a lone client). A request whose body is larger than `max_request_bytes` gets a 413 before it is
     parsed (a ``Content-Length`` over it at once, a chunked body as soon as it passes it); one with more
     than `max_queries_per_request` queries, or a query, question or history longer than `max_query_chars`

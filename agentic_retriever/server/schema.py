@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-
 from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
