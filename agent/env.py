@@ -59,10 +59,10 @@ from agentic_retriever.llm.base import LLM, Generation, SamplingParams, generate
 from agentic_retriever.llm.text import render_chat_prompt
 
 from .dialects import Action, Dialect, DocumentTracker, SelectedDocuments, get_dialect
-from .trajectory import FinishReason, Retrieved, Trajectory, Turn
+from .trajectory import FinishReason, Retrieved, Trajectory, Turn, trajectory_id
 
 __all__ = ["EnvConfig", "Environment", "Episode", "Prefix", "Rollout", "Segment", "Trajectory", "cut_to_tokens",
-           "get_dialect", "retrieve_checked", "rollout"]
+           "get_dialect", "retrieve_checked", "rollout", "trajectory_id"]
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from agentic_retriever.llm.base import LLM
 
 from .env import EnvConfig, Rollout, rollout
 from .qa_data import QARow, as_qa_rows, read_qa_rows
-from .trajectory import Trajectory, TrajectoryWriter
+from .trajectory import Trajectory, TrajectoryWriter, trajectory_id
 
 __all__ = ["RolloutConfig", "RolloutRunSummary", "make_trajectory", "run_rollout_job", "run_rollouts"]
 
@@ -38,7 +38,9 @@ class RolloutConfig:
     out: str = field(default="", metadata={"help": "trajectory file (JSONL; a rerun completes it)",
                                            "derive": "{workdir}/agent/trajectories.jsonl"})
     limit: int | None = field(default=None, metadata={"help": "only the first N questions"})
-    batch_size: int = field(default=16, metadata={"help": "questions advanced together per rollout call"})
+    batch_size: int = field(default=16, metadata={"help": "trajectories advanced together per rollout call"})
+    samples: int = field(default=1, metadata={
+        "help": "trajectories per question (more than 1 needs env.temperature > 0; each is a `sample`)"})
     agent: LLMConfig = field(default_factory=LLMConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
 
@@ -47,13 +49,14 @@ class RolloutConfig:
 class RolloutRunSummary:
     out_path: str
     questions: int
-    skipped: int  # already in the file from an earlier run
-    written: int
+    skipped: int  # trajectories already in the file from an earlier run
+    written: int  # trajectories written now
 
 
-def make_trajectory(row: QARow, result: Rollout, config: EnvConfig, model: str, retriever: str) -> Trajectory:
+def make_trajectory(row: QARow, result: Rollout, config: EnvConfig, model: str, retriever: str, sample: int = 0
+                    ) -> Trajectory:
     """A finished rollout as a trajectory record, with its answer scored against the golden answers (and, for s3,
-    its selected documents D_s3 and their counters)."""
+    its selected documents D_s3 and their counters); `sample` numbers a question's sampled trajectories."""
     scores = qa_scores(result.answer, list(row.golden_answers))
     return Trajectory(
         question_id=row.id, question=row.question, golden_answers=list(row.golden_answers), dialect=config.dialect,
@@ -61,36 +64,45 @@ def make_trajectory(row: QARow, result: Rollout, config: EnvConfig, model: str, 
         em=scores.em, f1=scores.f1, contains_em=scores.contains_em, finish_reason=result.finish_reason,
         prefix=result.prefix, prefix_turns=result.prefix_turns,
         token_ids=result.response_ids if config.store_token_ids else None,
-        mask=result.response_mask if config.store_token_ids else None, selection=result.selection,
+        mask=result.response_mask if config.store_token_ids else None, selection=result.selection, sample=sample,
     )
 
 
 def run_rollouts(qa_rows: Sequence[QARow | dict[str, Any]] | str | os.PathLike, llm: LLM, client: RetrievalClient,
                  config: EnvConfig, out_path: str | os.PathLike, batch_size: int = 64,
-                 retriever_id: str = "") -> RolloutRunSummary:
-    """Roll out every question not yet in `out_path`, `batch_size` questions per `rollout` call.
+                 retriever_id: str = "", samples: int = 1) -> RolloutRunSummary:
+    """Roll out `samples` trajectories of every question (sample 0 .. samples - 1) not yet in `out_path`,
+    `batch_size` trajectories per `rollout` call.
 
-    Resumable: questions already in the file are skipped, and each finished batch is appended durably
+    Several samples of a question are what mining reads as more rounds of it (the paper mines the agent's
+    trajectories; sampling at a temperature gives several per question), so they need `config.temperature` > 0.
+    Resumable: trajectories already in the file are skipped, and each finished batch is appended durably
     (`TrajectoryWriter`), so a rerun after a crash completes the file without duplicates.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    if samples < 1:
+        raise ValueError(f"samples must be at least 1, got {samples}")
+    if samples > 1 and config.temperature <= 0:
+        raise ValueError(f"{samples} samples per question need env.temperature > 0 (greedy decoding repeats one "
+                         "trajectory)")
     rows = as_qa_rows(qa_rows)
     repeated = [i for i, n in Counter(r.id for r in rows).items() if n > 1]
     if repeated:
         raise ValueError(f"QA rows repeat question ids: {', '.join(sorted(repeated)[:5])}")
     with TrajectoryWriter(out_path) as writer:
-        todo = [r for r in rows if r.id not in writer.done_ids]
-        skipped = len(rows) - len(todo)
+        wanted = [(row, sample) for row in rows for sample in range(samples)]
+        todo = [(row, sample) for row, sample in wanted if trajectory_id(row.id, sample) not in writer.done_ids]
+        skipped = len(wanted) - len(todo)
         if skipped:
-            log.info("%s already holds %d of %d questions; running the other %d", out_path, skipped, len(rows),
+            log.info("%s already holds %d of %d trajectories; running the other %d", out_path, skipped, len(wanted),
                      len(todo))
-        with tqdm(total=len(rows), initial=skipped, desc="agent rollouts", unit=" questions") as bar:
+        with tqdm(total=len(wanted), initial=skipped, desc="agent rollouts", unit=" trajectories") as bar:
             for start in range(0, len(todo), batch_size):
                 batch = todo[start:start + batch_size]
-                results = rollout([r.question for r in batch], llm, client, config)
-                writer.write([make_trajectory(row, result, config, llm.name, retriever_id)
-                              for row, result in zip(batch, results)])
+                results = rollout([row.question for row, _ in batch], llm, client, config)
+                writer.write([make_trajectory(row, result, config, llm.name, retriever_id, sample)
+                              for (row, sample), result in zip(batch, results)])
                 bar.update(len(batch))
     log.info("wrote %d trajectories to %s", len(todo), out_path)
     return RolloutRunSummary(str(out_path), len(rows), skipped, len(todo))
@@ -102,4 +114,5 @@ def run_rollout_job(config: RolloutConfig) -> RolloutRunSummary:
 
     rows = read_qa_rows(config.qa)[: config.limit]
     return run_rollouts(rows, load_llm(config.agent), open_client(config.retrieval), config.env, config.out,
-                        batch_size=config.batch_size, retriever_id=config.retrieval.index or config.retrieval.url)
+                        batch_size=config.batch_size, retriever_id=config.retrieval.index or config.retrieval.url,
+                        samples=config.samples)

@@ -164,7 +164,7 @@ def audit_mining(run_dir: str | os.PathLike, qa_path: str | os.PathLike | None,
         record, ids = _audit_round(rnd, evidence.get(rnd.question_id))
         per_round.append(record)
         evidence_ids.append(ids)
-    by_key = {(r.question_id, r.round_index): (r, ev) for r, ev in zip(rounds, evidence_ids)}
+    by_key = {r.key: (r, ev) for r, ev in zip(rounds, evidence_ids)}
     present = {s: any(c.signal(s) is not None for r in rounds for c in r.candidates) for s in SIGNALS}
     report = {
         "run_dir": str(run_dir), "qa": None if qa_path is None else str(qa_path),
@@ -258,11 +258,11 @@ def _false_negatives(rounds: list[AuditRound], evidence_ids: list[frozenset[str]
         return {"by_row": None, "by_candidate": by_candidate}
     counts = dict.fromkeys(("rows", "rows_without_round", "negatives", "negatives_not_in_round", "answer",
                             "judged_rows", "judged_negatives", "evidence", "rows_with_evidence_negative"), 0)
-    for qid, index, ids in rows:
-        if (qid, index) not in by_key:
+    for key, ids in rows:
+        if key not in by_key:
             counts["rows_without_round"] += 1
             continue
-        rnd, ev = by_key[(qid, index)]
+        rnd, ev = by_key[key]
         by_id = {c.id: c for c in rnd.candidates}
         negs = [by_id[p] for p in ids[1:] if p in by_id]
         counts["rows"] += 1

@@ -61,6 +61,13 @@ class AuditRound:
     status: str  # mined / dropped
     drop_reason: str | None
     candidates: tuple[AuditCandidate, ...]
+    sample: int = 0  # which of the question's sampled trajectories
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        """(question id, sample, round index): what a training row names its round by."""
+        return self.question_id, self.sample, self.round_index
+
 
 
 def _get(path, line: int, obj: dict, name: str, kind: type | tuple[type, ...], label: str | None = None):
@@ -109,7 +116,8 @@ def load_rounds(path: str | os.PathLike) -> list[AuditRound]:
             question_id=str(_get(path, line, row, "question_id", (str, int))),
             round_index=_get(path, line, row, "round_index", int), status=status,
             drop_reason=_get(path, line, row, "drop_reason", (str, _NONE)),
-            candidates=tuple(_candidate(path, line, c, i) for i, c in enumerate(candidates))))
+            candidates=tuple(_candidate(path, line, c, i) for i, c in enumerate(candidates)),
+            sample=_sample(path, line, row)))
     return rounds
 
 
@@ -125,11 +133,21 @@ def load_evidence_titles(qa_path: str | os.PathLike) -> dict[str, frozenset[str]
     return titles
 
 
-def load_rows(path: Path) -> list[tuple[str, int, list[str]]]:
-    """(query_id, round_index, passage_ids) of every training row."""
+def _sample(path, line: int, row: dict) -> int:
+    """The optional ``sample`` of a round or row (0 when absent); a negative or non-integer one is an error."""
+    sample = row.get("sample", 0)
+    if isinstance(sample, bool) or not isinstance(sample, int) or sample < 0:
+        raise DataFormatError(path, line, f"expected an integer 0 or more, got {sample!r}", field="sample")
+    return sample
+
+
+def load_rows(path: Path) -> list[tuple[tuple[str, int, int], list[str]]]:
+    """((query_id, sample, round_index), passage_ids) of every training row: the key names its round
+    (`AuditRound.key`)."""
     rows = []
     for line, row in iter_jsonl(path):
         ids = require_field(path, line, row, "passage_ids", list)
-        rows.append((str(require_field(path, line, row, "query_id", (str, int))),
-                     require_field(path, line, row, "round_index", int), [str(p) for p in ids]))
+        key = (str(require_field(path, line, row, "query_id", (str, int))), _sample(path, line, row),
+               require_field(path, line, row, "round_index", int))
+        rows.append((key, [str(p) for p in ids]))
     return rows

@@ -10,6 +10,6 @@ internals. `tests/test_import_rules.py` enforces it (docs/architecture.md, "Impo
 
 from __future__ import annotations
 
-from agent.env import EnvConfig, Prefix, Trajectory, cut_to_tokens, get_dialect, rollout
+from agent.env import EnvConfig, Prefix, Trajectory, cut_to_tokens, get_dialect, rollout, trajectory_id
 
-__all__ = ["EnvConfig", "Prefix", "Trajectory", "cut_to_tokens", "get_dialect", "rollout"]
+__all__ = ["EnvConfig", "Prefix", "Trajectory", "cut_to_tokens", "get_dialect", "rollout", "trajectory_id"]

@@ -44,8 +44,9 @@ class MiningResult:
 
 def training_row(rnd: Round, dataset: str, passages: list[Candidate], gac_threshold: float) -> dict:
     """One training row in Agentic-R's released format (docs/data-formats.md, "Retriever training rows"), plus
-    each passage's graded GAC value (``gac``) for soft-label training."""
-    return {
+    each passage's graded GAC value (``gac``) for soft-label training, and the round's ``sample`` when it comes from
+    a question's sampled trajectory after the first."""
+    row = {
         "dataset": dataset, "query_id": rnd.question_id, "question": rnd.question, "round_index": rnd.round_index,
         "history_queries": list(rnd.history_queries), "query_text": rnd.query,
         "passage_ids": [c.passage_id for c in passages],
@@ -53,13 +54,14 @@ def training_row(rnd: Round, dataset: str, passages: list[Candidate], gac_thresh
                     "local_utility": None if c.lr is None else round(c.lr / 100, 4),
                     "gac": c.gac} for c in passages],
     }
+    return {**row, "sample": rnd.sample} if rnd.sample else row
 
 
 def round_record(rnd: Round, passages: list[dict], table: list[Candidate], gac_threshold: float | None,
                  roles: dict[str, str], drop_reason: str | None) -> dict:
     """One line of ``rounds.jsonl``: the round's candidate table with each candidate's role."""
     return {
-        "round_id": rnd.id, "question_id": rnd.question_id, "question": rnd.question,
+        "round_id": rnd.id, "question_id": rnd.question_id, "question": rnd.question, "sample": rnd.sample,
         "round_index": rnd.round_index, "query": rnd.query,
         "status": "dropped" if drop_reason else "mined", "drop_reason": drop_reason,
         "candidates": [{"id": c.passage_id, "title": p["title"], "rank": c.rank, "score": round(p["score"], 6),

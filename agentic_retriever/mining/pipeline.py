@@ -61,7 +61,7 @@ from ..client import RetrievalClient
 from ..eval.qa import contains_match
 from .candidates import passage_from_record, passage_record, retrieve_candidates
 from .config import MiningConfig
-from .environment import Trajectory
+from .environment import Trajectory, trajectory_id
 from .gac import GACRequest, answer_likelihood_gac, gac_value, rollout_gac
 from .local_relevance import ListwiseScorer, PointwiseLikelihoodScorer, RelevanceRequest, RetrieverScores
 from .outputs import MiningResult, round_record, run_info, training_row, write_outputs
@@ -185,17 +185,22 @@ class _Miner:
     def rounds(self, trajectories: Sequence[Trajectory]) -> list[Round]:
         config = self.config
         rollout_gac_on = self.selection.use_gac and config.gac_mode == "rollout"
-        out = []
+        out, states = [], set()
         for trajectory in trajectories:
             if rollout_gac_on and trajectory.dialect != config.env.dialect:
-                raise ValueError(f"trajectory {trajectory.question_id} was rolled out in dialect "
+                raise ValueError(f"trajectory {trajectory.id} was rolled out in dialect "
                                  f"{trajectory.dialect!r}, but GAC continues it with {config.env.dialect!r}")
             rounds, drops = extract_rounds(trajectory, config.round_index_limit,
                                            config.env.max_turns if rollout_gac_on else None)
             self.counters["rounds_in"] += len(rounds) + len(drops)
             for drop in drops:
                 self._drop(drop.round_id, drop.reason)
-            out.extend(rounds)
+            for rnd in rounds:  # another sample of the question made the same search after the same queries
+                if rnd.search_state in states:
+                    self._drop(rnd.id, "repeated_search")
+                else:
+                    states.add(rnd.search_state)
+                    out.append(rnd)
         if self.sub_questions is not None:
             out, counts = target_sub_questions(out, self.sub_questions)
             self.counters["gac_target"] = counts
@@ -231,19 +236,19 @@ class _Miner:
         if not (self.config.needs_scorer_llm and self.config.use_sub_answers):
             return {r.id: None for r in rounds}
         generator = SubAnswerGenerator(self.scorer, self.config.sub_answer_max_new_tokens)
-        wanted = {r.question_id for r in rounds}
+        wanted = {trajectory_id(r.question_id, r.sample) for r in rounds}
         items = []
         for trajectory in trajectories:
-            if trajectory.question_id in wanted:
+            if trajectory.id in wanted:
                 request = SubAnswerRequest(trajectory.question, tuple(trajectory.golden_answers),
                                            trajectory.response_text, len(search_queries(trajectory)))
-                items.append((self.sub_answers_key(trajectory, generator), (trajectory.question_id, request)))
+                items.append((self.sub_answers_key(trajectory, generator), (trajectory.id, request)))
         self._run_stage("sub_answers", items, self.config.scorer_batch_prompts,
                         lambda batch: generator.generate([request for _, request in batch]), self.scorer)
         answers: dict[str, list[str | None]] = {}
-        for key, (question_id, _) in items:
-            answers[question_id] = self.stores["sub_answers"].get(key)["answers"]
-        return {r.id: answers[r.question_id][r.round_index - 1] for r in rounds}
+        for key, (trajectory, _) in items:
+            answers[trajectory] = self.stores["sub_answers"].get(key)["answers"]
+        return {r.id: answers[trajectory_id(r.question_id, r.sample)][r.round_index - 1] for r in rounds}
 
     def _scorer(self):
         config = self.config
@@ -349,10 +354,10 @@ class _Miner:
         if not (self.config.needs_scorer_llm and self.config.use_sub_answers):
             return
         generator = SubAnswerGenerator(self.scorer, self.config.sub_answer_max_new_tokens)
-        wanted = {r.question_id for r in rounds}
+        wanted = {trajectory_id(r.question_id, r.sample) for r in rounds}
         counts = self.counters["sub_answers"]
         for trajectory in trajectories:
-            if trajectory.question_id not in wanted:
+            if trajectory.id not in wanted:
                 continue
             record = self._record("sub_answers", self.sub_answers_key(trajectory, generator))
             counts["trajectories"] += 1

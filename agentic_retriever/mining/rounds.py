@@ -18,6 +18,10 @@ Rounds are not mined (and are counted, by reason) when:
 * ``empty_query``: an empty ``<search></search>``;
 * ``not_executed``: the search got no results into the context (Search-R1's search-disabled last turn);
 * ``beyond_agent_turns``: the context used more turns than the GAC agent may (`EnvConfig.max_turns`).
+
+A question's sampled trajectories (``Trajectory.sample``) give rounds of their own (ids ``question_id@sample#i``);
+the mining pipeline keeps one round per search state (`Round.search_state`), so a search that two samples made
+alike, after the same queries, is mined once.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..corpus import ScoredPassage
-from .environment import Prefix, Trajectory
+from .environment import Prefix, Trajectory, trajectory_id
 from .store import stable_hash
 
 __all__ = ["Round", "RoundDrop", "extract_rounds", "search_queries"]
@@ -46,11 +50,17 @@ class Round:
     context: str  # response text up to and including the search call (a `Prefix.response_text`)
     turns_used: int  # generation turns the context used (a `Prefix.turns_used`)
     retriever: str  # the retriever the trajectory was rolled out with
+    sample: int = 0  # which of the question's sampled trajectories (`Trajectory.sample`)
 
     @property
     def id(self) -> str:
-        """``question_id#round_index``: unique within a trajectory file."""
-        return f"{self.question_id}#{self.round_index}"
+        """``<trajectory id>#round_index`` (``question_id#i``, or ``question_id@sample#i``): unique in a file."""
+        return f"{trajectory_id(self.question_id, self.sample)}#{self.round_index}"
+
+    @property
+    def search_state(self) -> tuple:
+        """What the retriever is asked and after which searches: the question, the queries before, the query."""
+        return self.question_id, self.question, self.history_queries, self.query
 
     @property
     def fingerprint(self) -> str:
@@ -95,7 +105,7 @@ def extract_rounds(trajectory: Trajectory, round_index_limit: int = 5,
     for k, (turn_index, query) in enumerate(queries):
         round_index = k + 1
         turn = trajectory.turns[turn_index]
-        round_id = f"{trajectory.question_id}#{round_index}"
+        round_id = f"{trajectory.id}#{round_index}"
         reason = None
         if round_index >= round_index_limit:
             reason = "round_index_limit"
@@ -116,6 +126,6 @@ def extract_rounds(trajectory: Trajectory, round_index_limit: int = 5,
             question_id=trajectory.question_id, question=trajectory.question,
             golden_answers=tuple(trajectory.golden_answers), round_index=round_index, turn_index=turn_index,
             query=query, history_queries=tuple(q for _, q in queries[:k]), context=prefix.response_text,
-            turns_used=prefix.turns_used, retriever=trajectory.retriever,
+            turns_used=prefix.turns_used, retriever=trajectory.retriever, sample=trajectory.sample,
         ))
     return rounds, drops

@@ -51,9 +51,10 @@ def read_shard(path: str | os.PathLike, shard: tuple[int, int]) -> tuple[list[Tr
     trajectories = [Trajectory.from_json(row, path, line) for line, row in iter_jsonl(path, start, stop)]
     seen: set[str] = set()
     for t in trajectories:
-        if t.question_id in seen:
-            raise DataFormatError(path, None, f"question id {t.question_id!r} appears twice", field="question_id")
-        seen.add(t.question_id)
+        if t.id in seen:
+            raise DataFormatError(path, None, f"trajectory {t.id!r} (question id and sample) appears twice",
+                                  field="question_id")
+        seen.add(t.id)
     return trajectories, total
 
 

@@ -111,6 +111,38 @@ def test_run_rollouts_resumes_without_duplicates(tmp_path):
     assert run_rollouts(rows, llm, FakeClient(), config, path).written == 0
 
 
+def test_several_sampled_trajectories_per_question_resume_without_losing_or_repeating_one(tmp_path):
+    tokenizer = load_smollm2_tokenizer()
+    rows = [{"id": f"q{i}", "question": f"question number {i}?", "golden_answers": [f"ans {i}"]} for i in range(2)]
+    script = {f"question number {i}?": [f"<answer> ans {i} </answer>"] * 3 for i in range(2)}  # a turn per sample
+    path, config = tmp_path / "t.jsonl", EnvConfig(temperature=0.7)
+    with pytest.raises(ValueError, match="temperature"):
+        run_rollouts(rows, ScriptedLLM(tokenizer, script), FakeClient(), EnvConfig(), path, samples=2)
+
+    class DiesOnSecondBatch(ScriptedLLM):
+        def generate(self, prompts, params):
+            if len(self.calls) == 1:  # one answer turn per batch: the second batch dies
+                raise KeyboardInterrupt("simulated kill")
+            return super().generate(prompts, params)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_rollouts(rows, DiesOnSecondBatch(tokenizer, script), FakeClient(), config, path, batch_size=4, samples=3)
+    assert [t.id for t in read_trajectories(path)] == ["q0", "q0@1", "q0@2", "q1"]
+    summary = run_rollouts(rows, ScriptedLLM(tokenizer, script), FakeClient(), config, path, batch_size=4, samples=3)
+    assert (summary.skipped, summary.written) == (4, 2)
+    written = list(read_trajectories(path))
+    assert [(t.question_id, t.sample) for t in written] == [("q0", 0), ("q0", 1), ("q0", 2), ("q1", 0), ("q1", 1),
+                                                            ("q1", 2)]
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert "sample" not in lines[0] and lines[1]["sample"] == 1  # files of one trajectory per question are unchanged
+    with TrajectoryWriter(path) as writer, pytest.raises(ValueError, match="q1@2"):
+        writer.write([written[-1]])
+    path.write_text(path.read_text().replace('"sample": 2', '"sample": -2'))
+    with pytest.raises(DataFormatError, match="sample") as error:
+        list(read_trajectories(path))
+    assert error.value.line == 3
+
+
 def test_run_rollouts_names_the_bad_qa_row():
     with pytest.raises(DataFormatError, match="golden_answers") as error:
         run_rollouts([{"id": 1, "question": "q?", "golden_answers": ["a"]}, {"id": 2, "question": "q?"}],

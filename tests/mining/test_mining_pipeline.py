@@ -349,3 +349,35 @@ def test_round_posterior_lr_is_p_passage_given_query_over_the_round(trajectory_f
     with pytest.raises(ValueError, match="query_likelihood"):
         run(trajectory_file, tmp_path / "judge", cfg=config(lr_scorer="pointwise", lr_scale="round_posterior",
                                                              gac_mode="answer_likelihood", gac_criterion="sequence"))
+
+
+def test_sampled_trajectories_give_rounds_of_their_own_and_a_repeated_search_is_mined_once(tmp_path):
+    from dataclasses import replace
+
+    from agentic_retriever.mining.audit import audit_mining
+
+    def hits(topic):
+        return [WORLD.corpus[i] for i in WORLD.topics[topic][:3]]
+
+    question = "Who founded the honky tonk of Urban Cowboy?"
+    first = make_trajectory("t1", question, [GILLEY], [search_turn("urban cowboy club", hits("urban cowboy club")),
+                                                       answer_turn(GILLEY)], GILLEY)
+    other = make_trajectory("t1", question, [GILLEY], [search_turn("gilleys club founder",
+                                                                   hits("gilleys club founder")),
+                                                       search_turn("urban cowboy club", hits("urban cowboy club")),
+                                                       answer_turn(GILLEY)], GILLEY)
+    path = tmp_path / "trajectories.jsonl"
+    path.write_text("".join(json.dumps(t.to_json()) + "\n" for t in
+                            (first, replace(first, sample=1), replace(other, sample=2))))
+    result, _, _ = run(path, tmp_path / "out")
+    assert result.stats["rounds"]["dropped"]["repeated_search"] == 1  # sample 1 searched as sample 0 did
+    rows = rows_of(result)
+    assert [(r["query_id"], r.get("sample", 0), r["round_index"], r["history_queries"]) for r in rows] == [
+        ("t1", 0, 1, []), ("t1", 2, 1, []), ("t1", 2, 1, []), ("t1", 2, 2, ["gilleys club founder"])]
+    rounds = [json.loads(line) for line in (tmp_path / "out" / "rounds.jsonl").read_text().splitlines()]
+    assert [r["round_id"] for r in rounds] == ["t1#1", "t1@2#1", "t1@2#2"]
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text(json.dumps({"id": "t1", "question": question, "golden_answers": [GILLEY],
+                              "supporting_titles": ["Gilley's"]}) + "\n")
+    by_row = audit_mining(tmp_path / "out", qa)["false_negatives"]["by_row"]
+    assert (by_row["rows"], by_row["rows_without_round"]) == (4, 0)  # every row found its own sample's round
