@@ -20,6 +20,11 @@ One command runs it, every step reusing its artifact when it is there (a rerun o
    multi-hop dev questions with the base and with the full method's retriever: evidence recall of its
    searches, answer recall over its retrieved passages, EM, F1.
 
+On the multi-search agent (``configs/mining_experiment_multisearch.yaml``) the mining questions are multi-hop, so
+every round has Q (the multi-hop question) different from q (one sub-query); ``experiment.ablations`` trims the
+variants trained, and ``experiment.gac_targets`` first chooses GAC's target on held-out multi-hop questions
+(`choose_gac_target`; model selection: it reads their evidence titles).
+
 Writes ``results.json``, ``results.md`` (the tables of benchmarks/RESULTS.md) and ``results.png`` into the work folder.
 Evaluation labels: only steps 3, 4 (held-out slice) and 6 (dev) read evidence titles; the reference row reads
 train evidence titles and is a diagnostic. Dev questions never enter training (the split is by top-level
@@ -70,6 +75,14 @@ SUMMARY_METRICS = ["recall@1", "mrr@10", "answer_recall@5"]  # each bare and com
 SPLIT_METRICS = ["recall@1", "mrr@10"]
 
 
+ABLATIONS = {  # mining variant -> (MiningConfig overrides, SelectionConfig overrides)
+    "full": ({}, {}),
+    "w/o GAC": ({}, {"use_gac": False}),
+    "w/o LR": ({"lr_scorer": "none"}, {}),
+    "no false-negative filter": ({}, {"false_negative_filter": False}),
+}
+
+
 @dataclass
 class ExperimentConfig:
     """The `experiment` section: where things are and how big the run is."""
@@ -86,30 +99,34 @@ class ExperimentConfig:
     agent_eval_questions: int = 98
     settings_grid: dict = field(default_factory=lambda: {"learning_rate": [1e-5, 3e-5], "temperature": [0.01, 0.05]})
     bootstrap_samples: int = 10000
+    ablations: list[str] = field(default_factory=lambda: list(ABLATIONS))  # the mining variants trained (full first)
+    gac_targets: list[str] = field(default_factory=list)  # GAC targets to choose from (empty: mine_run's own)
+    gac_target_questions: int = 16  # held-out multi-hop questions (heldout_parents) the choice is made on
     reference: bool = True
     soft_label: bool = True
 
-
-ABLATIONS = {  # mining variant -> (MiningConfig overrides, SelectionConfig overrides)
-    "full": ({}, {}),
-    "w/o GAC": ({}, {"use_gac": False}),
-    "w/o LR": ({"lr_scorer": "none"}, {}),
-    "no false-negative filter": ({}, {"false_negative_filter": False}),
-}
+    def __post_init__(self) -> None:
+        unknown = [name for name in self.ablations if name not in ABLATIONS]
+        if unknown or "full" not in self.ablations:
+            raise ValueError(f"experiment.ablations must include 'full' and name only {', '.join(ABLATIONS)}; "
+                             f"got {self.ablations}")
+        if self.gac_targets and self.gac_target_questions < 1:
+            raise ValueError(f"experiment.gac_target_questions must be at least 1, got {self.gac_target_questions}")
 
 
 def _slug(name: str) -> str:
     return "".join(ch if ch.isalnum() else "-" for ch in name.lower()).strip("-")
 
 
-def mine_variants(job: MineJobConfig, work: Path) -> dict[str, Path]:
-    """The full method, then each ablation re-selected from a copy of the full run's stage stores."""
+def mine_variants(job: MineJobConfig, work: Path, ablations: list[str]) -> dict[str, Path]:
+    """The full method, then each of `ablations` re-selected from a copy of the full run's stage stores."""
     full = dataclasses.replace(job, out=str(work / "mining" / "full"))
     run_mine_job(full)
     rows = {"full": Path(full.out) / "retriever_train.jsonl"}
-    for name, (mining, selection) in ABLATIONS.items():
+    for name in ablations:
         if name == "full":
             continue
+        mining, selection = ABLATIONS[name]
         out = work / "mining" / _slug(name)
         if not (out / "stages").is_dir():
             shutil.copytree(Path(full.out) / "stages", out / "stages")
@@ -120,6 +137,43 @@ def mine_variants(job: MineJobConfig, work: Path) -> dict[str, Path]:
             raise RuntimeError(f"ablation {name!r} rescored candidates: its settings differ beyond selection")
         rows[name] = result.rows_path
     return rows
+
+
+def pick_gac_target(audits: dict[str, dict]) -> str:
+    """The GAC target whose scores rank the question's evidence pages highest among a round's candidates: the
+    largest mean evidence AUC of the GAC signal in each target's `mine audit` (ties: the first target)."""
+    aucs = {target: audit["auc"]["evidence"]["gac"]["mean"] for target, audit in audits.items()}
+    missing = [target for target, auc in aucs.items() if auc is None]
+    if missing or not aucs:
+        raise ValueError(f"no GAC evidence AUC for target(s) {', '.join(missing) or '(none given)'}: no judged "
+                         "round had an evidence page among its candidates")
+    return max(aucs, key=lambda target: (aucs[target], -list(aucs).index(target)))
+
+
+def choose_gac_target(job: MineJobConfig, rollout: RolloutConfig, config: ExperimentConfig, data: Path,
+                      work: Path) -> tuple[str, dict]:
+    """MODEL SELECTION (reads the held-out questions' evidence titles; those questions are never trained on): the
+    agent rolls out on the first `gac_target_questions` held-out multi-hop questions, their rounds are mined with
+    each of `gac_targets`, and the target whose GAC ranks evidence pages highest (`pick_gac_target`) is chosen.
+    The choice is a deviation from the paper, whose GAC target is always the final answer (docs/mining.md)."""
+    folder = work / "gac_target_choice"
+    qa = data / config.heldout_parents
+    trajectories = folder / "trajectories_heldout.jsonl"
+    run_rollout_job(dataclasses.replace(rollout, qa=str(qa), out=str(trajectories), limit=config.gac_target_questions,
+                                        retrieval=job.retrieval,
+                                        agent=dataclasses.replace(rollout.agent, model=job.agent.model)))
+    audits = {}
+    for target in config.gac_targets:
+        out = folder / target
+        run_mine_job(dataclasses.replace(job, trajectories=str(trajectories), out=str(out),
+                                         mining=dataclasses.replace(job.mining, gac_target=target)))
+        audits[target] = audit_mining(out, qa)
+    chosen = pick_gac_target(audits)
+    report = {"chosen": chosen, "questions": config.gac_target_questions,
+              "targets": {target: {"evidence_auc": audit["auc"]["evidence"]["gac"],
+                                   "answer_auc": audit["auc"]["answer"]["gac"], "rounds": audit["rounds"]}
+                          for target, audit in audits.items()}}
+    return chosen, report
 
 
 def reference_rows(mining_dir: Path, qa_path: Path, corpus: Corpus, out: Path, num_negatives: int = 15,
@@ -210,7 +264,7 @@ def agent_report(index_dir: str, agent_model: str, rollout: RolloutConfig, confi
     out = work / "agent" / f"multihop_dev_{key}.jsonl"
     qa = data / config.dev_parents
     run_rollout_job(dataclasses.replace(rollout, qa=str(qa), retrieval=RetrievalConfig(index=index_dir), out=str(out),
-                                        limit=config.agent_eval_questions,
+                                        limit=config.agent_eval_questions, samples=1,
                                         agent=dataclasses.replace(rollout.agent, model=agent_model)))
     evidence = {row["id"]: set(row["supporting_titles"]) for _, row in iter_jsonl(qa)}
     per_question = []
@@ -321,6 +375,15 @@ def render(results: dict) -> str:
             comparisons = results["systems"][name].get("agent_vs_base", {})
             cells = [_ci_cell(comparisons.get(m), report["metrics"][m]) for m in AGENT_METRICS]
             lines.append(f"| {name} | " + " | ".join(cells) + f" | {report['metrics']['searches']:.2f} |")
+    choice = results.get("gac_target_choice")
+    if choice:
+        lines += ["", f"GAC target, chosen on {choice['questions']} held-out multi-hop questions by the evidence AUC "
+                  f"of GAC within a round (reads their evidence titles): **{choice['chosen']}**", "",
+                  "| GAC target | evidence AUC (rounds) | answer AUC (rounds) |", "|---|---:|---:|"]
+        for target, record in choice["targets"].items():
+            cells = ["-" if auc["mean"] is None else f"{auc['mean']:.3f} ({auc['rounds']})"
+                     for auc in (record["evidence_auc"], record["answer_auc"])]
+            lines.append(f"| {target} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -397,7 +460,12 @@ def main() -> None:
     steps.run("agent rollouts on the mining questions", lambda: run_rollout_job(mining_rollout))
     job = dataclasses.replace(mine, trajectories=str(trajectories), retrieval=RetrievalConfig(index=config.base_index),
                               agent=dataclasses.replace(mine.agent, model=agent_model))
-    rows = steps.run("mining and its ablations", lambda: mine_variants(job, work))
+    gac_target_choice = None
+    if config.gac_targets:
+        target, gac_target_choice = steps.run("GAC target chosen on held-out questions (reads their evidence titles)",
+                                              lambda: choose_gac_target(job, rollout, config, data, work))
+        job = dataclasses.replace(job, mining=dataclasses.replace(job.mining, gac_target=target))
+    rows = steps.run("mining and its ablations", lambda: mine_variants(job, work, config.ablations))
     audits = steps.run("mining audits (read the mining questions' evidence titles)", lambda: {
         name: audit_mining(Path(path).parent, data / config.mining_qa) for name, path in rows.items()})
     corpus = Corpus.open(corpus_path)
@@ -467,7 +535,7 @@ def main() -> None:
             system["agent"] = _without_per_question(system["agent"])
     results: dict = {
         "leaf_questions": base["leaf"]["none"]["questions_evaluated"], "chosen_settings": chosen,
-        "settings_search": search, "audits": {n: _audit_summary(a) for n, a in audits.items()}, "systems": systems,
+        "settings_search": search, "gac_target_choice": gac_target_choice, "audits": {n: _audit_summary(a) for n, a in audits.items()}, "systems": systems,
         "mining_rounds": {n: read_json(Path(p).parent / "mining_stats.json")["rounds"] for n, p in rows.items()
                           if (Path(p).parent / "mining_stats.json").is_file()},
         "step_seconds": steps.seconds, "device": describe_device(),

@@ -128,3 +128,37 @@ def test_the_multisearch_comparison_pairs_questions_and_skips_missing_values():
     table = multisearch_agent.render(reports, comparison, 2)
     assert "| single-search | 0.250 |" in table and "| multi-search | 0.750 (+0.500 [" in table
     assert table.rstrip().endswith("| 3.50 | 1.00 | 1.00 |")
+
+
+def _audit(evidence_auc, answer_auc=0.5, rounds=3):
+    return {"auc": {"evidence": {"gac": {"absent": False, "mean": evidence_auc, "rounds": rounds}},
+                    "answer": {"gac": {"absent": False, "mean": answer_auc, "rounds": rounds}}}}
+
+
+def test_the_gac_target_is_the_one_whose_gac_ranks_evidence_highest(experiment):
+    assert experiment.pick_gac_target({"final": _audit(0.55), "sub_question": _audit(0.71)}) == "sub_question"
+    assert experiment.pick_gac_target({"final": _audit(0.71, answer_auc=0.1), "sub_question": _audit(0.6)}) == "final"
+    assert experiment.pick_gac_target({"final": _audit(0.6), "sub_question": _audit(0.6)}) == "final"  # tie: first
+    with pytest.raises(ValueError, match="sub_question"):
+        experiment.pick_gac_target({"final": _audit(0.6), "sub_question": _audit(None)})
+
+
+def test_the_experiment_config_refuses_unknown_ablations_and_an_empty_choice(experiment):
+    assert experiment.ExperimentConfig(ablations=["full", "w/o GAC"]).ablations == ["full", "w/o GAC"]
+    with pytest.raises(ValueError, match="must include 'full'"):
+        experiment.ExperimentConfig(ablations=["w/o GAC"])
+    with pytest.raises(ValueError, match="w/o BM25"):
+        experiment.ExperimentConfig(ablations=["full", "w/o BM25"])
+    with pytest.raises(ValueError, match="gac_target_questions"):
+        experiment.ExperimentConfig(gac_targets=["final", "sub_question"], gac_target_questions=0)
+
+
+def test_the_chosen_gac_target_is_reported_with_both_aucs(experiment):
+    choice = {"chosen": "sub_question", "questions": 16,
+              "targets": {"final": {"evidence_auc": {"mean": 0.55, "rounds": 40}, "answer_auc": {"mean": None,
+                                                                                                  "rounds": 0}},
+                          "sub_question": {"evidence_auc": {"mean": 0.71, "rounds": 40},
+                                           "answer_auc": {"mean": 0.9, "rounds": 12}}}}
+    table = experiment.render({"leaf_questions": 0, "systems": {}, "audits": {}, "gac_target_choice": choice})
+    assert "16 held-out multi-hop questions" in table and "**sub_question**" in table
+    assert "| final | 0.550 (40) | - |" in table and "| sub_question | 0.710 (40) | 0.900 (12) |" in table
