@@ -165,6 +165,9 @@ def choose_gac_target(job: MineJobConfig, rollout: RolloutConfig, config: Experi
     audits = {}
     for target in config.gac_targets:
         out = folder / target
+        first = folder / config.gac_targets[0] / "stages"
+        if out / "stages" != first and not (out / "stages").is_dir():  # candidates and LR do not depend on the
+            shutil.copytree(first, out / "stages")                       # target: only GAC is scored again
         run_mine_job(dataclasses.replace(job, trajectories=str(trajectories), out=str(out),
                                          mining=dataclasses.replace(job.mining, gac_target=target)))
         audits[target] = audit_mining(out, qa)
@@ -369,12 +372,13 @@ def render(results: dict) -> str:
     if agents:
         first = next(iter(agents.values()))
         lines += [f"Agent on the multi-hop dev questions ({first['questions']}), its own queries; value (minus base "
-                  "[95% CI])", "", "| retriever | " + " | ".join(AGENT_METRICS) + " | searches/q |",
-                  "|---|" + "---:|" * (len(AGENT_METRICS) + 1)]
+                  "[95% CI])", "", "| retriever | " + " | ".join(AGENT_METRICS)
+                  + " | searches/q | distinct queries/q | answered |", "|---|" + "---:|" * (len(AGENT_METRICS) + 3)]
         for name, report in agents.items():
             comparisons = results["systems"][name].get("agent_vs_base", {})
             cells = [_ci_cell(comparisons.get(m), report["metrics"][m]) for m in AGENT_METRICS]
-            lines.append(f"| {name} | " + " | ".join(cells) + f" | {report['metrics']['searches']:.2f} |")
+            behaviour = [f"{report['metrics'].get(m, float('nan')):.2f}" for m in AGENT_BEHAVIOUR]
+            lines.append(f"| {name} | " + " | ".join(cells + behaviour) + " |")
     choice = results.get("gac_target_choice")
     if choice:
         lines += ["", f"GAC target, chosen on {choice['questions']} held-out multi-hop questions by the evidence AUC "

@@ -162,3 +162,19 @@ def test_the_chosen_gac_target_is_reported_with_both_aucs(experiment):
     table = experiment.render({"leaf_questions": 0, "systems": {}, "audits": {}, "gac_target_choice": choice})
     assert "16 held-out multi-hop questions" in table and "**sub_question**" in table
     assert "| final | 0.550 (40) | - |" in table and "| sub_question | 0.710 (40) | 0.900 (12) |" in table
+
+
+def test_the_agent_table_shows_how_the_agent_searched_beside_what_it_found(experiment):
+    leaf = {m: {"metrics": {k: 0.0 for k in experiment.LEAF_METRICS}} for m in ("none", "parent")}
+    behaviour = {"searches": 3.5, "distinct_queries": 1.75, "answered": 0.4}
+
+    def agent(recall):
+        return {"questions": 2, "metrics": {"evidence_recall": recall, "answer_recall": 0.0, "em": 0.0, "f1": 0.0,
+                                            **behaviour}}
+
+    diff = {"diff": 0.1, "ci_low": 0.02, "ci_high": 0.2}
+    table = experiment.render({"leaf_questions": 2, "audits": {}, "systems": {
+        "base": {"leaf": leaf, "agent": agent(0.2)},
+        "full": {"leaf": leaf, "agent": agent(0.3), "agent_vs_base": {"evidence_recall": diff}}}})
+    assert "| base | 0.200 | 0.000 | 0.000 | 0.000 | 3.50 | 1.75 | 0.40 |" in table
+    assert "| full | 0.300 (+0.100 [+0.020, +0.200]) | 0.000 | 0.000 | 0.000 | 3.50 | 1.75 | 0.40 |" in table
