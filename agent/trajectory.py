@@ -238,7 +238,7 @@ class TrajectoryWriter:
     """Append-only, resumable trajectory file: `done_ids` are the trajectories already in it (`Trajectory.id`:
     the question id, with ``@sample`` for a question's samples after the first).
 
-    Opening an existing file reads the question ids it holds. A last line without its newline is what a
+    Opening an existing file reads the trajectory ids it holds. A last line without its newline is what a
     crash mid-write leaves: it is cut off (with a warning) so the file stays valid JSONL and that question
     is run again. Any other bad line raises DataFormatError. `write` appends whole lines, then flushes and
     fsyncs, so a finished batch survives a crash.

@@ -69,7 +69,6 @@ class AuditRound:
         return self.question_id, self.sample, self.round_index
 
 
-
 def _get(path, line: int, obj: dict, name: str, kind: type | tuple[type, ...], label: str | None = None):
     """obj[name], or DataFormatError naming file, line and `label` (the field's path) when missing or mistyped."""
     label = label or name
