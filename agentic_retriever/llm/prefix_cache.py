@@ -1,6 +1,6 @@
-"""Automatic prefix caching for the transformers backend: the KV cache of finished sequences kept across
-`generate` calls, keyed by their token ids, so that a later prompt starting with a cached sequence prefills
-only the tokens after it.
+"""Automatic prefix caching for the transformers backend: the KV cache of finished sequences (and of the shared
+prefixes a batch computed once) kept across batches and `generate`/`score` calls, keyed by their token ids, so
+that a later prompt starting with a cached sequence prefills only the tokens after it.
 
 An agent's next turn is its previous prompt + the turn it generated + the observation the environment
 inserted (`agent.env.rollout`); without this cache, every turn recomputes the whole context, and on a

@@ -13,10 +13,10 @@ others continue cheaper. The loop here does exactly that:
      computes only the observation, and a prompt sharing instructions with an earlier one reuses them;
    - a prefix shared within the batch: rows that share a token prefix (the n samples of one prompt, or the
      20 candidate continuations of one agent context) have it computed once (itself after the longest
-     prefix cache entry it starts with). Rows are batched prefix-aware (`batch_order`): sorted by their
-     token ids, so rows sharing a prefix are neighbours, in families of rows sharing at least half their
-     tokens, shorter families first; a batch may hold several groups of rows with different shared
-     prefixes (`prefix_groups`).
+     prefix cache entry it starts with, and then kept in the prefix cache for the next batches). Rows are
+     batched prefix-aware (`batch_order`): sorted by their token ids, so rows sharing a prefix are
+     neighbours, in families of rows sharing at least half their tokens, shorter families first; a batch
+     may hold several groups of rows with different shared prefixes (`prefix_groups`).
    Shared prefixes, then the rows' own tokens, go through the model in left-padded passes of (nearly) equal
    length (`length_groups`, which weighs the padding a pass would compute against the cost of one more
    pass: one row a pass on a CPU for prompts of different lengths, few passes on a GPU), and the passes'
@@ -262,7 +262,10 @@ class TransformersLLM:
 
     def _heads(self, heads: list[list[int]]) -> list[torch.Tensor]:
         """The KV cache ([layers, 2, kv heads, tokens, head dim]) of each shared prefix, computed after the
-        longest prefix cache entry it starts with (nothing to compute when an entry holds all of it)."""
+        longest prefix cache entry it starts with (nothing to compute when an entry holds all of it). A computed
+        prefix goes into the prefix cache, so the next batch of a call (or a later call) starts from it: the
+        candidates of one agent context, cut into several batches, compute that context once, and prefixes that
+        share it (one per candidate when each is scored for several gold answers) start after it."""
         starts = [self._cached(head, len(head)) for head in heads]
         kvs = [kv if length == len(head) else None for head, (kv, length) in zip(heads, starts)]
         todo = [k for k, kv in enumerate(kvs) if kv is None]
@@ -270,6 +273,8 @@ class TransformersLLM:
             _, cache, mask = self._extend([heads[k] for k in todo], [starts[k] for k in todo], 1)
             for slot, k in enumerate(todo):
                 kvs[k] = row_kv(cache, mask, slot)
+                if self.prefix_cache is not None:
+                    self.prefix_cache.store(heads[k], kvs[k])
         return kvs
 
     def _extend(self, rows: list[list[int]], starts: list[tuple[torch.Tensor | None, int]],

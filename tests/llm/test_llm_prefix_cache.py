@@ -247,3 +247,26 @@ def test_the_default_budget_follows_the_device_the_cache_measured_faster_on(mode
     path = model.name_or_path
     assert load_llm(LLMConfig(model=path, device="cpu", prefix_cache_tokens=512)).prefix_cache.max_tokens == 512
     assert load_llm(LLMConfig(model=path, device="cpu", enable_prefix_caching=False)).prefix_cache is None
+
+
+def test_scoring_many_golds_per_candidate_computes_the_agent_context_once(model_and_tokenizer):
+    """Answer-likelihood GAC with a list answer: every candidate observation after one agent context is scored
+    for several golds, so the rows share the context, then each candidate's observation. Cut into batches of 4,
+    the context is computed once, not once per candidate or per batch: each shared prefix a batch computes is
+    kept for the next ones."""
+    rng = random.Random(16)
+    cached, plain = pair(model_and_tokenizer, max_batch_size=4)
+    context, lead = tokens(rng, 150), tokens(rng, 3)
+    observations = [tokens(rng, rng.randrange(10, 30)) for _ in range(6)]
+    golds = [tokens(rng, n) for n in (2, 4, 5)]
+    prompts = [context + observation + lead for observation in observations for _ in golds]
+    continuations = [gold for _ in observations for gold in golds]
+    before = copy.copy(cached.prefill_stats)
+
+    scores = cached.score(prompts, continuations)
+
+    for ours, theirs in zip(scores, plain.score(prompts, continuations)):
+        assert ours == pytest.approx(theirs, abs=1e-4)
+    computed = cached.prefill_stats.computed_tokens - before.computed_tokens
+    after_context = sum(len(p) + len(c) - len(context) for p, c in zip(prompts, continuations))
+    assert computed <= len(context) + after_context
