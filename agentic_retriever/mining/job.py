@@ -15,7 +15,7 @@ from ..client import RetrievalConfig, open_client
 from ..llm.loader import LLMConfig
 from .config import MiningConfig
 from .outputs import MiningResult
-from .pipeline import mine
+from .pipeline import GACRoundFilter, mine
 from .shards import parse_shard
 
 __all__ = ["MineJobConfig", "MineMergeConfig", "run_mine_job"]
@@ -47,8 +47,9 @@ class MineMergeConfig:
     shards: int = field(default=1, metadata={"help": "number of shards n"})
 
 
-def run_mine_job(config: MineJobConfig) -> MiningResult:
-    """Mine `config.trajectories` into `config.out`; the scorer is the agent model when both are the same."""
+def run_mine_job(config: MineJobConfig, gac_rounds: GACRoundFilter | None = None) -> MiningResult:
+    """Mine `config.trajectories` into `config.out`; the scorer is the agent model when both are the same.
+    `gac_rounds` picks the rounds that get GAC (`mine`)."""
     from ..llm import load_llm
 
     selection = config.mining.resolved_selection()
@@ -57,4 +58,4 @@ def run_mine_job(config: MineJobConfig) -> MiningResult:
     scorer = ((agent if same_model and agent is not None else load_llm(config.scorer))
               if config.mining.needs_scorer_llm else None)
     return mine(config.trajectories, open_client(config.retrieval), agent, scorer, config.mining,
-                config.out, parse_shard(config.shard))
+                config.out, parse_shard(config.shard), gac_rounds)

@@ -79,6 +79,9 @@ __all__ = ["mine"]
 
 log = logging.getLogger(__name__)
 
+GACRoundFilter = Callable[[Round, list[dict]], bool]
+"""Whether a round gets GAC, given the round and its candidate records (id, title, text)."""
+
 #: Bumped when a stage's computation changes, so stored results of the old code are not reused. (Keying models
 #: and retrievers by content changed no version: a content identity never equals the name or label that the
 #: earlier keys held, so earlier records are never read under the new keys; where no content identity can be
@@ -107,9 +110,11 @@ class _Miner:
     """One mining run over one shard: the stages in order, sharing stores, counters and LLM usage."""
 
     def __init__(self, config: MiningConfig, client: RetrievalClient | None, agent: CountingLLM | None,
-                 scorer: CountingLLM | None, stores: dict[str, StageStore], retriever: Any = None):
+                 scorer: CountingLLM | None, stores: dict[str, StageStore], retriever: Any = None,
+                 gac_rounds: GACRoundFilter | None = None):
         self.config, self.client, self.agent, self.scorer, self.stores = config, client, agent, scorer, stores
         self.retriever = retriever  # `_retriever_identity(client)`
+        self.gac_rounds = gac_rounds
         self.selection = config.resolved_selection()
         self.counters = new_counters()
         self.dropped: dict[str, str] = {}  # round id -> reason
@@ -294,6 +299,14 @@ class _Miner:
         if not self.selection.use_gac:
             return rounds
         config = self.config
+        if self.gac_rounds is not None:
+            wanted = []
+            for rnd in rounds:
+                if self.gac_rounds(rnd, self.stores["candidates"].get(self.candidates_key(rnd))["passages"]):
+                    wanted.append(rnd)
+                else:
+                    self._drop(rnd.id, "gac_not_requested")
+            rounds = wanted
 
         def compute(batch: list[Round]) -> list[dict]:
             requests = [GACRequest(rnd, tuple(passage_from_record(p) for p in
@@ -383,13 +396,16 @@ class _Miner:
 
 def mine(trajectories_path: str | os.PathLike, client: RetrievalClient | None, agent_llm, scorer_llm,
          config: MiningConfig | None = None, out_dir: str | os.PathLike = "mining",
-         shard: tuple[int, int] = (0, 1)) -> MiningResult:
+         shard: tuple[int, int] = (0, 1), gac_rounds: GACRoundFilter | None = None) -> MiningResult:
     """Mine retriever training rows from agent trajectories (section 4.1.1); see the module docstring.
 
     `client` is the current retriever R_{i-1} (candidates, and the later searches of GAC rollouts);
     `agent_llm` the agent that produced the trajectories (GAC; unused with ``use_gac=False``); `scorer_llm` the
     sub-answer and LR model (unused with ``use_lr=False``; needs ``score`` for the pointwise scorer). Writes
     ``retriever_train.jsonl``, ``mining_stats.json`` and ``mining_stats.png`` to `shard_dir(out_dir, shard)`.
+
+    `gac_rounds(round, candidate records)`, when given, picks the rounds that get GAC; the others are dropped
+    (``gac_not_requested``). Model selection uses it to score GAC only on rounds an audit can judge.
     """
     config = config or MiningConfig()
     config.validate()
@@ -415,7 +431,7 @@ def mine(trajectories_path: str | os.PathLike, client: RetrievalClient | None, a
     retriever = _retriever_identity(client)
     stores = open_stores(work / "stages", STAGES)
     try:
-        miner = _Miner(config, client, agent, scorer, stores, retriever)
+        miner = _Miner(config, client, agent, scorer, stores, retriever, gac_rounds)
         miner.counters["trajectories"] = len(trajectories)
         with_candidates = miner.candidates(miner.rounds(trajectories))
         sub_answers = miner.sub_answers(trajectories, with_candidates)

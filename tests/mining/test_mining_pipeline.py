@@ -381,3 +381,21 @@ def test_sampled_trajectories_give_rounds_of_their_own_and_a_repeated_search_is_
                               "supporting_titles": ["Gilley's"]}) + "\n")
     by_row = audit_mining(tmp_path / "out", qa)["false_negatives"]["by_row"]
     assert (by_row["rows"], by_row["rows_without_round"]) == (4, 0)  # every row found its own sample's round
+
+
+def test_gac_rounds_scores_gac_only_on_the_rounds_it_picks(trajectory_file, tmp_path):
+    # the caller (model selection) wants GAC where a given page is among the candidates, whatever the LR
+    wanted = WORLD.corpus[WORLD.topics["freedonia capital"][0]].title
+    seen = []
+
+    def judged(rnd, candidates):
+        seen.append((rnd.query, {"id", "title", "text"} <= set(candidates[0])))
+        return any(c["title"] == wanted for c in candidates)
+
+    result, agent, _ = run(trajectory_file, tmp_path, cfg=config(skip_hopeless_gac=False), gac_rounds=judged)
+    records = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
+    with_gac = {r["query"] for r in records if any(c["gac"] is not None for c in r["candidates"])}
+    assert with_gac == {"freedonia capital"}  # its best LR (50) is below the threshold: scored all the same
+    assert all(has_fields for _, has_fields in seen) and "urban cowboy club" in {q for q, _ in seen}
+    assert result.stats["gac"]["rounds"] == 1 and result.stats["rounds"]["dropped"]["gac_not_requested"] >= 3
+    assert agent.calls and all("Freedonia" in prompt for prompt, *_ in agent.calls)
