@@ -162,7 +162,7 @@ def run_demo(job: MainJob | DemoConfig) -> dict:
         trained_index = _agentic_r_iteration(job, steps, work, corpus, report)
         indexes[f"agentic-r-{base_name}-flat"] = trained_index
     report |= _evaluate(job, steps, work, data, indexes, report.get("agent_model"),
-                        report.get("training", {}).get("kept"))
+                        report.get("training", {}).get("selection"))
     report["step_seconds"] = steps.seconds
     write_json(work / "report.json", report)
     return report
@@ -205,8 +205,26 @@ def _agentic_r_iteration(job: MainJob, steps: Steps, work: Path, corpus: str, re
     return str(out)
 
 
+_INPUT_NAMES = {"none": "the bare question", "parent": "composed with its parent question",
+                "self": "the question composed with itself (Q [SEP] Q)"}
+
+
+def selection_note(selection: dict | None) -> str:
+    """The report's sentence on model selection: what was kept, on which inputs and by which scores."""
+    if not selection or not selection.get("kept"):
+        return ""
+    inputs = " and ".join(_INPUT_NAMES[mode] for mode in selection.get("compose_with", ["self"]))
+    scores = ", ".join(f"{name} {score:.3f}" for name, score in selection.get("per_checkpoint", {}).items())
+    how = f"held-out {selection.get('metric', 'score')} on {inputs}" + (", the mean deciding" if " and " in inputs else "")
+    if selection["kept"] == "base":
+        return (f"\nModel selection on the held-out train slice ({how}: {scores}) kept the BASE weights: no training "
+                "epoch beat them, so the trained row's bare-question figures are the base's (only its composed row "
+                "differs).\n")
+    return f"\nModel selection on the held-out train slice ({how}: {scores}) kept {selection['kept']}.\n"
+
+
 def _evaluate(job: MainJob, steps: Steps, work: Path, data: Path, indexes: dict[str, str],
-              agent_model: str | None, kept: str | None = None) -> dict:
+              agent_model: str | None, selection: dict | None = None) -> dict:
     config = job.demo
     full = agent_model is not None
 
@@ -240,11 +258,7 @@ def _evaluate(job: MainJob, steps: Steps, work: Path, data: Path, indexes: dict[
     text = f"FanOutQA dev ({counts}), default corpus\n\n{table}\n"
     if differences:
         text += f"\nTrained minus base, paired bootstrap 95% CI:\n{differences}\n"
-    if kept == "base":
-        text += ("\nModel selection on the held-out train slice kept the BASE weights: no training epoch beat them, "
-                 "so the trained row's bare-question figures are the base's (only its composed row differs).\n")
-    elif kept:
-        text += f"\nModel selection on the held-out train slice kept {kept}.\n"
+    text += selection_note(selection)
     (work / "report.md").write_text(text)
     plot_metrics(table_rows, work / "report.png", title=f"FanOutQA dev ({counts})")
     print(f"\n{text}\nwrote {work / 'report.md'}, {work / 'report.png'}, {work / 'report.json'}")
