@@ -289,7 +289,7 @@ class _Miner:
             if record["scores"] is None:
                 self._drop(rnd.id, "lr_parse_failed")
             elif (self.selection.use_gac and self.config.skip_hopeless_gac
-                  and max(record["scores"]) < self.selection.lr_threshold):
+                  and max(self.lr_values(rnd, record)) < self.selection.lr_threshold):
                 self._drop(rnd.id, "lr_below_threshold")
             else:
                 kept.append(rnd)
@@ -337,9 +337,7 @@ class _Miner:
             elif scorer is not None:
                 record = self._record("local_relevance", self.lr_key(rnd, sub_answers[rnd.id], scorer))
                 count_local_relevance(self.counters, record)
-                lr = record["scores"]
-                if lr is not None and self.config.lr_scale == "round_posterior":
-                    lr = self.round_posterior(rnd, record)
+                lr = self.lr_values(rnd, record) if record["scores"] is not None else None
             if self.selection.use_gac and rnd.id not in self.dropped:
                 record = self._record("gac", self.gac_key(rnd))
                 gac = self.gac_values(record)
@@ -377,6 +375,11 @@ class _Miner:
             counts["ok" if record["status"] == "ok" else "count_mismatch"] += 1
             counts["queries"] += len(record["answers"])
             counts["given"] += sum(a is not None for a in record["answers"])
+
+    def lr_values(self, rnd: Round, record: dict) -> list[float]:
+        """The LR of a round's candidates on the scale the threshold reads (`lr_scale`): the stored scores, or
+        their round posterior. Selection and the skip of hopeless rounds both read these."""
+        return self.round_posterior(rnd, record) if self.config.lr_scale == "round_posterior" else record["scores"]
 
     def round_posterior(self, rnd: Round, record: dict) -> list[float]:
         """UPR's re-ranking as a calibrated LR: 100 x p(d | q) = 100 p(q | d) / sum over the round's candidates

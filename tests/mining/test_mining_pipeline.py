@@ -399,3 +399,22 @@ def test_gac_rounds_scores_gac_only_on_the_rounds_it_picks(trajectory_file, tmp_
     assert all(has_fields for _, has_fields in seen) and "urban cowboy club" in {q for q, _ in seen}
     assert result.stats["gac"]["rounds"] == 1 and result.stats["rounds"]["dropped"]["gac_not_requested"] >= 3
     assert agent.calls and all("Freedonia" in prompt for prompt, *_ in agent.calls)
+
+
+def test_skipping_hopeless_rounds_reads_the_round_posterior(trajectory_file, tmp_path):
+    # the skip must read LR on the scale the threshold reads: with lr_scale round_posterior, not the stored scores
+    def cfg(skip):
+        return config(lr_scorer="pointwise", pointwise_mode="query_likelihood", lr_scale="round_posterior",
+                      gac_mode="answer_likelihood", gac_criterion="sequence", skip_hopeless_gac=skip,
+                      selection=SelectionConfig(lr_threshold=5.5))  # the fake posteriors are near uniform: 5-6
+
+    def rounds(folder):
+        return [json.loads(line) for line in (tmp_path / folder / "rounds.jsonl").read_text().splitlines()]
+
+    skipped, _, _ = run(trajectory_file, tmp_path / "skip", cfg=cfg(True))
+    scored, _, _ = run(trajectory_file, tmp_path / "all", cfg=cfg(False))
+    below = {r["round_id"] for r in rounds("all")
+             if r["candidates"][0]["lr"] is not None and max(c["lr"] for c in r["candidates"]) < 5.5}
+    assert below and {r["round_id"] for r in rounds("skip") if r["drop_reason"] == "lr_below_threshold"} == below
+    assert skipped.stats["gac"]["rounds"] == scored.stats["gac"]["rounds"] - len(below)
+    assert rows_of(skipped) == rows_of(scored)
