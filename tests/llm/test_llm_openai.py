@@ -38,11 +38,13 @@ def fake_openai_app() -> FastAPI:
         if "FLAKY" in key and app.state.attempts[key] == 1:
             return JSONResponse({"error": {"message": "overloaded"}}, status_code=503)
         if "SLOW" in key:
+            # not counted in flight: the client gives up on it, and its handler wakes during later tests
             await asyncio.sleep(1.0)
-        app.state.in_flight += 1
-        app.state.max_in_flight = max(app.state.max_in_flight, app.state.in_flight)
-        await asyncio.sleep(0.05)
-        app.state.in_flight -= 1
+        else:
+            app.state.in_flight += 1
+            app.state.max_in_flight = max(app.state.max_in_flight, app.state.in_flight)
+            await asyncio.sleep(0.05)
+            app.state.in_flight -= 1
         tokens, logprobs, text, stop_reason = [], [], "", None
         for i, token in enumerate(TOKENS[:body["max_tokens"]]):
             tokens.append(token)
