@@ -6,7 +6,11 @@ have Q and q nearly the same text; the multi-search warm start (`configs/multise
 same multi-hop dev questions with the same retriever and environment (the multi-search config's `agent_rollout`),
 sending their question with every search; per question: evidence recall over everything their searches retrieved
 (EVALUATION: reads the dev questions' evidence titles), answer recall over those passages, EM, F1, searches. The
-multi-search agent minus the single-search one, paired bootstrap over questions:
+multi-search agent minus the single-search one, paired bootstrap over questions. Two reference rows bound what
+searching can reach here (EVALUATION: they read the dev questions' decompositions and evidence titles): the
+evidence recall when the searches are the gold sub-questions of FanOutQA's decomposition (the first `max_turns`,
+the agent's search budget, and all of them) with the same retriever, question and top-k, and the share of
+evidence pages the corpus holds at all:
 
     .venv/bin/python benchmarks/multisearch_agent.py
 
@@ -29,7 +33,47 @@ from agent.rollouts import RolloutConfig  # noqa: E402
 from agent.sft import WarmStartConfig, warm_start_agent  # noqa: E402
 from agentic_retriever.config import build_config  # noqa: E402
 from agentic_retriever.demo import Steps  # noqa: E402
-from agentic_retriever.jsonl import write_json  # noqa: E402
+from agentic_retriever.eval.retrieval import keys_in_corpus  # noqa: E402
+from agentic_retriever.index import open_index  # noqa: E402
+from agentic_retriever.jsonl import iter_jsonl, write_json  # noqa: E402
+
+
+def gold_decomposition_recall(index_dir: str, parents_path: Path, leaves_path: Path, questions: int, topk: int,
+                              budget: int) -> dict:
+    """EVALUATION (reads the dev decompositions and evidence titles): mean evidence recall of the first `questions`
+    multi-hop questions when their searches are the gold leaf questions (the first `budget`, and all), each sent
+    with its multi-hop question as a search agent sends it; and the mean share of their evidence pages in the
+    corpus, the ceiling of any search."""
+    leaves = {row["id"]: row["question"] for _, row in iter_jsonl(leaves_path)}
+    index = open_index(index_dir)
+    parents = [row for _, row in iter_jsonl(parents_path, stop=questions)]
+    titles = set().union(*(row["supporting_titles"] for row in parents))
+    in_corpus = keys_in_corpus(index.corpus, titles, "title")
+    recall = {"first": [], "all": [], "in_corpus": []}
+    for row in parents:
+        evidence = set(row["supporting_titles"])
+        if not evidence:
+            continue
+        missing = [leaf for leaf in row["leaf_ids"] if leaf not in leaves]
+        if missing:
+            raise ValueError(f"{leaves_path}: no leaf question with id {missing[0]!r} (a leaf of {row['id']!r} in "
+                             f"{parents_path})")
+        subs = [leaves[leaf] for leaf in row["leaf_ids"]]
+        hits = index.retrieve(subs, topk, questions=[row["question"]] * len(subs))
+        found = [{passage.title for passage in passages} for passages in hits]
+        recall["first"].append(len(evidence & set().union(*found[:budget])) / len(evidence))
+        recall["all"].append(len(evidence & set().union(*found)) / len(evidence))
+        recall["in_corpus"].append(len(evidence & in_corpus) / len(evidence))
+    return {name: sum(values) / len(values) for name, values in recall.items()} | {
+        "budget": budget, "questions": len(recall["all"]),
+        "sub_questions_per_question": sum(len(row["leaf_ids"]) for row in parents) / len(parents)}
+
+
+def render_ceiling(ceiling: dict) -> str:
+    return (f"References (read the dev decompositions and evidence titles): the gold sub-questions as searches, "
+            f"the first {ceiling['budget']}: evidence recall {ceiling['first']:.3f}; all "
+            f"({ceiling['sub_questions_per_question']:.1f} per question): {ceiling['all']:.3f}; evidence pages in "
+            f"the corpus: {ceiling['in_corpus']:.3f}\n")
 
 
 def render(reports: dict[str, dict], comparison: dict, questions: int) -> str:
@@ -53,6 +97,8 @@ def main() -> None:
                         help="the single-search agent's warm start (its agent_sft section)")
     parser.add_argument("--data", default="runs/quickstart/data")
     parser.add_argument("--questions", type=int, default=48, help="the first N multi-hop dev questions")
+    parser.add_argument("--leaves", default="fanoutqa_leaf_dev.jsonl",
+                        help="under --data: every dev leaf question (the gold decomposition the reference row reads)")
     parser.add_argument("--work", default="runs/multisearch")
     parser.add_argument("--bootstrap-samples", type=int, default=10000)
     args = parser.parse_args()
@@ -70,10 +116,13 @@ def main() -> None:
     reports = {name: steps.run(f"rollouts on multi-hop dev: {name}", lambda: agent_report(
         index, str(model), rollout, experiment, Path(args.data), work)) for name, model in agents.items()}
     comparison = compare_agents(reports["single-search"], reports["multi-search"], args.bootstrap_samples)
-    table = render(reports, comparison, reports["multi-search"]["questions"])
+    ceiling = steps.run("references: gold sub-questions, evidence in the corpus", lambda: gold_decomposition_recall(
+        index, Path(args.data) / experiment.dev_parents, Path(args.data) / args.leaves, args.questions,
+        rollout.env.topk, rollout.env.max_turns))
+    table = render(reports, comparison, reports["multi-search"]["questions"]) + "\n" + render_ceiling(ceiling)
     results = {"agents": {n: str(p) for n, p in agents.items()}, "index": index,
                "env": dataclasses.asdict(rollout.env), "metrics": {n: r["metrics"] for n, r in reports.items()},
-               "questions": reports["multi-search"]["questions"], "multi_minus_single": comparison,
+               "questions": reports["multi-search"]["questions"], "multi_minus_single": comparison, "references": ceiling,
                "step_seconds": steps.seconds, "device": describe_device()}
     write_json(work / "results.json", results)
     (work / "results.md").write_text(table)

@@ -3,6 +3,7 @@ rows come from questions the agent saw, and the gain split by whether a dev evid
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -15,14 +16,23 @@ from agentic_retriever.corpus import Corpus
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def experiment():
+def _benchmark(name: str):
+    """A module of benchmarks/, imported as its script imports its neighbours."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
-        import mining_experiment
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
-    return mining_experiment
+
+
+@pytest.fixture(scope="module")
+def experiment():
+    return _benchmark("mining_experiment")
+
+
+@pytest.fixture(scope="module")
+def multisearch_agent():
+    return _benchmark("multisearch_agent")
 
 
 def _write(path: Path, rows: list[dict]) -> Path:
@@ -104,12 +114,7 @@ def test_the_gain_is_split_by_whether_the_dev_evidence_page_was_a_training_posit
     assert "| full | evidence page trained on: 4 | +1.000 [+1.000, +1.000]" in table
 
 
-def test_the_multisearch_comparison_pairs_questions_and_skips_missing_values():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import multisearch_agent
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+def test_the_multisearch_comparison_pairs_questions_and_skips_missing_values(multisearch_agent):
 
     def report(values):
         return {"per_question": [{"id": qid, "evidence_recall": v, "answer_recall": 0.0, "em": 0.0, "f1": 0.0}
@@ -128,6 +133,34 @@ def test_the_multisearch_comparison_pairs_questions_and_skips_missing_values():
     table = multisearch_agent.render(reports, comparison, 2)
     assert "| single-search | 0.250 |" in table and "| multi-search | 0.750 (+0.500 [" in table
     assert table.rstrip().endswith("| 3.50 | 1.00 | 1.00 |")
+
+
+def test_the_gold_decomposition_reference_searches_the_leaves_within_the_budget(multisearch_agent, tmp_path):
+    from agentic_retriever.index import IndexBuildConfig, build_index
+
+    pages = {"Busan": "Busan camellia symbol flower city", "Daegu": "Daegu magnolia symbol flower city",
+             "Ulsan": "Ulsan pear blossom symbol flower city", "Korea": "Korea metropolitan cities list"}
+    pages.update({f"Filler {i}": f"unrelated filler passage number {i} about rivers" for i in range(20)})
+    corpus = _write(tmp_path / "corpus.jsonl", [{"id": str(i), "title": title, "text": text}
+                                                for i, (title, text) in enumerate(pages.items())])
+    build_index(IndexBuildConfig(corpus=str(corpus), out=str(tmp_path / "bm25"), backend="bm25"))
+    leaves = _write(tmp_path / "leaves.jsonl", [
+        _leaf("l1", "Korea metropolitan cities?", "P1"), _leaf("l2", "Busan camellia flower?", "P1"),
+        _leaf("l3", "Daegu magnolia flower?", "P1"), _leaf("l4", "Gwangju flower?", "P1")])
+    evidence = ["Korea", "Busan", "Daegu", "Gwangju"]  # Gwangju's page is not in the corpus
+    parents = _write(tmp_path / "parents.jsonl", [
+        {"id": "P1", "question": "Korea's cities and their flowers?", "supporting_titles": evidence,
+         "leaf_ids": ["l1", "l2", "l3", "l4"]}])
+
+    ceiling = multisearch_agent.gold_decomposition_recall(str(tmp_path / "bm25"), parents, leaves, 10, topk=1,
+                                                          budget=2)
+    assert (ceiling["first"], ceiling["all"], ceiling["in_corpus"]) == (0.5, 0.75, 0.75)
+    assert "the first 2: evidence recall 0.500; all (4.0 per question): 0.750" in multisearch_agent.render_ceiling(
+        ceiling)
+
+    _write(leaves, [_leaf("l1", "Korea metropolitan cities?", "P1")])
+    with pytest.raises(ValueError, match=r"leaves.jsonl: no leaf question with id 'l2' \(a leaf of 'P1'"):
+        multisearch_agent.gold_decomposition_recall(str(tmp_path / "bm25"), parents, leaves, 10, topk=1, budget=2)
 
 
 def _audit(evidence_auc, answer_auc=0.5, rounds=3):
