@@ -139,6 +139,21 @@ def mine_variants(job: MineJobConfig, work: Path, ablations: list[str]) -> dict[
     return rows
 
 
+def rows_mined(path: Path) -> int:
+    """The training rows a mining run wrote (its `retriever_train.jsonl`)."""
+    with open(path, encoding="utf-8") as f:
+        return sum(1 for line in f if line.strip())
+
+
+def primary_variant(rows: dict[str, Path]) -> str:
+    """The variant the settings search and the agent's evaluation use: the full method, or where it mined no row
+    (GAC passing on no round of a long list answer, say) the first ablation that mined some, in config order."""
+    for name, path in rows.items():
+        if rows_mined(path):
+            return name
+    raise ValueError(f"no variant mined a training row: {', '.join(rows)} (see their mining_stats.json)")
+
+
 def pick_gac_target(audits: dict[str, dict]) -> str:
     """The GAC target whose scores rank the question's evidence pages highest among a round's candidates: the
     largest mean evidence AUC of the GAC signal in each target's `mine audit` (ties: the first target)."""
@@ -352,9 +367,14 @@ def render(results: dict) -> str:
     for name, audit in results["audits"].items():
         ev, fn, auc = audit["evidence"], audit["false_negatives"]["by_candidate"], audit["auc"]["evidence"]
         aucs = " / ".join("-" if auc[s]["absent"] else f"{auc[s]['mean']:.2f}" for s in ("lr", "gac", "retriever"))
-        lines.append(f"| {name} | {results['systems'][name]['rows']['examples']} | {ev['positive_is_member']} / "
+        examples = results["systems"][name]["rows"]["examples"] if name in results["systems"] else 0
+        lines.append(f"| {name} | {examples} | {ev['positive_is_member']} / "
                      f"{ev['mined_rounds_with_member']} | {ev['member_as_negative']} | {fn['answer']} / "
                      f"{fn['negatives']} | {aucs} |")
+    if results.get("no_rows"):
+        lines += ["", f"Mined no training row, so not trained: {', '.join(results['no_rows'])} (mining_stats.json "
+                  f"says which filter dropped each round); the settings search and the agent use "
+                  f"**{results['primary']}**"]
     lines.append("")
     for mode, title in (("none", "bare leaf question"), ("parent", "composed with the parent question")):
         lines += [f"Leaf dev questions ({results['leaf_questions']}), {title}; each cell: value (trained minus base "
@@ -486,14 +506,19 @@ def main() -> None:
 
     train = dataclasses.replace(train, corpus=corpus_path, select_on=str(data / config.heldout_qa),
                                 select_parents=str(data / config.heldout_parents), select_index=config.base_index)
-    best, search = steps.run("training settings on the held-out slice (full method)", lambda: choose_training_settings(
-        dataclasses.replace(train, data=str(rows["full"]), out=str(work / "retriever" / "settings")),
+    primary = primary_variant(rows)
+    no_rows = [name for name, path in rows.items() if not rows_mined(path)]  # reported, not trained
+    if no_rows:
+        print(f"mined no training row, not trained: {', '.join(no_rows)}; the settings search and the agent's "
+              f"evaluation use {primary!r}")
+    best, search = steps.run(f"training settings on the held-out slice ({primary})", lambda: choose_training_settings(
+        dataclasses.replace(train, data=str(rows[primary]), out=str(work / "retriever" / "settings")),
         config.settings_grid))
     chosen = {k: getattr(best, k) for k in config.settings_grid}
     trainings = {name: dataclasses.replace(best, data=str(path), out=str(work / "retriever" / _slug(name)))
-                 for name, path in rows.items() if name != "full"}
-    trainings = {"full": best, **trainings}  # the full method's run is the settings search's best
-    if config.soft_label:
+                 for name, path in rows.items() if name != primary and name not in no_rows}
+    trainings = {primary: best, **trainings}  # the primary variant's run is the settings search's best
+    if config.soft_label and "full" not in no_rows:
         trainings["full, soft-label loss"] = dataclasses.replace(best, data=str(rows["full"]), loss="soft_label",
                                                                  out=str(work / "retriever" / "full-soft-label"))
     # the base at the trained encoders' max length is the comparator; the quickstart index (the model's own
@@ -535,18 +560,19 @@ def main() -> None:
             base["leaf"], systems[name]["leaf"], data / config.dev_qa, positive_titles(Path(settings.data), corpus),
             SPLIT_METRICS, config.bootstrap_samples)
     if config.agent_eval_questions:
-        for name in ("base", "full"):
+        for name in ("base", primary):
             systems[name]["agent"] = steps.run(f"agent on multi-hop dev: {name}", lambda: agent_report(
                 systems[name]["index"], agent_model, rollout, config, data, work))
-        systems["full"]["agent_vs_base"] = compare_agents(base["agent"], systems["full"]["agent"],
-                                                          config.bootstrap_samples)
+        systems[primary]["agent_vs_base"] = compare_agents(base["agent"], systems[primary]["agent"],
+                                                           config.bootstrap_samples)
     for system in systems.values():  # per-question records stay in the eval/ and agent/ folders
         system["leaf"] = {mode: _without_per_question(report) for mode, report in system["leaf"].items()}
         if system.get("agent"):
             system["agent"] = _without_per_question(system["agent"])
     results: dict = {
         "leaf_questions": base["leaf"]["none"]["questions_evaluated"], "chosen_settings": chosen,
-        "settings_search": search, "gac_target_choice": gac_target_choice, "audits": {n: _audit_summary(a) for n, a in audits.items()}, "systems": systems,
+        "settings_search": search, "gac_target_choice": gac_target_choice, "primary": primary, "no_rows": no_rows,
+        "audits": {n: _audit_summary(a) for n, a in audits.items()}, "systems": systems,
         "mining_rounds": {n: read_json(Path(p).parent / "mining_stats.json")["rounds"] for n, p in rows.items()
                           if (Path(p).parent / "mining_stats.json").is_file()},
         "step_seconds": steps.seconds, "device": describe_device(),

@@ -211,3 +211,23 @@ def test_the_agent_table_shows_how_the_agent_searched_beside_what_it_found(exper
         "full": {"leaf": leaf, "agent": agent(0.3), "agent_vs_base": {"evidence_recall": diff}}}})
     assert "| base | 0.200 | 0.000 | 0.000 | 0.000 | 3.50 | 1.75 | 0.40 |" in table
     assert "| full | 0.300 (+0.100 [+0.020, +0.200]) | 0.000 | 0.000 | 0.000 | 3.50 | 1.75 | 0.40 |" in table
+
+
+def test_a_variant_that_mined_no_row_is_reported_and_the_next_one_leads(experiment, tmp_path):
+    empty = _write(tmp_path / "full.jsonl", [])
+    some = _write(tmp_path / "wo_gac.jsonl", [{"query_id": "q1"}, {"query_id": "q2"}])
+    assert experiment.rows_mined(empty) == 0 and experiment.rows_mined(some) == 2
+    assert experiment.primary_variant({"full": empty, "w/o GAC": some}) == "w/o GAC"
+    assert experiment.primary_variant({"full": some, "w/o GAC": empty}) == "full"
+    with pytest.raises(ValueError, match="no variant mined a training row: full, w/o GAC"):
+        experiment.primary_variant({"full": empty, "w/o GAC": empty})
+
+    leaf = {m: {"metrics": {k: 0.0 for k in experiment.LEAF_METRICS}} for m in ("none", "parent")}
+    audit = {"evidence": {"positive_is_member": 0, "mined_rounds_with_member": 0, "member_as_negative": 0},
+             "false_negatives": {"by_candidate": {"answer": 0, "negatives": 0}},
+             "auc": {"evidence": {s: {"absent": True} for s in ("lr", "gac", "retriever")}}}
+    table = experiment.render({"leaf_questions": 2, "audits": {"full": audit, "w/o GAC": audit},
+                               "primary": "w/o GAC", "no_rows": ["full"],
+                               "systems": {"base": {"leaf": leaf}, "w/o GAC": {"leaf": leaf, "rows": {"examples": 2}}}})
+    assert "| full | 0 | 0 / 0 |" in table and "| w/o GAC | 2 | 0 / 0 |" in table
+    assert "Mined no training row, so not trained: full" in table and "use **w/o GAC**" in table
