@@ -104,6 +104,9 @@ class ExperimentConfig:
     gac_target_questions: int = 16  # held-out multi-hop questions (heldout_parents) the choice is made on
     reference: bool = True
     soft_label: bool = True
+    # DIAGNOSTIC: the primary variant trained again without checkpoint selection (its last epoch) and evaluated like
+    # the others, agent included: what its rows teach when the held-out selection keeps the base
+    unselected: bool = False
 
     def __post_init__(self) -> None:
         unknown = [name for name in self.ablations if name not in ABLATIONS]
@@ -152,6 +155,19 @@ def primary_variant(rows: dict[str, Path]) -> str:
         if rows_mined(path):
             return name
     raise ValueError(f"no variant mined a training row: {', '.join(rows)} (see their mining_stats.json)")
+
+
+def unselected_name(primary: str) -> str:
+    return f"{primary}, last epoch (diagnostic, not selected)"
+
+
+def agent_systems(systems: dict[str, dict], primary: str) -> list[str]:
+    """The retrievers the agent is evaluated with: the base, the primary variant unless its selection kept the base
+    (then it is the base model, and its searches would be the base's), and the unselected diagnostic if trained."""
+    names = ["base"]
+    if systems[primary].get("kept") != "base":
+        names.append(primary)
+    return names + [name for name in systems if name == unselected_name(primary)]
 
 
 def pick_gac_target(audits: dict[str, dict]) -> str:
@@ -518,6 +534,9 @@ def main() -> None:
     trainings = {name: dataclasses.replace(best, data=str(path), out=str(work / "retriever" / _slug(name)))
                  for name, path in rows.items() if name != primary and name not in no_rows}
     trainings = {primary: best, **trainings}  # the primary variant's run is the settings search's best
+    if config.unselected:
+        trainings[unselected_name(primary)] = dataclasses.replace(
+            best, select_on="", select_parents="", out=str(work / "retriever" / _slug(unselected_name(primary))))
     if config.soft_label and "full" not in no_rows:
         trainings["full, soft-label loss"] = dataclasses.replace(best, data=str(rows["full"]), loss="soft_label",
                                                                  out=str(work / "retriever" / "full-soft-label"))
@@ -530,20 +549,21 @@ def main() -> None:
         dense=DenseParams(type="flat"))))
     systems: dict[str, dict] = {"base": {"index": str(base_index), "kept": "base"},
                                 "base, max length 256 (quickstart index)": {"index": config.base_index, "kept": "base"}}
-    trained_by_rows: dict[tuple[str, str], str] = {}  # identical rows and loss train the same model: reuse it
-    for name, settings in trainings.items():
-        same = trained_by_rows.get((Path(settings.data).read_text(), settings.loss))
+    trained_by_rows: dict[tuple[str, str, str], str] = {}  # identical rows, loss and selection train the same
+    for name, settings in trainings.items():                 # model: reuse it
+        key = (Path(settings.data).read_text(), settings.loss, settings.select_on)
+        same = trained_by_rows.get(key)
         if same is not None:
             systems[name] = {**systems[same], "same_rows_as": same}
             continue
-        trained_by_rows[(Path(settings.data).read_text(), settings.loss)] = name
+        trained_by_rows[key] = name
         model = steps.run(f"train: {name}", lambda: train_retriever(settings))
         manifest = read_json(Path(model) / "train_manifest.json")
         out = work / "index" / _slug(name)
         steps.run(f"index: {name}", lambda: build_index(IndexBuildConfig(
             corpus=corpus_path, out=str(out), backend="dense", encoder=EncoderConfig(model=str(model)),
             dense=DenseParams(type="flat"))))
-        systems[name] = {"index": str(out), "model": str(model), "kept": (manifest.get("selection") or {}).get("kept"),
+        systems[name] = {"index": str(out), "model": str(model), "kept": (manifest.get("selection") or {}).get("kept") or "last epoch",
                          "rows": manifest["data"], "updates": manifest["updates"]}
 
     for name, system in systems.items():
@@ -560,11 +580,12 @@ def main() -> None:
             base["leaf"], systems[name]["leaf"], data / config.dev_qa, positive_titles(Path(settings.data), corpus),
             SPLIT_METRICS, config.bootstrap_samples)
     if config.agent_eval_questions:
-        for name in ("base", primary):
+        for name in agent_systems(systems, primary):
             systems[name]["agent"] = steps.run(f"agent on multi-hop dev: {name}", lambda: agent_report(
                 systems[name]["index"], agent_model, rollout, config, data, work))
-        systems[primary]["agent_vs_base"] = compare_agents(base["agent"], systems[primary]["agent"],
-                                                           config.bootstrap_samples)
+            if name != "base":
+                systems[name]["agent_vs_base"] = compare_agents(base["agent"], systems[name]["agent"],
+                                                                config.bootstrap_samples)
     for system in systems.values():  # per-question records stay in the eval/ and agent/ folders
         system["leaf"] = {mode: _without_per_question(report) for mode, report in system["leaf"].items()}
         if system.get("agent"):

@@ -231,3 +231,12 @@ def test_a_variant_that_mined_no_row_is_reported_and_the_next_one_leads(experime
                                "systems": {"base": {"leaf": leaf}, "w/o GAC": {"leaf": leaf, "rows": {"examples": 2}}}})
     assert "| full | 0 | 0 / 0 |" in table and "| w/o GAC | 2 | 0 / 0 |" in table
     assert "Mined no training row, so not trained: full" in table and "use **w/o GAC**" in table
+
+
+def test_the_agent_is_not_rerun_on_a_retriever_whose_selection_kept_the_base(experiment):
+    diagnostic = experiment.unselected_name("w/o GAC")
+    systems = {"base": {}, "w/o GAC": {"kept": "base"}, diagnostic: {"kept": None}}
+    assert experiment.agent_systems(systems, "w/o GAC") == ["base", diagnostic]
+    systems["w/o GAC"]["kept"] = "epoch-1"
+    assert experiment.agent_systems(systems, "w/o GAC") == ["base", "w/o GAC", diagnostic]
+    assert experiment.agent_systems({"base": {}, "full": {"kept": "epoch-2"}}, "full") == ["base", "full"]
