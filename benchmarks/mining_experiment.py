@@ -23,7 +23,10 @@ One command runs it, every step reusing its artifact when it is there (a rerun o
 On the multi-search agent (``configs/mining_experiment_multisearch.yaml``) the mining questions are multi-hop, so
 every round has Q (the multi-hop question) different from q (one sub-query); ``experiment.ablations`` trims the
 variants trained, and ``experiment.gac_targets`` first chooses GAC's target on held-out multi-hop questions
-(`choose_gac_target`; model selection: it reads their evidence titles).
+(`choose_gac_target`; model selection: it reads their evidence titles). A variant that mines no row is reported
+and not trained; the settings search and the agent then use the first variant that mined rows (`primary_variant`).
+``experiment.unselected`` (a labelled diagnostic) also trains that variant without checkpoint selection, for when
+the held-out selection keeps the base: the agent is not rerun on a retriever that is the base model.
 
 Writes ``results.json``, ``results.md`` (the tables of benchmarks/RESULTS.md) and ``results.png`` into the work folder.
 Evaluation labels: only steps 3, 4 (held-out slice) and 6 (dev) read evidence titles; the reference row reads
