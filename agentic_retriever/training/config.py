@@ -132,6 +132,6 @@ class RetrieverTrainConfig:
         if unknown or not self.select_compose_with or len(set(self.select_compose_with)) < len(self.select_compose_with):
             raise ValueError(f"select_compose_with must list distinct inputs of {', '.join(COMPOSE_WITH)}, "
                              f"got {self.select_compose_with}")
-        if "parent" in self.select_compose_with and not self.select_parents:
+        if self.select_on and "parent" in self.select_compose_with and not self.select_parents:
             raise ValueError("select_compose_with parent needs --select-parents (the QA file of the parent questions)")
         validate_report_to(self.report_to)

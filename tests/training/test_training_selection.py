@@ -198,6 +198,8 @@ def test_the_best_epoch_is_exported_even_when_it_is_not_the_last(
     with pytest.raises(ValueError, match="needs --select-parents"):
         train_retriever(_config(tiny_model_dir, train_rows, corpus_path, tmp_path / "r2", select_on=str(heldout),
                                 select_index=index_dir, select_compose_with=["parent"]))
+    # without selection the selection inputs are not read: no parents needed
+    _config(tiny_model_dir, train_rows, corpus_path, tmp_path / "r3", select_compose_with=["parent"]).validate()
 
 
 @pytest.mark.slow
