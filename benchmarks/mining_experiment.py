@@ -26,7 +26,7 @@ variants trained, and ``experiment.gac_targets`` first chooses GAC's target on h
 (`choose_gac_target`; model selection: it reads their evidence titles). A variant that mines no row is reported
 and not trained; the settings search and the agent then use the first variant that mined rows (`primary_variant`).
 ``experiment.unselected`` (a labelled diagnostic) also trains that variant without checkpoint selection, for when
-the held-out selection keeps the base: the agent is not rerun on a retriever that is the base model.
+the held-out selection keeps the base weights, and evaluates it like the others, agent included.
 
 Writes ``results.json``, ``results.md`` (the tables of benchmarks/RESULTS.md) and ``results.png`` into the work folder.
 Evaluation labels: only steps 3, 4 (held-out slice) and 6 (dev) read evidence titles; the reference row reads
@@ -165,12 +165,9 @@ def unselected_name(primary: str) -> str:
 
 
 def agent_systems(systems: dict[str, dict], primary: str) -> list[str]:
-    """The retrievers the agent is evaluated with: the base, the primary variant unless its selection kept the base
-    (then it is the base model, and its searches would be the base's), and the unselected diagnostic if trained."""
-    names = ["base"]
-    if systems[primary].get("kept") != "base":
-        names.append(primary)
-    return names + [name for name in systems if name == unselected_name(primary)]
+    """The retrievers the agent is evaluated with: the base, the primary variant (even when its selection kept the
+    base weights: it still composes ``Q [SEP] q``, where the base ignores Q), and the unselected diagnostic."""
+    return ["base", primary] + [name for name in systems if name == unselected_name(primary)]
 
 
 def pick_gac_target(audits: dict[str, dict]) -> str:

@@ -233,10 +233,8 @@ def test_a_variant_that_mined_no_row_is_reported_and_the_next_one_leads(experime
     assert "Mined no training row, so not trained: full" in table and "use **w/o GAC**" in table
 
 
-def test_the_agent_is_not_rerun_on_a_retriever_whose_selection_kept_the_base(experiment):
+def test_the_agent_runs_with_the_base_the_primary_variant_and_the_unselected_diagnostic(experiment):
     diagnostic = experiment.unselected_name("w/o GAC")
-    systems = {"base": {}, "w/o GAC": {"kept": "base"}, diagnostic: {"kept": None}}
-    assert experiment.agent_systems(systems, "w/o GAC") == ["base", diagnostic]
-    systems["w/o GAC"]["kept"] = "epoch-1"
+    systems = {"base": {}, "full": {}, "w/o GAC": {"kept": "base"}, diagnostic: {"kept": "last epoch"}}
     assert experiment.agent_systems(systems, "w/o GAC") == ["base", "w/o GAC", diagnostic]
     assert experiment.agent_systems({"base": {}, "full": {"kept": "epoch-2"}}, "full") == ["base", "full"]
