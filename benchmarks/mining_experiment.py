@@ -105,6 +105,9 @@ class ExperimentConfig:
     ablations: list[str] = field(default_factory=lambda: list(ABLATIONS))  # the mining variants trained (full first)
     gac_targets: list[str] = field(default_factory=list)  # GAC targets to choose from (empty: mine_run's own)
     gac_target_questions: int = 16  # held-out multi-hop questions (heldout_parents) the choice is made on
+    # GAC thresholds chosen with the target (empty: mine_run's own): the pair whose pass decision best finds the
+    # evidence pages among the held-out rounds' candidates (F1) decides, not the AUC
+    gac_thresholds: list[float] = field(default_factory=list)
     reference: bool = True
     soft_label: bool = True
     # DIAGNOSTIC: the primary variant trained again without checkpoint selection (its last epoch) and evaluated like
@@ -118,6 +121,9 @@ class ExperimentConfig:
                              f"got {self.ablations}")
         if self.gac_targets and self.gac_target_questions < 1:
             raise ValueError(f"experiment.gac_target_questions must be at least 1, got {self.gac_target_questions}")
+        if self.gac_thresholds and not self.gac_targets:
+            raise ValueError("experiment.gac_thresholds are chosen on held-out rounds with the target: list "
+                             "experiment.gac_targets too")
 
 
 def _slug(name: str) -> str:
@@ -181,6 +187,41 @@ def pick_gac_target(audits: dict[str, dict]) -> str:
     return max(aucs, key=lambda target: (aucs[target], -list(aucs).index(target)))
 
 
+def gac_decisions(rounds_path: Path, evidence: dict[str, set[str]], thresholds: list[float]) -> list[dict]:
+    """EVALUATION-SIDE (reads evidence titles): per threshold, how GAC's pass decision (gain >= threshold) finds the
+    question's evidence pages among the candidates it scored in `rounds.jsonl`: passing candidates, the evidence
+    pages among them, precision, recall and F1."""
+    scored = [(candidate["gac"], candidate["title"] in evidence.get(record["question_id"], ()))
+              for _, record in iter_jsonl(rounds_path) for candidate in record["candidates"]
+              if candidate.get("gac") is not None]
+    members = sum(member for _, member in scored)
+    table = []
+    for threshold in thresholds:
+        passing = [member for gain, member in scored if gain >= threshold]
+        hits = sum(passing)
+        precision = hits / len(passing) if passing else 0.0
+        recall = hits / members if members else 0.0
+        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+        table.append({"threshold": threshold, "candidates": len(scored), "evidence": members,
+                      "passing": len(passing), "evidence_passing": hits, "precision": precision, "recall": recall,
+                      "f1": f1})
+    return table
+
+
+def pick_gac_setting(decisions: dict[str, list[dict]]) -> tuple[str, float]:
+    """The (target, threshold) whose GAC pass decision has the best evidence F1 (ties: the first target, then the
+    first threshold listed)."""
+    pairs = [(row["f1"], -t, -j, target, row["threshold"]) for t, (target, rows) in enumerate(decisions.items())
+             for j, row in enumerate(rows)]
+    if not pairs:
+        raise ValueError("no GAC target and threshold to choose from")
+    best = max(pairs)
+    if best[0] == 0:
+        raise ValueError("GAC passed no evidence page at any target and threshold on the held-out rounds: nothing to "
+                         "choose by")
+    return best[3], best[4]
+
+
 def choose_gac_target(job: MineJobConfig, rollout: RolloutConfig, config: ExperimentConfig, data: Path,
                       work: Path) -> tuple[str, dict]:
     """MODEL SELECTION (reads the held-out questions' evidence titles; those questions are never trained on): the
@@ -209,12 +250,19 @@ def choose_gac_target(job: MineJobConfig, rollout: RolloutConfig, config: Experi
         run_mine_job(dataclasses.replace(job, trajectories=str(trajectories), out=str(out), mining=dataclasses.replace(
             job.mining, gac_target=target, skip_hopeless_gac=False)), gac_rounds=judged)
         audits[target] = audit_mining(out, qa)
-    chosen = pick_gac_target(audits)
-    report = {"chosen": chosen, "questions": config.gac_target_questions,
+    report = {"questions": config.gac_target_questions,
               "targets": {target: {"evidence_auc": audit["auc"]["evidence"]["gac"],
                                    "answer_auc": audit["auc"]["answer"]["gac"], "rounds": audit["rounds"]}
                           for target, audit in audits.items()}}
-    return chosen, report
+    if config.gac_thresholds:
+        decisions = {target: gac_decisions(folder / target / "rounds.jsonl", evidence, config.gac_thresholds)
+                     for target in config.gac_targets}
+        chosen, threshold = pick_gac_setting(decisions)
+        for target, rows in decisions.items():
+            report["targets"][target]["decisions"] = rows
+        return chosen, threshold, report | {"chosen": chosen, "threshold": threshold}
+    chosen = pick_gac_target(audits)
+    return chosen, None, report | {"chosen": chosen}
 
 
 def reference_rows(mining_dir: Path, qa_path: Path, corpus: Corpus, out: Path, num_negatives: int = 15,
@@ -424,13 +472,25 @@ def render(results: dict) -> str:
             lines.append(f"| {name} | " + " | ".join(cells + behaviour) + " |")
     choice = results.get("gac_target_choice")
     if choice:
-        lines += ["", f"GAC target, chosen on {choice['questions']} held-out multi-hop questions by the evidence AUC "
-                  f"of GAC within a round (reads their evidence titles): **{choice['chosen']}**", "",
+        by_f1 = choice.get("threshold") is not None
+        decided = (f"with its threshold by the evidence F1 of GAC's pass decision: **{choice['chosen']}, "
+                   f"{choice['threshold']:g}**") if by_f1 else f"by the evidence AUC of GAC within a round: " \
+                                                              f"**{choice['chosen']}**"
+        lines += ["", f"GAC target, chosen on {choice['questions']} held-out multi-hop questions {decided} (reads "
+                  "their evidence titles)", "",
                   "| GAC target | evidence AUC (rounds) | answer AUC (rounds) |", "|---|---:|---:|"]
         for target, record in choice["targets"].items():
             cells = ["-" if auc["mean"] is None else f"{auc['mean']:.3f} ({auc['rounds']})"
                      for auc in (record["evidence_auc"], record["answer_auc"])]
             lines.append(f"| {target} | " + " | ".join(cells) + " |")
+        if by_f1:
+            lines += ["", "| GAC target | threshold | passing candidates | evidence among them | precision | recall "
+                      "| F1 |", "|---|---:|---:|---:|---:|---:|---:|"]
+            for target, record in choice["targets"].items():
+                for row in record["decisions"]:
+                    lines.append(f"| {target} | {row['threshold']:g} | {row['passing']} / {row['candidates']} | "
+                                 f"{row['evidence_passing']} / {row['evidence']} | {row['precision']:.2f} | "
+                                 f"{row['recall']:.2f} | {row['f1']:.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -509,9 +569,12 @@ def main() -> None:
                               agent=dataclasses.replace(mine.agent, model=agent_model))
     gac_target_choice = None
     if config.gac_targets:
-        target, gac_target_choice = steps.run("GAC target chosen on held-out questions (reads their evidence titles)",
-                                              lambda: choose_gac_target(job, rollout, config, data, work))
-        job = dataclasses.replace(job, mining=dataclasses.replace(job.mining, gac_target=target))
+        target, threshold, gac_target_choice = steps.run(
+            "GAC target chosen on held-out questions (reads their evidence titles)",
+            lambda: choose_gac_target(job, rollout, config, data, work))
+        selection = job.mining.selection if threshold is None else dataclasses.replace(
+            job.mining.selection, gac_threshold=threshold)
+        job = dataclasses.replace(job, mining=dataclasses.replace(job.mining, gac_target=target, selection=selection))
     rows = steps.run("mining and its ablations", lambda: mine_variants(job, work, config.ablations))
     audits = steps.run("mining audits (read the mining questions' evidence titles)", lambda: {
         name: audit_mining(Path(path).parent, data / config.mining_qa) for name, path in rows.items()})

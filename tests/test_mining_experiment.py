@@ -238,3 +238,33 @@ def test_the_agent_runs_with_the_base_the_primary_variant_and_the_unselected_dia
     systems = {"base": {}, "full": {}, "w/o GAC": {"kept": "base"}, diagnostic: {"kept": "last epoch"}}
     assert experiment.agent_systems(systems, "w/o GAC") == ["base", "w/o GAC", diagnostic]
     assert experiment.agent_systems({"base": {}, "full": {"kept": "epoch-2"}}, "full") == ["base", "full"]
+
+
+def test_the_gac_threshold_is_chosen_with_the_target_by_the_evidence_f1_of_the_pass_decision(experiment, tmp_path):
+    def rnd(question_id, gains):
+        return {"question_id": question_id, "candidates": [{"title": title, "gac": gain} for title, gain in gains]}
+
+    evidence = {"P1": {"Busan", "Daegu"}, "P2": {"Ulsan"}}
+    final = _write(tmp_path / "final.jsonl", [
+        rnd("P1", [("Busan", 0.6), ("Seoul", 0.02), ("Daegu", 0.1)]),
+        rnd("P2", [("Ulsan", 0.3), ("Tokyo", None)])])  # None: GAC not scored on this candidate
+    wide = _write(tmp_path / "sub.jsonl", [
+        rnd("P1", [("Busan", 0.9), ("Seoul", 0.9), ("Daegu", 0.9)]), rnd("P2", [("Ulsan", 0.9), ("Tokyo", 0.9)])])
+    table = experiment.gac_decisions(final, evidence, [0.5, 0.2, 0.05])
+    assert [(r["passing"], r["evidence_passing"]) for r in table] == [(1, 1), (2, 2), (3, 3)]
+    assert table[0]["candidates"] == 4 and table[0]["evidence"] == 3
+    assert table[2]["f1"] == pytest.approx(1.0) and table[0]["f1"] == pytest.approx(0.5)
+    decisions = {"final": table, "sub_question": experiment.gac_decisions(wide, evidence, [0.5, 0.2, 0.05])}
+    assert experiment.pick_gac_setting(decisions) == ("final", 0.05)
+    assert decisions["sub_question"][0]["precision"] == pytest.approx(3 / 5)
+    with pytest.raises(ValueError, match="passed no evidence page"):
+        experiment.pick_gac_setting({"final": experiment.gac_decisions(final, evidence, [1.0])})
+    with pytest.raises(ValueError, match="list experiment.gac_targets too"):
+        experiment.ExperimentConfig(gac_thresholds=[0.2])
+
+    choice = {"chosen": "final", "threshold": 0.05, "questions": 2,
+              "targets": {name: {"evidence_auc": {"mean": 0.7, "rounds": 2}, "answer_auc": {"mean": None, "rounds": 0},
+                                 "decisions": rows} for name, rows in decisions.items()}}
+    text = experiment.render({"leaf_questions": 0, "systems": {}, "audits": {}, "gac_target_choice": choice})
+    assert "pass decision: **final, 0.05**" in text
+    assert "| final | 0.5 | 1 / 4 | 1 / 3 | 1.00 | 0.33 | 0.50 |" in text
