@@ -61,7 +61,7 @@ from agentic_retriever.eval.qa import contains_match, qa_scores  # noqa: E402
 from agentic_retriever.eval.retrieval import (composition_questions, evaluate_retrieval,  # noqa: E402
                                               load_judged_questions)
 from agentic_retriever.index import DenseParams, IndexBuildConfig, build_index, open_index  # noqa: E402
-from agentic_retriever.jsonl import iter_jsonl, read_json, write_json, write_jsonl  # noqa: E402
+from agentic_retriever.jsonl import atomic_write, iter_jsonl, read_json, write_json, write_jsonl  # noqa: E402
 from agentic_retriever.mining.audit import audit_mining  # noqa: E402
 from agentic_retriever.mining.job import MineJobConfig, run_mine_job  # noqa: E402
 from agentic_retriever.mining.rounds import search_queries  # noqa: E402
@@ -226,7 +226,9 @@ def choose_gac_target(job: MineJobConfig, rollout: RolloutConfig, config: Experi
                       work: Path) -> tuple[str, dict]:
     """MODEL SELECTION (reads the held-out questions' evidence titles; those questions are never trained on): the
     agent rolls out on the first `gac_target_questions` held-out multi-hop questions, their rounds are mined with
-    each of `gac_targets`, and the target whose GAC ranks evidence pages highest (`pick_gac_target`) is chosen.
+    each of `gac_targets`, and the target whose GAC ranks evidence pages highest (`pick_gac_target`) is chosen, or
+    with `gac_thresholds` the (target, threshold) pair whose pass decision finds them best (`pick_gac_setting`);
+    written to ``gac_target_choice/choice.{json,md}``.
     GAC is scored on every round with an evidence page among its candidates (whatever its LR) and on no other:
     the others cannot move the AUC, and a multi-search round costs about a minute of GAC on 2 CPU cores.
     The choice is a deviation from the paper, whose GAC target is always the final answer (docs/mining.md)."""
@@ -254,15 +256,22 @@ def choose_gac_target(job: MineJobConfig, rollout: RolloutConfig, config: Experi
               "targets": {target: {"evidence_auc": audit["auc"]["evidence"]["gac"],
                                    "answer_auc": audit["auc"]["answer"]["gac"], "rounds": audit["rounds"]}
                           for target, audit in audits.items()}}
+    threshold = None
     if config.gac_thresholds:
         decisions = {target: gac_decisions(folder / target / "rounds.jsonl", evidence, config.gac_thresholds)
                      for target in config.gac_targets}
         chosen, threshold = pick_gac_setting(decisions)
         for target, rows in decisions.items():
             report["targets"][target]["decisions"] = rows
-        return chosen, threshold, report | {"chosen": chosen, "threshold": threshold}
-    chosen = pick_gac_target(audits)
-    return chosen, None, report | {"chosen": chosen}
+    else:
+        chosen = pick_gac_target(audits)
+    report |= {"chosen": chosen, "threshold": threshold}
+    write_json(folder / "choice.json", report)  # readable before the long steps that follow it end
+    text = "\n".join(render_gac_choice(report)) + "\n"
+    with atomic_write(folder / "choice.md") as f:
+        f.write(text)
+    print(text)
+    return chosen, threshold, report
 
 
 def reference_rows(mining_dir: Path, qa_path: Path, corpus: Corpus, out: Path, num_negatives: int = 15,
@@ -410,6 +419,32 @@ def _diff_cell(comparison: dict | None) -> str:
     return f"{comparison['diff']:+.3f} [{comparison['ci_low']:+.3f}, {comparison['ci_high']:+.3f}]"
 
 
+def render_gac_choice(choice: dict) -> list[str]:
+    """The GAC-target choice (`choose_gac_target`) as markdown lines: AUCs per target, then, when the threshold was
+    chosen too, each pair's pass decision."""
+    by_f1 = choice.get("threshold") is not None
+    if by_f1:
+        decided = f"with its threshold by the evidence F1 of GAC's pass decision: **{choice['chosen']}, " \
+                  f"{choice['threshold']:g}**"
+    else:
+        decided = f"by the evidence AUC of GAC within a round: **{choice['chosen']}**"
+    lines = [f"GAC target, chosen on {choice['questions']} held-out multi-hop questions {decided} (reads their "
+             "evidence titles)", "", "| GAC target | evidence AUC (rounds) | answer AUC (rounds) |", "|---|---:|---:|"]
+    for target, record in choice["targets"].items():
+        cells = ["-" if auc["mean"] is None else f"{auc['mean']:.3f} ({auc['rounds']})"
+                 for auc in (record["evidence_auc"], record["answer_auc"])]
+        lines.append(f"| {target} | " + " | ".join(cells) + " |")
+    if by_f1:
+        lines += ["", "| GAC target | threshold | passing candidates | evidence among them | precision | recall "
+                  "| F1 |", "|---|---:|---:|---:|---:|---:|---:|"]
+        for target, record in choice["targets"].items():
+            for row in record["decisions"]:
+                lines.append(f"| {target} | {row['threshold']:g} | {row['passing']} / {row['candidates']} | "
+                             f"{row['evidence_passing']} / {row['evidence']} | {row['precision']:.2f} | "
+                             f"{row['recall']:.2f} | {row['f1']:.2f} |")
+    return lines
+
+
 def render(results: dict) -> str:
     """Markdown tables: the summary (bare and composed side by side), the mined labels (audit), leaf dev retrieval
     (bare, composed), the gain by whether the dev evidence page was a training positive, then the agent."""
@@ -470,27 +505,8 @@ def render(results: dict) -> str:
             cells = [_ci_cell(comparisons.get(m), report["metrics"][m]) for m in AGENT_METRICS]
             behaviour = [f"{report['metrics'].get(m, float('nan')):.2f}" for m in AGENT_BEHAVIOUR]
             lines.append(f"| {name} | " + " | ".join(cells + behaviour) + " |")
-    choice = results.get("gac_target_choice")
-    if choice:
-        by_f1 = choice.get("threshold") is not None
-        decided = (f"with its threshold by the evidence F1 of GAC's pass decision: **{choice['chosen']}, "
-                   f"{choice['threshold']:g}**") if by_f1 else f"by the evidence AUC of GAC within a round: " \
-                                                              f"**{choice['chosen']}**"
-        lines += ["", f"GAC target, chosen on {choice['questions']} held-out multi-hop questions {decided} (reads "
-                  "their evidence titles)", "",
-                  "| GAC target | evidence AUC (rounds) | answer AUC (rounds) |", "|---|---:|---:|"]
-        for target, record in choice["targets"].items():
-            cells = ["-" if auc["mean"] is None else f"{auc['mean']:.3f} ({auc['rounds']})"
-                     for auc in (record["evidence_auc"], record["answer_auc"])]
-            lines.append(f"| {target} | " + " | ".join(cells) + " |")
-        if by_f1:
-            lines += ["", "| GAC target | threshold | passing candidates | evidence among them | precision | recall "
-                      "| F1 |", "|---|---:|---:|---:|---:|---:|---:|"]
-            for target, record in choice["targets"].items():
-                for row in record["decisions"]:
-                    lines.append(f"| {target} | {row['threshold']:g} | {row['passing']} / {row['candidates']} | "
-                                 f"{row['evidence_passing']} / {row['evidence']} | {row['precision']:.2f} | "
-                                 f"{row['recall']:.2f} | {row['f1']:.2f} |")
+    if results.get("gac_target_choice"):
+        lines += ["", *render_gac_choice(results["gac_target_choice"])]
     return "\n".join(lines) + "\n"
 
 
@@ -663,7 +679,8 @@ def main() -> None:
     }
     write_json(work / "results.json", results)
     table = render(results)
-    (work / "results.md").write_text(table)
+    with atomic_write(work / "results.md") as f:
+        f.write(table)
     plot(results, work / "results.png")
     print("\n" + table + f"\nwrote {work / 'results.json'}, {work / 'results.md'}, {work / 'results.png'}")
 
