@@ -223,7 +223,7 @@ def pick_gac_setting(decisions: dict[str, list[dict]]) -> tuple[str, float]:
 
 
 def choose_gac_target(job: MineJobConfig, rollout: RolloutConfig, config: ExperimentConfig, data: Path,
-                      work: Path) -> tuple[str, dict]:
+                      work: Path) -> tuple[str, float | None, dict]:
     """MODEL SELECTION (reads the held-out questions' evidence titles; those questions are never trained on): the
     agent rolls out on the first `gac_target_questions` held-out multi-hop questions, their rounds are mined with
     each of `gac_targets`, and the target whose GAC ranks evidence pages highest (`pick_gac_target`) is chosen, or
@@ -628,8 +628,9 @@ def main() -> None:
         dense=DenseParams(type="flat"))))
     systems: dict[str, dict] = {"base": {"index": str(base_index), "kept": "base"},
                                 "base, max length 256 (quickstart index)": {"index": config.base_index, "kept": "base"}}
-    trained_by_rows: dict[tuple[str, str, str], str] = {}  # identical rows, loss and selection train the same
-    for name, settings in trainings.items():                 # model: reuse it
+    # identical rows, loss and selection train the same model: reuse it
+    trained_by_rows: dict[tuple[str, str, str], str] = {}
+    for name, settings in trainings.items():
         key = (Path(settings.data).read_text(), settings.loss, settings.select_on)
         same = trained_by_rows.get(key)
         if same is not None:
@@ -642,8 +643,9 @@ def main() -> None:
         steps.run(f"index: {name}", lambda: build_index(IndexBuildConfig(
             corpus=corpus_path, out=str(out), backend="dense", encoder=EncoderConfig(model=str(model)),
             dense=DenseParams(type="flat"))))
-        systems[name] = {"index": str(out), "model": str(model), "kept": (manifest.get("selection") or {}).get("kept") or "last epoch",
-                         "rows": manifest["data"], "updates": manifest["updates"]}
+        kept = (manifest.get("selection") or {}).get("kept") or "last epoch"
+        systems[name] = {"index": str(out), "model": str(model), "kept": kept, "rows": manifest["data"],
+                         "updates": manifest["updates"]}
 
     for name, system in systems.items():
         system["leaf"] = steps.run(f"evaluate: {name}", lambda: leaf_reports(system["index"], config, data, cache))

@@ -122,8 +122,8 @@ def main() -> None:
     table = render(reports, comparison, reports["multi-search"]["questions"]) + "\n" + render_ceiling(ceiling)
     results = {"agents": {n: str(p) for n, p in agents.items()}, "index": index,
                "env": dataclasses.asdict(rollout.env), "metrics": {n: r["metrics"] for n, r in reports.items()},
-               "questions": reports["multi-search"]["questions"], "multi_minus_single": comparison, "references": ceiling,
-               "step_seconds": steps.seconds, "device": describe_device()}
+               "questions": reports["multi-search"]["questions"], "multi_minus_single": comparison,
+               "references": ceiling, "step_seconds": steps.seconds, "device": describe_device()}
     write_json(work / "results.json", results)
     (work / "results.md").write_text(table)
     print("\n" + table + f"\nwrote {work / 'results.json'}, {work / 'results.md'}")
