@@ -157,13 +157,14 @@ def rows_mined(path: Path) -> int:
         return sum(1 for line in f if line.strip())
 
 
-def primary_variant(rows: dict[str, Path]) -> str:
-    """The variant the settings search and the agent's evaluation use: the full method, or where it mined no row
-    (GAC passing on no round of a long list answer, say) the first ablation that mined some, in config order."""
-    for name, path in rows.items():
-        if rows_mined(path):
+def primary_variant(mined: dict[str, int]) -> str:
+    """The variant the settings search and the agent's evaluation use, from each variant's count of mined rows
+    (`rows_mined`): the full method, or where it mined no row (GAC passing on no round of a long list answer, say)
+    the first ablation that mined some, in config order."""
+    for name, count in mined.items():
+        if count:
             return name
-    raise ValueError(f"no variant mined a training row: {', '.join(rows)} (see their mining_stats.json)")
+    raise ValueError(f"no variant mined a training row: {', '.join(mined)} (see their mining_stats.json)")
 
 
 def unselected_name(primary: str) -> str:
@@ -601,8 +602,9 @@ def main() -> None:
 
     train = dataclasses.replace(train, corpus=corpus_path, select_on=str(data / config.heldout_qa),
                                 select_parents=str(data / config.heldout_parents), select_index=config.base_index)
-    primary = primary_variant(rows)
-    no_rows = [name for name, path in rows.items() if not rows_mined(path)]  # reported, not trained
+    mined = {name: rows_mined(path) for name, path in rows.items()}
+    primary = primary_variant(mined)
+    no_rows = [name for name, count in mined.items() if not count]  # reported, not trained
     if no_rows:
         print(f"mined no training row, not trained: {', '.join(no_rows)}; the settings search and the agent's "
               f"evaluation use {primary!r}")

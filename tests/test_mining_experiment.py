@@ -217,10 +217,13 @@ def test_a_variant_that_mined_no_row_is_reported_and_the_next_one_leads(experime
     empty = _write(tmp_path / "full.jsonl", [])
     some = _write(tmp_path / "wo_gac.jsonl", [{"query_id": "q1"}, {"query_id": "q2"}])
     assert experiment.rows_mined(empty) == 0 and experiment.rows_mined(some) == 2
-    assert experiment.primary_variant({"full": empty, "w/o GAC": some}) == "w/o GAC"
-    assert experiment.primary_variant({"full": some, "w/o GAC": empty}) == "full"
+    def mined(rows):
+        return {name: experiment.rows_mined(path) for name, path in rows.items()}
+
+    assert experiment.primary_variant(mined({"full": empty, "w/o GAC": some})) == "w/o GAC"
+    assert experiment.primary_variant(mined({"full": some, "w/o GAC": empty})) == "full"
     with pytest.raises(ValueError, match="no variant mined a training row: full, w/o GAC"):
-        experiment.primary_variant({"full": empty, "w/o GAC": empty})
+        experiment.primary_variant(mined({"full": empty, "w/o GAC": empty}))
 
     leaf = {m: {"metrics": {k: 0.0 for k in experiment.LEAF_METRICS}} for m in ("none", "parent")}
     audit = {"evidence": {"positive_is_member": 0, "mined_rounds_with_member": 0, "member_as_negative": 0},
