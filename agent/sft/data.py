@@ -72,6 +72,10 @@ class SynthesisConfig:
                 "up to 3)"})
     max_searches: int = field(default=6, metadata={
         "help": "most searches of a multi-search trajectory (its first leaf sub-questions; agent_sft.multihop_qa)"})
+    grounded_steps: bool = field(default=False, metadata={
+        "help": "multi-search trajectories name only what the agent has read: a sub-question's names absent from "
+                "the question and the observations so far become 'each one' in the plan and leave its query "
+                "(agent.sft.multihop)"})
 
     def __post_init__(self):
         if not 0.0 <= self.direct_answer_share < 1.0:

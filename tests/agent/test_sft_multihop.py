@@ -68,8 +68,8 @@ def test_a_multihop_question_searches_its_parts_one_by_one_and_reads_each_observ
     examples, counts = synthesize_multihop_examples(read_multihop_rows(multihop, leaves), client, tokenizer,
                                                     SynthesisConfig(topk=2))
     (ex,) = examples  # a question with a single leaf is not a multi-search question
-    assert counts == {"rows": 2, "rows_used": 1, "searches": 3, "leaves_found": 2, "examples_multihop": 1,
-                      "examples": 1}
+    assert counts == {"rows": 2, "rows_used": 1, "searches": 3, "leaves_found": 2, "leaves_skipped": 0,
+                      "leaves_with_unread_names": 0, "examples_multihop": 1, "examples": 1}
     dialect = SearchR1Dialect()
     assert ex.prompt.endswith(f"Question: {QUESTION}\n<|im_end|>\n<|im_start|>assistant\n")
     turns = [text for text, generated in ex.segments if generated]
@@ -86,9 +86,11 @@ def test_a_multihop_question_searches_its_parts_one_by_one_and_reads_each_observ
     assert "The results do not say what is the capital of denmark." in turns[3]
     assert dialect.extract_answer(ex.response) == "Norway: Oslo, Denmark: Copenhagen"
     assert ex.meta["queries"] == ["Nordic countries", "capital Norway", "capital Denmark"]
-    # every candidate query is searched with the multi-hop question (a Q [SEP] q retriever composes it)
-    (queries, topk, questions), = client.calls
-    assert topk == 2 and set(questions) == {QUESTION} and len(questions) == len(queries)
+    # one retrieval call per search, each with every candidate query of the leaf, sent with the multi-hop question
+    # (a Q [SEP] q retriever composes it)
+    assert [queries[0] for queries, _, _ in client.calls] == ex.meta["queries"]
+    for queries, topk, questions in client.calls:
+        assert topk == 2 and questions == [QUESTION] * len(queries)
 
 
 def test_the_searched_phrasing_is_the_first_that_finds_the_evidence_and_searches_are_capped(files, tokenizer):
@@ -103,6 +105,44 @@ def test_the_searched_phrasing_is_the_first_that_finds_the_evidence_and_searches
         SynthesisConfig(max_searches=1)
     with pytest.raises(ValueError, match="search_r1 dialect"):
         synthesize_multihop_examples([], client, tokenizer, SynthesisConfig(dialect="qagent"))
+
+
+def test_grounded_steps_name_only_what_the_agent_has_read(files, tokenizer):
+    multihop, leaves = files
+    rows = read_multihop_rows(multihop, leaves)
+    grounded = SynthesisConfig(topk=2, grounded_steps=True)
+    # the list page names Norway and Denmark: their leaves are planned and searched as they stand
+    read = TableClient({"Nordic countries": [LIST_PAGE, NOISE], "capital Norway": [NOISE, OSLO]})
+    (ex,), counts = synthesize_multihop_examples(rows, read, tokenizer, grounded)
+    assert ex.meta["queries"] == ["Nordic countries", "capital Norway", "capital Denmark"]
+    assert counts["leaves_with_unread_names"] == 0 and counts["leaves_skipped"] == 0
+    # the first search misses: the agent has not read which countries they are, so the next part is "each one",
+    # searched without the name (no phrasing naming Norway, its evidence title included, is tried); the third
+    # part would repeat that query, so it is not searched
+    unread = TableClient({})
+    (ex,), counts = synthesize_multihop_examples(rows, unread, tokenizer, grounded)
+    turns = [text for text, generated in ex.segments if generated]
+    assert ex.meta["queries"] == ["Nordic countries", "capital"]
+    assert "Next, what is the capital of each one." in turns[1] and "<answer>" in turns[2]
+    assert "The results do not say what is the capital of each one." in turns[2]
+    assert not any("Norway" in query for queries, _, _ in unread.calls for query in queries)
+    assert counts["searches"] == 2 and counts["leaves_skipped"] == 1 and counts["leaves_with_unread_names"] == 1
+    # without grounding the same misses still name Norway and Denmark, as the decomposition tree does
+    (ex,), _ = synthesize_multihop_examples(rows, TableClient({}), tokenizer, SynthesisConfig(topk=2))
+    assert ex.meta["queries"] == ["Nordic countries", "capital Norway", "capital Denmark"]
+
+
+@pytest.mark.parametrize("question, names, expected", [
+    ("Where did Ketanji Brown Jackson study law?", {"Ketanji"}, "Where did each one study law?"),
+    ("When was The Writing's on the Wall released?", {"Wall"}, "When was each one released?"),
+    ("What is the height of the Hyundai Ioniq 5 in inches?", {"Ioniq"}, "What is the height of each one in inches?"),
+    ("When was 8 Days of Christmas released in the US?", {"Christmas"}, "When was each one released in the US?"),
+    ("What is the capital of Norway?", {"Denmark"}, "What is the capital of Norway?"),
+])
+def test_a_name_holding_an_unread_word_is_replaced_whole(question, names, expected):
+    from agent.sft.multihop import _without_names
+
+    assert _without_names(question, names, "each one") == expected
 
 
 def test_observations_are_cut_as_the_environment_cuts_them(files, tokenizer):
