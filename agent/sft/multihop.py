@@ -172,7 +172,8 @@ class _Trajectory:
             leaf = self.pending.pop(0)
             step, queries = _plan_leaf(leaf, self.read)
             if self.read is not None:
-                queries = [q for q in queries if q.lower() not in {done.lower() for done in self.queries}]
+                searched = {done.lower() for done in self.queries}
+                queries = [q for q in queries if q.lower() not in searched]
             if queries:
                 return leaf, step, queries
             self.skipped += 1
@@ -203,7 +204,8 @@ def synthesize_multihop_examples(rows: Sequence[MultiHopRow], client: RetrievalC
         for (i, query), hits in zip(flat, results):
             tried.setdefault(i, []).append((query, hits))
         for i, (trajectory, leaf, step, _) in enumerate(steps):
-            query, hits = next(((q, h) for q, h in tried[i] if _evidence_hit(h, leaf)), tried[i][0])
+            query, hits, found = next(((q, h, hit) for q, h in tried[i] if (hit := _evidence_hit(h, leaf))),
+                                      (*tried[i][0], None))
             template = MULTIHOP_VOICE.next_search if trajectory.queries else MULTIHOP_VOICE.first_search
             trajectory.segments.append((template.format(goal=_step(trajectory.row.question),
                                                         reading=trajectory.reading, step=step, query=query), True))
@@ -213,7 +215,6 @@ def synthesize_multihop_examples(rows: Sequence[MultiHopRow], client: RetrievalC
             if trajectory.read is not None:
                 counts["leaves_with_unread_names"] += step != _step(leaf.question)
                 trajectory.read |= _words(observation)
-            found = _evidence_hit(hits, leaf)
             counts["leaves_found"] += found is not None
             trajectory.reading = (MULTIHOP_VOICE.found.format(title=found[0].title, sentence=found[2]) if found
                                   else MULTIHOP_VOICE.missed.format(step=step))
