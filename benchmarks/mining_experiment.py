@@ -63,6 +63,7 @@ from agentic_retriever.eval.retrieval import (composition_questions, evaluate_re
 from agentic_retriever.index import DenseParams, IndexBuildConfig, build_index, open_index  # noqa: E402
 from agentic_retriever.jsonl import atomic_write, iter_jsonl, read_json, write_json, write_jsonl  # noqa: E402
 from agentic_retriever.mining.audit import audit_mining  # noqa: E402
+from agentic_retriever.mining.gac import GAC_CRITERIA  # noqa: E402
 from agentic_retriever.mining.job import MineJobConfig, run_mine_job  # noqa: E402
 from agentic_retriever.mining.rounds import search_queries  # noqa: E402
 from agentic_retriever.mining.store import stable_hash  # noqa: E402
@@ -108,6 +109,8 @@ class ExperimentConfig:
     # GAC thresholds chosen with the target (empty: mine_run's own): the pair whose pass decision best finds the
     # evidence pages among the held-out rounds' candidates (F1) decides, not the AUC
     gac_thresholds: list[float] = field(default_factory=list)
+    # GAC criteria chosen with the target (empty: mine_run's own); they grade the same stored log-probabilities
+    gac_criteria: list[str] = field(default_factory=list)
     reference: bool = True
     soft_label: bool = True
     # DIAGNOSTIC: the primary variant trained again without checkpoint selection (its last epoch) and evaluated like
@@ -121,9 +124,12 @@ class ExperimentConfig:
                              f"got {self.ablations}")
         if self.gac_targets and self.gac_target_questions < 1:
             raise ValueError(f"experiment.gac_target_questions must be at least 1, got {self.gac_target_questions}")
-        if self.gac_thresholds and not self.gac_targets:
-            raise ValueError("experiment.gac_thresholds are chosen on held-out rounds with the target: list "
-                             "experiment.gac_targets too")
+        if (self.gac_thresholds or self.gac_criteria) and not self.gac_targets:
+            raise ValueError("experiment.gac_thresholds and gac_criteria are chosen on held-out rounds with the "
+                             "target: list experiment.gac_targets too")
+        unknown = [c for c in self.gac_criteria if c not in GAC_CRITERIA]
+        if unknown:
+            raise ValueError(f"experiment.gac_criteria: unknown {', '.join(unknown)} ({', '.join(GAC_CRITERIA)})")
 
 
 def _slug(name: str) -> str:
@@ -177,6 +183,15 @@ def agent_systems(systems: dict[str, dict], primary: str) -> list[str]:
     return ["base", primary] + [name for name in systems if name == unselected_name(primary)]
 
 
+def gac_settings(config: ExperimentConfig, criterion: str) -> dict[str, tuple[str, str]]:
+    """The (GAC target, criterion) pairs the held-out choice compares, by name: each of `gac_targets` with each of
+    `gac_criteria` ("final, part_gain"), or with `criterion` (the mining config's) when none is listed (named by
+    the target alone)."""
+    if not config.gac_criteria:
+        return {target: (target, criterion) for target in config.gac_targets}
+    return {f"{target}, {c}": (target, c) for target in config.gac_targets for c in config.gac_criteria}
+
+
 def pick_gac_target(audits: dict[str, dict]) -> str:
     """The GAC target whose scores rank the question's evidence pages highest among a round's candidates: the
     largest mean evidence AUC of the GAC signal in each target's `mine audit` (ties: the first target)."""
@@ -224,14 +239,16 @@ def pick_gac_setting(decisions: dict[str, list[dict]]) -> tuple[str, float]:
 
 
 def choose_gac_target(job: MineJobConfig, rollout: RolloutConfig, config: ExperimentConfig, data: Path,
-                      work: Path) -> tuple[str, float | None, dict]:
+                      work: Path) -> tuple[str, str, float | None, dict]:
     """MODEL SELECTION (reads the held-out questions' evidence titles; those questions are never trained on): the
     agent rolls out on the first `gac_target_questions` held-out multi-hop questions, their rounds are mined with
-    each of `gac_targets`, and the target whose GAC ranks evidence pages highest (`pick_gac_target`) is chosen, or
-    with `gac_thresholds` the (target, threshold) pair whose pass decision finds them best (`pick_gac_setting`);
-    written to ``gac_target_choice/choice.{json,md}``.
+    each (target, criterion) pair of `gac_settings`, and the pair whose GAC ranks evidence pages highest
+    (`pick_gac_target`) is chosen, or with `gac_thresholds` the pair and threshold whose pass decision finds them
+    best (`pick_gac_setting`); returns (target, criterion, threshold or None, report), the report also written to
+    ``gac_target_choice/choice.{json,md}``.
     GAC is scored on every round with an evidence page among its candidates (whatever its LR) and on no other:
-    the others cannot move the AUC, and a multi-search round costs about a minute of GAC on 2 CPU cores.
+    the others cannot move the AUC, and a multi-search round costs about a minute of GAC on 2 CPU cores. A
+    criterion grades the stored log-probabilities, so a second criterion of a target costs no scoring.
     The choice is a deviation from the paper, whose GAC target is always the final answer (docs/mining.md)."""
     folder = work / "gac_target_choice"
     qa = data / config.heldout_parents
@@ -244,35 +261,37 @@ def choose_gac_target(job: MineJobConfig, rollout: RolloutConfig, config: Experi
     run_rollout_job(dataclasses.replace(rollout, qa=str(qa), out=str(trajectories), limit=config.gac_target_questions,
                                         retrieval=job.retrieval,
                                         agent=dataclasses.replace(rollout.agent, model=job.agent.model)))
+    settings = gac_settings(config, job.mining.gac_criterion)
+    outs = {name: folder / Path(*name.split(", ")) for name in settings}
     audits = {}
-    for target in config.gac_targets:
-        out = folder / target
-        first = folder / config.gac_targets[0] / "stages"
+    for name, (target, criterion) in settings.items():
+        out, first = outs[name], outs[next(iter(settings))] / "stages"
         if out / "stages" != first and not (out / "stages").is_dir():  # candidates and LR do not depend on the
             shutil.copytree(first, out / "stages")                       # target: only GAC is scored again
         run_mine_job(dataclasses.replace(job, trajectories=str(trajectories), out=str(out), mining=dataclasses.replace(
-            job.mining, gac_target=target, skip_hopeless_gac=False)), gac_rounds=judged)
-        audits[target] = audit_mining(out, qa)
+            job.mining, gac_target=target, gac_criterion=criterion, skip_hopeless_gac=False)), gac_rounds=judged)
+        audits[name] = audit_mining(out, qa)
     report = {"questions": config.gac_target_questions,
-              "targets": {target: {"evidence_auc": audit["auc"]["evidence"]["gac"],
-                                   "answer_auc": audit["auc"]["answer"]["gac"], "rounds": audit["rounds"]}
-                          for target, audit in audits.items()}}
+              "targets": {name: {"evidence_auc": audit["auc"]["evidence"]["gac"],
+                                 "answer_auc": audit["auc"]["answer"]["gac"], "rounds": audit["rounds"]}
+                          for name, audit in audits.items()}}
     threshold = None
     if config.gac_thresholds:
-        decisions = {target: gac_decisions(folder / target / "rounds.jsonl", evidence, config.gac_thresholds)
-                     for target in config.gac_targets}
+        decisions = {name: gac_decisions(outs[name] / "rounds.jsonl", evidence, config.gac_thresholds)
+                     for name in settings}
         chosen, threshold = pick_gac_setting(decisions)
-        for target, rows in decisions.items():
-            report["targets"][target]["decisions"] = rows
+        for name, rows in decisions.items():
+            report["targets"][name]["decisions"] = rows
     else:
         chosen = pick_gac_target(audits)
-    report |= {"chosen": chosen, "threshold": threshold}
+    target, criterion = settings[chosen]
+    report |= {"chosen": chosen, "target": target, "criterion": criterion, "threshold": threshold}
     write_json(folder / "choice.json", report)  # readable before the long steps that follow it end
     text = "\n".join(render_gac_choice(report)) + "\n"
     with atomic_write(folder / "choice.md") as f:
         f.write(text)
     print(text)
-    return chosen, threshold, report
+    return target, criterion, threshold, report
 
 
 def reference_rows(mining_dir: Path, qa_path: Path, corpus: Corpus, out: Path, num_negatives: int = 15,
@@ -586,12 +605,13 @@ def main() -> None:
                               agent=dataclasses.replace(mine.agent, model=agent_model))
     gac_target_choice = None
     if config.gac_targets:
-        target, threshold, gac_target_choice = steps.run(
+        target, criterion, threshold, gac_target_choice = steps.run(
             "GAC target chosen on held-out questions (reads their evidence titles)",
             lambda: choose_gac_target(job, rollout, config, data, work))
         selection = job.mining.selection if threshold is None else dataclasses.replace(
             job.mining.selection, gac_threshold=threshold)
-        job = dataclasses.replace(job, mining=dataclasses.replace(job.mining, gac_target=target, selection=selection))
+        job = dataclasses.replace(job, mining=dataclasses.replace(job.mining, gac_target=target,
+                                                                  gac_criterion=criterion, selection=selection))
     rows = steps.run("mining and its ablations", lambda: mine_variants(job, work, config.ablations))
     audits = steps.run("mining audits (read the mining questions' evidence titles)", lambda: {
         name: audit_mining(Path(path).parent, data / config.mining_qa) for name, path in rows.items()})

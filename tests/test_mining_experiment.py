@@ -186,6 +186,19 @@ def test_the_experiment_config_refuses_unknown_ablations_and_an_empty_choice(exp
         experiment.ExperimentConfig(gac_targets=["final", "sub_question"], gac_target_questions=0)
 
 
+def test_gac_criteria_are_chosen_with_the_target_and_named_by_both(experiment):
+    settings = experiment.ExperimentConfig(gac_targets=["final", "sub_question"], gac_criteria=["gain", "part_gain"])
+    assert experiment.gac_settings(settings, "gain") == {
+        "final, gain": ("final", "gain"), "final, part_gain": ("final", "part_gain"),
+        "sub_question, gain": ("sub_question", "gain"), "sub_question, part_gain": ("sub_question", "part_gain")}
+    alone = experiment.ExperimentConfig(gac_targets=["final"])
+    assert experiment.gac_settings(alone, "part_gain") == {"final": ("final", "part_gain")}  # the mining config's
+    with pytest.raises(ValueError, match="unknown max"):
+        experiment.ExperimentConfig(gac_targets=["final"], gac_criteria=["gain", "max"])
+    with pytest.raises(ValueError, match="list experiment.gac_targets too"):
+        experiment.ExperimentConfig(gac_criteria=["part_gain"])
+
+
 def test_the_chosen_gac_target_is_reported_with_both_aucs(experiment):
     choice = {"chosen": "sub_question", "questions": 16,
               "targets": {"final": {"evidence_auc": {"mean": 0.55, "rounds": 40}, "answer_auc": {"mean": None,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from .environment import EnvConfig
-from .gac import DEFAULT_GAC_THRESHOLDS
+from .gac import DEFAULT_GAC_THRESHOLDS, GAC_CRITERIA
 from .selection import SelectionConfig
 
 __all__ = ["MiningConfig"]
@@ -54,9 +54,9 @@ class MiningConfig:
     gac_metric: Literal["em", "contains"] = field(default="em", metadata={
         "help": "rollout GAC: exact match (paper) or contains-match on word boundaries"})
     answer_lead: str = field(default="<answer>", metadata={"help": "answer_likelihood: text before the gold"})
-    gac_criterion: Literal["sequence", "per_token", "gain"] = field(default="gain", metadata={
-        "help": "answer_likelihood: graded GAC = p(gold), its per-token geometric mean, or the per-token "
-                "log-prob gain over no passage (see mining/gac.py)"})
+    gac_criterion: Literal["sequence", "per_token", "gain", "part_gain"] = field(default="gain", metadata={
+        "help": "answer_likelihood: graded GAC = p(gold), its per-token geometric mean, the per-token log-prob "
+                "gain over no passage, or that gain for the best part of a list answer (see mining/gac.py)"})
     gac_target: Literal["final", "sub_question"] = field(default="final", metadata={
         "help": "the gold GAC scores: the question's final answer (paper), or the answer of the leaf sub-question the "
                 "round's query pursues (multi-hop questions; needs sub_questions; mining/sub_questions.py)"})
@@ -80,7 +80,7 @@ class MiningConfig:
         for name, choices in (("lr_scorer", ("listwise", "pointwise", "retriever", "none")),
                               ("gac_mode", ("rollout", "answer_likelihood")),
                               ("gac_target", ("final", "sub_question")),
-                              ("gac_criterion", ("sequence", "per_token", "gain")),
+                              ("gac_criterion", GAC_CRITERIA),
                               ("lr_scale", ("absolute", "round_posterior")),
                               ("gac_metric", ("em", "contains")), ("pointwise_mode", ("judgement", "query_likelihood"))):
             if getattr(self, name) not in choices:

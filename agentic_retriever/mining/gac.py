@@ -25,6 +25,12 @@ observation, the answer tag, the gold), so the graded GAC value is computed from
 * ``gain``: mean token log-prob with the candidate minus without any passage (max over golds): how much
   the passage raises the agent's belief in the gold. Robust to length and to answers the agent already
   knows (memorised answers are likely with or without a passage).
+* ``part_gain``: the same gain per part of a gold made of several ("Busan: Camellia, Daegu: Magnolia": the
+  joined list or dict answer of `data prepare`, split at ", "), the best part's (max over golds and parts; a
+  one-part gold gives ``gain``). A passage on one part of a list raises that part's tokens, while the mean
+  over the whole list dilutes it: on multi-hop questions ``gain`` rarely passes any candidate. Each part is
+  scored in place, after the parts before it (teacher forcing), so the record holds per-part sums of the
+  same forward passes. Not the paper's (its GAC is the EM of a rollout); a deviation for list answers.
 
 The default criterion and its threshold were chosen by measurement (docs/mining.md, "What the quickstart changes
 from the paper, and why").
@@ -43,7 +49,8 @@ from ..eval.qa import contains_match, exact_match
 from .environment import EnvConfig, cut_to_tokens, get_dialect, rollout
 from .rounds import Round
 
-__all__ = ["DEFAULT_GAC_THRESHOLDS", "GAC_CRITERIA", "GACRequest", "answer_likelihood_gac", "gac_value", "rollout_gac"]
+__all__ = ["DEFAULT_GAC_THRESHOLDS", "GAC_CRITERIA", "GACRequest", "answer_likelihood_gac", "answer_pieces", "gac_value",
+           "rollout_gac"]
 
 _METRICS: dict[str, Callable] = {"em": exact_match, "contains": contains_match}
 
@@ -83,9 +90,26 @@ def rollout_gac(requests: Sequence[GACRequest], llm, client: RetrievalClient, en
     return records
 
 
-GAC_CRITERIA = ("sequence", "per_token", "gain")
+GAC_CRITERIA = ("sequence", "per_token", "gain", "part_gain")
 #: Threshold of a candidate passing GAC, per criterion, when the selection does not set one.
-DEFAULT_GAC_THRESHOLDS = {"rollout": 1.0, "sequence": 0.5, "per_token": 0.5, "gain": 0.5}
+DEFAULT_GAC_THRESHOLDS = {"rollout": 1.0, "sequence": 0.5, "per_token": 0.5, "gain": 0.5, "part_gain": 0.5}
+#: Where `data prepare` joins the parts of a list or dict answer into one golden string.
+PART_SEPARATOR = ", "
+
+
+def answer_pieces(gold: str) -> list[str]:
+    """The gold as the agent would write it after the answer tag (``" " + gold``), cut into pieces that are the
+    gold's parts (odd positions hold the separators' commas): ``" A, B"`` -> ``[" A", ",", " B"]``. Encoded
+    one by one, the pieces give each part's tokens without character offsets; for a byte-level BPE tokenizer
+    they are the whole's tokens (its pre-tokenizer splits before the comma and the space), except where a
+    part ends in a period that merges with the comma ("Jr.,": SmolLM2, 17 of the 909 golds of the prepared
+    FanOutQA files), a valid tokenization of the same text. An item that holds ", " itself ("Washington,
+    D.C.") counts as two parts."""
+    parts = gold.split(PART_SEPARATOR)
+    pieces = [" " + parts[0]]
+    for part in parts[1:]:
+        pieces += [PART_SEPARATOR.rstrip(), " " + part]
+    return pieces
 
 
 def answer_likelihood_gac(requests: Sequence[GACRequest], llm, env: EnvConfig, answer_lead: str = "<answer>"
@@ -93,9 +117,12 @@ def answer_likelihood_gac(requests: Sequence[GACRequest], llm, env: EnvConfig, a
     """Log-probabilities of each gold answer after each candidate (and after no passage), per round.
 
     Tokens are laid out as the environment lays them out (prompt, context and observation encoded apart, the
-    observation cut to ``env.observation_max_tokens``); each gold answer is scored as ``" " + gold``.
-    Record per request: ``answer_logprobs`` (per passage, the summed log-probability of each gold),
-    ``answer_tokens`` (tokens of each gold) and ``baseline_logprobs`` (each gold with an empty observation).
+    observation cut to ``env.observation_max_tokens``); each gold answer is scored as ``" " + gold``, encoded
+    piece by piece (`answer_pieces`). Record per request: ``answer_logprobs`` (per passage, the summed
+    log-probability of each gold), ``answer_tokens`` (tokens of each gold), ``baseline_logprobs`` (each gold
+    with an empty observation), and the same per part of each gold: ``answer_part_logprobs`` (per passage, per
+    gold, per part), ``answer_part_tokens`` and ``baseline_part_logprobs`` (a separator's comma is in the
+    gold's sum, in no part's).
     """
     dialect = get_dialect(env.dialect)
     tokenizer = llm.tokenizer
@@ -103,13 +130,19 @@ def answer_likelihood_gac(requests: Sequence[GACRequest], llm, env: EnvConfig, a
     def encode(text: str) -> list[int]:
         return tokenizer.encode(text, add_special_tokens=False)
 
-    prompts, continuations, tokens = [], [], []
+    prompts, continuations, tokens, spans = [], [], [], []
     lead = encode(answer_lead)
     empty = encode(dialect.format_observation([[]]))
     for request in requests:
         rnd = request.round
-        golds = [encode(" " + gold) for gold in rnd.golden_answers]
+        golds, gold_spans = [], []
+        for gold in rnd.golden_answers:
+            pieces = [encode(piece) for piece in answer_pieces(gold)]
+            golds.append([token for piece in pieces for token in piece])
+            starts = [sum(len(p) for p in pieces[:i]) for i in range(len(pieces))]
+            gold_spans.append([(starts[i], starts[i] + len(pieces[i])) for i in range(0, len(pieces), 2)])
         tokens.append([len(gold) for gold in golds])
+        spans.append(gold_spans)
         head = encode(llm.chat_prompt(dialect.build_prompt(rnd.question))) + encode(rnd.context)
         observations = [cut_to_tokens(tokenizer, dialect.format_observation([[passage]]),
                                       env.observation_max_tokens)[1] for passage in request.passages]
@@ -118,13 +151,22 @@ def answer_likelihood_gac(requests: Sequence[GACRequest], llm, env: EnvConfig, a
             continuations.extend(golds)
     logprobs = iter(llm.score(prompts, continuations) if prompts else [])
     records = []
-    for request, counts in zip(requests, tokens):
-        def sums() -> list[float]:
-            return [round(sum(next(logprobs)), 4) for _ in counts]
+    for request, counts, gold_spans in zip(requests, tokens, spans):
+        def sums() -> tuple[list[float], list[list[float]]]:
+            """(summed log-probability of each gold, and of each of its parts) after one observation."""
+            totals, parts = [], []
+            for span_list in gold_spans:
+                values = next(logprobs)
+                totals.append(round(sum(values), 4))
+                parts.append([round(sum(values[start:end]), 4) for start, end in span_list])
+            return totals, parts
 
-        baseline = sums()
-        records.append({"baseline_logprobs": baseline, "answer_logprobs": [sums() for _ in request.passages],
-                        "answer_tokens": counts})
+        baseline, baseline_parts = sums()
+        scored = [sums() for _ in request.passages]
+        records.append({"baseline_logprobs": baseline, "answer_logprobs": [totals for totals, _ in scored],
+                        "answer_tokens": counts, "baseline_part_logprobs": baseline_parts,
+                        "answer_part_logprobs": [parts for _, parts in scored],
+                        "answer_part_tokens": [[end - start for start, end in span_list] for span_list in gold_spans]})
     return records
 
 
@@ -138,6 +180,9 @@ def gac_value(record: dict, criterion: str) -> list[float]:
     """The graded GAC of each candidate of a stored answer-likelihood record, by `criterion` (see module)."""
     if criterion not in GAC_CRITERIA:
         raise ValueError(f"unknown GAC criterion {criterion!r} ({', '.join(GAC_CRITERIA)})")
+    if criterion == "part_gain":
+        return [round(best_part_gain(parts, record["baseline_part_logprobs"], record["answer_part_tokens"]), 6)
+                for parts in record["answer_part_logprobs"]]
     tokens = [max(1, n) for n in record["answer_tokens"]]
     values = []
     for sums in record["answer_logprobs"]:
@@ -150,3 +195,10 @@ def gac_value(record: dict, criterion: str) -> list[float]:
         else:
             values.append(round(max((s - b) / n for s, b, n in zip(sums, record["baseline_logprobs"], tokens)), 6))
     return values
+
+
+def best_part_gain(parts: list[list[float]], baseline: list[list[float]], tokens: list[list[int]]) -> float:
+    """Max over golds and their parts of the mean token log-probability gain over no passage (0.0: no part)."""
+    gains = [(s - b) / max(1, n) for gold, base, counts in zip(parts, baseline, tokens)
+             for s, b, n in zip(gold, base, counts)]
+    return max(gains, default=0.0)

@@ -86,7 +86,7 @@ GACRoundFilter = Callable[[Round, list[dict]], bool]
 #: and retrievers by content changed no version: a content identity never equals the name or label that the
 #: earlier keys held, so earlier records are never read under the new keys; where no content identity can be
 #: had, the key holds the name or label as before, with the same meaning.)
-STAGE_VERSIONS = {"candidates": 1, "sub_answers": 1, "local_relevance": 2, "gac": 2}
+STAGE_VERSIONS = {"candidates": 1, "sub_answers": 1, "local_relevance": 2, "gac": 3}
 
 
 def _retriever_identity(client) -> Any:

@@ -4,12 +4,14 @@ answer-likelihood option."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
 from agent.env import EnvConfig
-from agentic_retriever.mining.gac import GACRequest, answer_likelihood_gac, gac_value, rollout_gac
+from agentic_retriever.mining.gac import GACRequest, answer_likelihood_gac, answer_pieces, gac_value, rollout_gac
 from agentic_retriever.mining.rounds import extract_rounds
+from agentic_retriever.corpus import ScoredPassage
 from tests.fakes import FakeAgent, answer_turn, last_information, make_trajectory, make_world, search_turn
 
 WORLD = make_world({"club": [(50, "Mickey Gilley"), (50, None), (50, "mickey gilley!"), (50, "Gilley's Club")],
@@ -97,3 +99,51 @@ def test_gac_keeps_unlikely_answers_apart():
         values = gac_value(record, criterion)
         assert values[0] > values[1] > 0 and values[2] > values[3] > 0
         assert values == pytest.approx([math.exp(v[0]) for v in record["answer_logprobs"]], rel=1e-5)
+
+
+class WordReader(FakeAgent):
+    """An agent that believes what it read, word by word: each character of the answer has probability 0.9 when
+    its word occurs in the latest observation, else 0.1 (so a passage raises only the parts it names)."""
+
+    def score(self, prompts, continuations) -> list[list[float]]:
+        out = []
+        for text, continuation in zip(self._enter(prompts), continuations):
+            seen = set(re.findall(r"\w+", last_information(text)))
+            answer = self._tokenizer.decode(continuation)
+            words = [m for m in re.finditer(r"\w+", answer)]
+            out.append([math.log(0.9 if any(m.start() <= i < m.end() and m.group() in seen for m in words) else 0.1)
+                        for i in range(len(answer))])
+        return out
+
+
+def test_pieces_of_a_list_answer_are_its_parts_and_the_commas_between():
+    assert answer_pieces("Busan: Camellia, Daegu: Magnolia") == [" Busan: Camellia", ",", " Daegu: Magnolia"]
+    assert answer_pieces("1998") == [" 1998"]
+    assert "".join(answer_pieces("A, B, C")) == " A, B, C"
+
+
+def test_part_gain_credits_a_passage_on_one_part_of_a_list_answer():
+    gold = "Busan: Camellia, Daegu: Magnolia"
+    trajectory = make_trajectory("c", "Flowers of Busan and Daegu?", [gold],
+                                 [search_turn("daegu flower", [WORLD.corpus["club-1"]]), answer_turn("x")], "x")
+    [rnd] = extract_rounds(trajectory)[0]
+    on_daegu = ScoredPassage("d", "Daegu", "The flower of Daegu is the Magnolia.", 1.0)
+    on_both = ScoredPassage("b", "Flowers", "Busan: Camellia. Daegu: Magnolia.", 0.9)
+    unrelated = ScoredPassage("u", "Seoul", "Seoul is the capital.", 0.8)
+    [record] = answer_likelihood_gac([GACRequest(rnd, (on_daegu, on_both, unrelated))], WordReader(),
+                                     EnvConfig(max_turns=5))
+    assert record["answer_part_tokens"] == [[len(" Busan: Camellia"), len(" Daegu: Magnolia")]]
+    assert record["answer_tokens"] == [len(" " + gold)]  # the comma is in the gold's sum, in no part's
+    gain, part_gain = gac_value(record, "gain"), gac_value(record, "part_gain")
+    full = math.log(9)  # every letter of a part goes from 0.1 to 0.9
+    assert part_gain[0] == pytest.approx(full * len("DaeguMagnolia") / len(" Daegu: Magnolia"), abs=1e-4)
+    assert part_gain[1] == pytest.approx(part_gain[0], abs=1e-4) and part_gain[2] == 0.0
+    # the whole list's mean dilutes the Daegu passage's gain to half of what it adds to its part
+    assert gain[0] == pytest.approx(full * len("DaeguMagnolia") / len(" " + gold), abs=1e-4)
+    assert gain[0] < part_gain[0] / 2 + 0.05 and gain[1] > gain[0] and gain[2] == 0.0
+
+
+def test_part_gain_of_a_one_part_answer_is_the_gain():
+    [first, second] = answer_likelihood_gac(requests(), FakeAgent(), EnvConfig(max_turns=5))
+    for record in (first, second):
+        assert gac_value(record, "part_gain") == pytest.approx(gac_value(record, "gain"), abs=1e-5)
