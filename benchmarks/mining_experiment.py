@@ -157,6 +157,42 @@ def mine_variants(job: MineJobConfig, work: Path, ablations: list[str]) -> dict[
     return rows
 
 
+def rows_by_gac_setting(job: MineJobConfig, work: Path, config: ExperimentConfig) -> list[dict]:
+    """What each GAC setting the held-out choice compared would mine from the mining rounds: the full run's stage
+    stores re-selected with each criterion of its target (`gac_settings`) and each of `gac_thresholds`; nothing is
+    scored again (checked) and no evidence label is read. Per setting: rows and the rounds dropped, by reason."""
+    table = []
+    for name, (target, criterion) in gac_settings(config, job.mining.gac_criterion).items():
+        if target != job.mining.gac_target:  # another target's GAC is not in the full run's stores
+            continue
+        for threshold in config.gac_thresholds:
+            out = work / "mining" / "gac_settings" / f"{_slug(criterion)}-{threshold:g}"
+            if not (out / "stages").is_dir():
+                shutil.copytree(work / "mining" / "full" / "stages", out / "stages")
+            mining = dataclasses.replace(job.mining, gac_criterion=criterion, plot=False, selection=dataclasses.replace(
+                job.mining.selection, gac_threshold=threshold))
+            result = run_mine_job(dataclasses.replace(job, out=str(out), mining=mining))
+            if result.stats["this_run"]["gac"]["computed"] or result.stats["this_run"]["local_relevance"]["computed"]:
+                raise RuntimeError(f"GAC setting {name}, {threshold:g} rescored candidates: it differs beyond selection")
+            table.append({"target": target, "criterion": criterion, "threshold": threshold,
+                          "rows": result.stats["rows"], "rounds": result.stats["rounds"]["in"],
+                          "dropped": result.stats["rounds"]["dropped"]})
+    return table
+
+
+def render_rows_by_gac_setting(table: list[dict]) -> list[str]:
+    """`rows_by_gac_setting` as markdown lines."""
+    reasons = sorted(set().union(*(row["dropped"] for row in table)))
+    lines = ["Rows each GAC setting mines from the same mining rounds (re-selection, nothing rescored; reads no "
+             "evidence label); rounds dropped by reason", "",
+             "| GAC target | criterion | threshold | rows | rounds | " + " | ".join(reasons) + " |",
+             "|---|---|---:|---:|---:|" + "---:|" * len(reasons)]
+    for row in table:
+        lines.append(f"| {row['target']} | {row['criterion']} | {row['threshold']:g} | {row['rows']} | {row['rounds']} | "
+                     + " | ".join(str(row["dropped"].get(reason, 0)) for reason in reasons) + " |")
+    return lines
+
+
 def rows_mined(path: Path) -> int:
     """The training rows a mining run wrote (its `retriever_train.jsonl`)."""
     with open(path, encoding="utf-8") as f:
@@ -527,6 +563,8 @@ def render(results: dict) -> str:
             lines.append(f"| {name} | " + " | ".join(cells + behaviour) + " |")
     if results.get("gac_target_choice"):
         lines += ["", *render_gac_choice(results["gac_target_choice"])]
+    if results.get("rows_by_gac_setting"):
+        lines += ["", *render_rows_by_gac_setting(results["rows_by_gac_setting"])]
     return "\n".join(lines) + "\n"
 
 
@@ -613,6 +651,8 @@ def main() -> None:
         job = dataclasses.replace(job, mining=dataclasses.replace(job.mining, gac_target=target,
                                                                   gac_criterion=criterion, selection=selection))
     rows = steps.run("mining and its ablations", lambda: mine_variants(job, work, config.ablations))
+    gac_settings_rows = steps.run("rows each GAC setting mines (re-selection)", lambda: rows_by_gac_setting(
+        job, work, config)) if config.gac_thresholds else None
     audits = steps.run("mining audits (read the mining questions' evidence titles)", lambda: {
         name: audit_mining(Path(path).parent, data / config.mining_qa) for name, path in rows.items()})
     corpus = Corpus.open(corpus_path)
@@ -695,7 +735,8 @@ def main() -> None:
             system["agent"] = _without_per_question(system["agent"])
     results: dict = {
         "leaf_questions": base["leaf"]["none"]["questions_evaluated"], "chosen_settings": chosen,
-        "settings_search": search, "gac_target_choice": gac_target_choice, "primary": primary, "no_rows": no_rows,
+        "settings_search": search, "gac_target_choice": gac_target_choice, "rows_by_gac_setting": gac_settings_rows,
+        "primary": primary, "no_rows": no_rows,
         "audits": {n: _audit_summary(a) for n, a in audits.items()}, "systems": systems,
         "mining_rounds": {n: read_json(Path(p).parent / "mining_stats.json")["rounds"] for n, p in rows.items()
                           if (Path(p).parent / "mining_stats.json").is_file()},

@@ -3,10 +3,12 @@ rows come from questions the agent saw, and the gain split by whether a dev evid
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -284,3 +286,30 @@ def test_the_gac_threshold_is_chosen_with_the_target_by_the_evidence_f1_of_the_p
     text = experiment.render({"leaf_questions": 0, "systems": {}, "audits": {}, "gac_target_choice": choice})
     assert "pass decision: **final, 0.05**" in text
     assert "| final | 0.5 | 1 / 4 | 1 / 3 | 1.00 | 0.33 | 0.50 |" in text
+
+
+def test_each_gac_setting_is_reselected_from_the_full_runs_stores_and_tabled(experiment, tmp_path, monkeypatch):
+    (tmp_path / "mining" / "full" / "stages").mkdir(parents=True)
+    (tmp_path / "mining" / "full" / "stages" / "gac.jsonl").write_text("{}\n")
+    runs = []
+
+    def fake_mine(job, gac_rounds=None):  # the real one loads two LLMs: here only what selection would report
+        runs.append((job.mining.gac_criterion, job.mining.selection.gac_threshold, Path(job.out)))
+        rescored = 1 if job.mining.selection.gac_threshold == 0.05 else 0
+        stats = {"rows": int(10 * job.mining.selection.gac_threshold), "rounds": {"in": 9, "dropped": {"no_gac_pass": 4}},
+                 "this_run": {"gac": {"computed": rescored}, "local_relevance": {"computed": 0}}}
+        return SimpleNamespace(stats=stats)
+
+    monkeypatch.setattr(experiment, "run_mine_job", fake_mine)
+    config = experiment.ExperimentConfig(gac_targets=["final", "sub_question"], gac_criteria=["gain", "part_gain"],
+                                         gac_thresholds=[0.5, 0.3])
+    job = experiment.MineJobConfig()
+    table = experiment.rows_by_gac_setting(job, tmp_path, config)
+    assert [(r["criterion"], r["threshold"], r["rows"]) for r in table] == [
+        ("gain", 0.5, 5), ("gain", 0.3, 3), ("part_gain", 0.5, 5), ("part_gain", 0.3, 3)]  # the mined target only
+    assert all((out / "stages" / "gac.jsonl").is_file() for _, _, out in runs)  # each on a copy of the stores
+    assert len({out for _, _, out in runs}) == 4
+    text = "\n".join(experiment.render_rows_by_gac_setting(table))
+    assert "| rows | rounds | no_gac_pass |" in text and "| final | part_gain | 0.3 | 3 | 9 | 4 |" in text
+    with pytest.raises(RuntimeError, match="rescored"):
+        experiment.rows_by_gac_setting(job, tmp_path, dataclasses.replace(config, gac_thresholds=[0.05]))
