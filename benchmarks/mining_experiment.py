@@ -283,7 +283,7 @@ def choose_gac_target(job: MineJobConfig, rollout: RolloutConfig, config: Experi
     best (`pick_gac_setting`); returns (target, criterion, threshold or None, report), the report also written to
     ``gac_target_choice/choice.{json,md}``.
     GAC is scored on every round with an evidence page among its candidates (whatever its LR) and on no other:
-    the others cannot move the AUC, and a multi-search round costs about a minute of GAC on 2 CPU cores. A
+    the others cannot move the AUC, and GAC costs 11 s per multi-search round on 2 CPU cores (21 sequences). A
     criterion grades the stored log-probabilities, so a second criterion of a target costs no scoring.
     The choice is a deviation from the paper, whose GAC target is always the final answer (docs/mining.md)."""
     folder = work / "gac_target_choice"
