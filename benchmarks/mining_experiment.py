@@ -22,9 +22,11 @@ One command runs it, every step reusing its artifact when it is there (a rerun o
 
 On the multi-search agent (``configs/mining_experiment_multisearch.yaml``) the mining questions are multi-hop, so
 every round has Q (the multi-hop question) different from q (one sub-query); ``experiment.ablations`` trims the
-variants trained, and ``experiment.gac_targets`` first chooses GAC's target on held-out multi-hop questions
-(`choose_gac_target`; model selection: it reads their evidence titles). A variant that mines no row is reported
-and not trained; the settings search and the agent then use the first variant that mined rows (`primary_variant`).
+variants trained, and ``experiment.gac_targets`` first chooses GAC's target on held-out multi-hop questions, with
+``gac_criteria`` and ``gac_thresholds`` its criterion and threshold (`choose_gac_target`; model selection: it reads
+their evidence titles), then `rows_by_gac_setting` tables the rows each compared setting would mine. A variant that
+mines no row is reported and not trained; the settings search and the agent then use the first variant that mined
+rows (`primary_variant`).
 ``experiment.unselected`` (a labelled diagnostic) also trains that variant without checkpoint selection, for when
 the held-out selection keeps the base weights, and evaluates it like the others, agent included.
 
