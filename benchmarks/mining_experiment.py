@@ -65,8 +65,10 @@ from agentic_retriever.eval.retrieval import (composition_questions, evaluate_re
 from agentic_retriever.index import DenseParams, IndexBuildConfig, build_index, open_index  # noqa: E402
 from agentic_retriever.jsonl import atomic_write, iter_jsonl, read_json, write_json, write_jsonl  # noqa: E402
 from agentic_retriever.mining.audit import audit_mining  # noqa: E402
+from agentic_retriever.mining.config import MiningConfig  # noqa: E402
 from agentic_retriever.mining.gac import GAC_CRITERIA  # noqa: E402
 from agentic_retriever.mining.job import MineJobConfig, run_mine_job  # noqa: E402
+from agentic_retriever.mining.outputs import MiningResult  # noqa: E402
 from agentic_retriever.mining.rounds import search_queries  # noqa: E402
 from agentic_retriever.mining.store import stable_hash  # noqa: E402
 from agentic_retriever.training.config import RetrieverTrainConfig  # noqa: E402
@@ -138,6 +140,17 @@ def _slug(name: str) -> str:
     return "".join(ch if ch.isalnum() else "-" for ch in name.lower()).strip("-")
 
 
+def reselect(job: MineJobConfig, work: Path, out: Path, mining: MiningConfig, label: str) -> MiningResult:
+    """Mine `job` into `out` with `mining`, from a copy of the full run's stage stores (``work/mining/full``): a
+    selection-only change, so nothing may be scored again (checked; `label` names the variant in the error)."""
+    if not (out / "stages").is_dir():
+        shutil.copytree(work / "mining" / "full" / "stages", out / "stages")
+    result = run_mine_job(dataclasses.replace(job, out=str(out), mining=mining))
+    if result.stats["this_run"]["gac"]["computed"] or result.stats["this_run"]["local_relevance"]["computed"]:
+        raise RuntimeError(f"{label} rescored candidates: its settings differ beyond selection")
+    return result
+
+
 def mine_variants(job: MineJobConfig, work: Path, ablations: list[str]) -> dict[str, Path]:
     """The full method, then each of `ablations` re-selected from a copy of the full run's stage stores."""
     full = dataclasses.replace(job, out=str(work / "mining" / "full"))
@@ -147,15 +160,9 @@ def mine_variants(job: MineJobConfig, work: Path, ablations: list[str]) -> dict[
         if name == "full":
             continue
         mining, selection = ABLATIONS[name]
-        out = work / "mining" / _slug(name)
-        if not (out / "stages").is_dir():
-            shutil.copytree(Path(full.out) / "stages", out / "stages")
         config = dataclasses.replace(job.mining, **mining,
                                      selection=dataclasses.replace(job.mining.selection, **selection))
-        result = run_mine_job(dataclasses.replace(job, out=str(out), mining=config))
-        if result.stats["this_run"]["gac"]["computed"] or result.stats["this_run"]["local_relevance"]["computed"]:
-            raise RuntimeError(f"ablation {name!r} rescored candidates: its settings differ beyond selection")
-        rows[name] = result.rows_path
+        rows[name] = reselect(job, work, work / "mining" / _slug(name), config, f"ablation {name!r}").rows_path
     return rows
 
 
@@ -168,14 +175,10 @@ def rows_by_gac_setting(job: MineJobConfig, work: Path, config: ExperimentConfig
         if target != job.mining.gac_target:  # another target's GAC is not in the full run's stores
             continue
         for threshold in config.gac_thresholds:
-            out = work / "mining" / "gac_settings" / f"{_slug(criterion)}-{threshold:g}"
-            if not (out / "stages").is_dir():
-                shutil.copytree(work / "mining" / "full" / "stages", out / "stages")
             mining = dataclasses.replace(job.mining, gac_criterion=criterion, plot=False, selection=dataclasses.replace(
                 job.mining.selection, gac_threshold=threshold))
-            result = run_mine_job(dataclasses.replace(job, out=str(out), mining=mining))
-            if result.stats["this_run"]["gac"]["computed"] or result.stats["this_run"]["local_relevance"]["computed"]:
-                raise RuntimeError(f"GAC setting {name}, {threshold:g} rescored candidates: it differs beyond selection")
+            result = reselect(job, work, work / "mining" / "gac_settings" / f"{_slug(criterion)}-{threshold:g}", mining,
+                              f"GAC setting {name}, {threshold:g}")
             table.append({"target": target, "criterion": criterion, "threshold": threshold,
                           "rows": result.stats["rows"], "rounds": result.stats["rounds"]["in"],
                           "dropped": result.stats["rounds"]["dropped"]})
@@ -301,9 +304,9 @@ def choose_gac_target(job: MineJobConfig, rollout: RolloutConfig, config: Experi
                                         agent=dataclasses.replace(rollout.agent, model=job.agent.model)))
     settings = gac_settings(config, job.mining.gac_criterion)
     outs = {name: folder / Path(*name.split(", ")) for name in settings}
-    audits = {}
+    audits, first = {}, outs[next(iter(settings))] / "stages"
     for name, (target, criterion) in settings.items():
-        out, first = outs[name], outs[next(iter(settings))] / "stages"
+        out = outs[name]
         if out / "stages" != first and not (out / "stages").is_dir():  # candidates and LR do not depend on the
             shutil.copytree(first, out / "stages")                       # target: only GAC is scored again
         run_mine_job(dataclasses.replace(job, trajectories=str(trajectories), out=str(out), mining=dataclasses.replace(

@@ -41,6 +41,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Literal
 
 from ..client import RetrievalClient
@@ -139,8 +140,8 @@ def answer_likelihood_gac(requests: Sequence[GACRequest], llm, env: EnvConfig, a
         for gold in rnd.golden_answers:
             pieces = [encode(piece) for piece in answer_pieces(gold)]
             golds.append([token for piece in pieces for token in piece])
-            starts = [sum(len(p) for p in pieces[:i]) for i in range(len(pieces))]
-            gold_spans.append([(starts[i], starts[i] + len(pieces[i])) for i in range(0, len(pieces), 2)])
+            starts = list(accumulate((len(piece) for piece in pieces), initial=0))
+            gold_spans.append([(starts[i], starts[i + 1]) for i in range(0, len(pieces), 2)])  # parts, not commas
         tokens.append([len(gold) for gold in golds])
         spans.append(gold_spans)
         head = encode(llm.chat_prompt(dialect.build_prompt(rnd.question))) + encode(rnd.context)
