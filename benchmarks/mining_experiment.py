@@ -115,6 +115,9 @@ class ExperimentConfig:
     gac_thresholds: list[float] = field(default_factory=list)
     # GAC criteria chosen with the target (empty: mine_run's own); they grade the same stored log-probabilities
     gac_criteria: list[str] = field(default_factory=list)
+    # LR thresholds the re-selection table (`rows_by_gac_setting`) crosses with every GAC setting (empty: mine_run's
+    # own); one below mine_run's needs GAC on every round (mine_run.mining.skip_hopeless_gac false)
+    lr_thresholds: list[float] = field(default_factory=list)
     reference: bool = True
     soft_label: bool = True
     # DIAGNOSTIC: the primary variant trained again without checkpoint selection (its last epoch) and evaluated like
@@ -131,6 +134,9 @@ class ExperimentConfig:
         if (self.gac_thresholds or self.gac_criteria) and not self.gac_targets:
             raise ValueError("experiment.gac_thresholds and gac_criteria are chosen on held-out rounds with the "
                              "target: list experiment.gac_targets too")
+        if self.lr_thresholds and not self.gac_thresholds:
+            raise ValueError("experiment.lr_thresholds are crossed with experiment.gac_thresholds in the re-selection "
+                             "table: list gac_thresholds too")
         unknown = [c for c in self.gac_criteria if c not in GAC_CRITERIA]
         if unknown:
             raise ValueError(f"experiment.gac_criteria: unknown {', '.join(unknown)} ({', '.join(GAC_CRITERIA)})")
@@ -168,20 +174,29 @@ def mine_variants(job: MineJobConfig, work: Path, ablations: list[str]) -> dict[
 
 def rows_by_gac_setting(job: MineJobConfig, work: Path, config: ExperimentConfig) -> list[dict]:
     """What each GAC setting the held-out choice compared would mine from the mining rounds: the full run's stage
-    stores re-selected with each criterion of its target (`gac_settings`) and each of `gac_thresholds`; nothing is
-    scored again (checked) and no evidence label is read. Per setting: rows and the rounds dropped, by reason."""
+    stores re-selected with each criterion of its target (`gac_settings`), each of `gac_thresholds` and each of
+    `lr_thresholds` (mine_run's own when empty); nothing is scored again (checked) and no evidence label is read.
+    Per setting: rows and the rounds dropped, by reason."""
+    own_lr = job.mining.selection.lr_threshold
+    lr_thresholds = config.lr_thresholds or [own_lr]
+    if job.mining.skip_hopeless_gac and min(lr_thresholds) < own_lr:
+        raise ValueError(f"experiment.lr_thresholds go below mine_run's LR threshold {own_lr:g}, whose rounds below it "
+                         "got no GAC: set mine_run.mining.skip_hopeless_gac false (GAC on every round)")
     table = []
     for name, (target, criterion) in gac_settings(config, job.mining.gac_criterion).items():
         if target != job.mining.gac_target:  # another target's GAC is not in the full run's stores
             continue
         for threshold in config.gac_thresholds:
-            mining = dataclasses.replace(job.mining, gac_criterion=criterion, plot=False, selection=dataclasses.replace(
-                job.mining.selection, gac_threshold=threshold))
-            result = reselect(job, work, work / "mining" / "gac_settings" / f"{_slug(criterion)}-{threshold:g}", mining,
-                              f"GAC setting {name}, {threshold:g}")
-            table.append({"target": target, "criterion": criterion, "threshold": threshold,
-                          "rows": result.stats["rows"], "rounds": result.stats["rounds"]["in"],
-                          "dropped": result.stats["rounds"]["dropped"]})
+            for lr_threshold in lr_thresholds:
+                selection = dataclasses.replace(job.mining.selection, gac_threshold=threshold,
+                                                lr_threshold=lr_threshold)
+                mining = dataclasses.replace(job.mining, gac_criterion=criterion, plot=False, selection=selection)
+                folder = f"{_slug(criterion)}-{threshold:g}-lr-{lr_threshold:g}"
+                result = reselect(job, work, work / "mining" / "gac_settings" / folder, mining,
+                                  f"GAC setting {name}, {threshold:g}, LR {lr_threshold:g}")
+                table.append({"target": target, "criterion": criterion, "threshold": threshold,
+                              "lr_threshold": lr_threshold, "rows": result.stats["rows"],
+                              "rounds": result.stats["rounds"]["in"], "dropped": result.stats["rounds"]["dropped"]})
     return table
 
 
@@ -190,10 +205,11 @@ def render_rows_by_gac_setting(table: list[dict]) -> list[str]:
     reasons = sorted(set().union(*(row["dropped"] for row in table)))
     lines = ["Rows each GAC setting mines from the same mining rounds (re-selection, nothing rescored; reads no "
              "evidence label); rounds dropped by reason", "",
-             "| GAC target | criterion | threshold | rows | rounds | " + " | ".join(reasons) + " |",
-             "|---|---|---:|---:|---:|" + "---:|" * len(reasons)]
+             "| GAC target | criterion | threshold | LR threshold | rows | rounds | " + " | ".join(reasons) + " |",
+             "|---|---|---:|---:|---:|---:|" + "---:|" * len(reasons)]
     for row in table:
-        lines.append(f"| {row['target']} | {row['criterion']} | {row['threshold']:g} | {row['rows']} | {row['rounds']} | "
+        lines.append(f"| {row['target']} | {row['criterion']} | {row['threshold']:g} | {row['lr_threshold']:g} | "
+                     f"{row['rows']} | {row['rounds']} | "
                      + " | ".join(str(row["dropped"].get(reason, 0)) for reason in reasons) + " |")
     return lines
 

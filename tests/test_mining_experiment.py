@@ -294,9 +294,11 @@ def test_each_gac_setting_is_reselected_from_the_full_runs_stores_and_tabled(exp
     runs = []
 
     def fake_mine(job, gac_rounds=None):  # the real one loads two LLMs: here only what selection would report
-        runs.append((job.mining.gac_criterion, job.mining.selection.gac_threshold, Path(job.out)))
-        rescored = 1 if job.mining.selection.gac_threshold == 0.05 else 0
-        stats = {"rows": int(10 * job.mining.selection.gac_threshold), "rounds": {"in": 9, "dropped": {"no_gac_pass": 4}},
+        selection = job.mining.selection
+        runs.append((job.mining.gac_criterion, selection.gac_threshold, selection.lr_threshold, Path(job.out)))
+        rescored = 1 if selection.gac_threshold == 0.05 else 0
+        stats = {"rows": int(10 * selection.gac_threshold) + int(selection.lr_threshold < 50),
+                 "rounds": {"in": 9, "dropped": {"no_gac_pass": 4}},
                  "this_run": {"gac": {"computed": rescored}, "local_relevance": {"computed": 0}}}
         return SimpleNamespace(stats=stats)
 
@@ -304,12 +306,25 @@ def test_each_gac_setting_is_reselected_from_the_full_runs_stores_and_tabled(exp
     config = experiment.ExperimentConfig(gac_targets=["final", "sub_question"], gac_criteria=["gain", "part_gain"],
                                          gac_thresholds=[0.5, 0.3])
     job = experiment.MineJobConfig()
+    job = dataclasses.replace(job, mining=dataclasses.replace(
+        job.mining, selection=dataclasses.replace(job.mining.selection, lr_threshold=50)))
     table = experiment.rows_by_gac_setting(job, tmp_path, config)
-    assert [(r["criterion"], r["threshold"], r["rows"]) for r in table] == [
-        ("gain", 0.5, 5), ("gain", 0.3, 3), ("part_gain", 0.5, 5), ("part_gain", 0.3, 3)]  # the mined target only
-    assert all((out / "stages" / "gac.jsonl").is_file() for _, _, out in runs)  # each on a copy of the stores
-    assert len({out for _, _, out in runs}) == 4
+    assert [(r["criterion"], r["threshold"], r["lr_threshold"], r["rows"]) for r in table] == [
+        ("gain", 0.5, 50, 5), ("gain", 0.3, 50, 3), ("part_gain", 0.5, 50, 5), ("part_gain", 0.3, 50, 3)]
+    assert all((out / "stages" / "gac.jsonl").is_file() for *_, out in runs)  # each on a copy of the stores
+    assert len({out for *_, out in runs}) == 4
     text = "\n".join(experiment.render_rows_by_gac_setting(table))
-    assert "| rows | rounds | no_gac_pass |" in text and "| final | part_gain | 0.3 | 3 | 9 | 4 |" in text
+    assert "| LR threshold | rows | rounds | no_gac_pass |" in text and "| final | part_gain | 0.3 | 50 | 3 | 9 | 4 |" in text
     with pytest.raises(RuntimeError, match="rescored"):
         experiment.rows_by_gac_setting(job, tmp_path, dataclasses.replace(config, gac_thresholds=[0.05]))
+
+    # a lower LR threshold reads GAC of rounds below mine_run's own: only when every round got GAC
+    lower = dataclasses.replace(config, gac_criteria=["gain"], gac_thresholds=[0.3], lr_thresholds=[50, 20])
+    with pytest.raises(ValueError, match="skip_hopeless_gac false"):
+        experiment.rows_by_gac_setting(job, tmp_path, lower)
+    every_round = dataclasses.replace(job, mining=dataclasses.replace(job.mining, skip_hopeless_gac=False))
+    table = experiment.rows_by_gac_setting(every_round, tmp_path, lower)
+    assert [(r["lr_threshold"], r["rows"]) for r in table] == [(50, 3), (20, 4)]
+    assert runs[-1][2] == 20 and runs[-1][3].name == "gain-0.3-lr-20"
+    with pytest.raises(ValueError, match="list gac_thresholds too"):
+        experiment.ExperimentConfig(gac_targets=["final"], lr_thresholds=[20])
