@@ -8,13 +8,15 @@ import logging
 import os
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from tqdm.auto import tqdm
 
 from agentic_retriever.client import RetrievalClient, RetrievalConfig, open_client
 from agentic_retriever.eval.qa import qa_scores
+from agentic_retriever.jsonl import read_json, write_json
 from agentic_retriever.llm import LLMConfig
 from agentic_retriever.llm.base import LLM
 
@@ -22,7 +24,8 @@ from .env import EnvConfig, Rollout, rollout
 from .qa_data import QARow, as_qa_rows, read_qa_rows
 from .trajectory import Trajectory, TrajectoryWriter, trajectory_id
 
-__all__ = ["RolloutConfig", "RolloutRunSummary", "make_trajectory", "run_rollout_job", "run_rollouts"]
+__all__ = ["RolloutConfig", "RolloutRunSummary", "RolloutSettingsMismatch", "make_trajectory", "rollout_settings_path",
+           "run_rollout_job", "run_rollouts"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +71,35 @@ def make_trajectory(row: QARow, result: Rollout, config: EnvConfig, model: str, 
     )
 
 
+class RolloutSettingsMismatch(ValueError):
+    """A trajectory file was started with another agent or environment than the run resuming it."""
+
+
+def rollout_settings_path(out_path: str | os.PathLike) -> Path:
+    """The file beside a trajectory file that records what wrote it (``trajectories.jsonl.settings.json``)."""
+    return Path(f"{out_path}.settings.json")
+
+
+def check_rollout_settings(out_path: str | os.PathLike, settings: dict[str, Any]) -> None:
+    """Refuse to complete `out_path` with trajectories of another agent or environment: resuming appends, so mixed
+    settings would pass silently into mining and evaluation. The first run records `settings` beside the file; a
+    file without that record (an earlier version's, or a new one) is taken as this run's. The retriever is not
+    compared: a service's address changes between runs of the same retriever (files of different retrievers are
+    kept apart by their names, as the benchmarks and the loop do)."""
+    record = rollout_settings_path(out_path)
+    started = Path(out_path).is_file() and Path(out_path).stat().st_size > 0
+    if started and record.is_file():
+        before = read_json(record)
+        changed = sorted(k for k in settings.keys() | before.keys() if settings.get(k) != before.get(k))
+        if changed:
+            detail = "; ".join(f"{k}: {before.get(k)!r} then, {settings.get(k)!r} now" for k in changed)
+            raise RolloutSettingsMismatch(
+                f"{out_path} holds trajectories written with other settings ({detail}): write to another file "
+                f"(agent_rollout.out), or delete it and {record.name} to start over")
+        return
+    write_json(record, settings)
+
+
 def run_rollouts(qa_rows: Sequence[QARow | dict[str, Any]] | str | os.PathLike, llm: LLM, client: RetrievalClient,
                  config: EnvConfig, out_path: str | os.PathLike, batch_size: int = 64,
                  retriever_id: str = "", samples: int = 1) -> RolloutRunSummary:
@@ -77,7 +109,8 @@ def run_rollouts(qa_rows: Sequence[QARow | dict[str, Any]] | str | os.PathLike, 
     Several samples of a question are what mining reads as more rounds of it (the paper mines the agent's
     trajectories; sampling at a temperature gives several per question), so they need `config.temperature` > 0.
     Resumable: trajectories already in the file are skipped, and each finished batch is appended durably
-    (`TrajectoryWriter`), so a rerun after a crash completes the file without duplicates.
+    (`TrajectoryWriter`), so a rerun after a crash completes the file without duplicates; a rerun with another
+    agent or environment raises `RolloutSettingsMismatch` (`check_rollout_settings`) instead of mixing them.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
@@ -90,6 +123,7 @@ def run_rollouts(qa_rows: Sequence[QARow | dict[str, Any]] | str | os.PathLike, 
     repeated = [i for i, n in Counter(r.id for r in rows).items() if n > 1]
     if repeated:
         raise ValueError(f"QA rows repeat question ids: {', '.join(sorted(repeated)[:5])}")
+    check_rollout_settings(out_path, {"model": llm.name, "env": asdict(config)})
     with TrajectoryWriter(out_path) as writer:
         wanted = [(row, sample) for row in rows for sample in range(samples)]
         todo = [(row, sample) for row, sample in wanted if trajectory_id(row.id, sample) not in writer.done_ids]

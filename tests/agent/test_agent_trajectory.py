@@ -10,7 +10,7 @@ import pytest
 from agent.env import EnvConfig
 from agent.evaluate import evaluate_trajectories
 from agent.qa_data import QARow, read_qa_rows
-from agent.rollouts import run_rollouts
+from agent.rollouts import RolloutSettingsMismatch, rollout_settings_path, run_rollouts
 from agent.trajectory import Retrieved, Trajectory, TrajectoryWriter, Turn, read_trajectories
 from agentic_retriever.jsonl import DataFormatError
 from tests.fakes import FakeClient, ScriptedLLM, load_smollm2_tokenizer
@@ -109,6 +109,29 @@ def test_run_rollouts_resumes_without_duplicates(tmp_path):
                                                                                         "fake-r", "scripted")
     assert len(last.token_ids) == len(last.mask) and 0 in last.mask and 1 in last.mask
     assert run_rollouts(rows, llm, FakeClient(), config, path).written == 0
+
+
+def test_a_trajectory_file_is_not_completed_with_another_agent_or_environment(tmp_path):
+    tokenizer = load_smollm2_tokenizer()
+    rows = [{"id": f"q{i}", "question": f"question number {i}?", "golden_answers": [f"ans {i}"]} for i in range(3)]
+    script = {f"question number {i}?": [f"<answer> ans {i} </answer>"] for i in range(3)}
+    path = tmp_path / "t.jsonl"
+    assert run_rollouts(rows[:1], ScriptedLLM(tokenizer, script), FakeClient(), EnvConfig(max_turns=5), path).written == 1
+    assert json.loads(rollout_settings_path(path).read_text())["env"]["max_turns"] == 5
+
+    with pytest.raises(RolloutSettingsMismatch, match=r"env: .*'max_turns': 5.* then, .*'max_turns': 4.* now"):
+        run_rollouts(rows, ScriptedLLM(tokenizer, script), FakeClient(), EnvConfig(max_turns=4), path)
+
+    class OtherAgent(ScriptedLLM):
+        name = "other"
+
+    with pytest.raises(RolloutSettingsMismatch, match="model: 'scripted' then, 'other' now"):
+        run_rollouts(rows, OtherAgent(tokenizer, script), FakeClient(), EnvConfig(max_turns=5), path)
+    assert [t.id for t in read_trajectories(path)] == ["q0"]  # nothing appended by the refused runs
+    # the same settings complete it; a file from before the record existed is taken as this run's
+    rollout_settings_path(path).unlink()
+    assert run_rollouts(rows, ScriptedLLM(tokenizer, script), FakeClient(), EnvConfig(max_turns=4), path).written == 2
+    assert json.loads(rollout_settings_path(path).read_text())["env"]["max_turns"] == 4
 
 
 def test_several_sampled_trajectories_per_question_resume_without_losing_or_repeating_one(tmp_path):
