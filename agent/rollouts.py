@@ -123,7 +123,8 @@ def run_rollouts(qa_rows: Sequence[QARow | dict[str, Any]] | str | os.PathLike, 
     repeated = [i for i, n in Counter(r.id for r in rows).items() if n > 1]
     if repeated:
         raise ValueError(f"QA rows repeat question ids: {', '.join(sorted(repeated)[:5])}")
-    check_rollout_settings(out_path, {"model": llm.name, "env": asdict(config)})
+    model = os.path.realpath(llm.name) if os.path.exists(llm.name) else llm.name  # one folder, however it is written
+    check_rollout_settings(out_path, {"model": model, "env": asdict(config)})
     with TrajectoryWriter(out_path) as writer:
         wanted = [(row, sample) for row in rows for sample in range(samples)]
         todo = [(row, sample) for row, sample in wanted if trajectory_id(row.id, sample) not in writer.done_ids]

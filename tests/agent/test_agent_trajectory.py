@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 
 import pytest
 
@@ -132,6 +133,14 @@ def test_a_trajectory_file_is_not_completed_with_another_agent_or_environment(tm
     rollout_settings_path(path).unlink()
     assert run_rollouts(rows, ScriptedLLM(tokenizer, script), FakeClient(), EnvConfig(max_turns=4), path).written == 2
     assert json.loads(rollout_settings_path(path).read_text())["env"]["max_turns"] == 4
+
+    class FolderAgent(ScriptedLLM):  # an agent named by its folder, relative or absolute: the same agent
+        name = os.path.relpath(tmp_path)
+
+    folder_file = tmp_path / "by_folder.jsonl"
+    run_rollouts(rows[:1], FolderAgent(tokenizer, script), FakeClient(), EnvConfig(), folder_file)
+    FolderAgent.name = str(tmp_path)
+    assert run_rollouts(rows, FolderAgent(tokenizer, script), FakeClient(), EnvConfig(), folder_file).written == 2
 
 
 def test_several_sampled_trajectories_per_question_resume_without_losing_or_repeating_one(tmp_path):
