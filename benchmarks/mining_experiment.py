@@ -146,11 +146,21 @@ def _slug(name: str) -> str:
     return "".join(ch if ch.isalnum() else "-" for ch in name.lower()).strip("-")
 
 
+def rollout_file(folder: Path, stem: str, agent_model: str, index_dir: str, rollout: RolloutConfig,
+                 questions: int | None) -> Path:
+    """Where a rollout of `questions` questions with this agent, index and environment is kept: named by all of
+    them (the index by its manifest), so a rerun reuses it and any change rolls out into a new file (mining and the
+    evaluation read a whole file, so a smaller `questions` must not find a bigger run's trajectories there)."""
+    key = stable_hash([agent_model, (Path(index_dir) / "manifest.json").read_text(), dataclasses.asdict(rollout.env),
+                       questions, rollout.samples])[:12]
+    return folder / f"{stem}_{key}.jsonl"
+
+
 def reselect(job: MineJobConfig, work: Path, out: Path, mining: MiningConfig, label: str) -> MiningResult:
     """Mine `job` into `out` with `mining`, from a copy of the full run's stage stores (``work/mining/full``): a
-    selection-only change, so nothing may be scored again (checked; `label` names the variant in the error)."""
-    if not (out / "stages").is_dir():
-        shutil.copytree(work / "mining" / "full" / "stages", out / "stages")
+    selection-only change, so nothing may be scored again (checked; `label` names the variant in the error). The
+    copy is refreshed every time: a copy made when the full run mined fewer rounds would lack the new ones."""
+    shutil.copytree(work / "mining" / "full" / "stages", out / "stages", dirs_exist_ok=True)
     result = run_mine_job(dataclasses.replace(job, out=str(out), mining=mining))
     if result.stats["this_run"]["gac"]["computed"] or result.stats["this_run"]["local_relevance"]["computed"]:
         raise RuntimeError(f"{label} rescored candidates: its settings differ beyond selection")
@@ -314,7 +324,8 @@ def choose_gac_target(job: MineJobConfig, rollout: RolloutConfig, config: Experi
     def judged(rnd, candidates: list[dict]) -> bool:  # GAC only where the audit can rank an evidence page
         return any(c["title"] in evidence.get(rnd.question_id, ()) for c in candidates)
 
-    trajectories = folder / "trajectories_heldout.jsonl"
+    trajectories = rollout_file(folder, "trajectories_heldout", job.agent.model, job.retrieval.index, rollout,
+                                config.gac_target_questions)
     run_rollout_job(dataclasses.replace(rollout, qa=str(qa), out=str(trajectories), limit=config.gac_target_questions,
                                         retrieval=job.retrieval,
                                         agent=dataclasses.replace(rollout.agent, model=job.agent.model)))
@@ -434,12 +445,11 @@ def agent_report(index_dir: str, agent_model: str, rollout: RolloutConfig, confi
                  work: Path) -> dict:
     """The agent on the multi-hop dev questions with this retriever: per question evidence recall of its searches,
     answer recall over its retrieved passages, EM, F1."""
-    key = stable_hash([agent_model, (Path(index_dir) / "manifest.json").read_text(),
-                       dataclasses.asdict(rollout.env), config.agent_eval_questions])[:12]
-    out = work / "agent" / f"multihop_dev_{key}.jsonl"
+    rollout = dataclasses.replace(rollout, samples=1)
+    out = rollout_file(work / "agent", "multihop_dev", agent_model, index_dir, rollout, config.agent_eval_questions)
     qa = data / config.dev_parents
     run_rollout_job(dataclasses.replace(rollout, qa=str(qa), retrieval=RetrievalConfig(index=index_dir), out=str(out),
-                                        limit=config.agent_eval_questions, samples=1,
+                                        limit=config.agent_eval_questions,
                                         agent=dataclasses.replace(rollout.agent, model=agent_model)))
     evidence = {row["id"]: set(row["supporting_titles"]) for _, row in iter_jsonl(qa)}
     per_question = []
@@ -654,7 +664,8 @@ def main() -> None:
     corpus_path = str(data / "corpus.jsonl")
 
     agent_model = str(steps.run("warm-started agent", lambda: warm_start_agent(warm)))
-    trajectories = work / "trajectories_mining.jsonl"
+    trajectories = rollout_file(work, "trajectories_mining", agent_model, config.base_index, rollout,
+                                config.mining_questions)
     mining_rollout = dataclasses.replace(rollout, qa=str(data / config.mining_qa),
                                          retrieval=RetrievalConfig(index=config.base_index), out=str(trajectories),
                                          limit=config.mining_questions,

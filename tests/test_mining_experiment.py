@@ -303,6 +303,9 @@ def test_each_gac_setting_is_reselected_from_the_full_runs_stores_and_tabled(exp
         return SimpleNamespace(stats=stats)
 
     monkeypatch.setattr(experiment, "run_mine_job", fake_mine)
+    stale = tmp_path / "mining" / "gac_settings" / "gain-0.5-lr-50" / "stages"  # copied when fewer rounds were mined
+    stale.mkdir(parents=True)
+    (stale / "gac.jsonl").write_text("")
     config = experiment.ExperimentConfig(gac_targets=["final", "sub_question"], gac_criteria=["gain", "part_gain"],
                                          gac_thresholds=[0.5, 0.3])
     job = experiment.MineJobConfig()
@@ -311,7 +314,7 @@ def test_each_gac_setting_is_reselected_from_the_full_runs_stores_and_tabled(exp
     table = experiment.rows_by_gac_setting(job, tmp_path, config)
     assert [(r["criterion"], r["threshold"], r["lr_threshold"], r["rows"]) for r in table] == [
         ("gain", 0.5, 50, 5), ("gain", 0.3, 50, 3), ("part_gain", 0.5, 50, 5), ("part_gain", 0.3, 50, 3)]
-    assert all((out / "stages" / "gac.jsonl").is_file() for *_, out in runs)  # each on a copy of the stores
+    assert all((out / "stages" / "gac.jsonl").read_text() == "{}\n" for *_, out in runs)  # each on a fresh copy
     assert len({out for *_, out in runs}) == 4
     text = "\n".join(experiment.render_rows_by_gac_setting(table))
     assert "| LR threshold | rows | rounds | no_gac_pass |" in text and "| final | part_gain | 0.3 | 50 | 3 | 9 | 4 |" in text
@@ -328,3 +331,20 @@ def test_each_gac_setting_is_reselected_from_the_full_runs_stores_and_tabled(exp
     assert runs[-1][2] == 20 and runs[-1][3].name == "gain-0.3-lr-20"
     with pytest.raises(ValueError, match="list gac_thresholds too"):
         experiment.ExperimentConfig(gac_targets=["final"], lr_thresholds=[20])
+
+
+def test_a_rollout_file_is_named_by_everything_that_makes_its_trajectories(experiment, tmp_path):
+    index = tmp_path / "index"
+    index.mkdir()
+    (index / "manifest.json").write_text('{"encoder": "a"}')
+    rollout = experiment.RolloutConfig(qa="q.jsonl")
+    path = experiment.rollout_file(tmp_path, "trajectories_mining", "agent-1", str(index), rollout, 36)
+    assert path.parent == tmp_path and path.name.startswith("trajectories_mining_") and path.suffix == ".jsonl"
+    assert experiment.rollout_file(tmp_path, "trajectories_mining", "agent-1", str(index), rollout, 36) == path
+    changed = [experiment.rollout_file(tmp_path, "trajectories_mining", "agent-2", str(index), rollout, 36),
+               experiment.rollout_file(tmp_path, "trajectories_mining", "agent-1", str(index), rollout, 72),
+               experiment.rollout_file(tmp_path, "trajectories_mining", "agent-1", str(index), dataclasses.replace(
+                   rollout, env=dataclasses.replace(rollout.env, temperature=0.7), samples=2), 36)]
+    (index / "manifest.json").write_text('{"encoder": "b"}')  # a retrained retriever's index
+    changed.append(experiment.rollout_file(tmp_path, "trajectories_mining", "agent-1", str(index), rollout, 36))
+    assert len({path, *changed}) == 5
