@@ -100,6 +100,10 @@ class ExperimentConfig:
     base_index: str = "runs/quickstart/index/minilm-flat"
     mining_qa: str = "fanoutqa_leaf_train_mining_in_corpus.jsonl"
     mining_questions: int | None = None
+    # trajectories per mining question: more than 1 samples them all at mining_temperature (more rounds of the same
+    # questions); the held-out choice and every evaluation keep agent_rollout's one trajectory (greedy by default)
+    mining_samples: int = 1
+    mining_temperature: float = 0.7
     heldout_qa: str = "fanoutqa_leaf_train_heldout.jsonl"
     heldout_parents: str = "fanoutqa_multihop_train_heldout.jsonl"
     dev_qa: str = "fanoutqa_leaf_dev.jsonl"
@@ -125,6 +129,9 @@ class ExperimentConfig:
     unselected: bool = False
 
     def __post_init__(self) -> None:
+        if self.mining_samples < 1 or (self.mining_samples > 1 and self.mining_temperature <= 0):
+            raise ValueError(f"experiment.mining_samples must be at least 1, and more than 1 needs mining_temperature "
+                             f"> 0; got {self.mining_samples} at {self.mining_temperature}")
         unknown = [name for name in self.ablations if name not in ABLATIONS]
         if unknown or "full" not in self.ablations:
             raise ValueError(f"experiment.ablations must include 'full' and name only {', '.join(ABLATIONS)}; "
@@ -154,6 +161,15 @@ def rollout_file(folder: Path, stem: str, agent_model: str, index_dir: str, roll
     key = stable_hash([agent_model, (Path(index_dir) / "manifest.json").read_text(), dataclasses.asdict(rollout.env),
                        questions, rollout.samples])[:12]
     return folder / f"{stem}_{key}.jsonl"
+
+
+def mining_rollout_config(rollout: RolloutConfig, config: ExperimentConfig) -> RolloutConfig:
+    """The rollout settings of the mining questions: `rollout`'s (greedy, as the evaluation), or with
+    ``mining_samples`` > 1 that many trajectories per question sampled at ``mining_temperature``."""
+    if config.mining_samples == 1:
+        return dataclasses.replace(rollout, samples=1)
+    return dataclasses.replace(rollout, samples=config.mining_samples,
+                               env=dataclasses.replace(rollout.env, temperature=config.mining_temperature))
 
 
 def reselect(job: MineJobConfig, work: Path, out: Path, mining: MiningConfig, label: str) -> MiningResult:
@@ -324,6 +340,7 @@ def choose_gac_target(job: MineJobConfig, rollout: RolloutConfig, config: Experi
     def judged(rnd, candidates: list[dict]) -> bool:  # GAC only where the audit can rank an evidence page
         return any(c["title"] in evidence.get(rnd.question_id, ()) for c in candidates)
 
+    rollout = dataclasses.replace(rollout, samples=1)
     trajectories = rollout_file(folder, "trajectories_heldout", job.agent.model, job.retrieval.index, rollout,
                                 config.gac_target_questions)
     run_rollout_job(dataclasses.replace(rollout, qa=str(qa), out=str(trajectories), limit=config.gac_target_questions,
@@ -664,9 +681,10 @@ def main() -> None:
     corpus_path = str(data / "corpus.jsonl")
 
     agent_model = str(steps.run("warm-started agent", lambda: warm_start_agent(warm)))
-    trajectories = rollout_file(work, "trajectories_mining", agent_model, config.base_index, rollout,
+    mining_rollout = mining_rollout_config(rollout, config)
+    trajectories = rollout_file(work, "trajectories_mining", agent_model, config.base_index, mining_rollout,
                                 config.mining_questions)
-    mining_rollout = dataclasses.replace(rollout, qa=str(data / config.mining_qa),
+    mining_rollout = dataclasses.replace(mining_rollout, qa=str(data / config.mining_qa),
                                          retrieval=RetrievalConfig(index=config.base_index), out=str(trajectories),
                                          limit=config.mining_questions,
                                          agent=dataclasses.replace(rollout.agent, model=agent_model))

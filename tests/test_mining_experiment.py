@@ -348,3 +348,14 @@ def test_a_rollout_file_is_named_by_everything_that_makes_its_trajectories(exper
     (index / "manifest.json").write_text('{"encoder": "b"}')  # a retrained retriever's index
     changed.append(experiment.rollout_file(tmp_path, "trajectories_mining", "agent-1", str(index), rollout, 36))
     assert len({path, *changed}) == 5
+
+
+def test_mining_samples_sample_only_the_mining_rollouts(experiment):
+    rollout = experiment.RolloutConfig(qa="q.jsonl")
+    greedy = experiment.mining_rollout_config(rollout, experiment.ExperimentConfig())
+    assert (greedy.samples, greedy.env.temperature) == (1, 0.0)
+    sampled = experiment.mining_rollout_config(rollout, experiment.ExperimentConfig(mining_samples=3,
+                                                                                    mining_temperature=0.8))
+    assert (sampled.samples, sampled.env.temperature) == (3, 0.8) and rollout.env.temperature == 0.0
+    with pytest.raises(ValueError, match="mining_temperature"):
+        experiment.ExperimentConfig(mining_samples=2, mining_temperature=0.0)
