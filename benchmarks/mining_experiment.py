@@ -27,8 +27,9 @@ variants trained, and ``experiment.gac_targets`` first chooses GAC's target on h
 their evidence titles), then `rows_by_gac_setting` tables the rows each compared setting would mine. A variant that
 mines no row is reported and not trained; the settings search and the agent then use the first variant that mined
 rows (`primary_variant`).
-``experiment.unselected`` (a labelled diagnostic) also trains that variant without checkpoint selection, for when
-the held-out selection keeps the base weights, and evaluates it like the others, agent included.
+``experiment.unselected`` (a labelled diagnostic) also trains that variant (or ``unselected_variant``) without
+checkpoint selection, for when the held-out selection keeps the base weights, and evaluates it like the others,
+agent included.
 
 Writes ``results.json``, ``results.md`` (the tables of benchmarks/RESULTS.md) and ``results.png`` into the work folder.
 Evaluation labels: only steps 3, 4 (held-out slice) and 6 (dev) read evidence titles; the reference row reads
@@ -124,14 +125,18 @@ class ExperimentConfig:
     lr_thresholds: list[float] = field(default_factory=list)
     reference: bool = True
     soft_label: bool = True
-    # DIAGNOSTIC: the primary variant trained again without checkpoint selection (its last epoch) and evaluated like
-    # the others, agent included: what its rows teach when the held-out selection keeps the base
+    # DIAGNOSTIC: a variant trained again without checkpoint selection (its last epoch) and evaluated like the
+    # others, agent included: what its rows teach when the held-out selection keeps the base
     unselected: bool = False
+    unselected_variant: str = ""  # which variant (one of `ablations`); empty: the primary one
 
     def __post_init__(self) -> None:
         if self.mining_samples < 1 or (self.mining_samples > 1 and self.mining_temperature <= 0):
             raise ValueError(f"experiment.mining_samples must be at least 1, and more than 1 needs mining_temperature "
                              f"> 0; got {self.mining_samples} at {self.mining_temperature}")
+        if self.unselected_variant and self.unselected_variant not in self.ablations:
+            raise ValueError(f"experiment.unselected_variant must be one of experiment.ablations ({self.ablations}); "
+                             f"got {self.unselected_variant!r}")
         unknown = [name for name in self.ablations if name not in ABLATIONS]
         if unknown or "full" not in self.ablations:
             raise ValueError(f"experiment.ablations must include 'full' and name only {', '.join(ABLATIONS)}; "
@@ -263,7 +268,8 @@ def unselected_name(primary: str) -> str:
 def agent_systems(systems: dict[str, dict], primary: str) -> list[str]:
     """The retrievers the agent is evaluated with: the base, the primary variant (even when its selection kept the
     base weights: it still composes ``Q [SEP] q``, where the base ignores Q), and the unselected diagnostic."""
-    return ["base", primary] + [name for name in systems if name == unselected_name(primary)]
+    diagnostics = {unselected_name(name) for name in systems}
+    return ["base", primary] + [name for name in systems if name in diagnostics]
 
 
 def gac_settings(config: ExperimentConfig, criterion: str) -> dict[str, tuple[str, str]]:
@@ -725,9 +731,11 @@ def main() -> None:
     trainings = {name: dataclasses.replace(best, data=str(path), out=str(work / "retriever" / _slug(name)))
                  for name, path in rows.items() if name != primary and name not in no_rows}
     trainings = {primary: best, **trainings}  # the primary variant's run is the settings search's best
-    if config.unselected:
-        trainings[unselected_name(primary)] = dataclasses.replace(
-            best, select_on="", select_parents="", out=str(work / "retriever" / _slug(unselected_name(primary))))
+    diagnostic = config.unselected_variant or primary
+    if config.unselected and diagnostic not in no_rows:
+        trainings[unselected_name(diagnostic)] = dataclasses.replace(
+            best, data=str(rows[diagnostic]), select_on="", select_parents="",
+            out=str(work / "retriever" / _slug(unselected_name(diagnostic))))
     if config.soft_label and "full" not in no_rows:
         trainings["full, soft-label loss"] = dataclasses.replace(best, data=str(rows["full"]), loss="soft_label",
                                                                  out=str(work / "retriever" / "full-soft-label"))

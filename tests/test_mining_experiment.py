@@ -256,6 +256,10 @@ def test_the_agent_runs_with_the_base_the_primary_variant_and_the_unselected_dia
     systems = {"base": {}, "full": {}, "w/o GAC": {"kept": "base"}, diagnostic: {"kept": "last epoch"}}
     assert experiment.agent_systems(systems, "w/o GAC") == ["base", "w/o GAC", diagnostic]
     assert experiment.agent_systems({"base": {}, "full": {"kept": "epoch-2"}}, "full") == ["base", "full"]
+    other = experiment.unselected_name("w/o GAC")  # unselected_variant: a variant other than the primary one
+    assert experiment.agent_systems({"base": {}, "full": {}, "w/o GAC": {}, other: {}}, "full") == ["base", "full", other]
+    with pytest.raises(ValueError, match="unselected_variant must be one of"):
+        experiment.ExperimentConfig(ablations=["full"], unselected_variant="w/o GAC")
 
 
 def test_the_gac_threshold_is_chosen_with_the_target_by_the_evidence_f1_of_the_pass_decision(experiment, tmp_path):
