@@ -24,7 +24,8 @@ On the multi-search agent (``configs/mining_experiment_multisearch.yaml``) the m
 every round has Q (the multi-hop question) different from q (one sub-query); ``experiment.ablations`` trims the
 variants trained, and ``experiment.gac_targets`` first chooses GAC's target on held-out multi-hop questions, with
 ``gac_criteria`` and ``gac_thresholds`` its criterion and threshold (`choose_gac_target`; model selection: it reads
-their evidence titles), then `rows_by_gac_setting` tables the rows each compared setting would mine. A variant that
+their evidence titles), then `rows_by_gac_setting` tables the rows each compared setting would mine (crossed with
+``lr_thresholds``); ``mining_samples`` > 1 samples that many trajectories per mining question. A variant that
 mines no row is reported and not trained; the settings search and the agent then use the first variant that mined
 rows (`primary_variant`).
 ``experiment.unselected`` (a labelled diagnostic) also trains that variant (or ``unselected_variant``) without
