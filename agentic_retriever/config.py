@@ -278,4 +278,17 @@ def build_config(cls: type[T], section: str, args: argparse.Namespace | None = N
         raise ValueError(f"{section.replace('_', ' ', 1)}: required setting{'s' * (len(missing) > 1)} "
                          f"{', '.join(missing)} missing (set {where}"
                          f"{', '.join('--' + m.replace('_', '-') for m in missing)})")
+    validate_settings(config)
     return config
+
+
+def validate_settings(config) -> None:
+    """Run every (nested) settings dataclass's own checks (`__post_init__`) on its final values: at construction
+    they saw only the defaults, before the file and the flags were applied."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            validate_settings(value)
+    check = getattr(config, "__post_init__", None)
+    if check is not None:
+        check()

@@ -4,6 +4,8 @@ One command runs it, every step reusing its artifact when it is there (a rerun o
 
     .venv/bin/python benchmarks/mining_experiment.py --config configs/mining_experiment.yaml
 
+Every setting of the config's `experiment` section also has a flag that overrides it (``--mining-questions 36``).
+
 1. the warm-started default agent (the quickstart's, cached) rolls out on the in-corpus train leaves outside the
    held-out slice (`fanoutqa_leaf_train_mining_in_corpus.jsonl`, questions and gold answers only);
 2. utility mining of those trajectories with the base MiniLM (`mine run`), the full method; its ablations re-select
@@ -55,7 +57,7 @@ from agent.rollouts import RolloutConfig, run_rollout_job  # noqa: E402
 from agent.trajectory import read_trajectories  # noqa: E402
 from agent.sft import WarmStartConfig, warm_start_agent  # noqa: E402
 from agentic_retriever.client import RetrievalConfig  # noqa: E402
-from agentic_retriever.config import build_config  # noqa: E402
+from agentic_retriever.config import add_dataclass_arguments, build_config  # noqa: E402
 from agentic_retriever.corpus import Corpus  # noqa: E402
 from agentic_retriever.data.prepare import assert_disjoint, split_keys  # noqa: E402
 from agentic_retriever.demo import Steps  # noqa: E402
@@ -670,11 +672,18 @@ def check_splits(config: ExperimentConfig, data: Path, warm_rows: list[dict]) ->
             assert_disjoint(rows[left], rows[right], left, right)
 
 
-def main() -> None:
+def parse_arguments(argv: list[str] | None = None) -> tuple[argparse.Namespace, ExperimentConfig]:
+    """``--config FILE`` and one flag per `experiment` setting (``--mining-questions 36``), which overrides the
+    file's; the other sections come from the file alone."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/mining_experiment.yaml")
-    args = parser.parse_args()
-    config = build_config(ExperimentConfig, "experiment", None, args.config, ("experiment",))
+    add_dataclass_arguments(parser, ExperimentConfig)
+    args = parser.parse_args(argv)
+    return args, build_config(ExperimentConfig, "experiment", args, args.config, ("experiment",))
+
+
+def main() -> None:
+    args, config = parse_arguments()
     warm = build_config(WarmStartConfig, "agent_sft", None, args.config, ("experiment",))
     rollout = build_config(RolloutConfig, "agent_rollout", None, args.config, ("experiment",))
     mine = build_config(MineJobConfig, "mine_run", None, args.config, ("experiment",))

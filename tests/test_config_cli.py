@@ -31,6 +31,20 @@ def test_unknown_yaml_key_is_an_error_naming_file_and_key(tmp_path):
         build_config(IndexBuildConfig, "index_build", None, str(config_file))
 
 
+def test_a_value_its_settings_class_rejects_is_an_error_from_the_file_and_from_a_flag(tmp_path):
+    from agent.rollouts import RolloutConfig
+
+    config_file = tmp_path / "c.yaml"
+    config_file.write_text("agent_rollout:\n  qa: q.jsonl\n  env:\n    max_turns: 0\n")
+    with pytest.raises(ValueError, match="EnvConfig.max_turns must be at least 1, got 0"):
+        build_config(RolloutConfig, "agent_rollout", None, str(config_file))
+    config_file.write_text("agent_rollout:\n  qa: q.jsonl\n")
+    args = _parse(["agent", "rollout", "--config", str(config_file), "--env.max-turns", "0"])
+    with pytest.raises(ValueError, match="EnvConfig.max_turns must be at least 1, got 0"):
+        build_config(RolloutConfig, "agent_rollout", args, args.config)
+    assert build_config(RolloutConfig, "agent_rollout", None, str(config_file)).env.max_turns == 4
+
+
 def test_invalid_choice_is_rejected_by_the_parser():
     with pytest.raises(SystemExit):
         _parse(["index", "build", "--dense.type", "annoy"])

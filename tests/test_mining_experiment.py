@@ -363,3 +363,16 @@ def test_mining_samples_sample_only_the_mining_rollouts(experiment):
     assert (sampled.samples, sampled.env.temperature) == (3, 0.8) and rollout.env.temperature == 0.0
     with pytest.raises(ValueError, match="mining_temperature"):
         experiment.ExperimentConfig(mining_samples=2, mining_temperature=0.0)
+
+
+def test_experiment_settings_are_overridden_by_flags(experiment, tmp_path):
+    config_file = tmp_path / "experiment.yaml"
+    config_file.write_text("experiment:\n  workdir: runs/x\n  mining_questions: 72\n  ablations: [full, w/o GAC]\n")
+    args, config = experiment.parse_arguments(["--config", str(config_file), "--mining-samples", "2",
+                                               "--mining-temperature", "0.5"])
+    assert (config.workdir, config.mining_questions, config.ablations) == ("runs/x", 72, ["full", "w/o GAC"])
+    assert (config.mining_samples, config.mining_temperature, args.config) == (2, 0.5, str(config_file))
+    _, config = experiment.parse_arguments(["--config", str(config_file), "--mining-questions", "36"])
+    assert (config.mining_questions, config.mining_samples) == (36, 1)
+    with pytest.raises(ValueError, match="mining_temperature"):
+        experiment.parse_arguments(["--config", str(config_file), "--mining-samples", "2", "--mining-temperature", "0"])
