@@ -172,8 +172,8 @@ def rollout_file(folder: Path, stem: str, agent_model: str, index_dir: str, roll
 
 
 def mining_rollout_config(rollout: RolloutConfig, config: ExperimentConfig) -> RolloutConfig:
-    """The rollout settings of the mining questions: `rollout`'s (greedy, as the evaluation), or with
-    ``mining_samples`` > 1 that many trajectories per question sampled at ``mining_temperature``."""
+    """The rollout settings of the mining questions: `rollout`'s with one trajectory per question, as the
+    evaluation's, or with ``mining_samples`` > 1 that many per question sampled at ``mining_temperature``."""
     if config.mining_samples == 1:
         return dataclasses.replace(rollout, samples=1)
     return dataclasses.replace(rollout, samples=config.mining_samples,
@@ -742,7 +742,9 @@ def main() -> None:
                  for name, path in rows.items() if name != primary and name not in no_rows}
     trainings = {primary: best, **trainings}  # the primary variant's run is the settings search's best
     diagnostic = config.unselected_variant or primary
-    if config.unselected and diagnostic not in no_rows:
+    if config.unselected and diagnostic in no_rows:
+        print(f"the unselected diagnostic is not trained: {diagnostic!r} mined no row")
+    elif config.unselected:
         trainings[unselected_name(diagnostic)] = dataclasses.replace(
             best, data=str(rows[diagnostic]), select_on="", select_parents="",
             out=str(work / "retriever" / _slug(unselected_name(diagnostic))))
