@@ -60,7 +60,7 @@ from agentic_retriever.client import RetrievalConfig  # noqa: E402
 from agentic_retriever.config import add_dataclass_arguments, build_config  # noqa: E402
 from agentic_retriever.corpus import Corpus  # noqa: E402
 from agentic_retriever.data.prepare import assert_disjoint, split_keys  # noqa: E402
-from agentic_retriever.demo import Steps  # noqa: E402
+from agentic_retriever.demo import Steps, keyed_rollout_path  # noqa: E402
 from agentic_retriever.encoder import EncoderConfig  # noqa: E402
 from agentic_retriever.eval.bootstrap import compare_reports, paired_bootstrap  # noqa: E402
 from agentic_retriever.eval.qa import contains_match, qa_scores  # noqa: E402
@@ -159,16 +159,6 @@ class ExperimentConfig:
 
 def _slug(name: str) -> str:
     return "".join(ch if ch.isalnum() else "-" for ch in name.lower()).strip("-")
-
-
-def rollout_file(folder: Path, stem: str, agent_model: str, index_dir: str, rollout: RolloutConfig,
-                 questions: int | None) -> Path:
-    """Where a rollout of `questions` questions with this agent, index and environment is kept: named by all of
-    them (the index by its manifest), so a rerun reuses it and any change rolls out into a new file (mining and the
-    evaluation read a whole file, so a smaller `questions` must not find a bigger run's trajectories there)."""
-    key = stable_hash([agent_model, (Path(index_dir) / "manifest.json").read_text(), dataclasses.asdict(rollout.env),
-                       questions, rollout.samples])[:12]
-    return folder / f"{stem}_{key}.jsonl"
 
 
 def mining_rollout_config(rollout: RolloutConfig, config: ExperimentConfig) -> RolloutConfig:
@@ -349,12 +339,10 @@ def choose_gac_target(job: MineJobConfig, rollout: RolloutConfig, config: Experi
     def judged(rnd, candidates: list[dict]) -> bool:  # GAC only where the audit can rank an evidence page
         return any(c["title"] in evidence.get(rnd.question_id, ()) for c in candidates)
 
-    rollout = dataclasses.replace(rollout, samples=1)
-    trajectories = rollout_file(folder, "trajectories_heldout", job.agent.model, job.retrieval.index, rollout,
-                                config.gac_target_questions)
-    run_rollout_job(dataclasses.replace(rollout, qa=str(qa), out=str(trajectories), limit=config.gac_target_questions,
-                                        retrieval=job.retrieval,
-                                        agent=dataclasses.replace(rollout.agent, model=job.agent.model)))
+    rollout = dataclasses.replace(rollout, qa=str(qa), limit=config.gac_target_questions, retrieval=job.retrieval,
+                                  samples=1, agent=dataclasses.replace(rollout.agent, model=job.agent.model))
+    trajectories = keyed_rollout_path(folder, "trajectories_heldout", job.agent.model, rollout, rollout.limit)
+    run_rollout_job(dataclasses.replace(rollout, out=str(trajectories)))
     settings = gac_settings(config, job.mining.gac_criterion)
     outs = {name: folder / Path(*name.split(", ")) for name in settings}
     audits, first = {}, outs[next(iter(settings))] / "stages"
@@ -471,12 +459,12 @@ def agent_report(index_dir: str, agent_model: str, rollout: RolloutConfig, confi
                  work: Path) -> dict:
     """The agent on the multi-hop dev questions with this retriever: per question evidence recall of its searches,
     answer recall over its retrieved passages, EM, F1."""
-    rollout = dataclasses.replace(rollout, samples=1)
-    out = rollout_file(work / "agent", "multihop_dev", agent_model, index_dir, rollout, config.agent_eval_questions)
     qa = data / config.dev_parents
-    run_rollout_job(dataclasses.replace(rollout, qa=str(qa), retrieval=RetrievalConfig(index=index_dir), out=str(out),
-                                        limit=config.agent_eval_questions,
-                                        agent=dataclasses.replace(rollout.agent, model=agent_model)))
+    rollout = dataclasses.replace(rollout, qa=str(qa), retrieval=RetrievalConfig(index=index_dir),
+                                  limit=config.agent_eval_questions, samples=1,
+                                  agent=dataclasses.replace(rollout.agent, model=agent_model))
+    out = keyed_rollout_path(work / "agent", "multihop_dev", agent_model, rollout, rollout.limit)
+    run_rollout_job(dataclasses.replace(rollout, out=str(out)))
     evidence = {row["id"]: set(row["supporting_titles"]) for _, row in iter_jsonl(qa)}
     per_question = []
     for t in read_trajectories(out):
@@ -697,13 +685,12 @@ def main() -> None:
     corpus_path = str(data / "corpus.jsonl")
 
     agent_model = str(steps.run("warm-started agent", lambda: warm_start_agent(warm)))
-    mining_rollout = mining_rollout_config(rollout, config)
-    trajectories = rollout_file(work, "trajectories_mining", agent_model, config.base_index, mining_rollout,
-                                config.mining_questions)
-    mining_rollout = dataclasses.replace(mining_rollout, qa=str(data / config.mining_qa),
-                                         retrieval=RetrievalConfig(index=config.base_index), out=str(trajectories),
+    mining_rollout = dataclasses.replace(mining_rollout_config(rollout, config), qa=str(data / config.mining_qa),
+                                         retrieval=RetrievalConfig(index=config.base_index),
                                          limit=config.mining_questions,
                                          agent=dataclasses.replace(rollout.agent, model=agent_model))
+    trajectories = keyed_rollout_path(work, "trajectories_mining", agent_model, mining_rollout, mining_rollout.limit)
+    mining_rollout = dataclasses.replace(mining_rollout, out=str(trajectories))
     steps.run("agent rollouts on the mining questions", lambda: run_rollout_job(mining_rollout))
     job = dataclasses.replace(mine, trajectories=str(trajectories), retrieval=RetrievalConfig(index=config.base_index),
                               agent=dataclasses.replace(mine.agent, model=agent_model))

@@ -1,6 +1,11 @@
-"""The demo report's sentence on model selection names what was kept, on which inputs and by which scores."""
+"""The demo report's sentence on model selection names what was kept, on which inputs and by which scores; the
+demo's (and the benchmarks') trajectory files are named by what makes their trajectories."""
 
-from agentic_retriever.demo import selection_note
+import dataclasses
+
+from agent.rollouts import RolloutConfig
+from agentic_retriever.client import RetrievalConfig
+from agentic_retriever.demo import keyed_rollout_path, selection_note
 
 
 def test_selection_note_names_the_inputs_that_decided_and_the_scores():
@@ -16,3 +21,25 @@ def test_selection_note_says_when_the_base_was_kept_and_is_empty_without_a_selec
                            "per_checkpoint": {"base": 0.9, "epoch-1": 0.8}})
     assert "(Q [SEP] Q)" in note and "kept the BASE weights" in note and "the mean deciding" not in note
     assert selection_note(None) == "" and selection_note({"kept": None}) == ""
+
+
+def test_a_rollout_file_is_named_by_everything_that_makes_its_trajectories(tmp_path):
+    index = tmp_path / "index"
+    index.mkdir()
+    (index / "manifest.json").write_text('{"encoder": "a"}')
+    rollout = RolloutConfig(qa="q.jsonl", retrieval=RetrievalConfig(index=str(index)), limit=36)
+
+    def path(agent="agent-1", config=rollout):
+        return keyed_rollout_path(tmp_path, "trajectories_mining", agent, config, config.limit)
+
+    first = path()
+    assert first.parent == tmp_path and first.name.startswith("trajectories_mining_") and first.suffix == ".jsonl"
+    assert path() == first
+    changed = [path("agent-2"), path(config=dataclasses.replace(rollout, limit=72)),
+               path(config=dataclasses.replace(rollout, env=dataclasses.replace(rollout.env, temperature=0.7),
+                                               samples=2)),
+               path(config=dataclasses.replace(rollout, retrieval=RetrievalConfig(url="http://127.0.0.1:8000")))]
+    (index / "manifest.json").write_text('{"encoder": "b"}')  # a retrained retriever's index
+    changed.append(path())
+    assert len({first, *changed}) == 6
+

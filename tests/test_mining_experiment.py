@@ -337,23 +337,6 @@ def test_each_gac_setting_is_reselected_from_the_full_runs_stores_and_tabled(exp
         experiment.ExperimentConfig(gac_targets=["final"], lr_thresholds=[20])
 
 
-def test_a_rollout_file_is_named_by_everything_that_makes_its_trajectories(experiment, tmp_path):
-    index = tmp_path / "index"
-    index.mkdir()
-    (index / "manifest.json").write_text('{"encoder": "a"}')
-    rollout = experiment.RolloutConfig(qa="q.jsonl")
-    path = experiment.rollout_file(tmp_path, "trajectories_mining", "agent-1", str(index), rollout, 36)
-    assert path.parent == tmp_path and path.name.startswith("trajectories_mining_") and path.suffix == ".jsonl"
-    assert experiment.rollout_file(tmp_path, "trajectories_mining", "agent-1", str(index), rollout, 36) == path
-    changed = [experiment.rollout_file(tmp_path, "trajectories_mining", "agent-2", str(index), rollout, 36),
-               experiment.rollout_file(tmp_path, "trajectories_mining", "agent-1", str(index), rollout, 72),
-               experiment.rollout_file(tmp_path, "trajectories_mining", "agent-1", str(index), dataclasses.replace(
-                   rollout, env=dataclasses.replace(rollout.env, temperature=0.7), samples=2), 36)]
-    (index / "manifest.json").write_text('{"encoder": "b"}')  # a retrained retriever's index
-    changed.append(experiment.rollout_file(tmp_path, "trajectories_mining", "agent-1", str(index), rollout, 36))
-    assert len({path, *changed}) == 5
-
-
 def test_mining_samples_sample_only_the_mining_rollouts(experiment):
     rollout = experiment.RolloutConfig(qa="q.jsonl")
     greedy = experiment.mining_rollout_config(rollout, experiment.ExperimentConfig())
