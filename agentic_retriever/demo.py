@@ -84,15 +84,16 @@ def encoder_short_name(model: str) -> str:
     return "minilm" if model == "default" else Path(model.rstrip("/")).name
 
 
-def keyed_rollout_path(folder: Path, stem: str, agent_model: str, rollout: Any, questions: int | None) -> Path:
-    """Where a rollout (`agent.rollouts.RolloutConfig`) of the first `questions` questions with `agent_model` is
-    kept: ``{stem}_{key}.jsonl``, the key hashing the agent, the retriever (an index by its manifest, a service by its
-    URL), the env and the samples per question. A rerun reuses the file; any change rolls out into a new one, since
-    mining and evaluation read a whole file (a smaller run must not find a bigger one's trajectories)."""
+def keyed_rollout(rollout: Any, folder: Path, stem: str) -> Any:
+    """`rollout` (`agent.rollouts.RolloutConfig`) writing to ``{folder}/{stem}_{key}.jsonl``, the key hashing what
+    makes its trajectories: the agent, the retriever (an index by its manifest, a service by its URL), the env, the
+    number of questions (`limit`) and the samples per question. A rerun reuses the file; any change rolls out into a
+    new one, since mining and evaluation read a whole file (a smaller run must not find a bigger one's trajectories)."""
     index = rollout.retrieval.index
     retriever = (Path(index) / "manifest.json").read_text() if index else rollout.retrieval.url
-    key = stable_hash([agent_model, retriever, dataclasses.asdict(rollout.env), questions, rollout.samples])[:12]
-    return Path(folder) / f"{stem}_{key}.jsonl"
+    key = stable_hash([rollout.agent.model, retriever, dataclasses.asdict(rollout.env), rollout.limit,
+                       rollout.samples])[:12]
+    return dataclasses.replace(rollout, out=str(Path(folder) / f"{stem}_{key}.jsonl"))
 
 
 class Steps:
@@ -193,8 +194,7 @@ def _agentic_r_iteration(job: MainJob, steps: Steps, work: Path, corpus: str, re
     data = work / "data"
     rollout = dataclasses.replace(job.rollout, qa=str(data / "fanoutqa_leaf_train_mining.jsonl"),
                                   agent=dataclasses.replace(job.rollout.agent, model=str(agent_path)))
-    rollout = dataclasses.replace(rollout, out=str(keyed_rollout_path(
-        work / "agent", "trajectories_train_mining", str(agent_path), rollout, rollout.limit)))
+    rollout = keyed_rollout(rollout, work / "agent", "trajectories_train_mining")
     report["rollouts"] = dataclasses.asdict(steps.run("agent rollouts on the mining questions",
                                                       lambda: run_rollout_job(rollout)))
     mine = dataclasses.replace(job.mine, trajectories=rollout.out,
@@ -282,7 +282,7 @@ def _evaluate(job: MainJob, steps: Steps, work: Path, data: Path, indexes: dict[
 def _agent_reports(job: MainJob, work: Path, data: Path, indexes: dict[str, str], agent_model: str) -> dict[str, dict]:
     """EM, F1 and searches per question of the warm-started agent with each Flat retriever (base and trained;
     HNSW approximates the base Flat, and BM25 is a reference for retrieval only). Trajectory files
-    are named by a hash of the agent, the index manifest and the env (`keyed_rollout_path`), so a retrained
+    are named by a hash of the agent, the index manifest and the env (`keyed_rollout`), so a retrained
     retriever is rolled out anew."""
     from agent.evaluate import evaluate_trajectories
     from agent.rollouts import run_rollout_job
@@ -295,8 +295,8 @@ def _agent_reports(job: MainJob, work: Path, data: Path, indexes: dict[str, str]
         rollout = dataclasses.replace(job.rollout, qa=str(qa), retrieval=RetrievalConfig(index=index),
                                       limit=job.demo.agent_eval_questions,
                                       agent=dataclasses.replace(job.rollout.agent, model=agent_model))
-        out = keyed_rollout_path(work / "agent", f"trajectories_dev_{name}", agent_model, rollout, rollout.limit)
-        run_rollout_job(dataclasses.replace(rollout, out=str(out)))
-        metrics = evaluate_trajectories(out, str(qa))
+        rollout = keyed_rollout(rollout, work / "agent", f"trajectories_dev_{name}")
+        run_rollout_job(rollout)
+        metrics = evaluate_trajectories(rollout.out, str(qa))
         reports[name] = {"em": metrics["em"], "f1": metrics["f1"], "searches": metrics["avg_searches"]}
     return reports

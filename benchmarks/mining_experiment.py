@@ -60,7 +60,7 @@ from agentic_retriever.client import RetrievalConfig  # noqa: E402
 from agentic_retriever.config import add_dataclass_arguments, build_config  # noqa: E402
 from agentic_retriever.corpus import Corpus  # noqa: E402
 from agentic_retriever.data.prepare import assert_disjoint, split_keys  # noqa: E402
-from agentic_retriever.demo import Steps, keyed_rollout_path  # noqa: E402
+from agentic_retriever.demo import Steps, keyed_rollout  # noqa: E402
 from agentic_retriever.encoder import EncoderConfig  # noqa: E402
 from agentic_retriever.eval.bootstrap import compare_reports, paired_bootstrap  # noqa: E402
 from agentic_retriever.eval.qa import contains_match, qa_scores  # noqa: E402
@@ -341,8 +341,8 @@ def choose_gac_target(job: MineJobConfig, rollout: RolloutConfig, config: Experi
 
     rollout = dataclasses.replace(rollout, qa=str(qa), limit=config.gac_target_questions, retrieval=job.retrieval,
                                   samples=1, agent=dataclasses.replace(rollout.agent, model=job.agent.model))
-    trajectories = keyed_rollout_path(folder, "trajectories_heldout", job.agent.model, rollout, rollout.limit)
-    run_rollout_job(dataclasses.replace(rollout, out=str(trajectories)))
+    rollout = keyed_rollout(rollout, folder, "trajectories_heldout")
+    run_rollout_job(rollout)
     settings = gac_settings(config, job.mining.gac_criterion)
     outs = {name: folder / Path(*name.split(", ")) for name in settings}
     audits, first = {}, outs[next(iter(settings))] / "stages"
@@ -350,7 +350,7 @@ def choose_gac_target(job: MineJobConfig, rollout: RolloutConfig, config: Experi
         out = outs[name]
         if out / "stages" != first and not (out / "stages").is_dir():  # candidates and LR do not depend on the
             shutil.copytree(first, out / "stages")                       # target: only GAC is scored again
-        run_mine_job(dataclasses.replace(job, trajectories=str(trajectories), out=str(out), mining=dataclasses.replace(
+        run_mine_job(dataclasses.replace(job, trajectories=rollout.out, out=str(out), mining=dataclasses.replace(
             job.mining, gac_target=target, gac_criterion=criterion, skip_hopeless_gac=False)), gac_rounds=judged)
         audits[name] = audit_mining(out, qa)
     report = {"questions": config.gac_target_questions,
@@ -463,11 +463,11 @@ def agent_report(index_dir: str, agent_model: str, rollout: RolloutConfig, confi
     rollout = dataclasses.replace(rollout, qa=str(qa), retrieval=RetrievalConfig(index=index_dir),
                                   limit=config.agent_eval_questions, samples=1,
                                   agent=dataclasses.replace(rollout.agent, model=agent_model))
-    out = keyed_rollout_path(work / "agent", "multihop_dev", agent_model, rollout, rollout.limit)
-    run_rollout_job(dataclasses.replace(rollout, out=str(out)))
+    rollout = keyed_rollout(rollout, work / "agent", "multihop_dev")
+    run_rollout_job(rollout)
     evidence = {row["id"]: set(row["supporting_titles"]) for _, row in iter_jsonl(qa)}
     per_question = []
-    for t in read_trajectories(out):
+    for t in read_trajectories(rollout.out):
         titles = evidence.get(t.question_id) or set()
         observed = "\n".join(turn.observation or "" for turn in t.turns)
         scores = qa_scores(t.answer, t.golden_answers)
@@ -689,10 +689,9 @@ def main() -> None:
                                          retrieval=RetrievalConfig(index=config.base_index),
                                          limit=config.mining_questions,
                                          agent=dataclasses.replace(rollout.agent, model=agent_model))
-    trajectories = keyed_rollout_path(work, "trajectories_mining", agent_model, mining_rollout, mining_rollout.limit)
-    mining_rollout = dataclasses.replace(mining_rollout, out=str(trajectories))
+    mining_rollout = keyed_rollout(mining_rollout, work, "trajectories_mining")
     steps.run("agent rollouts on the mining questions", lambda: run_rollout_job(mining_rollout))
-    job = dataclasses.replace(mine, trajectories=str(trajectories), retrieval=RetrievalConfig(index=config.base_index),
+    job = dataclasses.replace(mine, trajectories=mining_rollout.out, retrieval=RetrievalConfig(index=config.base_index),
                               agent=dataclasses.replace(mine.agent, model=agent_model))
     gac_target_choice = None
     if config.gac_targets:

@@ -2,10 +2,11 @@
 demo's (and the benchmarks') trajectory files are named by what makes their trajectories."""
 
 import dataclasses
+from pathlib import Path
 
 from agent.rollouts import RolloutConfig
 from agentic_retriever.client import RetrievalConfig
-from agentic_retriever.demo import keyed_rollout_path, selection_note
+from agentic_retriever.demo import keyed_rollout, selection_note
 
 
 def test_selection_note_names_the_inputs_that_decided_and_the_scores():
@@ -28,17 +29,20 @@ def test_a_rollout_file_is_named_by_everything_that_makes_its_trajectories(tmp_p
     index.mkdir()
     (index / "manifest.json").write_text('{"encoder": "a"}')
     rollout = RolloutConfig(qa="q.jsonl", retrieval=RetrievalConfig(index=str(index)), limit=36)
+    rollout.agent.model = "agent-1"
 
-    def path(agent="agent-1", config=rollout):
-        return keyed_rollout_path(tmp_path, "trajectories_mining", agent, config, config.limit)
+    def path(config=rollout):
+        keyed = keyed_rollout(config, tmp_path, "trajectories_mining")
+        assert dataclasses.replace(keyed, out=config.out) == config  # only the output file is set
+        return Path(keyed.out)
 
     first = path()
     assert first.parent == tmp_path and first.name.startswith("trajectories_mining_") and first.suffix == ".jsonl"
     assert path() == first
-    changed = [path("agent-2"), path(config=dataclasses.replace(rollout, limit=72)),
-               path(config=dataclasses.replace(rollout, env=dataclasses.replace(rollout.env, temperature=0.7),
-                                               samples=2)),
-               path(config=dataclasses.replace(rollout, retrieval=RetrievalConfig(url="http://127.0.0.1:8000")))]
+    changed = [path(dataclasses.replace(rollout, agent=dataclasses.replace(rollout.agent, model="agent-2"))),
+               path(dataclasses.replace(rollout, limit=72)),
+               path(dataclasses.replace(rollout, env=dataclasses.replace(rollout.env, temperature=0.7), samples=2)),
+               path(dataclasses.replace(rollout, retrieval=RetrievalConfig(url="http://127.0.0.1:8000")))]
     (index / "manifest.json").write_text('{"encoder": "b"}')  # a retrained retriever's index
     changed.append(path())
     assert len({first, *changed}) == 6
