@@ -46,14 +46,19 @@ def _qa(path: Path, rows: list[tuple[str, str, list[str]]]) -> Path:
 
 
 def _rl() -> RLConfig:
-    return RLConfig(qa="unused.jsonl", algorithm="ppo", steps=7, prompts_per_step=16, samples_per_prompt=1,
-                    mini_batch_size=8, micro_batch_size=2, actor_lr=3e-6, critic_lr=2e-5, kl_coef=0.002,
+    return RLConfig(qa="unused.jsonl", algorithm="ppo", steps=7, prompts_per_step=2, samples_per_prompt=1,
+                    mini_batch_size=2, micro_batch_size=2, actor_lr=3e-6, critic_lr=2e-5, kl_coef=0.002,
                     gamma=0.99, lam=0.95, reward="search_r1_format", reward_options={"lambda_f": 0.4})
+
+
+def _settings(**settings) -> VerlSettings:
+    """Two GPUs: `_rl`'s step, mini-batch and micro-batch of 2 sequences are 1 per GPU."""
+    return VerlSettings(**{"n_gpus_per_node": 2} | settings)
 
 
 @pytest.fixture
 def run(tmp_path) -> VerlRun:
-    settings = VerlSettings(val_questions=1, overrides=["trainer.val_before_train=false"])
+    settings = _settings(val_questions=1, overrides=["trainer.val_before_train=false"])
     return prepare_verl_run(tmp_path / "verl", settings, _rl(), URL, "/models/agent_0", _qa(tmp_path / "train.jsonl", TRAIN))
 
 
@@ -79,7 +84,7 @@ def test_overrides_compose_with_verls_own_ppo_trainer_config(run):
     assert (config.algorithm.adv_estimator, config.algorithm.gamma, config.algorithm.lam) == ("gae", 0.99, 0.95)
     assert config.algorithm.use_kl_in_reward and config.algorithm.kl_ctrl.kl_coef == 0.002
     assert config.algorithm.kl_penalty == "k1" and not actor.use_kl_loss
-    assert (config.data.train_batch_size, actor.ppo_mini_batch_size, actor.ppo_micro_batch_size_per_gpu) == (16, 8, 2)
+    assert (config.data.train_batch_size, actor.ppo_mini_batch_size, actor.ppo_micro_batch_size_per_gpu) == (2, 2, 1)
     reward = config.reward.custom_reward_function
     assert (reward.path, reward.name) == (str(REWARD_FILE), "compute_score")
     assert dict(reward.reward_kwargs) == {"reward": "search_r1_format", "lambda_f": 0.4}
@@ -91,6 +96,7 @@ def test_overrides_compose_with_verls_own_ppo_trainer_config(run):
     assert "hf_model" in actor.checkpoint.save_contents
     assert config.trainer.default_local_dir == str(run.checkpoint_root)
     assert config.trainer.total_training_steps == 7 and config.trainer.val_before_train is False  # extra, last
+    assert {"trainer.use_v1=true", "trainer.v1.trainer_mode=sync"} <= set(overrides)  # pinned, not verl's default
     assert config.data.train_files == str(run.out_dir / "train.parquet")
     assert config.data.val_files == str(run.out_dir / "val.parquet")
 
@@ -134,35 +140,17 @@ def test_the_loops_verl_step_validates_on_training_questions_not_on_the_dev_set(
     from agentic_retriever.loop.config import LoopConfig, LoopEvalConfig, LoopJob
     from agentic_retriever.loop.steps import train_agent_on_verl
 
-    train = _qa(tmp_path / "train.jsonl", TRAIN)
+    rows = TRAIN + [("q5", "tallest mountain", ["Everest"]), ("q6", "fastest animal", ["cheetah"])]
+    train = _qa(tmp_path / "train.jsonl", rows)
     dev = _qa(tmp_path / "dev.jsonl", [("d1", "Who painted the Mona Lisa?", ["Leonardo da Vinci"])])
-    settings = VerlSettings(val_questions=2, poll_seconds=0.01, timeout_seconds=5)
+    settings = _settings(val_questions=2, poll_seconds=0.01, timeout_seconds=5)
     job = LoopJob(loop=LoopConfig(verl=settings, eval=LoopEvalConfig(agent_qa=str(dev))),
                   agent_train=dataclasses.replace(_rl(), qa=str(train)), rollout=None, mine=None, train=None, index=None)
     _fake_checkpoint(tmp_path / "agent" / "checkpoints", 7)
     summary = train_agent_on_verl(job, "/models/agent_0", URL, tmp_path / "agent")
     val = pq.read_table(tmp_path / "agent" / "val.parquet").to_pylist()
     assert summary["trainer"] == "verl" and len(val) >= 2
-    assert {row["extra_info"]["id"] for row in val} <= {qid for qid, _, _ in TRAIN}
-
-
-def test_the_paper_loop_config_gives_verl_the_papers_budgets(tmp_path):
-    """configs/agentic_r_loop.yaml on verl: 4,096 tokens in all, at most 500 generated and 500 retrieved per turn
-    (Agentic-R, Appendix B), five searches of top-3."""
-    from agentic_retriever.config import build_config
-    from agentic_retriever.loop.config import LoopConfig
-
-    path = Path(__file__).resolve().parents[2] / "configs" / "agentic_r_loop.yaml"
-    loop, rl = build_config(LoopConfig, "loop", None, str(path)), build_config(RLConfig, "agent_train", None, str(path))
-    verl_run = prepare_verl_run(tmp_path / "verl", dataclasses.replace(loop.verl, val_questions=1), rl, URL,
-                                "/models/qwen", _qa(tmp_path / "train.jsonl", TRAIN))
-    config = _compose((verl_run.out_dir / "overrides.txt").read_text().splitlines())
-    assert config.data.max_prompt_length + config.data.max_response_length == 4096
-    assert config.data.max_response_length >= 3 * (500 + 500)  # room for several searches, not one
-    (entry,) = yaml.safe_load((verl_run.out_dir / "agent_loop.yaml").read_text())
-    assert entry["env"] == {"dialect": "search_r1", "max_turns": 5, "topk": 3, "max_new_tokens_per_turn": 500,
-                            "observation_max_tokens": 500, "max_context_tokens": 4096}
-    assert config.actor_rollout_ref.rollout.agent.default_agent_loop == AGENT_LOOP_NAME
+    assert {row["extra_info"]["id"] for row in val} <= {qid for qid, _, _ in rows}
 
 
 @pytest.mark.parametrize("change, refused", [
@@ -172,20 +160,20 @@ def test_the_paper_loop_config_gives_verl_the_papers_budgets(tmp_path):
 ])
 def test_settings_verl_cannot_run_are_refused_by_name_before_anything_is_written(tmp_path, change, refused):
     with pytest.raises(ValueError, match=re.escape(refused)):
-        prepare_verl_run(tmp_path / "verl", VerlSettings(), dataclasses.replace(_rl(), **change), URL, "/m",
+        prepare_verl_run(tmp_path / "verl", _settings(), dataclasses.replace(_rl(), **change), URL, "/m",
                          _qa(tmp_path / "train.jsonl", TRAIN))
     assert not (tmp_path / "verl").exists()
 
 
 def test_the_tool_loop_refuses_a_dialect_other_than_search_r1(tmp_path):
     with pytest.raises(ValueError, match="env.dialect=qagent with agent_loop tool_agent"):
-        prepare_verl_run(tmp_path / "verl", VerlSettings(agent_loop="tool_agent"),
+        prepare_verl_run(tmp_path / "verl", _settings(agent_loop="tool_agent"),
                          dataclasses.replace(_rl(), env=EnvConfig(dialect="qagent")), URL, "/m",
                          _qa(tmp_path / "train.jsonl", TRAIN))
 
 
 def test_the_tool_loop_writes_verls_tool_config_and_the_question_for_create(tmp_path):
-    tool_run = prepare_verl_run(tmp_path / "verl", VerlSettings(agent_loop="tool_agent", val_questions=1), _rl(), URL,
+    tool_run = prepare_verl_run(tmp_path / "verl", _settings(agent_loop="tool_agent", val_questions=1), _rl(), URL,
                                 "/m", _qa(tmp_path / "train.jsonl", TRAIN))
     config = _compose((tool_run.out_dir / "overrides.txt").read_text().splitlines())
     turn = config.actor_rollout_ref.rollout.multi_turn
@@ -198,7 +186,7 @@ def test_the_tool_loop_writes_verls_tool_config_and_the_question_for_create(tmp_
 
 def test_search_tool_yaml_points_at_the_service_and_the_tool_speaks_its_api(tmp_path):
     pytest.importorskip("verl.tools.schemas", reason="verl's tool schemas do not import")
-    tool_run = prepare_verl_run(tmp_path / "verl", VerlSettings(agent_loop="tool_agent", val_questions=1), _rl(), URL,
+    tool_run = prepare_verl_run(tmp_path / "verl", _settings(agent_loop="tool_agent", val_questions=1), _rl(), URL,
                                 "/m", _qa(tmp_path / "train.jsonl", TRAIN))
     tool_config = yaml.safe_load((tool_run.out_dir / "search_tool.yaml").read_text())["tools"][0]
     assert tool_config["config"]["retrieval_service_url"] == URL and tool_config["config"]["topk"] == 3
@@ -268,7 +256,7 @@ def test_wait_fails_fast_with_the_log_tail_when_the_launched_command_exits_1(run
 def test_launch_script_passes_every_override_through_the_shell_unchanged(tmp_path, run):
     """The fixture `run` wrote tmp_path/train.jsonl; a fake launcher records the argv the script gives it."""
     dump = "import json, sys; json.dump(sys.argv[1:], open('argv.json', 'w'))"
-    settings = VerlSettings(launcher=f"{sys.executable} -c {shlex.quote(dump)}", val_questions=1,
+    settings = _settings(launcher=f"{sys.executable} -c {shlex.quote(dump)}", val_questions=1,
                             overrides=["trainer.val_before_train=false"])
     fake = prepare_verl_run(tmp_path / "shell", settings, _rl(), URL, "/models/agent 0's copy", tmp_path / "train.jsonl")
     assert fake.launch_script.stat().st_mode & 0o111

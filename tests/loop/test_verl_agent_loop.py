@@ -3,12 +3,14 @@ its hermes ``tool_agent`` loop runs our `SearchTool`).
 
 Every test goes through what verl's trainer does for a rollout step: `prepare_verl_run` writes the run folder,
 Hydra composes verl's ``ppo_trainer`` config with the run's overrides, verl's `RLHFDataset` and ``collate_fn`` read
-the run's parquet into a ``DataProto`` and verl's `AgentLoopWorker` builds the loop (from the agent-loop config
-file, or from ``register``'s entry), runs it and pads its output. Only the LLM server behind verl's server manager
-is a fake (`ScriptedServer`: scripted token ids of the real SmolLM2 tokenizer); the retrieval service is ours, in
-process, serving a dense index that composes ``Q [SEP] q``, with a spy on what the index was asked. verl is
-installed with ``--no-deps`` and the dev extra brings what its agent loop imports (ray, tensordict, ...); without
-them these tests skip, saying what is missing.
+the run's parquet, and the agent-loop worker of the trainer path builds the loop (from the agent-loop config file, or
+from ``register``'s entry) and runs it. Each test runs on both of verl's trainer paths (`trainer`): ``v1``, the
+one our overrides pin (verl's ``AgentLoopWorkerTQ`` puts each trajectory, with the row's fields, into TransferQueue,
+from which the test reads back what the trainer would) and ``legacy`` (``AgentLoopWorker`` pads a ``DataProto``).
+Only the LLM server behind verl's server manager is a fake (`ScriptedServer`: scripted token ids of the real SmolLM2
+tokenizer); the retrieval service is ours, in process, serving a dense index that composes ``Q [SEP] q``, with a spy
+on what the index was asked. verl is installed with ``--no-deps`` and the dev extra brings what its agent loop
+imports (ray, tensordict, TransferQueue, ...); without them these tests skip, saying what is missing.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import asyncio
 import importlib.util
 from pathlib import Path
 from types import SimpleNamespace
+from uuid import uuid4
 
 import pytest
 import yaml
@@ -42,6 +45,8 @@ from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
 QUESTIONS = ["Which river holds item 3?", "Where is the comet near the glacier?", "What holds item 7?"]
+#: Our agent loop's fields verl keeps per row (verl's hermes tool loop has only the server's two).
+EXTRA_FIELDS = ("searches", "invalid_actions", "finish_reason", "min_global_steps", "max_global_steps")
 PROMPT_LENGTH, RESPONSE_LENGTH = 512, 400
 
 
@@ -62,6 +67,13 @@ class ScriptedServer:
         ids = self.tokenizer.encode(self.reply(context, turn), add_special_tokens=False)[:sampling_params.get("max_tokens")]
         return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids), stop_reason="completed",  # as verl's client:
                            extra_fields={"min_global_steps": 7, "max_global_steps": 7 + turn})  # the policy version
+
+
+@pytest.fixture(params=["v1", "legacy"])
+def trainer(request):
+    """verl's trainer path: ``v1`` (``trainer.use_v1=true``, what our overrides pin and verl 0.9.1 defaults to: the
+    TransferQueue agent-loop worker) or ``legacy`` (``main_ppo_v0``'s worker, for runs that set use_v1=false)."""
+    return request
 
 
 def search_then_answer(context: str, turn: int) -> str:
@@ -107,21 +119,95 @@ def _rl(**env) -> RLConfig:
                     micro_batch_size=2, env=EnvConfig(**settings))
 
 
-def roll_out(tmp_path: Path, served, model_dir: str, reply, rl: RLConfig, questions: int = 2,
-             registered_only: bool = False, **settings) -> tuple[DataProto, ScriptedServer, SimpleNamespace]:
-    """One rollout step of the run `prepare_verl_run` writes, through verl's dataset, collate and agent-loop worker:
-    (verl's output, the server, the run with ``questions``: what each row of the batch asks, in order).
+@pytest.fixture(scope="module")
+def transfer_queue():
+    """verl's V1 trainer hands trajectories over through TransferQueue: its controller and storage units are Ray
+    actors of a local Ray (4 logical CPUs: the controller and two storage units take one each)."""
+    tq = pytest.importorskip("transfer_queue", reason="TransferQueue is not installed (the dev extra has it: verl's "
+                                                     "V1 trainer imports it)")
+    import ray
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    try:
+        tq.init()
+        yield tq
+        tq.close()
+    finally:
+        ray.shutdown()
+
+
+def _v1_worker(config, server):
+    """verl's V1 agent-loop worker (``AgentLoopWorkerTQ``, a Ray actor class) built in this process, so the scripted
+    server and the spy on the index stay visible; its TransferQueue client talks to the module's Ray actors."""
+    from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
+
+    return AgentLoopWorkerTQ.__ray_metadata__.modified_class(config, llm_client=server)
+
+
+def _rows_of_v1(worker, batch_dict, tq) -> list[dict]:
+    """One step as verl's V1 trainer submits it (``_fetch_one_gen_batch``: a uid per row, then a TensorDict with
+    ``global_steps``): wait for the worker's fire-and-forget tasks, then read what its post-processing put into
+    TransferQueue (one key ``{uid}_0_0`` per row, as ``rollout.n`` is 1)."""
+    import numpy as np
+    from verl.utils import tensordict_utils as tu
+
+    batch_dict["uid"] = np.array([uuid4().hex for _ in range(len(batch_dict["raw_prompt"]))], dtype=object)
+    batch = tu.get_tensordict(batch_dict)
+    tu.assign_non_tensor_data(batch, "global_steps", 1)
+
+    async def generate():
+        await worker.generate_sequences(batch)
+        await asyncio.gather(*list(worker.background_tasks))
+
+    asyncio.run(generate())
+    keys = [f"{uid}_0_0" for uid in batch_dict["uid"]]
+    tags = tq.kv_list("train")["train"]
+    assert [tags[key]["status"] for key in keys] == ["success"] * len(keys)  # not "failure": our output packed
+    data = tq.kv_batch_get(keys=keys, partition_id="train")
+    tq.kv_clear(keys=keys + list(batch_dict["uid"]), partition_id="train")
+    fields = {name: data[name].unbind() for name in ("prompts", "responses", "response_mask", "rollout_log_probs")}
+    extras, turns = list(data["extra_fields"]), list(data["num_turns"])  # as verl reads non-tensor fields back
+    return [{**{name: values[i].tolist() for name, values in fields.items()}, "num_turns": turns[i],
+             **{name: extras[i][name] for name in EXTRA_FIELDS if name in extras[i]}} for i in range(len(keys))]
+
+
+def _rows_of_legacy(output: DataProto) -> list[dict]:
+    """The legacy worker's padded batch, row by row without its padding."""
+    rows = []
+    for i in range(len(output)):
+        mask = output.batch["attention_mask"][i].bool()
+        real = mask[PROMPT_LENGTH:]
+        rows.append({"prompts": output.batch["prompts"][i][mask[:PROMPT_LENGTH]].tolist(),
+                     **{name: output.batch[name][i][real].tolist()
+                        for name in ("responses", "response_mask", "rollout_log_probs")},
+                     "num_turns": output.non_tensor_batch["__num_turns__"][i],
+                     **{name: output.non_tensor_batch[name][i] for name in EXTRA_FIELDS
+                        if name in output.non_tensor_batch}})
+    return rows
+
+
+def roll_out(request, tmp_path: Path, served, model_dir: str, reply, rl: RLConfig, questions: int = 2,
+             registered_only: bool = False, **settings) -> tuple[list[dict], ScriptedServer, SimpleNamespace]:
+    """One rollout step of the run `prepare_verl_run` writes, through verl's dataset, collate and agent-loop worker
+    of the trainer path ``request.param`` (`TRAINERS`): (the rows verl trains on, each with ``prompts``,
+    ``responses``, ``response_mask``, ``rollout_log_probs``, ``num_turns`` and our fields; the server; the run, with
+    ``questions``: what each row asks, in order, and ``output``: the legacy worker's padded batch).
     `registered_only`: the loop is built from verl's ``register`` entry, which holds the class and no settings."""
     qa = _qa(tmp_path / "train.jsonl", QUESTIONS + ["A held-out question?"])
-    settings = {"val_questions": 1, "max_prompt_length": PROMPT_LENGTH, "max_response_length": RESPONSE_LENGTH} | settings
+    settings = {"val_questions": 1, "n_gpus_per_node": 1, "max_prompt_length": PROMPT_LENGTH,
+                "max_response_length": RESPONSE_LENGTH} | settings
+    if request.param == "legacy":
+        settings["overrides"] = ["trainer.use_v1=false"]
     run = SimpleNamespace(**vars(prepare_verl_run(tmp_path / "verl", VerlSettings(**settings), rl, served["url"],
                                                   model_dir, qa)))
     overrides = (run.out_dir / "overrides.txt").read_text().splitlines()
     config_dir = Path(list(importlib.util.find_spec("verl").submodule_search_locations)[0]) / "trainer" / "config"
     with hydra.initialize_config_dir(config_dir=str(config_dir), version_base=None):
         config = hydra.compose("ppo_trainer", overrides=[*overrides, f"+data.cache_dir={tmp_path / 'verl-cache'}"])
+    assert config.trainer.use_v1 == (request.param == "v1")  # the path verl's main_ppo takes with these overrides
     server = ScriptedServer(None, reply)
-    worker = agent_loop.AgentLoopWorker(config, llm_client=server)
+    tq = request.getfixturevalue("transfer_queue") if config.trainer.use_v1 else None
+    worker = _v1_worker(config, server) if tq else agent_loop.AgentLoopWorker(config, llm_client=server)
     if registered_only:  # as in a worker process that imports our module after reading the config file
         from agentic_retriever.loop.verl.agent_loop import DialectAgentLoop
 
@@ -130,127 +216,127 @@ def roll_out(tmp_path: Path, served, model_dir: str, reply, rl: RLConfig, questi
     dataset = RLHFDataset(data_files=[str(run.out_dir / "train.parquet")], tokenizer=worker.tokenizer,
                           config=config.data)
     rows = [dataset[i] for i in range(questions)]
+    run.questions = [row["extra_info"]["question"] for row in rows]  # what each row of the batch asks
+    if tq:
+        return _rows_of_v1(worker, collate_fn(rows), tq), server, run
     batch = DataProto.from_single_dict(collate_fn(rows))
     batch.meta_info = {"global_steps": 1, "validate": False}
-    run.questions = [row["extra_info"]["question"] for row in rows]  # what each row of the batch asks
-    return asyncio.run(worker.generate_sequences(batch)), server, run
+    run.output = asyncio.run(worker.generate_sequences(batch))
+    return _rows_of_legacy(run.output), server, run
 
 
-def _split(output: DataProto, tokenizer, row: int) -> tuple[str, str]:
+def _split(row: dict, tokenizer) -> tuple[str, str]:
     """(the generated text, the inserted text) of one row's response, by its response mask."""
-    response, mask = output.batch["responses"][row], output.batch["response_mask"][row]
-    real = output.batch["attention_mask"][row, PROMPT_LENGTH:].bool()
-    return (tokenizer.decode(response[mask.bool()], skip_special_tokens=False),
-            tokenizer.decode(response[real & ~mask.bool()], skip_special_tokens=False))
+    generated = [token for token, mask in zip(row["responses"], row["response_mask"]) if mask]
+    inserted = [token for token, mask in zip(row["responses"], row["response_mask"]) if not mask]
+    return (tokenizer.decode(generated, skip_special_tokens=False),
+            tokenizer.decode(inserted, skip_special_tokens=False))
 
 
-def test_verl_runs_our_search_r1_agent_with_the_question_reaching_the_service(tmp_path, served, tiny_causal_lm_dir):
+def test_verl_runs_our_search_r1_agent_with_the_question_reaching_the_service(trainer, tmp_path, served, tiny_causal_lm_dir):
     served["asked"].clear()
-    output, server, run = roll_out(tmp_path, served, tiny_causal_lm_dir, search_then_answer, _rl())
+    rows, server, run = roll_out(trainer, tmp_path, served, tiny_causal_lm_dir, search_then_answer, _rl())
     tokenizer = server.tokenizer
     # the <search> action was executed, each query sent with its own trajectory's question
     assert searched(served) == sorted(("river castle", q) for q in run.questions)
     assert len(server.calls) == 4 and all(params["stop"] == ["</search>", "</answer>"] and params["max_tokens"] == 40
                                           and params["include_stop_str_in_output"] for _, params in server.calls)
-    for row, question in enumerate(run.questions):
-        generated, inserted = _split(output, tokenizer, row)
+    for row, question in zip(rows, run.questions):
+        generated, inserted = _split(row, tokenizer)
         assert generated == search_then_answer("", 0) + search_then_answer("", 1)  # the model's tokens: mask 1
         expected = LocalRetrievalClient(served["index"]).retrieve(["river castle"], 2, questions=[question])
         assert inserted == SearchR1Dialect().format_observation(expected)      # the service's passages: mask 0
         assert expected != LocalRetrievalClient(served["index"]).retrieve(["river castle"], 2)  # Q [SEP] q mattered
-        prompt = tokenizer.decode(output.batch["prompts"][row][output.batch["attention_mask"][row, :PROMPT_LENGTH]
-                                                             .bool()], skip_special_tokens=False)
+        prompt = tokenizer.decode(row["prompts"], skip_special_tokens=False)
         assert prompt.endswith("<|im_start|>assistant\n") and f"Question: {question}\n" in prompt
-    batch = output.batch
-    assert batch["prompts"].shape == (2, PROMPT_LENGTH) and batch["responses"].shape == (2, RESPONSE_LENGTH)
-    assert batch["input_ids"].shape == batch["attention_mask"].shape == (2, PROMPT_LENGTH + RESPONSE_LENGTH)
-    assert batch["rollout_log_probs"][batch["response_mask"].bool()].eq(-0.5).all()
-    assert batch["rollout_log_probs"][~batch["response_mask"].bool()].eq(0).all()
-    assert list(output.non_tensor_batch["searches"]) == [1, 1]
-    assert list(output.non_tensor_batch["finish_reason"]) == ["answer", "answer"]
-    assert list(output.non_tensor_batch["invalid_actions"]) == [0, 0]
-    assert list(output.non_tensor_batch["__num_turns__"]) == [4, 4]  # prompt, search, observation, answer
-    assert list(output.non_tensor_batch["min_global_steps"]) == [7, 7]  # the server's fields, the last turn's version
-    assert list(output.non_tensor_batch["max_global_steps"]) == [8, 8]
+        assert [-0.5 if mask else 0.0 for mask in row["response_mask"]] == row["rollout_log_probs"]
+    assert [(row["searches"], row["finish_reason"], row["invalid_actions"]) for row in rows] == [(1, "answer", 0)] * 2
+    assert [row["num_turns"] for row in rows] == [4, 4]  # prompt, search, observation, answer
+    # the server's fields, with the policy version of the last turn
+    assert [(row["min_global_steps"], row["max_global_steps"]) for row in rows] == [(7, 8)] * 2
+    if trainer.param == "legacy":  # its padded batch
+        batch = run.output.batch
+        assert batch["prompts"].shape == (2, PROMPT_LENGTH) and batch["responses"].shape == (2, RESPONSE_LENGTH)
+        assert batch["input_ids"].shape == batch["attention_mask"].shape == (2, PROMPT_LENGTH + RESPONSE_LENGTH)
 
 
-def test_the_turn_limit_ends_with_searchr1s_search_disabled_last_turn(tmp_path, served, tiny_causal_lm_dir):
+def test_the_turn_limit_ends_with_searchr1s_search_disabled_last_turn(trainer, tmp_path, served, tiny_causal_lm_dir):
     served["asked"].clear()
-    output, server, _ = roll_out(tmp_path, served, tiny_causal_lm_dir, lambda context, turn: " <search> more </search>",
+    rows, server, _ = roll_out(trainer, tmp_path, served, tiny_causal_lm_dir, lambda context, turn: " <search> more </search>",
                                  _rl(max_turns=2), questions=1)
     assert len(server.calls) == 3 and len(searched(served)) == 2  # 2 searched turns, then one whose search is not run
-    assert output.non_tensor_batch["finish_reason"][0] == "max_turns" and output.non_tensor_batch["searches"][0] == 2
+    assert rows[0]["finish_reason"] == "max_turns" and rows[0]["searches"] == 2
 
 
-def test_a_full_turn_must_fit_the_response_budget_and_an_observation_past_it_is_cut(tmp_path, served, tiny_causal_lm_dir):
+def test_a_full_turn_must_fit_the_response_budget_and_an_observation_past_it_is_cut(trainer, tmp_path, served, tiny_causal_lm_dir):
     """Per turn 100 tokens, in all 400: the agent stops when the next full turn would not fit, and an observation
     running past the budget is cut there (its tokens only: every turn started with room for all of it)."""
     long_turn = " <think>" + " river" * 70 + " </think> <search> river </search>"  # about 80 tokens
-    output, server, _ = roll_out(tmp_path, served, tiny_causal_lm_dir, lambda context, turn: long_turn,
+    rows, server, _ = roll_out(trainer, tmp_path, served, tiny_causal_lm_dir, lambda context, turn: long_turn,
                                  _rl(max_turns=8, topk=10, max_new_tokens_per_turn=100, observation_max_tokens=150),
                                  questions=1)
     responses = [len(ids) - len(server.calls[0][0]) for ids, _ in server.calls]
     assert all(length + 100 <= RESPONSE_LENGTH for length in responses)  # every turn had room for a full turn
-    assert output.non_tensor_batch["finish_reason"][0] == "context_exhausted"
-    assert output.batch["attention_mask"][0, PROMPT_LENGTH:].sum() == RESPONSE_LENGTH  # cut at the budget
-    assert output.batch["response_mask"][0, -1] == 0 and all(params["max_tokens"] == 100 for _, params in server.calls)
+    assert rows[0]["finish_reason"] == "context_exhausted"
+    assert len(rows[0]["responses"]) == RESPONSE_LENGTH  # cut at the budget
+    assert rows[0]["response_mask"][-1] == 0 and all(params["max_tokens"] == 100 for _, params in server.calls)
 
 
-def test_an_invalid_turn_gets_the_dialects_message_masked(tmp_path, served, tiny_causal_lm_dir):
-    output, server, _ = roll_out(tmp_path, served, tiny_causal_lm_dir,
+def test_an_invalid_turn_gets_the_dialects_message_masked(trainer, tmp_path, served, tiny_causal_lm_dir):
+    rows, server, _ = roll_out(trainer, tmp_path, served, tiny_causal_lm_dir,
                                  lambda context, turn: " I am not sure." if turn == 0 else " <answer> Paris </answer>",
                                  _rl(), questions=1)
-    generated, inserted = _split(output, server.tokenizer, 0)
+    generated, inserted = _split(rows[0], server.tokenizer)
     assert inserted == SearchR1Dialect.invalid_action_message and generated == " I am not sure. <answer> Paris </answer>"
-    assert output.non_tensor_batch["invalid_actions"][0] == 1 and output.non_tensor_batch["searches"][0] == 0
+    assert rows[0]["invalid_actions"] == 1 and rows[0]["searches"] == 0
 
 
-def test_the_same_loop_serves_qagents_several_queries_per_search(tmp_path, served, tiny_causal_lm_dir):
+def test_the_same_loop_serves_qagents_several_queries_per_search(trainer, tmp_path, served, tiny_causal_lm_dir):
     served["asked"].clear()
 
     def qagent(context: str, turn: int) -> str:
         return ("<plan> two angles </plan>\n<search>\n<query> river castle </query>\n<query> item 3 </query>\n</search>"
                 if turn == 0 else "<answer> Paris </answer>")
 
-    output, server, run = roll_out(tmp_path, served, tiny_causal_lm_dir, qagent, _rl(dialect="qagent"), questions=1)
+    rows, server, run = roll_out(trainer, tmp_path, served, tiny_causal_lm_dir, qagent, _rl(dialect="qagent"), questions=1)
     assert searched(served) == [("item 3", run.questions[0]), ("river castle", run.questions[0])]
-    assert output.non_tensor_batch["searches"][0] == 1 and output.non_tensor_batch["finish_reason"][0] == "answer"
+    assert rows[0]["searches"] == 1 and rows[0]["finish_reason"] == "answer"
     assert server.calls[0][1]["stop"] == ["</search>", "</answer>"]
     assert yaml.safe_load((run.out_dir / "agent_loop.yaml").read_text())[0]["env"]["dialect"] == "qagent"
 
 
-def test_s3s_first_search_runs_before_the_first_turn_and_fills_the_prompt(tmp_path, served, tiny_causal_lm_dir):
+def test_s3s_first_search_runs_before_the_first_turn_and_fills_the_prompt(trainer, tmp_path, served, tiny_causal_lm_dir):
     served["asked"].clear()
-    output, server, run = roll_out(tmp_path, served, tiny_causal_lm_dir,
+    rows, server, run = roll_out(trainer, tmp_path, served, tiny_causal_lm_dir,
                                    lambda context, turn: "<search_complete> True </search_complete>",
                                    _rl(dialect="s3", max_new_tokens_per_turn=40), questions=1)
     assert searched(served) == [(run.questions[0], run.questions[0])]  # q_0 = Q, before any generation
     first_prompt = server.tokenizer.decode(server.calls[0][0])
     assert first_prompt.count("Doc ") == 3 and len(server.calls) == 1  # naive RAG's top 3, not env.topk (2)
-    assert output.non_tensor_batch["finish_reason"][0] == "answer"
+    assert rows[0]["finish_reason"] == "answer"
 
 
-def test_the_loop_built_from_verls_register_entry_reads_its_settings_from_the_config_file(tmp_path, served,
+def test_the_loop_built_from_verls_register_entry_reads_its_settings_from_the_config_file(trainer, tmp_path, served,
                                                                                           tiny_causal_lm_dir):
     """Importing our module registers the class under its name with no settings (verl's ``register``), replacing the
     config file's entry in that process; the loop so built must still search our service with the run's budgets."""
     served["asked"].clear()
-    output, server, run = roll_out(tmp_path, served, tiny_causal_lm_dir, search_then_answer, _rl(max_new_tokens_per_turn=24),
+    rows, server, run = roll_out(trainer, tmp_path, served, tiny_causal_lm_dir, search_then_answer, _rl(max_new_tokens_per_turn=24),
                                    questions=3, registered_only=True)
     entry = agent_loop._agent_loop_registry[AGENT_LOOP_NAME]
     assert entry == {"_target_": "agentic_retriever.loop.verl.agent_loop.DialectAgentLoop"}  # no settings in it
     assert searched(served) == sorted(("river castle", q) for q in run.questions)
     assert all(params["max_tokens"] == 24 for _, params in server.calls)
-    assert list(output.non_tensor_batch["searches"]) == [1, 1, 1]
+    assert [row["searches"] for row in rows] == [1, 1, 1]
 
 
-def test_the_hermes_tool_loop_hands_the_question_to_our_search_tool(tmp_path, served, tiny_causal_lm_dir):
+def test_the_hermes_tool_loop_hands_the_question_to_our_search_tool(trainer, tmp_path, served, tiny_causal_lm_dir):
     """verl's ``tool_agent`` calls ``tool.create(create_kwargs=...)``: the row's question must reach the service."""
     served["asked"].clear()
     call = '<tool_call>\n{"name": "search", "arguments": {"query_list": ["river castle"]}}\n</tool_call>'
-    output, server, run = roll_out(tmp_path, served, tiny_causal_lm_dir,
+    rows, server, run = roll_out(trainer, tmp_path, served, tiny_causal_lm_dir,
                                    lambda context, turn: call if turn == 0 else "<answer> Paris </answer>",
                                    _rl(), questions=1, agent_loop="tool_agent")
     assert searched(served) == [("river castle", run.questions[0])]
-    _, inserted = _split(output, server.tokenizer, 0)
+    _, inserted = _split(rows[0], server.tokenizer)
     assert '<information>Doc 1(Title: "Topic' in inserted

@@ -1,5 +1,17 @@
 """Our `RLConfig` and `VerlSettings` as verl's Hydra overrides of ``verl.trainer.main_ppo`` (`verl_overrides`).
 
+**trainer path**: ``trainer.use_v1=true`` and ``trainer.v1.trainer_mode=sync``, pinned: verl 0.9.1's default V1
+trainer (``TaskRunnerV1``, its agent-loop worker ``AgentLoopWorkerTQ`` handing trajectories over through
+TransferQueue, which our ``verl`` extra installs), synchronous and so on-policy like Search-R1's PPO; the path the
+agent-loop tests drive (tests/loop/test_verl_agent_loop.py). ``trainer.total_epochs`` is derived from the training
+rows (`epochs_for_steps`), so verl's epoch limit never stops the run before ``total_training_steps``.
+
+**sizes** (`per_gpu_micro_batches`): verl 0.9 takes micro-batches per GPU; ours are global, all GPUs together, as
+Search-R1's old verl took them (``train_ppo.sh``: actor 64, log-prob 128, critic 8 over 8 GPUs, so 8, 16 and 1 per
+GPU). They are divided by ``n_gpus_per_node x nnodes`` here and nowhere else; a size that does not divide, or a
+per-GPU micro-batch that does not divide the per-GPU mini-batch, is refused. ``ppo_mini_batch_size`` and
+``train_batch_size`` stay global: verl counts both in prompts and divides them itself.
+
 **reward**: ``reward.custom_reward_function`` = ``agent/rewards/verl.py`` (absolute path, `REWARD_FILE`),
 ``compute_score``, ``reward_kwargs`` = ``{"reward": rl.reward, **rl.reward_options}``.
 
@@ -54,8 +66,9 @@ def _kl_overrides(rl: RLConfig) -> dict[str, Any]:
     }
 
 
-def _check_mappable(settings: VerlSettings, rl: RLConfig) -> None:
-    """Refuse RLConfig settings verl's PPO trainer cannot honour (module docstring, "without a verl counterpart")."""
+def check_mappable(settings: VerlSettings, rl: RLConfig) -> None:
+    """Refuse RLConfig settings verl's PPO trainer cannot honour (module docstring, "without a verl counterpart")
+    and sizes that do not divide over the GPUs (`per_gpu_micro_batches`)."""
     refused = {
         "whiten_advantages=False": rl.uses_critic and not rl.whiten_advantages,
         "value_clip=None": rl.uses_critic and rl.value_clip is None,
@@ -66,6 +79,8 @@ def _check_mappable(settings: VerlSettings, rl: RLConfig) -> None:
             settings.agent_loop == "tool_agent" and rl.env.dialect != "search_r1",
         f"env.max_new_tokens_per_turn={rl.env.max_new_tokens_per_turn} > verl.max_response_length="
         f"{settings.max_response_length}": rl.env.max_new_tokens_per_turn > settings.max_response_length,
+        f"warmup_steps={rl.warmup_steps} with verl.actor_warmup_ratio or critic_warmup_ratio (give one)":
+            rl.warmup_steps > 0 and (settings.actor_warmup_ratio > 0 or settings.critic_warmup_ratio > 0),
     }
     bad = [name for name, is_bad in refused.items() if is_bad]
     if bad:
@@ -75,6 +90,7 @@ def _check_mappable(settings: VerlSettings, rl: RLConfig) -> None:
     if sequences % rl.samples_per_prompt:
         raise ValueError(f"RLConfig.mini_batch_size ({rl.mini_batch_size} sequences) must be a multiple of "
                          f"samples_per_prompt ({rl.samples_per_prompt}): verl counts mini-batches in prompts")
+    per_gpu_micro_batches(settings, rl)
 
 
 def _rl_overrides(rl: RLConfig) -> dict[str, Any]:
@@ -90,14 +106,10 @@ def _rl_overrides(rl: RLConfig) -> dict[str, Any]:
         "data.seed": rl.seed,                                            # seed (question order)
         "actor_rollout_ref.rollout.n": rl.samples_per_prompt,            # samples_per_prompt
         f"{actor}.ppo_mini_batch_size": mini_prompts,                    # mini_batch_size (verl: in prompts)
-        f"{actor}.ppo_micro_batch_size_per_gpu": rl.micro_batch_size,    # micro_batch_size
-        f"{critic}.ppo_micro_batch_size_per_gpu": rl.micro_batch_size,   # micro_batch_size
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": rl.micro_batch_size,  # micro_batch_size
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": rl.micro_batch_size,      # micro_batch_size
         f"{actor}.ppo_epochs": rl.ppo_epochs,                            # ppo_epochs (critic follows)
         f"{actor}.optim.lr": rl.actor_lr,                                # actor_lr
         f"{critic}.optim.lr": rl.critic_lr,                              # critic_lr
-        f"{actor}.optim.lr_warmup_steps": rl.warmup_steps,               # warmup_steps
+        f"{actor}.optim.lr_warmup_steps": rl.warmup_steps,               # warmup_steps (0: verl's ratio below)
         f"{critic}.optim.lr_warmup_steps": rl.warmup_steps,              # warmup_steps
         f"{actor}.optim.weight_decay": rl.weight_decay,                  # weight_decay
         f"{critic}.optim.weight_decay": rl.weight_decay,                 # weight_decay
@@ -121,10 +133,79 @@ def _rl_overrides(rl: RLConfig) -> dict[str, Any]:
     }
 
 
-def _run_overrides(settings: VerlSettings, rl: RLConfig, out_dir: Path, init_model: str) -> dict[str, Any]:
+def gpu_count(settings: VerlSettings) -> int:
+    """The GPUs of the run, over which verl splits every global size: ``n_gpus_per_node x nnodes``."""
+    return settings.n_gpus_per_node * settings.nnodes
+
+
+def _per_gpu(size: int, name: str, gpus: int) -> int:
+    if size % gpus:
+        raise ValueError(f"{name}={size} counts sequences over all GPUs and must divide over n_gpus_per_node x nnodes "
+                         f"= {gpus} GPUs (verl takes it per GPU): give a multiple of {gpus}")
+    return size // gpus
+
+
+def per_gpu_micro_batches(settings: VerlSettings, rl: RLConfig) -> dict[str, int]:
+    """The global micro-batch sizes per GPU, as verl 0.9 takes them: ``actor`` (``agent_train.micro_batch_size``),
+    ``log_prob`` (``verl.log_prob_micro_batch_size``, the rollout's and the reference's log-prob passes) and
+    ``critic`` (``verl.critic_micro_batch_size``); each falls back to ``agent_train.micro_batch_size``.
+
+    Refuses a step, mini-batch or micro-batch that does not divide over the GPUs, and a per-GPU micro-batch of the
+    actor or critic that does not divide the per-GPU mini-batch (verl would fail in its workers)."""
+    gpus = gpu_count(settings)
+    sequences = rl.prompts_per_step * rl.samples_per_prompt
+    _per_gpu(sequences, "agent_train.prompts_per_step x samples_per_prompt", gpus)
+    mini = _per_gpu(rl.mini_batch_size or sequences, "agent_train.mini_batch_size", gpus)
+    sizes = {"actor": _per_gpu(rl.micro_batch_size, "agent_train.micro_batch_size", gpus)}
+    for role, own in (("log_prob", settings.log_prob_micro_batch_size), ("critic", settings.critic_micro_batch_size)):
+        name = f"verl.{role}_micro_batch_size" if own is not None else "agent_train.micro_batch_size"
+        sizes[role] = _per_gpu(own if own is not None else rl.micro_batch_size, name, gpus)
+    for role in ("actor", "critic") if rl.uses_critic else ("actor",):
+        if mini % sizes[role]:
+            raise ValueError(f"the {role}'s micro-batch of {sizes[role]} sequences per GPU does not divide its "
+                             f"mini-batch of {mini} per GPU (agent_train.mini_batch_size over {gpus} GPUs)")
+    return sizes
+
+
+def _size_overrides(settings: VerlSettings, rl: RLConfig) -> dict[str, Any]:
+    """Micro-batches per GPU (`per_gpu_micro_batches`), FSDP offload and the learning-rate warm-up ratios."""
+    sizes, actor, ref, critic = (per_gpu_micro_batches(settings, rl), "actor_rollout_ref.actor",
+                                 "actor_rollout_ref.ref", "critic")
+    return {
+        f"{actor}.ppo_micro_batch_size_per_gpu": sizes["actor"],                           # micro_batch_size / GPUs
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": sizes["log_prob"],  # log_prob_micro_batch_size
+        f"{ref}.log_prob_micro_batch_size_per_gpu": sizes["log_prob"],                     # log_prob_micro_batch_size
+        f"{critic}.ppo_micro_batch_size_per_gpu": sizes["critic"],                         # critic_micro_batch_size
+        f"{actor}.fsdp_config.param_offload": settings.param_offload,                      # param_offload
+        f"{ref}.fsdp_config.param_offload": settings.param_offload,                        # param_offload
+        f"{critic}.fsdp.param_offload": settings.param_offload,                             # param_offload
+        f"{actor}.fsdp_config.optimizer_offload": settings.optimizer_offload,              # optimizer_offload
+        f"{critic}.fsdp.optimizer_offload": settings.optimizer_offload,                     # optimizer_offload
+        f"{actor}.optim.lr_warmup_steps_ratio": settings.actor_warmup_ratio,               # actor_warmup_ratio
+        f"{critic}.optim.lr_warmup_steps_ratio": settings.critic_warmup_ratio,             # critic_warmup_ratio
+    }
+
+
+def epochs_for_steps(train_rows: int, prompts_per_step: int, steps: int) -> int:
+    """verl's ``trainer.total_epochs`` for `steps` steps of `prompts_per_step` questions over `train_rows` rows.
+
+    verl's V1 loop runs ``while epoch < total_epochs and step <= total_training_steps`` with ``len(train) //
+    train_batch_size`` steps an epoch (the last partial batch dropped); its default of 30 epochs would end a run on
+    a small question set before its last step, and so before the checkpoint the loop waits for."""
+    per_epoch = train_rows // prompts_per_step
+    if per_epoch < 1:
+        raise ValueError(f"{train_rows} training questions do not fill one step of {prompts_per_step} "
+                         "(agent_train.prompts_per_step; verl drops the last partial batch)")
+    return -(-steps // per_epoch)
+
+
+def _run_overrides(settings: VerlSettings, rl: RLConfig, out_dir: Path, init_model: str,
+                   train_rows: int) -> dict[str, Any]:
     """The launch, data, model, tool, reward-file and checkpoint settings of one run."""
     rollout, turn = "actor_rollout_ref.rollout", "actor_rollout_ref.rollout.multi_turn"
     return {
+        "trainer.use_v1": True,
+        "trainer.v1.trainer_mode": "sync",
         "data.train_files": str(out_dir / "train.parquet"),
         "data.val_files": str(out_dir / "val.parquet"),
         "data.max_prompt_length": settings.max_prompt_length,
@@ -147,6 +228,7 @@ def _run_overrides(settings: VerlSettings, rl: RLConfig, out_dir: Path, init_mod
         "trainer.n_gpus_per_node": settings.n_gpus_per_node,
         "trainer.nnodes": settings.nnodes,
         "trainer.total_training_steps": final_step(settings, rl),
+        "trainer.total_epochs": epochs_for_steps(train_rows, rl.prompts_per_step, final_step(settings, rl)),
         "trainer.save_freq": settings.save_freq or rl.save_steps,
         "trainer.test_freq": settings.test_freq,
         "trainer.resume_mode": "auto",
@@ -194,8 +276,11 @@ def _hydra_value(value: Any) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def verl_overrides(settings: VerlSettings, rl: RLConfig, out_dir: str | os.PathLike, init_model: str) -> list[str]:
-    """verl's Hydra overrides for the run in `out_dir`: ours, then ``settings.overrides`` (last wins)."""
-    _check_mappable(settings, rl)
-    merged = {**_rl_overrides(rl), **_run_overrides(settings, rl, Path(out_dir).resolve(), init_model)}
+def verl_overrides(settings: VerlSettings, rl: RLConfig, out_dir: str | os.PathLike, init_model: str,
+                   train_rows: int) -> list[str]:
+    """verl's Hydra overrides for the run in `out_dir` on `train_rows` training questions: ours, then
+    ``settings.overrides`` (last wins)."""
+    check_mappable(settings, rl)
+    merged = {**_rl_overrides(rl), **_size_overrides(settings, rl),
+              **_run_overrides(settings, rl, Path(out_dir).resolve(), init_model, train_rows)}
     return [f"{key}={_hydra_value(value)}" for key, value in merged.items()] + list(settings.overrides)

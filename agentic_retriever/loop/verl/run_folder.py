@@ -32,7 +32,8 @@ from agent.rl.config import RLConfig
 from agentic_retriever.eval.qa import normalize_answer
 from agentic_retriever.jsonl import atomic_write
 
-from .overrides import AGENT_LOOP_FILE, AGENT_LOOP_NAME, TOOL_FILE, final_step, verl_overrides
+from .overrides import (AGENT_LOOP_FILE, AGENT_LOOP_NAME, TOOL_FILE, check_mappable, epochs_for_steps,
+                        final_step, verl_overrides)
 from .search_tool import TOOL_NAME, search_tool_config
 from .settings import VerlRun, VerlSettings
 
@@ -119,14 +120,16 @@ def prepare_verl_run(out_dir: str | os.PathLike, settings: VerlSettings, rl: RLC
     out for validation; see the module docstring), ``agent_loop.yaml`` (`agent_loop_config`; agent loop
     ``dialect``) or ``search_tool.yaml`` (`search_tool_config`; ``tool_agent``), ``overrides.txt`` (one Hydra
     override a line, `verl_overrides`) and ``launch.sh`` (``LAUNCHER -m verl.trainer.main_ppo OVERRIDES...``, run
-    from `out_dir`). Checkpoints go to ``out_dir/checkpoints``; the log of a launched run to ``out_dir/verl.log``.
+    from `out_dir`). ``trainer.total_epochs`` follows from the training rows (`epochs_for_steps`). Checkpoints go
+    to ``out_dir/checkpoints``; the log of a launched run to ``out_dir/verl.log``.
     """
     if not service_url:
         raise ValueError("prepare_verl_run needs the retrieval service URL (the agent loop calls it)")
-    overrides = verl_overrides(settings, rl, Path(out_dir).resolve(), init_model)  # refuses what verl cannot run
+    check_mappable(settings, rl)  # before reading the questions: settings verl cannot run name themselves first
     out = Path(out_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
     train, held_out = split_heldout(read_qa_rows(train_qa), settings.val_questions, rl.seed)
+    overrides = verl_overrides(settings, rl, out, init_model, len(train))  # refuses what verl cannot run
+    out.mkdir(parents=True, exist_ok=True)
     write_verl_parquet(train, "train", out / "train.parquet", settings.agent_loop, rl.env.dialect)
     write_verl_parquet(held_out, "heldout", out / "val.parquet", settings.agent_loop, rl.env.dialect)
     if settings.agent_loop == "dialect":
@@ -137,4 +140,5 @@ def prepare_verl_run(out_dir: str | os.PathLike, settings: VerlSettings, rl: RLC
     _write_text(out / "overrides.txt", "\n".join(overrides) + "\n")
     command = [*shlex.split(settings.launcher), "-m", "verl.trainer.main_ppo", *overrides]
     _write_text(out / "launch.sh", _launch_script(command, out), executable=True)
-    return VerlRun(out, command, out / "launch.sh", out / "verl.log", out / "checkpoints", final_step(settings, rl))
+    return VerlRun(out, command, out / "launch.sh", out / "verl.log", out / "checkpoints", final_step(settings, rl),
+                   epochs_for_steps(len(train), rl.prompts_per_step, final_step(settings, rl)))

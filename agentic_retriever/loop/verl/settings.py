@@ -32,6 +32,24 @@ class VerlSettings:
     save_freq: int | None = field(default=None, metadata={
         "help": "checkpoint every N steps, and always on the last (trainer.save_freq; None: RLConfig.save_steps)"})
     test_freq: int = field(default=-1, metadata={"help": "validate every N steps (trainer.test_freq; -1: never)"})
+    log_prob_micro_batch_size: int | None = field(default=None, metadata={
+        "help": "sequences per log-prob forward pass (the rollout's old log-probs and the reference's), all GPUs "
+                "together, as Search-R1's log_prob_micro_batch_size (128); verl gets it per GPU, divided by "
+                "n_gpus_per_node x nnodes (None: agent_train.micro_batch_size)"})
+    critic_micro_batch_size: int | None = field(default=None, metadata={
+        "help": "sequences per critic forward/backward pass, all GPUs together, as Search-R1's "
+                "critic.ppo_micro_batch_size (8); verl gets it per GPU (None: agent_train.micro_batch_size)"})
+    param_offload: bool = field(default=False, metadata={
+        "help": "FSDP: keep the parameters (and gradients) of actor, reference and critic on the CPU between "
+                "uses (Search-R1: param_offload and grad_offload true)"})
+    optimizer_offload: bool = field(default=False, metadata={
+        "help": "FSDP: keep the optimizer states of actor and critic on the CPU (Search-R1: true)"})
+    actor_warmup_ratio: float = field(default=0.0, metadata={
+        "help": "share of the run's steps over which the actor's learning rate warms up linearly "
+                "(actor.optim.lr_warmup_steps_ratio; Search-R1: 0.285); agent_train.warmup_steps > 0 instead counts "
+                "steps, and the two cannot both be set"})
+    critic_warmup_ratio: float = field(default=0.0, metadata={
+        "help": "the same for the critic (critic.optim.lr_warmup_steps_ratio; Search-R1: 0.015)"})
     max_prompt_length: int = field(default=1024, metadata={
         "help": "prompt token budget (data.max_prompt_length; s3's prompt holds its first documents)"})
     max_response_length: int = field(default=3072, metadata={
@@ -58,6 +76,12 @@ class VerlSettings:
             raise ValueError(f"VerlSettings.rollout_engine must be vllm or sglang, got {self.rollout_engine!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"VerlSettings.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        for name in ("log_prob_micro_batch_size", "critic_micro_batch_size"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"VerlSettings.{name} must be None or at least 1, got {getattr(self, name)}")
+        for name in ("actor_warmup_ratio", "critic_warmup_ratio"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"VerlSettings.{name} must be in [0, 1), got {getattr(self, name)}")
         for name in ("total_training_steps", "save_freq"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"VerlSettings.{name} must be None or at least 1 (the loop picks up the final "
@@ -78,3 +102,4 @@ class VerlRun:
     log_path: Path
     checkpoint_root: Path
     final_step: int
+    total_epochs: int
