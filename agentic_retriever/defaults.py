@@ -114,6 +114,23 @@ def smollm2_hf_dir() -> Path:
     return target
 
 
+def gguf_tokenizer(gguf: Path):
+    """The tokenizer of a GGUF causal LM (the embedded SmolLM2), whose end-of-sequence token is the model's.
+
+    transformers 5.9.0 (the version verl 0.9.1 pins) reads SmolLM2's GGUF tokenizer with ``<|im_start|>`` as its
+    end of sequence and no padding token, where the model's config (the GGUF's own eos id) and transformers 5.24
+    say ``<|im_end|>``: the model's id wins, and padding falls back to it, as 5.24 has it."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    eos = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name).eos_token_id
+    if isinstance(eos, int) and tokenizer.eos_token_id != eos:
+        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
 def _convert_gguf(gguf: Path, out: Path) -> None:
     """De-quantize a GGUF causal LM to float32 and save it with its tokenizer as a Hugging Face folder.
 
@@ -121,13 +138,13 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     weights are copied into a plain model built from the same config without it.
     """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     try:
         loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     except ImportError as error:
         raise ImportError(f"reading {gguf} needs the 'gguf' package: pip install gguf ({error})") from error
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tokenizer = gguf_tokenizer(gguf)
     config = loaded.config
     if hasattr(config, "quantization_config"):  # transformers 5.9 keeps none on a GGUF-loaded config; 5.24 does
         del config.quantization_config

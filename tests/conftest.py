@@ -64,13 +64,12 @@ def tiny_causal_lm_dir(tmp_path_factory) -> str:
     """A 2-layer, 64-d Llama with random weights (seeded; untied embeddings, so its greedy output varies)
     and SmolLM2's tokenizer with its chat template: fast generation mechanics tests."""
     import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    from agentic_retriever.defaults import smollm2_gguf_path
+    from agentic_retriever.defaults import gguf_tokenizer, smollm2_gguf_path
 
     out = tmp_path_factory.mktemp("tiny-llama")
-    gguf = smollm2_gguf_path()
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tokenizer = gguf_tokenizer(smollm2_gguf_path())
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,

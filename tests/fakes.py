@@ -59,12 +59,9 @@ def synthetic_rows(n: int) -> list[dict]:
 
 @functools.cache
 def load_smollm2_tokenizer():
-    from transformers import AutoTokenizer
+    from agentic_retriever.defaults import gguf_tokenizer, smollm2_gguf_path
 
-    from agentic_retriever.defaults import smollm2_gguf_path
-
-    gguf = smollm2_gguf_path()
-    return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    return gguf_tokenizer(smollm2_gguf_path())
 
 
 class ScriptedLLM:

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from agentic_retriever.defaults import resolve_llm_name, smollm2_hf_dir
+from agentic_retriever.defaults import gguf_tokenizer, resolve_llm_name, smollm2_gguf_path, smollm2_hf_dir
 from agentic_retriever.llm import LLMConfig, SamplingParams, load_llm
 
 
@@ -26,3 +26,10 @@ def test_the_default_llm_is_converted_once_and_answers_greedily():
 
     assert "Paris" in g.text
     assert g.finish_reason == "stop" and g.token_ids[-1] == llm.tokenizer.eos_token_id  # ended by EOS
+
+
+def test_the_gguf_tokenizer_ends_sequences_where_the_model_does():
+    """SmolLM2's turns end with <|im_end|> (id 2, the GGUF's eos); transformers 5.9.0 reads <|im_start|> instead."""
+    tokenizer = gguf_tokenizer(smollm2_gguf_path())
+    assert (tokenizer.eos_token, tokenizer.eos_token_id) == ("<|im_end|>", 2)
+    assert tokenizer.pad_token_id is not None and tokenizer.bos_token == "<|im_start|>"
