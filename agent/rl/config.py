@@ -75,8 +75,10 @@ class RLConfig:
     prompts_per_step: int = field(default=8, metadata={"help": "questions per step"})
     samples_per_prompt: int = field(default=5, metadata={"help": "rollouts per question (GRPO's group size n)"})
     mini_batch_size: int | None = field(default=None, metadata={
-        "help": "sequences per optimiser update (None: all of the step's)"})
-    micro_batch_size: int = field(default=4, metadata={"help": "sequences per forward/backward pass"})
+        "help": "sequences per optimiser update, all devices together (None: all of the step's)"})
+    micro_batch_size: int = field(default=4, metadata={
+        "help": "sequences per forward/backward pass, all devices together (Search-R1's ppo_micro_batch_size; on "
+                "verl divided by n_gpus_per_node x nnodes into its *_micro_batch_size_per_gpu)"})
     logprob_chunk_size: int = field(default=1024, metadata={
         "help": "generated positions projected onto the vocabulary at a time in every log-prob pass (bounds the "
                 "logits held at once to this many x vocabulary floats; agent.rl.logprobs)"})

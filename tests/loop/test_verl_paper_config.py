@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -146,17 +148,15 @@ def test_the_quickstart_sizes_pass_verls_own_validation_on_one_gpu(tmp_path, tin
 def test_epochs_let_verls_loop_reach_the_last_step_on_a_small_set(tmp_path):
     """verl's V1 loop stops at ``epoch >= total_epochs`` with ``len(train) // train_batch_size`` steps an epoch,
     counted here by verl's own dataset over the written parquet: 23 questions of 4 a step, 11 steps."""
-    from transformers import AutoTokenizer
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
-    from agentic_retriever.defaults import smollm2_gguf_path
+    from agentic_retriever.defaults import gguf_tokenizer, smollm2_gguf_path
 
     rl = RLConfig(qa="unused", algorithm="ppo", steps=11, prompts_per_step=4, samples_per_prompt=1, micro_batch_size=1)
     run = prepare_verl_run(tmp_path / "verl", VerlSettings(n_gpus_per_node=1, val_questions=2), rl, URL, "/m",
                            _questions(tmp_path / "train.jsonl", 25))
     config = _compose((run.out_dir / "overrides.txt").read_text().splitlines())
-    gguf = smollm2_gguf_path()
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tokenizer = gguf_tokenizer(smollm2_gguf_path())
     dataset = RLHFDataset(data_files=[str(run.out_dir / "train.parquet")], tokenizer=tokenizer, config=config.data)
     per_epoch = len(dataset) // config.data.train_batch_size
     assert (len(dataset), per_epoch) == (23, 5)
@@ -186,3 +186,18 @@ def test_unset_log_prob_and_critic_sizes_fall_back_to_the_global_micro_batch(tmp
                             critic_micro_batch_size=None)
     assert config.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu == 8
     assert config.critic.ppo_micro_batch_size_per_gpu == 8
+
+
+def test_verls_own_entry_point_reads_the_paper_runs_command_as_the_v1_trainer_with_per_gpu_sizes(paper):
+    """The run's command through ``verl.trainer.main_ppo`` itself, with Hydra's ``--cfg job`` (print the composed
+    config, start nothing): the shell-free argv verl gets from launch.sh parses to the pinned trainer path."""
+    run, _ = paper
+    python, *command = run.command
+    assert python == "python3" and command[:2] == ["-m", "verl.trainer.main_ppo"]
+    printed = subprocess.run([sys.executable, *command, "--cfg", "job"], capture_output=True, text=True, timeout=300,
+                             cwd=run.out_dir)
+    assert printed.returncode == 0, printed.stderr[-2000:]
+    config = yaml.safe_load(printed.stdout)
+    assert config["trainer"]["use_v1"] is True and config["trainer"]["v1"]["trainer_mode"] == "sync"
+    assert config["trainer"]["total_epochs"] == run.total_epochs == 250  # 1,044 training rows: 2 steps of 512 an epoch
+    assert config["actor_rollout_ref"]["actor"]["ppo_micro_batch_size_per_gpu"] == 8

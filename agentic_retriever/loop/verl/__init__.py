@@ -14,8 +14,9 @@ budgets per turn and in all. So the agent verl trains writes what the loop's rol
 tool-calling models, ``agent_loop: tool_agent`` runs verl's hermes tool loop with `SearchTool` instead. Modules:
 
 * `settings`: `VerlSettings` (the loop config's ``verl`` section) and `VerlRun` (what a prepared run is);
-* `overrides`: our `RLConfig` and the settings on verl's Hydra names (`verl_overrides`), the reward file, and
-  the RLConfig fields verl has no counterpart for;
+* `overrides`: our `RLConfig` and the settings on verl's Hydra names (`verl_overrides`; verl's V1 trainer pinned,
+  global micro-batches per GPU with `per_gpu_micro_batches`, ``trainer.total_epochs`` from `epochs_for_steps`), the
+  reward file, and the RLConfig fields verl has no counterpart for;
 * `run_folder`: the files of one run (`prepare_verl_run`: parquet data with a held-out validation slice of the
   training questions, the agent-loop or tool config, overrides, launch script);
 * `agent_loop`: `DialectAgentLoop`, verl's ``AgentLoopBase`` over our environment (imports verl: not imported here);
@@ -24,11 +25,12 @@ tool-calling models, ``agent_loop: tool_agent`` runs verl's hermes tool loop wit
 """
 
 from .checkpoint import finished_checkpoint, start_verl_run, wait_for_checkpoint
-from .overrides import AGENT_LOOP_NAME, REWARD_FILE, verl_overrides
+from .overrides import AGENT_LOOP_NAME, REWARD_FILE, epochs_for_steps, per_gpu_micro_batches, verl_overrides
 from .run_folder import agent_loop_config, prepare_verl_run, split_heldout, write_verl_parquet
 from .search_tool import SearchTool, search_tool_config
 from .settings import VerlRun, VerlSettings
 
 __all__ = ["AGENT_LOOP_NAME", "REWARD_FILE", "SearchTool", "VerlRun", "VerlSettings", "agent_loop_config",
-           "finished_checkpoint", "prepare_verl_run", "search_tool_config", "split_heldout", "start_verl_run",
-           "verl_overrides", "write_verl_parquet", "wait_for_checkpoint"]
+           "epochs_for_steps", "finished_checkpoint", "per_gpu_micro_batches", "prepare_verl_run",
+           "search_tool_config", "split_heldout", "start_verl_run", "verl_overrides", "write_verl_parquet",
+           "wait_for_checkpoint"]

@@ -133,7 +133,7 @@ def _rl_overrides(rl: RLConfig) -> dict[str, Any]:
     }
 
 
-def gpu_count(settings: VerlSettings) -> int:
+def _gpu_count(settings: VerlSettings) -> int:
     """The GPUs of the run, over which verl splits every global size: ``n_gpus_per_node x nnodes``."""
     return settings.n_gpus_per_node * settings.nnodes
 
@@ -152,7 +152,7 @@ def per_gpu_micro_batches(settings: VerlSettings, rl: RLConfig) -> dict[str, int
 
     Refuses a step, mini-batch or micro-batch that does not divide over the GPUs, and a per-GPU micro-batch of the
     actor or critic that does not divide the per-GPU mini-batch (verl would fail in its workers)."""
-    gpus = gpu_count(settings)
+    gpus = _gpu_count(settings)
     sequences = rl.prompts_per_step * rl.samples_per_prompt
     _per_gpu(sequences, "agent_train.prompts_per_step x samples_per_prompt", gpus)
     mini = _per_gpu(rl.mini_batch_size or sequences, "agent_train.mini_batch_size", gpus)
