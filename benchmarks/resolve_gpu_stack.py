@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -63,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--constraints", default=str(CONSTRAINTS), help="the constraints file")
     parser.add_argument("--out", default=str(REPO_ROOT / "runs" / "resolve_gpu_stack"), help="output folder")
     args = parser.parse_args(argv)
+    if shutil.which(args.python) is None or subprocess.run([args.python, "-c", ""], capture_output=True).returncode:
+        parser.error(f"--python {args.python}: no such interpreter here; give one (the GPU host runs Python 3.12)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     pins = pinned_versions(Path(args.constraints))
