@@ -4,7 +4,7 @@ its hermes ``tool_agent`` loop runs our `SearchTool`).
 Every test goes through what verl's trainer does for a rollout step: `prepare_verl_run` writes the run folder,
 Hydra composes verl's ``ppo_trainer`` config with the run's overrides, verl's `RLHFDataset` and ``collate_fn`` read
 the run's parquet, and the agent-loop worker of the trainer path builds the loop (from the agent-loop config file, or
-from ``register``'s entry) and runs it. Each test runs on both of verl's trainer paths (`trainer`): ``v1``, the
+from ``register``'s entry) and runs it. Each test runs on both of verl's trainer paths (`roll`): ``v1``, the
 one our overrides pin (verl's ``AgentLoopWorkerTQ`` puts each trajectory, with the row's fields, into TransferQueue,
 from which the test reads back what the trainer would) and ``legacy`` (``AgentLoopWorker`` pads a ``DataProto``).
 Only the LLM server behind verl's server manager is a fake (`ScriptedServer`: scripted token ids of the real SmolLM2
@@ -16,6 +16,7 @@ imports (ray, tensordict, TransferQueue, ...); without them these tests skip, sa
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.util
 from pathlib import Path
 from types import SimpleNamespace
@@ -69,11 +70,6 @@ class ScriptedServer:
                            extra_fields={"min_global_steps": 7, "max_global_steps": 7 + turn})  # the policy version
 
 
-@pytest.fixture(params=["v1", "legacy"])
-def trainer(request):
-    """verl's trainer path: ``v1`` (``trainer.use_v1=true``, what our overrides pin and verl 0.9.1 defaults to: the
-    TransferQueue agent-loop worker) or ``legacy`` (``main_ppo_v0``'s worker, for runs that set use_v1=false)."""
-    return request
 
 
 def search_then_answer(context: str, turn: int) -> str:
@@ -189,9 +185,10 @@ def _rows_of_legacy(output: DataProto) -> list[dict]:
 def roll_out(request, tmp_path: Path, served, model_dir: str, reply, rl: RLConfig, questions: int = 2,
              registered_only: bool = False, **settings) -> tuple[list[dict], ScriptedServer, SimpleNamespace]:
     """One rollout step of the run `prepare_verl_run` writes, through verl's dataset, collate and agent-loop worker
-    of the trainer path ``request.param`` (`TRAINERS`): (the rows verl trains on, each with ``prompts``,
+    of the trainer path ``request.param`` (the `roll` fixture's): (the rows verl trains on, each with ``prompts``,
     ``responses``, ``response_mask``, ``rollout_log_probs``, ``num_turns`` and our fields; the server; the run, with
-    ``questions``: what each row asks, in order, and ``output``: the legacy worker's padded batch).
+    ``questions``: what each row asks, in order, ``trainer``: the path, and ``output``: the legacy worker's padded
+    batch).
     `registered_only`: the loop is built from verl's ``register`` entry, which holds the class and no settings."""
     qa = _qa(tmp_path / "train.jsonl", QUESTIONS + ["A held-out question?"])
     settings = {"val_questions": 1, "n_gpus_per_node": 1, "max_prompt_length": PROMPT_LENGTH,
@@ -217,12 +214,21 @@ def roll_out(request, tmp_path: Path, served, model_dir: str, reply, rl: RLConfi
                           config=config.data)
     rows = [dataset[i] for i in range(questions)]
     run.questions = [row["extra_info"]["question"] for row in rows]  # what each row of the batch asks
+    run.trainer = request.param
     if tq:
         return _rows_of_v1(worker, collate_fn(rows), tq), server, run
     batch = DataProto.from_single_dict(collate_fn(rows))
     batch.meta_info = {"global_steps": 1, "validate": False}
     run.output = asyncio.run(worker.generate_sequences(batch))
     return _rows_of_legacy(run.output), server, run
+
+
+@pytest.fixture(params=["v1", "legacy"])
+def roll(request, tmp_path, served, tiny_causal_lm_dir):
+    """`roll_out` on one of verl's trainer paths, called with (reply, rl, **options): ``v1`` (``trainer.use_v1=true``,
+    what our overrides pin and verl 0.9.1 defaults to: the TransferQueue agent-loop worker) or ``legacy``
+    (``main_ppo_v0``'s worker, for runs that set use_v1=false)."""
+    return functools.partial(roll_out, request, tmp_path, served, tiny_causal_lm_dir)
 
 
 def _split(row: dict, tokenizer) -> tuple[str, str]:
@@ -233,9 +239,9 @@ def _split(row: dict, tokenizer) -> tuple[str, str]:
             tokenizer.decode(inserted, skip_special_tokens=False))
 
 
-def test_verl_runs_our_search_r1_agent_with_the_question_reaching_the_service(trainer, tmp_path, served, tiny_causal_lm_dir):
+def test_verl_runs_our_search_r1_agent_with_the_question_reaching_the_service(roll, served):
     served["asked"].clear()
-    rows, server, run = roll_out(trainer, tmp_path, served, tiny_causal_lm_dir, search_then_answer, _rl())
+    rows, server, run = roll(search_then_answer, _rl())
     tokenizer = server.tokenizer
     # the <search> action was executed, each query sent with its own trajectory's question
     assert searched(served) == sorted(("river castle", q) for q in run.questions)
@@ -254,27 +260,27 @@ def test_verl_runs_our_search_r1_agent_with_the_question_reaching_the_service(tr
     assert [row["num_turns"] for row in rows] == [4, 4]  # prompt, search, observation, answer
     # the server's fields, with the policy version of the last turn
     assert [(row["min_global_steps"], row["max_global_steps"]) for row in rows] == [(7, 8)] * 2
-    if trainer.param == "legacy":  # its padded batch
+    if run.trainer == "legacy":  # its padded batch
         batch = run.output.batch
         assert batch["prompts"].shape == (2, PROMPT_LENGTH) and batch["responses"].shape == (2, RESPONSE_LENGTH)
         assert batch["input_ids"].shape == batch["attention_mask"].shape == (2, PROMPT_LENGTH + RESPONSE_LENGTH)
 
 
-def test_the_turn_limit_ends_with_searchr1s_search_disabled_last_turn(trainer, tmp_path, served, tiny_causal_lm_dir):
+def test_the_turn_limit_ends_with_searchr1s_search_disabled_last_turn(roll, served):
     served["asked"].clear()
-    rows, server, _ = roll_out(trainer, tmp_path, served, tiny_causal_lm_dir, lambda context, turn: " <search> more </search>",
-                                 _rl(max_turns=2), questions=1)
+    rows, server, _ = roll(lambda context, turn: " <search> more </search>",
+                           _rl(max_turns=2), questions=1)
     assert len(server.calls) == 3 and len(searched(served)) == 2  # 2 searched turns, then one whose search is not run
     assert rows[0]["finish_reason"] == "max_turns" and rows[0]["searches"] == 2
 
 
-def test_a_full_turn_must_fit_the_response_budget_and_an_observation_past_it_is_cut(trainer, tmp_path, served, tiny_causal_lm_dir):
+def test_a_full_turn_must_fit_the_response_budget_and_an_observation_past_it_is_cut(roll, served):
     """Per turn 100 tokens, in all 400: the agent stops when the next full turn would not fit, and an observation
     running past the budget is cut there (its tokens only: every turn started with room for all of it)."""
     long_turn = " <think>" + " river" * 70 + " </think> <search> river </search>"  # about 80 tokens
-    rows, server, _ = roll_out(trainer, tmp_path, served, tiny_causal_lm_dir, lambda context, turn: long_turn,
-                                 _rl(max_turns=8, topk=10, max_new_tokens_per_turn=100, observation_max_tokens=150),
-                                 questions=1)
+    rows, server, _ = roll(lambda context, turn: long_turn,
+                           _rl(max_turns=8, topk=10, max_new_tokens_per_turn=100, observation_max_tokens=150),
+                           questions=1)
     responses = [len(ids) - len(server.calls[0][0]) for ids, _ in server.calls]
     assert all(length + 100 <= RESPONSE_LENGTH for length in responses)  # every turn had room for a full turn
     assert rows[0]["finish_reason"] == "context_exhausted"
@@ -282,47 +288,44 @@ def test_a_full_turn_must_fit_the_response_budget_and_an_observation_past_it_is_
     assert rows[0]["response_mask"][-1] == 0 and all(params["max_tokens"] == 100 for _, params in server.calls)
 
 
-def test_an_invalid_turn_gets_the_dialects_message_masked(trainer, tmp_path, served, tiny_causal_lm_dir):
-    rows, server, _ = roll_out(trainer, tmp_path, served, tiny_causal_lm_dir,
-                                 lambda context, turn: " I am not sure." if turn == 0 else " <answer> Paris </answer>",
-                                 _rl(), questions=1)
+def test_an_invalid_turn_gets_the_dialects_message_masked(roll, served):
+    rows, server, _ = roll(lambda context, turn: " I am not sure." if turn == 0 else " <answer> Paris </answer>",
+                           _rl(), questions=1)
     generated, inserted = _split(rows[0], server.tokenizer)
     assert inserted == SearchR1Dialect.invalid_action_message and generated == " I am not sure. <answer> Paris </answer>"
     assert rows[0]["invalid_actions"] == 1 and rows[0]["searches"] == 0
 
 
-def test_the_same_loop_serves_qagents_several_queries_per_search(trainer, tmp_path, served, tiny_causal_lm_dir):
+def test_the_same_loop_serves_qagents_several_queries_per_search(roll, served):
     served["asked"].clear()
 
     def qagent(context: str, turn: int) -> str:
         return ("<plan> two angles </plan>\n<search>\n<query> river castle </query>\n<query> item 3 </query>\n</search>"
                 if turn == 0 else "<answer> Paris </answer>")
 
-    rows, server, run = roll_out(trainer, tmp_path, served, tiny_causal_lm_dir, qagent, _rl(dialect="qagent"), questions=1)
+    rows, server, run = roll(qagent, _rl(dialect="qagent"), questions=1)
     assert searched(served) == [("item 3", run.questions[0]), ("river castle", run.questions[0])]
     assert rows[0]["searches"] == 1 and rows[0]["finish_reason"] == "answer"
     assert server.calls[0][1]["stop"] == ["</search>", "</answer>"]
     assert yaml.safe_load((run.out_dir / "agent_loop.yaml").read_text())[0]["env"]["dialect"] == "qagent"
 
 
-def test_s3s_first_search_runs_before_the_first_turn_and_fills_the_prompt(trainer, tmp_path, served, tiny_causal_lm_dir):
+def test_s3s_first_search_runs_before_the_first_turn_and_fills_the_prompt(roll, served):
     served["asked"].clear()
-    rows, server, run = roll_out(trainer, tmp_path, served, tiny_causal_lm_dir,
-                                   lambda context, turn: "<search_complete> True </search_complete>",
-                                   _rl(dialect="s3", max_new_tokens_per_turn=40), questions=1)
+    rows, server, run = roll(lambda context, turn: "<search_complete> True </search_complete>",
+                             _rl(dialect="s3", max_new_tokens_per_turn=40), questions=1)
     assert searched(served) == [(run.questions[0], run.questions[0])]  # q_0 = Q, before any generation
     first_prompt = server.tokenizer.decode(server.calls[0][0])
     assert first_prompt.count("Doc ") == 3 and len(server.calls) == 1  # naive RAG's top 3, not env.topk (2)
     assert rows[0]["finish_reason"] == "answer"
 
 
-def test_the_loop_built_from_verls_register_entry_reads_its_settings_from_the_config_file(trainer, tmp_path, served,
-                                                                                          tiny_causal_lm_dir):
+def test_the_loop_built_from_verls_register_entry_reads_its_settings_from_the_config_file(roll, served):
     """Importing our module registers the class under its name with no settings (verl's ``register``), replacing the
     config file's entry in that process; the loop so built must still search our service with the run's budgets."""
     served["asked"].clear()
-    rows, server, run = roll_out(trainer, tmp_path, served, tiny_causal_lm_dir, search_then_answer, _rl(max_new_tokens_per_turn=24),
-                                   questions=3, registered_only=True)
+    rows, server, run = roll(search_then_answer, _rl(max_new_tokens_per_turn=24),
+                             questions=3, registered_only=True)
     entry = agent_loop._agent_loop_registry[AGENT_LOOP_NAME]
     assert entry == {"_target_": "agentic_retriever.loop.verl.agent_loop.DialectAgentLoop"}  # no settings in it
     assert searched(served) == sorted(("river castle", q) for q in run.questions)
@@ -330,13 +333,12 @@ def test_the_loop_built_from_verls_register_entry_reads_its_settings_from_the_co
     assert [row["searches"] for row in rows] == [1, 1, 1]
 
 
-def test_the_hermes_tool_loop_hands_the_question_to_our_search_tool(trainer, tmp_path, served, tiny_causal_lm_dir):
+def test_the_hermes_tool_loop_hands_the_question_to_our_search_tool(roll, served):
     """verl's ``tool_agent`` calls ``tool.create(create_kwargs=...)``: the row's question must reach the service."""
     served["asked"].clear()
     call = '<tool_call>\n{"name": "search", "arguments": {"query_list": ["river castle"]}}\n</tool_call>'
-    rows, server, run = roll_out(trainer, tmp_path, served, tiny_causal_lm_dir,
-                                   lambda context, turn: call if turn == 0 else "<answer> Paris </answer>",
-                                   _rl(), questions=1, agent_loop="tool_agent")
+    rows, server, run = roll(lambda context, turn: call if turn == 0 else "<answer> Paris </answer>",
+                             _rl(), questions=1, agent_loop="tool_agent")
     assert searched(served) == [("river castle", run.questions[0])]
     _, inserted = _split(rows[0], server.tokenizer)
     assert '<information>Doc 1(Title: "Topic' in inserted
