@@ -116,20 +116,24 @@ def _rl(**env) -> RLConfig:
 
 
 @pytest.fixture(scope="module")
-def transfer_queue():
+def transfer_queue(tmp_path_factory):
     """verl's V1 trainer hands trajectories over through TransferQueue: its controller and storage units are Ray
-    actors of a local Ray (4 logical CPUs: the controller and two storage units take one each)."""
+    actors of a local Ray (4 logical CPUs: the controller and two storage units take one each), whose session
+    files stay under the test's temporary folder (and no token is written to ~/.ray)."""
     tq = pytest.importorskip("transfer_queue", reason="TransferQueue is not installed (the dev extra has it: verl's "
                                                      "V1 trainer imports it)")
     import ray
 
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    try:
-        tq.init()
-        yield tq
-        tq.close()
-    finally:
-        ray.shutdown()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_AUTH_MODE", "disabled")
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+                 _temp_dir=str(tmp_path_factory.mktemp("ray")))
+        try:
+            tq.init()
+            yield tq
+            tq.close()
+        finally:
+            ray.shutdown()
 
 
 def _v1_worker(config, server):
