@@ -11,7 +11,8 @@ runs the stages, each a module of this package:
 5. global answer correctness (`gac`): the agent continued from each round with each candidate (Eqs. 2-3), or
    the answer-likelihood option, graded by a criterion (`gac.gac_value`);
 6. selection (`selection`): candidates passing the GAC and LR thresholds, ranked by LR then retriever rank; 15
-   sampled negatives that pass neither GAC nor LR and (with the false-negative filter) hold no gold answer.
+   sampled negatives that pass neither GAC nor LR and (with the false-negative filter) hold no gold answer, or,
+   with ``negatives release``, the release's: from every candidate not tied with the best.
 
 Its settings are `config.MiningConfig`; what it writes is in `outputs`; `shards` slices the trajectory file
 and merges the shards' outputs. Mining reads the trajectories' questions and gold answers, never evidence

@@ -17,8 +17,8 @@ one for graded GAC:
 3. **Positives**: ``positives="ties"`` (the authors' release) takes the passing candidates whose ranking value
    equals the best's, at most ``max_positives`` (3), one training example each; ``"first"`` takes the best
    only.
-4. **Negatives**: ``num_negatives`` (15) sampled without replacement, separately for each example, from the
-   candidates that are not *useful*: a useful candidate passes GAC or passes LR, so neither a passage after
+4. **Negatives** (``negatives="filtered"``, the default): ``num_negatives`` (15) sampled without replacement,
+   separately for each example, from the candidates that are not *useful*: a useful candidate passes GAC or passes LR, so neither a passage after
    which the agent answers correctly nor one the judge finds relevant is a negative (the paper samples from every
    candidate ranked below the positive, GAC = 1 ones included: with tau = 0.01 such false negatives push
    useful pages down). With ``false_negative_filter`` a
@@ -26,6 +26,13 @@ one for graded GAC:
    from evidence labels) is never a negative either. Fewer than ``num_negatives`` left: the round is dropped
    (``too_few_negatives``). Sampling is seeded by (seed, round id, positive id): the same round gives the
    same rows whichever shard, batch or resumed run computes it. N = 1 + num_negatives = 16 passages.
+
+   ``negatives="release"``: exactly the authors' release (``step4_construct_retriever_data.py`` of
+   github.com/8421BCD/Agentic-R): the pool is every candidate not tied with the best, useful and answer-bearing
+   ones included (a tied candidate beyond ``max_positives`` is neither positive nor negative); ``num_negatives``
+   are sampled once per round, seeded by (seed, round id), shared by all of the round's rows and kept in ranking
+   order (GAC desc, LR desc, retriever rank). Fewer than ``num_negatives`` in the pool drops the round. The
+   false-negative filter is not part of it (refused together).
 
 Ablations (Table 5): ``use_gac=False`` ("w/o GAC") thresholds and ranks by LR only; ``use_lr=False`` ("w/o
 LR") by GAC only (passing candidates ranked by GAC value, then by retriever rank).
@@ -71,8 +78,12 @@ class SelectionConfig:
         "help": "ties: every passing candidate tied with the best (release); first: the best only (paper text)"})
     max_positives: int = field(default=3, metadata={"help": "at most this many tied positives (one row each)"})
     num_negatives: int = field(default=15, metadata={"help": "sampled negatives per row (N = 1 + this)"})
+    negatives: Literal["filtered", "release"] = field(default="filtered", metadata={
+        "help": "filtered: sampled per row from the candidates neither useful (passing GAC or LR) nor, with "
+                "false_negative_filter, answer-bearing; release: the authors' release, sampled once per round from "
+                "every candidate not tied with the best (set false_negative_filter false)"})
     false_negative_filter: bool = field(default=True, metadata={
-        "help": "never sample a candidate that contains a gold answer as a negative"})
+        "help": "never sample a candidate that contains a gold answer as a negative (negatives filtered only)"})
     require_answer_in_positive: bool = field(default=False, metadata={
         "help": "a positive must contain a gold answer (rounds without such a candidate then skip GAC)"})
     seed: int = field(default=0, metadata={"help": "seed of the negative sampling"})
@@ -86,6 +97,11 @@ class SelectionConfig:
             raise ValueError(f"max_positives must be at least 1, got {self.max_positives}")
         if self.num_negatives < 1:
             raise ValueError(f"num_negatives must be at least 1, got {self.num_negatives}")
+        if self.negatives not in ("filtered", "release"):
+            raise ValueError(f"negatives must be 'filtered' or 'release', got {self.negatives!r}")
+        if self.negatives == "release" and self.false_negative_filter:
+            raise ValueError("negatives 'release' samples from every candidate not tied with the best, answer-bearing "
+                             "ones included, as the authors' release: set false_negative_filter false with it")
 
 
 @dataclass(frozen=True)
@@ -151,6 +167,8 @@ def select_passages(candidates: Sequence[Candidate], config: SelectionConfig, ke
     best = _value(ranked[0], sort_by)
     tied = [c for c in ranked if _value(c, sort_by) == best]
     positives = tied[:config.max_positives] if config.positives == "ties" else tied[:1]
+    if config.negatives == "release":
+        return _release_negatives(candidates, positives, tied, config, key)
     useful = {c.passage_id for c, (g, l) in zip(candidates, checks)
               if (config.use_gac and g) or (config.use_lr and l)}
     roles: dict[str, str] = {c.passage_id: "positive" for c in positives}
@@ -171,3 +189,20 @@ def select_passages(candidates: Sequence[Candidate], config: SelectionConfig, ke
         roles.update((n.passage_id, "negative") for n in negatives)
         examples.append(Example(positive, negatives))
     return SelectionResult(tuple(examples), None, roles)
+
+
+def _release_negatives(candidates: Sequence[Candidate], positives: list[Candidate], tied: list[Candidate],
+                       config: SelectionConfig, key: str) -> SelectionResult:
+    """The release's negatives (module docstring, ``negatives="release"``): one seeded sample per round from every
+    candidate not tied with the best, in ranking order, shared by every positive's row."""
+    roles = {c.passage_id: "positive" for c in positives} | {c.passage_id: "excluded" for c in tied[len(positives):]}
+    tied_ids = {c.passage_id for c in tied}
+    pool = sorted((c for c in candidates if c.passage_id not in tied_ids),
+                  key=lambda c: (-(c.gac or 0.0) if config.use_gac else 0.0,
+                                 -(c.lr or 0.0) if config.use_lr else 0.0, c.rank))
+    if len(pool) < config.num_negatives:
+        return SelectionResult((), "too_few_negatives", roles)
+    rng = random.Random(int(stable_hash([config.seed, key]), 16))
+    negatives = tuple(pool[i] for i in sorted(rng.sample(range(len(pool)), config.num_negatives)))
+    roles.update((n.passage_id, "negative") for n in negatives)
+    return SelectionResult(tuple(Example(positive, negatives) for positive in positives), None, roles)

@@ -151,3 +151,37 @@ def test_a_candidate_the_judge_finds_relevant_is_not_a_negative_even_when_it_fai
     result = select(table((1, 70), (0, 95), n=21))
     assert result.examples[0].positive.passage_id == "p0"
     assert result.roles["p1"] == "excluded" and "p1" not in ids(result.examples[0].negatives)
+
+
+def release(cands, key="q#1", **settings):
+    return select_passages(cands, SelectionConfig(**{"gac_threshold": 1.0, "negatives": "release",
+                                                     "false_negative_filter": False, **settings}), key)
+
+
+def test_release_negatives_are_every_candidate_not_tied_with_the_best_one_sample_for_all_rows():
+    """The authors' step4_construct_retriever_data.py on a round built by hand: four candidates tie at (GAC 1, LR
+    90); the first three are rows, the fourth neither; the pool is the other 15, a GAC = 1 one and an answer-bearing
+    one included, all sampled, shared by the three rows, in ranking order (GAC, LR, retriever rank)."""
+    cands = table((0, 10), (1, 90), (1, 90), (0, 95, True), (1, 90), (1, 70), (1, 90), n=19)
+    result = release(cands)
+    assert result.drop_reason is None
+    assert [e.positive.passage_id for e in result.examples] == ["p1", "p2", "p4"]
+    expected = ["p5", "p3", "p0"] + [f"p{i}" for i in range(7, 19)]  # GAC 1 LR 70; GAC 0 LR 95; then LR 10 by rank
+    assert all(ids(e.negatives) == expected for e in result.examples)
+    assert result.roles["p6"] == "excluded" and result.roles["p5"] == result.roles["p3"] == "negative"
+
+
+def test_release_drops_a_round_with_fewer_than_15_other_candidates_and_samples_once_per_round():
+    assert release(table((1, 90), (1, 90), n=16)).drop_reason == "too_few_negatives"  # 14 not tied
+    cands = table((1, 90), (1, 80), n=30)  # p1 passes GAC and LR: useful, never a filtered negative
+    runs = [release(cands, key=f"q#{i}") for i in range(20)]
+    assert ids(runs[0].examples[0].negatives) == ids(release(cands, key="q#0").examples[0].negatives)  # seeded
+    assert {len(set(ids(run.examples[0].negatives))) for run in runs} == {15}
+    assert len({tuple(ids(run.examples[0].negatives)) for run in runs}) > 1  # the round's key seeds it
+    assert any("p1" in ids(run.examples[0].negatives) for run in runs)
+    assert "p1" not in ids(select(cands).examples[0].negatives)
+
+
+def test_release_negatives_refuse_the_false_negative_filter_by_name():
+    with pytest.raises(ValueError, match="set false_negative_filter false"):
+        release(table((1, 90)), false_negative_filter=True)
