@@ -33,8 +33,9 @@ CompositionMode = Literal["query", "question_sep_query", "history"]
 COMPOSITION_MODES: tuple[str, ...] = ("query", "question_sep_query", "history")
 SEPARATOR = " [SEP] "
 #: What an evaluation composes a QA row's search with when it has no agent question: nothing (the bare
-#: question), its parent question (``parent_id``), or the question itself (``Q [SEP] q`` with Q = q).
-COMPOSE_WITH: tuple[str, ...] = ("none", "parent", "self")
+#: question), its parent question (``parent_id``), the question itself (``Q [SEP] q`` with Q = q), or the parent
+#: where the row names one and the question itself otherwise.
+COMPOSE_WITH: tuple[str, ...] = ("none", "parent", "self", "parent_or_self")
 SETTINGS_FILE = "agentic_retriever.json"
 BGE_QUERY_INSTRUCTION = "Represent this sentence for searching relevant passages: "
 

@@ -17,9 +17,13 @@ Wikipedia evidence gives (FanOutQA's ``supporting_titles``). Several passages ma
                     that have ``golden_answers`` and whose answer is not yes/no/true/false (`eval.qa.is_yes_no`:
                     "no" would match any passage with the word).
 
+Relevance ``answers`` judges rows by answer recall alone, with no evidence labels (FlashRAG's and Search-R1's QA
+rows carry none): evidence metrics are then left out of the means, and a row without golden answers is skipped.
+
 Query composition: an encoder trained on ``Q [SEP] q`` (``encoder.compose_query``) is evaluated as trained by
 passing the Q of every question to ``Index.search(questions=...)`` (`composition_questions`): FanOutQA leaf rows
-name their multi-hop question by ``parent_id``. An index whose encoder does not compose (composition ``query``,
+name their multi-hop question by ``parent_id``; ``parent_or_self`` takes it where a row names one and the row's
+own question otherwise (a top-level question is its own Q, as the agent searches with it). An index whose encoder does not compose (composition ``query``,
 and BM25) ignores the questions, so the same call evaluates every index.
 
 Every metric is also kept per question (``per_question``), so that two systems can be compared question by
@@ -122,10 +126,13 @@ class RetrievalEvalConfig:
     ks: list[int] = field(default_factory=lambda: [1, 5, 20], metadata={"help": "cut-offs for Recall@k and answer_recall@k"})
     mrr_k: int = field(default=10, metadata={"help": "cut-off for MRR"})
     ndcg_k: int = field(default=10, metadata={"help": "cut-off for nDCG"})
-    relevance: Literal["auto", "id", "title"] = field(default="auto", metadata={"help": "judge hits by corpus id or title"})
-    compose_with: Literal["none", "parent", "self"] = field(default="none", metadata={
+    relevance: Literal["auto", "id", "title", "answers"] = field(default="auto", metadata={
+        "help": "judge hits by corpus id or title (auto: ids where a row has them), or by answers alone (answer "
+                "recall; rows need no evidence labels)"})
+    compose_with: Literal["none", "parent", "self", "parent_or_self"] = field(default="none", metadata={
         "help": "the Q of a composing encoder's 'Q [SEP] q': none (bare question), parent (the row's parent_id "
-                "question from parent_qa), self (the row's own question)"})
+                "question from parent_qa), self (the row's own question), parent_or_self (parent where the row "
+                "names one, else self)"})
     parent_qa: str = field(default="", metadata={"help": "QA JSONL of the parent questions ({id, question}) for compose_with parent"})
     batch_size: int = field(default=64, metadata={"help": "queries per search call"})
     out: str | None = field(default=None, metadata={"help": "write the report (with per-question metrics) here"})
@@ -147,8 +154,17 @@ class _Judged:
     answer_parts: list[list[str]] | None = None
 
 
+def has_evidence_labels(path: str) -> bool:
+    """Whether the first row of a QA file carries evidence labels (``supporting_ids``, ``positive_ids`` or
+    ``supporting_titles``): how a caller picks relevance ``auto`` (every row must then carry them) or ``answers``."""
+    for _, row in iter_jsonl(path):
+        return any(name in row for name in (*ID_FIELDS, TITLE_FIELD))
+    raise ValueError(f"{path} holds no QA rows")
+
+
 def load_judged_questions(path: str, relevance: str = "auto") -> list[_Judged]:
-    """QA rows with their relevant keys; `auto` uses ids when a row has them, titles otherwise.
+    """QA rows with their relevant keys; `auto` uses ids when a row has them, titles otherwise; `answers` reads no
+    labels (the rows are judged by answer recall alone).
 
     Also kept: ``golden_answers`` (for answer recall; None when the row has none or they say yes or no),
     ``answer_parts`` (an answer of several parts, each a list of alternatives) and ``parent_id``.
@@ -159,11 +175,13 @@ def load_judged_questions(path: str, relevance: str = "auto") -> list[_Judged]:
             if needed not in row:
                 raise DataFormatError(path, line, "missing", field=needed)
         id_field = next((f for f in ID_FIELDS if f in row), None)
-        by = "id" if relevance == "id" or (relevance == "auto" and id_field) else "title"
+        by = "answers" if relevance == "answers" else (
+            "id" if relevance == "id" or (relevance == "auto" and id_field) else "title")
         fld = (id_field or ID_FIELDS[0]) if by == "id" else TITLE_FIELD
-        keys = row.get(fld)
+        keys = row.get(fld) if by != "answers" else []
         if not isinstance(keys, list) or not all(isinstance(k, (str, int)) for k in keys):
-            raise DataFormatError(path, line, "missing or not a list of strings (needed to judge relevance)", field=fld)
+            raise DataFormatError(path, line, "missing or not a list of strings (needed to judge relevance; "
+                                              "relevance answers judges by golden answers alone)", field=fld)
         golden = row.get(ANSWER_FIELD)
         try:
             has_answers = golden is not None and bool(golden_strings(golden)) and not is_yes_no(golden)
@@ -198,8 +216,9 @@ def composition_questions(questions: Sequence[_Judged], compose_with: str,
                           parent_qa: str | None = None) -> list[str] | None:
     """The Q to compose each question's search with, parallel to `questions` (None for ``none``).
 
-    ``parent``: the question of the row's ``parent_id`` in `parent_qa`; ``self``: the row's own question.
-    A row without ``parent_id``, or whose parent is not in `parent_qa`, is an error naming file, line and field.
+    ``parent``: the question of the row's ``parent_id`` in `parent_qa`; ``self``: the row's own question;
+    ``parent_or_self``: the parent's where the row names one, else its own. A row without ``parent_id`` (under
+    ``parent``), or whose parent is not in `parent_qa`, is an error naming file, line and field.
     """
     if compose_with not in COMPOSE_WITH:
         raise ValueError(f"unknown compose_with {compose_with!r}; choose one of {', '.join(COMPOSE_WITH)}")
@@ -207,11 +226,17 @@ def composition_questions(questions: Sequence[_Judged], compose_with: str,
         return None
     if compose_with == "self":
         return [q.question for q in questions]
+    own = compose_with == "parent_or_self"
+    if own and all(q.parent_id is None for q in questions):
+        return [q.question for q in questions]
     if not parent_qa:
-        raise ValueError("compose_with 'parent' needs parent_qa (the QA file of the parent questions)")
+        raise ValueError(f"compose_with {compose_with!r} needs parent_qa (the QA file of the parent questions)")
     parents = load_parent_questions(parent_qa)
     out = []
     for q in questions:
+        if q.parent_id is None and own:
+            out.append(q.question)
+            continue
         if q.parent_id is None:
             raise DataFormatError(q.path, q.line, "missing (needed for compose_with 'parent')", field=PARENT_FIELD)
         if q.parent_id not in parents:
@@ -244,10 +269,12 @@ def evaluate_retrieval(index, questions: list[_Judged], ks: Sequence[int] = (1, 
         raise ValueError(f"search_questions has {len(search_questions)} entries for {len(questions)} questions")
     all_keys = {by: set().union(*(q.relevant for q in questions if q.by == by)) for by in ("id", "title")}
     present = {by: keys_in_corpus(index.corpus, keys, by) for by, keys in all_keys.items()}
-    keep = [i for i, q in enumerate(questions) if q.relevant & present[q.by]]
+    keep = [i for i, q in enumerate(questions) if (q.relevant & present[q.by] if q.by != "answers" else
+                                                   q.golden_answers is not None)]
     judged = [questions[i] for i in keep]
     composed = [search_questions[i] for i in keep] if search_questions is not None else None
     depth = max([*ks, mrr_k, ndcg_k])
+    evidence_names = [*(f"recall@{k}" for k in ks), f"mrr@{mrr_k}", f"ndcg@{ndcg_k}"]
     answer_names = [f"answer_recall@{k}" for k in ks]
     per_question = []
     for start in tqdm(range(0, len(judged), batch_size), desc="evaluating retrieval", unit=" batches"):
@@ -257,12 +284,15 @@ def evaluate_retrieval(index, questions: list[_Judged], ks: Sequence[int] = (1, 
         needs_text = any(q.golden_answers is not None for q in batch)
         titles, contents = _passage_fields(index.corpus, result.rows, any(q.by == "title" for q in batch), needs_text)
         for i, q in enumerate(batch):
-            retrieved = titles[i] if q.by == "title" else result.ids[i]
-            relevant = q.relevant & present[q.by]
-            ranks = _first_hit_ranks(retrieved, relevant, depth)
-            metrics = {f"recall@{k}": recall_at_k(retrieved, relevant, k) for k in ks}
-            metrics[f"mrr@{mrr_k}"] = mrr_at_k(retrieved, relevant, mrr_k)
-            metrics[f"ndcg@{ndcg_k}"] = ndcg_at_k(retrieved, relevant, ndcg_k)
+            if q.by == "answers":
+                ranks, metrics = [], dict.fromkeys(evidence_names)
+            else:
+                retrieved = titles[i] if q.by == "title" else result.ids[i]
+                relevant = q.relevant & present[q.by]
+                ranks = _first_hit_ranks(retrieved, relevant, depth)
+                metrics = {f"recall@{k}": recall_at_k(retrieved, relevant, k) for k in ks}
+                metrics[f"mrr@{mrr_k}"] = mrr_at_k(retrieved, relevant, mrr_k)
+                metrics[f"ndcg@{ndcg_k}"] = ndcg_at_k(retrieved, relevant, ndcg_k)
             answer_rank = None
             if q.answer_parts is not None:
                 part_ranks = [first_answer_rank(contents[i], part, depth) for part in q.answer_parts]
@@ -275,14 +305,16 @@ def evaluate_retrieval(index, questions: list[_Judged], ks: Sequence[int] = (1, 
                 metrics |= dict.fromkeys(answer_names)
             per_question.append({"id": q.id, "first_relevant_rank": ranks[0] if ranks else None,
                                  "first_answer_rank": answer_rank, **metrics})
-    names = [*(f"recall@{k}" for k in ks), f"mrr@{mrr_k}", f"ndcg@{ndcg_k}"]
-    means = {n: (sum(p[n] for p in per_question) / len(per_question) if per_question else 0.0) for n in names}
+    labelled = [p for p in per_question if p[evidence_names[0]] is not None]
+    means = ({n: (sum(p[n] for p in labelled) / len(labelled) if labelled else 0.0) for n in evidence_names}
+             if labelled or not per_question else {})  # answers alone: no evidence metric to average
     answered = [p for p in per_question if p[answer_names[0]] is not None] if answer_names else []
     if answered:
         means |= {n: sum(p[n] for p in answered) / len(answered) for n in answer_names}
     return {
         "metrics": means, "questions_evaluated": len(judged),
-        "questions_skipped_no_relevant_in_corpus": len(questions) - len(judged),
+        "questions_skipped_no_relevant_in_corpus": sum(q.by != "answers" for q in questions) - len(labelled),
+        "questions_judged_by_answers": len(judged) - len(labelled),
         "questions_with_answers": len(answered), "per_question": per_question,
     }
 

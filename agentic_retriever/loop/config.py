@@ -38,13 +38,16 @@ class LoopServiceConfig:
 
 @dataclass
 class LoopEvalConfig:
-    """Step 6: retrieval on the leaf dev questions and multi-hop evidence recall for Agentic-R_{i-1} and
-    Agentic-R_i, and the agent Agent_i with each. Reads evidence labels: dev data only, never training data."""
+    """Step 6: retrieval on the leaf dev questions and multi-hop recall for Agentic-R_{i-1} and Agentic-R_i, and
+    the agent Agent_i with each. Reads evidence labels where the rows carry them: dev data only, never training
+    data."""
 
-    leaf_qa: str = field(default="", metadata={"help": "leaf dev questions with evidence (retrieval metrics)",
-                                               "derive": "{workdir}/data/fanoutqa_leaf_dev.jsonl"})
-    multihop_qa: str = field(default="", metadata={"help": "multi-hop dev questions with evidence (recall)",
-                                                   "derive": "{workdir}/data/fanoutqa_multihop_dev.jsonl"})
+    leaf_qa: str = field(default="", metadata={
+        "help": "leaf dev questions (retrieval metrics: by evidence labels where the rows carry them, else by "
+                "answer recall)", "derive": "{workdir}/data/fanoutqa_leaf_dev.jsonl"})
+    multihop_qa: str = field(default="", metadata={
+        "help": "multi-hop dev questions (recall, judged as leaf_qa; also the parents of leaf rows with parent_id)",
+        "derive": "{workdir}/data/fanoutqa_multihop_dev.jsonl"})
     agent_qa: str = field(default="", metadata={"help": "questions the agent answers with each retriever",
                                                 "derive": "{workdir}/data/fanoutqa_leaf_dev_in_corpus.jsonl"})
     agent_questions: int = field(default=48, metadata={"help": "first N of agent_qa (0: skip the agent)"})

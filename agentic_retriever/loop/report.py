@@ -13,8 +13,11 @@ from .manifest import LoopManifest
 
 __all__ = ["loop_rows", "status_table", "write_report"]
 
-#: Leaf-question retrieval metrics shown per retriever.
+#: Leaf-question retrieval metrics shown per retriever: evidence metrics, or answer recall where the dev rows carry
+#: no evidence labels (the paper's QA sets).
 RETRIEVAL_METRICS = ("recall@1", "recall@5", "recall@20", "mrr@10")
+ANSWER_METRICS = ("answer_recall@1", "answer_recall@5", "answer_recall@20")
+SHOWN = (*RETRIEVAL_METRICS, *ANSWER_METRICS, "multihop_recall@20", "multihop_answer_recall@20")
 
 
 def _summary(manifest: LoopManifest, iteration: int, step: str) -> dict | None:
@@ -23,9 +26,12 @@ def _summary(manifest: LoopManifest, iteration: int, step: str) -> dict | None:
 
 
 def _retriever_metrics(evaluation: dict) -> dict[str, float]:
-    row = {m: evaluation["leaf"][m] for m in RETRIEVAL_METRICS if m in evaluation["leaf"]}
-    if "recall@20" in evaluation["multihop"]:
-        row["multihop_recall@20"] = evaluation["multihop"]["recall@20"]
+    shown = RETRIEVAL_METRICS if "recall@1" in evaluation["leaf"] else ANSWER_METRICS
+    row = {m: evaluation["leaf"][m] for m in shown if m in evaluation["leaf"]}
+    for metric in ("recall@20", "answer_recall@20"):
+        if metric in evaluation["multihop"]:
+            row[f"multihop_{metric}"] = evaluation["multihop"][metric]
+            break
     return row
 
 
@@ -61,7 +67,7 @@ def _f(value: Any) -> str:
 
 
 def _markdown(rows: list[dict[str, Any]], manifest: LoopManifest) -> str:
-    metrics = [m for m in (*RETRIEVAL_METRICS, "multihop_recall@20") if rows and m in rows[0]["retriever"]]
+    metrics = [m for m in SHOWN if rows and m in rows[0]["retriever"]]
     head = ["iteration", *metrics, "agent EM (R_i-1 / R_i)", "agent F1 (R_i-1 / R_i)", "searches/q (R_i)",
             "mined rows / rounds", "R_i kept", "RL reward first -> last"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -100,7 +106,7 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     x = [r["iteration"] for r in rows]
-    for metric in (*RETRIEVAL_METRICS, "multihop_recall@20"):
+    for metric in SHOWN:
         if rows and metric in rows[0]["retriever"]:
             axes[0].plot(x, [r["retriever"].get(metric) for r in rows], marker="o", label=metric)
     axes[0].set(title="retriever R_i on dev", xlabel="iteration", xticks=x)

@@ -135,23 +135,36 @@ def build_index_step(job: LoopJob, encoder_model: str, out: Path) -> dict[str, A
     return {"index": str(out), "passages": manifest.rows, "composition": manifest.composition}
 
 
+def _judged(path: str):
+    """The rows of a dev QA file, judged by their evidence labels when the file carries them (FanOutQA's
+    ``supporting_titles``) and by answer recall alone when it does not (FlashRAG's and Search-R1's QA rows)."""
+    from ..eval.retrieval import has_evidence_labels, load_judged_questions
+
+    relevance = "auto" if has_evidence_labels(path) else "answers"
+    return load_judged_questions(path, relevance), relevance
+
+
 def _retrieval(job: LoopJob, index_dir: str) -> dict[str, Any]:
-    """Leaf-question metrics (composed with the parent question when the encoder composes ``Q [SEP] q``, as the
-    agent searches with it) and multi-hop evidence recall of one index."""
-    from ..eval.retrieval import composition_questions, evaluate_retrieval, load_judged_questions
+    """Leaf-question metrics (composed, when the encoder composes ``Q [SEP] q`` as the agent searches with it, with
+    the parent question where a row names one and with its own question otherwise) and multi-hop recall of one
+    index: evidence metrics on labelled rows, answer recall on rows without labels."""
+    from ..eval.retrieval import composition_questions, evaluate_retrieval
     from ..index import open_index
 
     settings = job.loop.eval
     index = open_index(index_dir)
-    leaf = load_judged_questions(settings.leaf_qa)
-    composed = (composition_questions(leaf, "parent", settings.multihop_qa) if index.composition != "query" else None)
+    leaf, leaf_by = _judged(settings.leaf_qa)
+    composed = (composition_questions(leaf, "parent_or_self", settings.multihop_qa)
+                if index.composition != "query" else None)
     leaf_report = evaluate_retrieval(index, leaf, settings.ks, settings.mrr_k, settings.ndcg_k,
                                      search_questions=composed)
-    multihop = evaluate_retrieval(index, load_judged_questions(settings.multihop_qa), settings.ks, settings.mrr_k,
-                                  settings.ndcg_k)
+    multihop_rows, multihop_by = _judged(settings.multihop_qa)
+    multihop = evaluate_retrieval(index, multihop_rows, settings.ks, settings.mrr_k, settings.ndcg_k)
     return {"leaf": leaf_report["metrics"], "leaf_questions": leaf_report["questions_evaluated"],
-            "composed_with_parent": composed is not None, "multihop": multihop["metrics"],
-            "multihop_questions": multihop["questions_evaluated"]}
+            "leaf_judged_by": "evidence" if leaf_by == "auto" else "answers",
+            "composed_with_parent": composed is not None and any(q.parent_id is not None for q in leaf),
+            "multihop": multihop["metrics"], "multihop_questions": multihop["questions_evaluated"],
+            "multihop_judged_by": "evidence" if multihop_by == "auto" else "answers"}
 
 
 def _agent(job: LoopJob, agent_model: str, index_dir: str, out: Path) -> dict[str, Any]:
@@ -168,7 +181,8 @@ def _agent(job: LoopJob, agent_model: str, index_dir: str, out: Path) -> dict[st
 
 
 def evaluate_iteration(job: LoopJob, previous_index: str, index: str, agent_model: str, out: Path) -> dict[str, Any]:
-    """Step 6: both retrievers on the dev questions, and Agent_i with each (reads dev evidence labels)."""
+    """Step 6: both retrievers on the dev questions, and Agent_i with each (reads dev evidence labels where the
+    rows carry them, and golden answers)."""
     out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"retrieval": {"previous": _retrieval(job, previous_index), "new": _retrieval(job, index)}}
     if job.loop.eval.agent_questions:

@@ -211,3 +211,38 @@ def test_cli_compares_two_reports_question_by_question(tmp_path, capsys):
     import json
     other = json.loads((tmp_path / "other.json").read_text())
     assert other["compose_with"] == "parent" and other["comparison"]["results"]["answer_recall@3"]["n"] == 2
+
+
+def test_flashrag_rows_without_evidence_labels_are_judged_by_answer_recall_alone(tmp_path):
+    """FlashRAG's QA rows ({id, question, golden_answers, metadata}) carry no evidence labels: relevance
+    ``answers`` reads none, leaves the evidence metrics out of the means, and skips a row without answers."""
+    from agentic_retriever.eval.retrieval import has_evidence_labels
+
+    index = _answer_corpus(tmp_path)
+    qa = write_jsonl(tmp_path / "nq_dev.jsonl", [
+        {"id": "dev_0", "question": "abacus units sold first year", "golden_answers": ["1234"], "metadata": {}},
+        {"id": "dev_1", "question": "how many dice games roll", "golden_answers": ["4", "four"], "metadata": {}},
+        {"id": "dev_2", "question": "lava crust rupture", "golden_answers": [], "metadata": {}},
+    ])
+    assert not has_evidence_labels(str(qa))
+    with pytest.raises(DataFormatError, match=r"nq_dev\.jsonl:1: field 'supporting_titles'"):
+        load_judged_questions(str(qa))  # auto needs labels, and says how to do without
+    report = evaluate_retrieval(index, load_judged_questions(str(qa), "answers"), ks=[1, 3])
+    assert report["questions_evaluated"] == report["questions_judged_by_answers"] == 2
+    assert set(report["metrics"]) == {"answer_recall@1", "answer_recall@3"}
+    assert report["metrics"]["answer_recall@1"] == 1.0
+    per = report["per_question"]
+    assert [p["id"] for p in per] == ["dev_0", "dev_1"] and per[0]["recall@1"] is None
+
+
+def test_parent_or_self_composes_a_row_without_a_parent_with_its_own_question(tmp_path):
+    from agentic_retriever.eval.retrieval import composition_questions
+
+    leaves, parents = _leaf_and_parents(tmp_path)
+    mixed = load_judged_questions(str(leaves)) + load_judged_questions(str(write_jsonl(tmp_path / "top.jsonl", [
+        {"id": "t1", "question": "a top-level question?", "golden_answers": ["x"], "supporting_titles": ["Dice"]}])))
+    assert composition_questions(mixed, "parent_or_self", str(parents)) == [
+        "parent one?", "parent two?", "parent one?", "a top-level question?"]
+    assert composition_questions(mixed[3:], "parent_or_self") == ["a top-level question?"]  # no parent file needed
+    with pytest.raises(ValueError, match="needs parent_qa"):
+        composition_questions(mixed, "parent_or_self")

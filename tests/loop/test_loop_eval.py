@@ -1,0 +1,61 @@
+"""The loop's evaluation step (`steps.evaluate_iteration`) on the paper's data: FlashRAG QA rows carry no evidence
+labels and no parent question, and the retriever composes ``Q [SEP] q``."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentic_retriever.encoder import EncoderConfig
+from agentic_retriever.index import IndexBuildConfig, build_index, open_index
+from agentic_retriever.loop.config import LoopConfig, LoopEvalConfig, LoopJob
+from agentic_retriever.loop.report import _retriever_metrics
+from agentic_retriever.loop.steps import evaluate_iteration
+from tests.fakes import synthetic_rows, write_jsonl
+
+#: FlashRAG's row format (``{id, question, golden_answers, metadata}``), as in its hotpotqa/dev.jsonl.
+FLASHRAG_DEV = [
+    {"id": "dev_0", "question": "Which river holds item 3?", "golden_answers": ["item 3"], "metadata": {"type": "x"}},
+    {"id": "dev_1", "question": "Where does the glacier hold item 7?", "golden_answers": ["item 7"], "metadata": {}},
+    {"id": "dev_2", "question": "Is the comet near the glacier?", "golden_answers": ["yes"], "metadata": {}},
+]
+
+
+@pytest.fixture
+def composing_index(tmp_path, tiny_model_dir, monkeypatch) -> tuple[str, list]:
+    """A dense index whose encoder composes ``Q [SEP] q``, and a record of every (queries, questions) it searched."""
+    corpus = write_jsonl(tmp_path / "wiki-18.jsonl", synthetic_rows(40))
+    encoder = EncoderConfig(model=tiny_model_dir, composition="question_sep_query", precision="fp32")
+    build_index(IndexBuildConfig(corpus=str(corpus), out=str(tmp_path / "index"), encoder=encoder,
+                                 corpus_cache=str(tmp_path / "cache")))
+    searched = []
+
+    def recording_open(path, *args, **kwargs):
+        index = open_index(path, *args, **kwargs)
+        search = index.search
+
+        def spy(queries, k, questions=None, **rest):
+            searched.append((list(queries), None if questions is None else list(questions)))
+            return search(queries, k, questions=questions, **rest)
+
+        index.search = spy
+        return index
+
+    monkeypatch.setattr("agentic_retriever.index.open_index", recording_open)
+    return str(tmp_path / "index"), searched
+
+
+def test_the_loop_evaluates_flashrag_rows_by_answer_recall_composing_each_with_its_own_question(tmp_path,
+                                                                                                composing_index):
+    index, searched = composing_index
+    dev = write_jsonl(tmp_path / "hotpotqa_dev.jsonl", FLASHRAG_DEV)
+    job = LoopJob(loop=LoopConfig(eval=LoopEvalConfig(leaf_qa=str(dev), multihop_qa=str(dev), agent_qa=str(dev),
+                                                      agent_questions=0, ks=[1, 5, 20])),
+                  agent_train=None, rollout=None, mine=None, train=None, index=None)
+    report = evaluate_iteration(job, index, index, "unused-agent", tmp_path / "eval")
+    new = report["retrieval"]["new"]
+    assert new["leaf_judged_by"] == new["multihop_judged_by"] == "answers" and not new["composed_with_parent"]
+    assert set(new["leaf"]) == {"answer_recall@1", "answer_recall@5", "answer_recall@20"}
+    assert new["leaf_questions"] == 2  # the yes/no row has no answer to look for
+    leaf_searches = [call for call in searched if call[1] is not None]
+    assert leaf_searches and all(questions == queries for queries, questions in leaf_searches)  # Q = q
+    assert _retriever_metrics(new) == {**new["leaf"], "multihop_answer_recall@20": new["multihop"]["answer_recall@20"]}
