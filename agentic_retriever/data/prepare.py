@@ -25,6 +25,8 @@ Writes, into one folder:
     corpus or not (mining needs gold answers only);
   * ``fanoutqa_leaf_train_heldout.jsonl``: the in-corpus leaves of the held-out questions: the slice that
     chooses retriever training settings and checkpoints (it reads evidence labels), never mined or trained on;
+  * ``fanoutqa_leaf_train_rl.jsonl``: the answerable leaves of the warm-start and mining questions, the co-training
+    loop's agent RL set (never the held-out slice, which ``..._train_answerable.jsonl`` includes);
   * ``fanoutqa_multihop_train_{warmstart,mining,heldout}.jsonl``: the top-level train questions of each role;
 * ``fanoutqa_multihop_{train,dev}.jsonl``: the top-level questions with the evidence titles of all
   their leaves (for evidence recall of whole trajectories);
@@ -64,7 +66,7 @@ class PrepareConfig:
 #: The roles of the top-level train questions (`train_role`).
 TRAIN_ROLES = ("warmstart", "mining", "heldout")
 #: Bump when the set of files written changes, so an older prepared folder is rewritten.
-FILES_VERSION = 11
+FILES_VERSION = 12
 
 
 def answer_strings(answer) -> list[str]:
@@ -251,6 +253,7 @@ def prepare_defaults(config: PrepareConfig) -> dict:
         "mining_in_corpus": [r for r in by_role["mining"] if r["evidence_in_corpus"]],
         "mining_all": by_role["mining"],
         "heldout": [r for r in by_role["heldout"] if r["evidence_in_corpus"]],
+        "rl": [r for r in by_role["warmstart"] + by_role["mining"] if r["answer_in_evidence"]],
     }
     for name, rows in files.items():
         _write_if_changed(out / f"fanoutqa_leaf_train_{name}.jsonl", rows)
@@ -264,6 +267,7 @@ def prepare_defaults(config: PrepareConfig) -> dict:
         "leaf_questions_for_mining_in_corpus": len(files["mining_in_corpus"]),
         "leaf_questions_warmstart": len(files["warmstart"]),
         "leaf_questions_warmstart_answerable": sum(r["answer_in_evidence"] for r in files["warmstart"]),
+        "leaf_questions_rl": len(files["rl"]),
         "multihop_train_questions": {role: sum(r == role for r in roles.values()) for role in TRAIN_ROLES},
         "multihop_questions": {s: len(multihop[s]) for s in multihop},
         "dev_fraction": config.dev_fraction,

@@ -1,7 +1,8 @@
 """`run_loop`: Algorithm 1 of "Agentic-R: Learning to Retrieve for Agentic Search" (arXiv 2601.11888, section 4.2)
 as one resumable job.
 
-Iteration 0 settles the loop's inputs: the data (``data_prepare``), the base index Agentic-R_0 (built when
+Iteration 0 settles the loop's inputs: the data (``data_prepare``; then `splits.check_splits` refuses a training
+question set that meets the selection slice or a dev set), the base index Agentic-R_0 (built when
 missing, reused when present) and the initial agent (the warm start of ``agent_sft``, reused from its cache, or the
 shared ``agent.model``). Then, for i = 1..K, the six steps of `steps`, each keyed by the content hash of its inputs
 and settings (`manifest`): a step runs when no finished entry has its key, so a changed mining setting reruns
@@ -25,6 +26,7 @@ from .config import STEPS, LoopJob
 from .manifest import LoopManifest, LoopManifestError, StepRecord
 from .report import write_report
 from .service import LoopService
+from .splits import check_splits
 
 __all__ = ["run_loop"]
 
@@ -127,6 +129,7 @@ class _Loop:
 
             self.step(0, "data", {"prepare": _settings(job.prepare)}, lambda _: prepare_defaults(job.prepare),
                       artifact=Path(job.prepare.out))
+        check_splits(job)  # the data is there: nothing trains on what selects or evaluates
         corpus_sha = Corpus.open(job.index.corpus, job.index.corpus_cache).sha256
         if self.manifest.corpus_sha256 and self.manifest.corpus_sha256 != corpus_sha:
             raise LoopManifestError(
