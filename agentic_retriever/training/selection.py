@@ -191,13 +191,16 @@ class SelectionRecord:
 
 
 def heldout_callback(model, pool: HeldOutPool, record: SelectionRecord, batch_size: int = 64):
-    """A `TrainerCallback` that scores `model` on the pool after every epoch (on the main process) and
-    records it as ``epoch-k`` (k the epoch count, fractional when max_steps stops mid-epoch)."""
+    """A `TrainerCallback` that scores `model` on the pool after every epoch and records it as ``epoch-k`` (k the
+    epoch count, fractional when max_steps stops mid-epoch). Every process scores (the same weights: none waits
+    at its next gradient exchange while the main one evaluates); the main process alone records and saves."""
     from transformers import TrainerCallback
 
     def score(state) -> None:
         name = f"epoch-{round(state.epoch, 3):g}"
         value = evaluate_on_pool(model, pool, record.metric, batch_size)
+        if not state.is_world_process_zero:
+            return
         better = record.add(name, value, state.global_step, model)
         log.info("held-out %s after %s (update %d): %.4f%s", record.metric, name, state.global_step, value,
                  " (best so far)" if better else f" (best: {record.best})")
@@ -207,12 +210,10 @@ def heldout_callback(model, pool: HeldOutPool, record: SelectionRecord, batch_si
             # a run killed between an epoch's last checkpoint and its evaluation resumes from that
             # checkpoint, i.e. from the epoch's final weights: score them now
             epoch = round(state.epoch or 0.0, 3)
-            if (state.is_world_process_zero and state.global_step > 0 and epoch == int(epoch)
-                    and f"epoch-{epoch:g}" not in record.per_checkpoint):
+            if state.global_step > 0 and epoch == int(epoch) and f"epoch-{epoch:g}" not in record.per_checkpoint:
                 score(state)
 
         def on_epoch_end(self, args, state, control, **kwargs):
-            if state.is_world_process_zero:
-                score(state)
+            score(state)
 
     return _HeldOutSelection()

@@ -185,10 +185,13 @@ def train_retriever(config: RetrieverTrainConfig) -> Path:
 
 def _held_out_selection(config: RetrieverTrainConfig, encoder: Encoder, checkpoints: Path):
     """(record, callbacks) of held-out model selection: the pool is built and the base scored before
-    training (the record keeps scores across a resume); (None, []) without `select_on`, and on all but the main
-    process (the others wait for its evaluations at their next gradient exchange)."""
-    if not config.select_on or int(os.environ.get("RANK", "0")) != 0:
+    training (the record keeps its first scores across a resume); (None, []) without `select_on`. Every process
+    builds the pool and scores the base and each epoch, so none waits for the main one at its next gradient
+    exchange (the base alone scores a whole pool, and a collective times out after 30 minutes); only the main
+    process records (its record is returned, the others' None)."""
+    if not config.select_on:
         return None, []
+    main = int(os.environ.get("RANK", "0")) == 0
     from .selection import SelectionRecord, build_heldout_pool, evaluate_on_pool, heldout_callback
 
     # the slice has no agent query: the inputs of select_compose_with (module docstring of selection)
@@ -197,12 +200,18 @@ def _held_out_selection(config: RetrieverTrainConfig, encoder: Encoder, checkpoi
                               lambda text: encoder.settings.passage_prefix + text,
                               config.select_compose_with, config.select_parents or None)
     record = SelectionRecord(checkpoints, config.select_metric, pool)
-    if "base" not in record.per_checkpoint:
-        record.add("base", evaluate_on_pool(encoder.model, pool, config.select_metric, config.encoder.batch_size), 0)
+    # every process scores the base, even on a resume: whether the record has it depends on when a process read
+    # it, and a process that skipped would run ahead to its first gradient exchange and wait there
+    base = evaluate_on_pool(encoder.model, pool, config.select_metric, config.encoder.batch_size)
+    if main and "base" not in record.per_checkpoint:
+        record.add("base", base, 0)
+    callbacks = [heldout_callback(encoder.model, pool, record, config.encoder.batch_size)]
+    if not main:
+        return None, callbacks
     log.info("held-out %s of the base encoder: %.4f (%d questions of %s, pool of %d passages)", config.select_metric,
              record.per_checkpoint["base"], pool.counts["questions_judged"], config.select_on,
              pool.counts["pool_passages"])
-    return record, [heldout_callback(encoder.model, pool, record, config.encoder.batch_size)]
+    return record, callbacks
 
 
 def _selected_model(config: RetrieverTrainConfig, record):
@@ -219,9 +228,9 @@ def _selected_model(config: RetrieverTrainConfig, record):
 
 
 class _Trainer(SentenceTransformerTrainer):
-    """Our batches (`sampler`: no text twice in a batch, every example every epoch), our schedule (`schedule`:
-    the warm-up's first update already learns), and the loss's in-batch accuracy and KL term (since the last
-    log) in every log entry that has the loss."""
+    """Our batches (`sampler`: no text twice in a batch, nor in a step's batches across processes, every example
+    every epoch), our schedule (`schedule`: the warm-up's first update already learns), and the loss's in-batch
+    accuracy and KL term (since the last log) in every log entry that has the loss."""
 
     def __init__(self, *args, warmup_ratio: float = 0.0, **kwargs):
         self.warmup_ratio = warmup_ratio
@@ -231,13 +240,18 @@ class _Trainer(SentenceTransformerTrainer):
                           seed: int = 0):
         from sentence_transformers.base.sampler import BatchSamplers
 
-        from .sampler import CoveringNoDuplicatesBatchSampler
+        from .sampler import CoveringNoDuplicatesBatchSampler, StepNoDuplicatesBatchSampler
 
         if self.args.batch_sampler != BatchSamplers.NO_DUPLICATES:
             return super().get_batch_sampler(dataset, batch_size, drop_last, valid_label_columns, generator, seed)
+        epochs = math.ceil(self.args.num_train_epochs)
+        if self.args.world_size > 1:  # a step's batches are gathered: no text twice among them, every row kept
+            return StepNoDuplicatesBatchSampler(dataset, batch_size, self.args.world_size, drop_last=drop_last,
+                                                valid_label_columns=valid_label_columns, generator=generator,
+                                                seed=seed, epochs=epochs)
         return CoveringNoDuplicatesBatchSampler(dataset, batch_size=batch_size, drop_last=drop_last,
                                                 valid_label_columns=valid_label_columns, generator=generator,
-                                                seed=seed, epochs=math.ceil(self.args.num_train_epochs))
+                                                seed=seed, epochs=epochs)
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         if self.lr_scheduler is None:
