@@ -54,6 +54,10 @@ class EncoderConfig:
     max_length: int | None = dataclasses.field(default=None, metadata={"help": "max tokens per text (model's own if unset)"})
     batch_size: int = dataclasses.field(default=64, metadata={"help": "texts per forward pass"})
     device: str | None = dataclasses.field(default=None, metadata={"help": "cpu, cuda, cuda:1 ... (auto if unset)"})
+    devices: list[str] = dataclasses.field(default_factory=list, metadata={
+        "help": "encode passages on several devices at once, one process each (sentence-transformers' multi-process "
+                "pool): e.g. cuda:0 cuda:1, or all (every visible GPU); empty: `device` alone. Queries stay on "
+                "`device`"})
     precision: Precision = dataclasses.field(default="auto", metadata={"help": "weights; auto = fp16 on GPU, fp32 on CPU"})
 
     RENAMED: ClassVar[dict[str, str]] = {"dtype": "precision"}
@@ -130,6 +134,9 @@ class Encoder:
         self.config = config = config or EncoderConfig()
         path = resolve_model_name(config.model)
         device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self._device, self._pool = device, None
+        if "all" in config.devices and config.devices != ["all"]:
+            raise ValueError(f"EncoderConfig.devices: all stands alone, got {config.devices}")
         if config.pooling is None:
             self.model = SentenceTransformer(path, device=device)
         else:
@@ -183,9 +190,42 @@ class Encoder:
         return self._encode(self.compose(queries, questions, histories), show_progress)
 
     def encode_passages(self, passages: Sequence[str], show_progress: bool = False) -> np.ndarray:
-        """Encode passage texts (Search-R1 ``contents``); the passage prefix is added here."""
+        """Encode passage texts (Search-R1 ``contents``); the passage prefix is added here. With several
+        ``devices``, more than a batch of them is spread over their processes (`passage_devices`)."""
         prefix = self.settings.passage_prefix
-        return self._encode([prefix + p for p in passages] if prefix else list(passages), show_progress)
+        texts = [prefix + p for p in passages] if prefix else list(passages)
+        if len(self.passage_devices) < 2 or len(texts) <= self.config.batch_size:
+            return self._encode(texts, show_progress)
+        if self._pool is None:
+            self._pool = self.model.start_multi_process_pool(self.passage_devices)  # moves the model to the CPU
+        embeddings = self.model.encode(texts, pool=self._pool, batch_size=self.config.batch_size,
+                                       normalize_embeddings=self.config.normalize, convert_to_numpy=True,
+                                       show_progress_bar=show_progress)
+        return np.ascontiguousarray(embeddings, dtype=np.float32)
+
+    @property
+    def passage_devices(self) -> list[str]:
+        """The devices passages are encoded on: ``devices`` (``all``: every visible GPU), else none (``device``)."""
+        if self.config.devices != ["all"]:
+            return list(self.config.devices)
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("EncoderConfig.devices all needs visible GPUs (CUDA_VISIBLE_DEVICES); none is")
+        return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+
+    def close(self) -> None:
+        """Stop the processes of several ``devices`` (if started) and bring the model back to its device."""
+        if self._pool is not None:
+            self.model.stop_multi_process_pool(self._pool)
+            self._pool = None
+            self.model.to(self._device)
+
+    def __enter__(self) -> Encoder:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def _encode(self, texts: list[str], show_progress: bool) -> np.ndarray:
         if not texts:

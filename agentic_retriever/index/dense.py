@@ -105,7 +105,10 @@ def build_dense_index(corpus: Corpus, encoder: Encoder, out_dir: str | Path, par
     chunk = chunk_rows(params, len(corpus))
     log.info("encoding %d passages in resumable chunks of %d", len(corpus), chunk)
     embeddings_path = Path(params.embeddings_dir or out) / f"embeddings-{corpus.sha256[:12]}-{encoder.settings.fingerprint[:12]}.npy"
-    embeddings = _encode_resumable(corpus, encoder, embeddings_path, chunk)
+    try:
+        embeddings = _encode_resumable(corpus, encoder, embeddings_path, chunk)
+    finally:
+        encoder.close()  # several devices: their processes end with the encoding
     keep, rows = kept_rows(corpus, drop_rows)
     faiss = import_faiss()
     index = _new_faiss_index(faiss, params, encoder.dim, rows)
@@ -141,7 +144,7 @@ def build_dense_index(corpus: Corpus, encoder: Encoder, out_dir: str | Path, par
 
 def portable_config(encoder: Encoder) -> dict:
     """The encoder config minus machine-specific fields, enough to load the same encoder again."""
-    machine_specific = ("device", "precision", "batch_size")
+    machine_specific = ("device", "devices", "precision", "batch_size")
     return {k: v for k, v in dataclasses.asdict(encoder.config).items() if k not in machine_specific}
 
 
@@ -164,11 +167,13 @@ def _encode_resumable(corpus: Corpus, encoder: Encoder, path: Path, chunk_size: 
         embeddings = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(len(corpus), encoder.dim))
         done = 0
         write_json(state_path, identity | {"rows_done": 0})
+    # several devices: calls big enough to keep each process busy (the pool cuts a call into chunks for them)
+    step = max(_PROGRESS_STEP, 16 * encoder.config.batch_size * len(encoder.passage_devices))
     with tqdm(total=len(corpus), initial=done, desc="encoding passages", unit=" passages") as progress:
         for start in range(done, len(corpus), chunk_size):
             stop = min(start + chunk_size, len(corpus))
             row = start
-            for texts in corpus.iter_contents(start, stop, batch_size=_PROGRESS_STEP):
+            for texts in corpus.iter_contents(start, stop, batch_size=step):
                 embeddings[row:row + len(texts)] = encoder.encode_passages(texts)
                 row += len(texts)
                 progress.update(len(texts))

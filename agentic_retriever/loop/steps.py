@@ -130,7 +130,8 @@ def build_index_step(job: LoopJob, encoder_model: str, out: Path) -> dict[str, A
     from ..index import build_index
 
     encoder = EncoderConfig(model=str(encoder_model), batch_size=job.index.encoder.batch_size,
-                            device=job.index.encoder.device, precision=job.index.encoder.precision)
+                            device=job.index.encoder.device, devices=list(job.index.encoder.devices),
+                            precision=job.index.encoder.precision)
     manifest = build_index(dataclasses.replace(job.index, out=str(out), backend="dense", encoder=encoder))
     return {"index": str(out), "passages": manifest.rows, "composition": manifest.composition}
 

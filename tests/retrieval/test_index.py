@@ -367,3 +367,45 @@ def test_a_bm25_build_and_search_never_run_jax_or_touch_cuda(corpus_file, tmp_pa
     assert result["ids"] and result["cuda"] is False
     used = log.read_text().splitlines() if log.exists() else []
     assert used == ([] if not preload else ["import jax"])  # imported by the caller, never run by a BM25 search
+
+
+@pytest.mark.slow
+def test_an_index_encoded_on_two_devices_equals_one_encoded_on_one_and_stops_its_processes(
+        corpus_file, tmp_path, tiny_model_dir, monkeypatch):
+    """`encoder.devices` (the paper config: every GPU) spreads the corpus over one process per device
+    (sentence-transformers' pool); two CPU processes stand in for GPUs here. Same ranking, embeddings to fp32
+    rounding, the processes gone after the build, and the index reusable whatever the devices."""
+    psutil = pytest.importorskip("psutil", reason="psutil is not installed (the dev extra has it)")
+    single = _config(corpus_file, tmp_path / "one", tiny_model_dir, keep_embeddings=True)
+    build_index(single)
+    pools = []
+    start = Encoder.encode_passages
+
+    def spying(self, passages, show_progress=False):
+        out = start(self, passages, show_progress)
+        if self._pool is not None and not pools:
+            pools.append([process.pid for process in self._pool["processes"]])
+        return out
+
+    monkeypatch.setattr(Encoder, "encode_passages", spying)
+    two = dataclasses.replace(single, out=str(tmp_path / "two"),
+                              encoder=dataclasses.replace(single.encoder, devices=["cpu", "cpu"], batch_size=8))
+    build_index(two)
+    assert len(pools) == 1 and len(pools[0]) == 2
+    assert not any(psutil.pid_exists(pid) for pid in pools[0])  # the processes ended with the encoding
+    embeddings = [np.load(next((tmp_path / name).glob("embeddings-*.npy"))) for name in ("one", "two")]
+    np.testing.assert_allclose(embeddings[0], embeddings[1], atol=1e-5)
+    assert open_index(tmp_path / "one").search(QUERIES, 5).ids == open_index(tmp_path / "two").search(QUERIES, 5).ids
+    monkeypatch.setattr(dense_module, "build_dense_index", lambda *a: pytest.fail("rebuilt"))
+    build_index(dataclasses.replace(two, encoder=dataclasses.replace(two.encoder, devices=[])))  # reused
+
+
+def test_devices_all_without_a_gpu_is_refused_by_name(tiny_model_dir, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    encoder = Encoder(EncoderConfig(model=tiny_model_dir, device="cpu", devices=["all"]))
+    with pytest.raises(ValueError, match="devices all needs visible GPUs"):
+        encoder.encode_passages(["text"] * 100)
+    with pytest.raises(ValueError, match="all stands alone"):
+        Encoder(EncoderConfig(model=tiny_model_dir, device="cpu", devices=["all", "cuda:0"]))
