@@ -23,8 +23,8 @@ rows carry none): evidence metrics are then left out of the means, and a row wit
 Query composition: an encoder trained on ``Q [SEP] q`` (``encoder.compose_query``) is evaluated as trained by
 passing the Q of every question to ``Index.search(questions=...)`` (`composition_questions`): FanOutQA leaf rows
 name their multi-hop question by ``parent_id``; ``parent_or_self`` takes it where a row names one and the row's
-own question otherwise (a top-level question is its own Q, as the agent searches with it). An index whose encoder does not compose (composition ``query``,
-and BM25) ignores the questions, so the same call evaluates every index.
+own question otherwise (a top-level question is its own Q, as the agent searches with it). An index whose encoder
+does not compose (composition ``query``, and BM25) ignores the questions, so the same call evaluates every index.
 
 Every metric is also kept per question (``per_question``), so that two systems can be compared question by
 question with `eval.bootstrap.compare_reports`.

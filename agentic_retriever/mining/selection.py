@@ -18,14 +18,14 @@ one for graded GAC:
    equals the best's, at most ``max_positives`` (3), one training example each; ``"first"`` takes the best
    only.
 4. **Negatives** (``negatives="filtered"``, the default): ``num_negatives`` (15) sampled without replacement,
-   separately for each example, from the candidates that are not *useful*: a useful candidate passes GAC or passes LR, so neither a passage after
-   which the agent answers correctly nor one the judge finds relevant is a negative (the paper samples from every
-   candidate ranked below the positive, GAC = 1 ones included: with tau = 0.01 such false negatives push
-   useful pages down). With ``false_negative_filter`` a
-   candidate containing a gold answer (normalised, on word boundaries; computed from gold answers, never
-   from evidence labels) is never a negative either. Fewer than ``num_negatives`` left: the round is dropped
-   (``too_few_negatives``). Sampling is seeded by (seed, round id, positive id): the same round gives the
-   same rows whichever shard, batch or resumed run computes it. N = 1 + num_negatives = 16 passages.
+   separately for each example, from the candidates that are not *useful*: a useful candidate passes GAC or
+   passes LR, so neither a passage after which the agent answers correctly nor one the judge finds relevant is a
+   negative (the release samples from every candidate not tied with the best, GAC = 1 ones included: with
+   tau = 0.01 such false negatives push useful pages down on the small CPU stack). With
+   ``false_negative_filter`` a candidate containing a gold answer (normalised, on word boundaries; computed from
+   gold answers, never from evidence labels) is never a negative either. Fewer than ``num_negatives`` left: the
+   round is dropped (``too_few_negatives``). Sampling is seeded by (seed, round id, positive id): the same round
+   gives the same rows whichever shard, batch or resumed run computes it. N = 1 + num_negatives = 16 passages.
 
    ``negatives="release"``: exactly the authors' release (``step4_construct_retriever_data.py`` of
    github.com/8421BCD/Agentic-R): the pool is every candidate not tied with the best, useful and answer-bearing
