@@ -69,7 +69,7 @@ class StepNoDuplicatesBatchSampler:
             raise ValueError(f"StepNoDuplicatesBatchSampler is for several processes, got {processes}")
         self.dataset, self.batch_size, self.processes, self.drop_last = dataset, batch_size, processes, drop_last
         self.seed, self.epochs, self.epoch = seed, max(1, int(epochs)), 0
-        self._steps: int | None = None
+        self._passes: dict[int, list[list[int]]] = {}  # by epoch: counting the length computes the epochs' passes
         self._pass = NoDuplicatesBatchSampler(dataset, batch_size=batch_size * processes, drop_last=False,
                                               valid_label_columns=valid_label_columns, generator=generator, seed=seed)
         columns = [name for name in dataset.column_names if name not in (valid_label_columns or [])]
@@ -81,19 +81,23 @@ class StepNoDuplicatesBatchSampler:
         self.epoch = epoch
 
     def _steps_of_pass(self, epoch: int) -> list[list[int]]:
-        """One duplicate-free pass (seeded by seed + `epoch`), each step filled to `processes` x `batch_size` rows."""
-        self._pass.set_epoch(epoch)
-        size = self.batch_size * self.processes
-        steps = [list(step) for step in self._pass]
-        rng = random.Random(self.seed * 1_000_003 + epoch)
-        for step in steps:
-            if len(step) < size:
-                self._fill(step, size, rng)
-        return steps
+        """One duplicate-free pass (seeded by seed + `epoch`, so computed once), each step filled to `processes` x
+        `batch_size` rows."""
+        if epoch not in self._passes:
+            self._pass.set_epoch(epoch)
+            size = self.batch_size * self.processes
+            steps = [list(step) for step in self._pass]
+            rng = random.Random(self.seed * 1_000_003 + epoch)
+            for step in steps:
+                if len(step) < size:
+                    self._fill(step, size, rng)
+            self._passes[epoch] = steps
+        return self._passes[epoch]
 
     def _fill(self, step: list[int], size: int, rng: random.Random) -> None:
         texts = set().union(*(self._texts[i] for i in step))
-        candidates = [i for i in range(len(self._texts)) if i not in set(step)]
+        chosen = set(step)
+        candidates = [i for i in range(len(self._texts)) if i not in chosen]
         rng.shuffle(candidates)
         for index in candidates:
             if len(step) == size:
@@ -105,9 +109,7 @@ class StepNoDuplicatesBatchSampler:
                          f"be filled from {len(self._texts)} rows: lower per_device_batch_size")
 
     def __len__(self) -> int:
-        if self._steps is None:
-            self._steps = max(len(self._steps_of_pass(epoch)) for epoch in range(self.epochs))
-        return self._steps * self.processes
+        return max(len(self._steps_of_pass(epoch)) for epoch in range(self.epochs)) * self.processes
 
     def __iter__(self) -> Iterator[list[int]]:
         wanted, yielded = len(self) // self.processes, 0

@@ -62,7 +62,8 @@ def _train_as_rank(rank: int, world: int, port: int, config, out: str) -> None:
     import os
 
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                      CUDA_VISIBLE_DEVICES="")  # two CPU processes with gloo, on a GPU host too (not two on one card)
     from agentic_retriever.training import sampler as sampler_module
     from agentic_retriever.training import selection
     from agentic_retriever.training.trainer import train_retriever
