@@ -19,6 +19,7 @@ from agentic_retriever.eval.qa import qa_scores
 from agentic_retriever.jsonl import read_json, write_json
 from agentic_retriever.llm import LLMConfig
 from agentic_retriever.llm.base import LLM
+from agentic_retriever.mining.shards import parse_shard, shard_bounds
 
 from .env import EnvConfig, Rollout, rollout
 from .qa_data import QARow, as_qa_rows, read_qa_rows
@@ -41,6 +42,9 @@ class RolloutConfig:
     out: str = field(default="", metadata={"help": "trajectory file (JSONL; a rerun completes it)",
                                            "derive": "{workdir}/agent/trajectories.jsonl"})
     limit: int | None = field(default=None, metadata={"help": "only the first N questions"})
+    shard: str = field(default="0/1", metadata={
+        "help": "i/n: roll out the i-th of n contiguous slices of the questions (after limit), one process each; "
+                "joining the n files in order gives the unsharded file"})
     batch_size: int = field(default=16, metadata={"help": "trajectories advanced together per rollout call"})
     samples: int = field(default=1, metadata={
         "help": "trajectories per question (more than 1 needs env.temperature > 0; each is a `sample`)"})
@@ -148,6 +152,8 @@ def run_rollout_job(config: RolloutConfig) -> RolloutRunSummary:
     from agentic_retriever.llm import load_llm
 
     rows = read_qa_rows(config.qa)[: config.limit]
+    start, stop = shard_bounds(len(rows), parse_shard(config.shard))
+    rows = rows[start:stop]
     return run_rollouts(rows, load_llm(config.agent), open_client(config.retrieval), config.env, config.out,
                         batch_size=config.batch_size, retriever_id=config.retrieval.index or config.retrieval.url,
                         samples=config.samples)

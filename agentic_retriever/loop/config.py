@@ -82,10 +82,29 @@ class LoopConfig:
         "help": "run step 4 as `LAUNCHER -m agentic_retriever.cli retriever train --config FILE ...` (e.g. `torchrun "
                 "--nproc_per_node 8` for cross-device negatives, or with retriever_train.deepspeed), reading "
                 "retriever_train from the loop's config file; empty: in this process"})
+    rollout_devices: list[str] = field(default_factory=list, metadata={
+        "help": "step 2 as one `agent rollout --shard i/n` process per entry, each seeing the GPUs the entry names "
+                "('0', '0,1', or 'cpu'; CUDA_VISIBLE_DEVICES), their trajectories joined in question order; empty: "
+                "in this process"})
+    mining_devices: list[str] = field(default_factory=list, metadata={
+        "help": "step 3 as one `mine run --shard i/n` process per entry (as rollout_devices), all searching the "
+                "loop's service, merged into the step's folder (mine merge); empty: in this process"})
+    services: dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "servers some steps need, NAME -> {command, health_url, steps, devices, start_timeout_s}: started "
+                "(and awaited on health_url) before the first of their steps, stopped before any other step, so "
+                "verl finds its GPUs free (e.g. the LR scorer as `vllm serve ... --tensor-parallel-size 4` for "
+                "mining); '{python}' in a command is this interpreter"})
     verl: VerlSettings = field(default_factory=VerlSettings)
     service: LoopServiceConfig = field(default_factory=LoopServiceConfig)
     eval: LoopEvalConfig = field(default_factory=LoopEvalConfig)
     progress: bool = field(default=True, metadata={"help": "progress bars"})
+
+    def __post_init__(self):
+        from .processes import check_devices, service_specs
+
+        check_devices(self.rollout_devices, "loop.rollout_devices")
+        check_devices(self.mining_devices, "loop.mining_devices")
+        service_specs(self.services, STEPS)
 
 
 @dataclass

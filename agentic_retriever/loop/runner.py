@@ -7,7 +7,8 @@ missing, reused when present) and the initial agent (the warm start of ``agent_s
 shared ``agent.model``). Then, for i = 1..K, the six steps of `steps`, each keyed by the content hash of its inputs
 and settings (`manifest`): a step runs when no finished entry has its key, so a changed mining setting reruns
 mining, retriever training, indexing and evaluation of that iteration and everything of the later ones, and nothing
-before. A retrieval service (`service`) runs through the whole loop and is moved onto each new index.
+before. A retrieval service (`service`) runs through the whole loop and is moved onto each new index; the servers
+of ``loop.services`` (`processes.StepServices`) run only while the steps that name them run.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ..mining.store import stable_hash
 from . import steps
 from .config import STEPS, LoopJob
 from .manifest import LoopManifest, LoopManifestError, StepRecord
+from .processes import StepServices, service_specs
 from .report import write_report
 from .service import LoopService
 from .splits import check_splits
@@ -81,6 +83,7 @@ class _Loop:
         self.job = job
         self.folder = Path(job.loop.out)
         self.manifest = LoopManifest.load(self.folder)
+        self.services: StepServices | None = None
         if not self.manifest.config_file:
             self.manifest.config_file = job.config_file
 
@@ -99,6 +102,8 @@ class _Loop:
         folder = artifact or self.folder / f"iter_{iteration}" / name / key[:12]
         record = self.manifest.start(iteration, name, key, folder)
         print(f"{label}: {'resuming' if record.attempts > 1 else 'running'} -> {folder}", flush=True)
+        if self.services is not None:
+            self.services.before(name)
         started = time.perf_counter()
         try:
             summary = run(folder)
@@ -230,11 +235,13 @@ def run_loop(job: LoopJob, from_iteration: int | None = None, from_step: str | N
     state = _Loop(job)
     if from_step is not None:
         state.manifest.force(from_iteration, from_step)
-    state.inputs()
-    with LoopService(loop.service, loop.base_index) as service:
-        for i in range(1, loop.iterations + 1):
-            state.iteration(i, service)
-        swaps = service.swaps
+    with StepServices(service_specs(loop.services, STEPS), state.folder / "services") as services:
+        state.services = services
+        state.inputs()
+        with LoopService(loop.service, loop.base_index) as service:
+            for i in range(1, loop.iterations + 1):
+                state.iteration(i, service)
+            swaps = service.swaps
     report = write_report(state.manifest, loop.iterations)
     print(f"loop done: {state.folder} ({len(swaps)} index swaps in this run); report in "
           f"{state.folder / 'loop_report.md'}", flush=True)

@@ -19,6 +19,7 @@ import dataclasses
 import logging
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from ..client import RetrievalConfig
 from ..encoder import EncoderConfig
 from ..jsonl import iter_jsonl, read_json
 from .config import LoopJob
+from .processes import concatenate, run_on_devices, write_section
 
 __all__ = ["build_index_step", "evaluate_iteration", "mine_rows", "roll_out", "train_agent", "train_retriever_step"]
 
@@ -73,24 +75,56 @@ def train_agent_on_verl(job: LoopJob, init_model: str, service_url: str, out: Pa
 
 
 def roll_out(job: LoopJob, agent_model: str, service_url: str, out: Path) -> dict[str, Any]:
-    """Step 2: Agent_i on the mining questions, searching with the service (Agentic-R_{i-1})."""
+    """Step 2: Agent_i on the mining questions, searching with the service (Agentic-R_{i-1}); in this process, or
+    as one `agent rollout --shard i/n` process per entry of ``loop.rollout_devices``, joined in question order."""
     from agent.rollouts import run_rollout_job
 
     config = dataclasses.replace(job.rollout, qa=job.loop.mining_qa, out=str(out / "trajectories.jsonl"),
                                  retrieval=RetrievalConfig(url=service_url), limit=None,
                                  agent=with_model(job.rollout.agent, agent_model))
-    summary = run_rollout_job(config)
-    return {"trajectories": config.out, "questions": summary.questions}
+    devices = job.loop.rollout_devices
+    if not devices:
+        return {"trajectories": config.out, "questions": run_rollout_job(config).questions}
+    n = len(devices)
+    parts = [out / "shards" / f"trajectories.{i}-of-{n}.jsonl" for i in range(n)]
+    settings = write_section(out / "agent_rollout.yaml", "agent_rollout", config)
+    run_on_devices([_cli("agent", "rollout", "--config", settings, "--shard", f"{i}/{n}", "--out", parts[i])
+                    for i in range(n)], devices, out / "logs", "rollout")
+    concatenate(parts, Path(config.out))
+    from agent.qa_data import read_qa_rows
+
+    return {"trajectories": config.out, "questions": len(read_qa_rows(config.qa)), "processes": n}
+
+
+def _cli(*args: Any) -> list[str]:
+    """This interpreter running one of the library's commands."""
+    return [sys.executable, "-m", "agentic_retriever.cli", *map(str, args)]
 
 
 def mine_rows(job: LoopJob, trajectories: str, agent_model: str, service_url: str, out: Path) -> dict[str, Any]:
-    """Step 3: utility mining of Agent_i's trajectories; candidates and later GAC turns from the service."""
+    """Step 3: utility mining of Agent_i's trajectories; candidates and later GAC turns from the service. In this
+    process, or as one `mine run --shard i/n` process per entry of ``loop.mining_devices`` (each with its own agent
+    engine, all searching the one service), merged into `out` as `mine merge` does; a finished shard is kept."""
     from ..mining.job import run_mine_job
+    from ..mining.outputs import ROWS_FILE, STATS_FILE
+    from ..mining.shards import merge_shards, shard_dir
 
     config = dataclasses.replace(job.mine, trajectories=trajectories, out=str(out),
                                  retrieval=RetrievalConfig(url=service_url),
                                  agent=with_model(job.mine.agent, agent_model))
-    result = run_mine_job(config)
+    devices = job.loop.mining_devices
+    if not devices:
+        result = run_mine_job(config)
+    else:
+        n = len(devices)
+        settings = write_section(out / "mine_run.yaml", "mine_run", config)
+        todo = [i for i in range(n) if not all((shard_dir(out, (i, n)) / name).is_file()
+                                               for name in (ROWS_FILE, STATS_FILE))]
+        if len(todo) < n:
+            print(f"mining: {n - len(todo)} of {n} shards finished earlier", flush=True)
+        run_on_devices([_cli("mine", "run", "--config", settings, "--shard", f"{i}/{n}") for i in todo],
+                       [devices[i] for i in todo], out / "logs", "mining", numbers=todo)
+        result = merge_shards(out, n, plot=config.mining.plot)
     if not result.rows:
         raise RuntimeError(f"mining produced no training row (see {result.stats_path}); Agentic-R_i cannot be "
                            "trained. Mine more questions (loop.mining_qa) or relax mine_run.mining.selection "

@@ -16,7 +16,7 @@ from .environment import Trajectory
 from .outputs import ROUNDS_FILE, ROWS_FILE, STATS_FILE, MiningResult, write_outputs
 from .stats import add_counters, new_counters, summarize
 
-__all__ = ["merge_shards", "parse_shard", "read_shard", "shard_dir"]
+__all__ = ["merge_shards", "parse_shard", "read_shard", "shard_bounds", "shard_dir"]
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -36,6 +36,12 @@ def _check_shard(shard: tuple[int, int]) -> tuple[int, int]:
     return i, n
 
 
+def shard_bounds(total: int, shard: tuple[int, int]) -> tuple[int, int]:
+    """[start, stop) of contiguous slice i of n over `total` items: the slices cover every item once."""
+    i, n = _check_shard(shard)
+    return i * total // n, (i + 1) * total // n
+
+
 def shard_dir(out_dir: str | os.PathLike, shard: tuple[int, int]) -> Path:
     """Where shard (i, n) writes: ``out_dir`` itself for (0, 1), else ``out_dir/shards/<i>-of-<n>``."""
     i, n = _check_shard(shard)
@@ -44,10 +50,9 @@ def shard_dir(out_dir: str | os.PathLike, shard: tuple[int, int]) -> Path:
 
 def read_shard(path: str | os.PathLike, shard: tuple[int, int]) -> tuple[list[Trajectory], int]:
     """The trajectories of contiguous slice i of n (non-blank lines), and the file's total."""
-    i, n = shard
     with open(path, encoding="utf-8") as handle:
         total = sum(1 for line in handle if line.strip())
-    start, stop = i * total // n, (i + 1) * total // n
+    start, stop = shard_bounds(total, shard)
     trajectories = [Trajectory.from_json(row, path, line) for line, row in iter_jsonl(path, start, stop)]
     seen: set[str] = set()
     for t in trajectories:
