@@ -55,6 +55,7 @@ import os
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from agentic_retriever.client import RetrievalClient, RetrievalConfig, open_client
@@ -133,12 +134,27 @@ def _answer_report(trajectories: list[Trajectory],
         "finish_reasons": dict(Counter(t.finish_reason for t in trajectories)),
     }
     if qa_rows is not None:
-        evidence = {r.id: set(r.supporting_titles) for r in as_qa_rows(qa_rows) if r.supporting_titles}
+        rows = as_qa_rows(qa_rows)
+        report["by_dataset"] = _by_dataset(trajectories, scores, rows, Path(qa_rows).stem
+                                           if isinstance(qa_rows, (str, os.PathLike)) else "all")
+        evidence = {r.id: set(r.supporting_titles) for r in rows if r.supporting_titles}
         recalls = [len(evidence[t.question_id] & set(t.retrieved_titles)) / len(evidence[t.question_id])
                    for t in trajectories if t.question_id in evidence]
         report["evidence_recall"] = sum(recalls) / len(recalls) if recalls else None
         report["evidence_questions"] = len(recalls)
     return report
+
+
+def _by_dataset(trajectories: list[Trajectory], scores: list, rows: list[QARow], default: str
+                ) -> dict[str, dict[str, float]]:
+    """EM and F1 per dataset (a row's ``dataset``, else `default`: the QA file's name), as the paper's tables
+    report them; a trajectory whose question is not in `rows` counts under `default`."""
+    dataset_of = {r.id: r.dataset or default for r in rows}
+    groups: dict[str, list] = {}
+    for trajectory, score in zip(trajectories, scores):
+        groups.setdefault(dataset_of.get(trajectory.question_id, default), []).append(score)
+    return {name: {"questions": len(group), "em": sum(s.em for s in group) / len(group),
+                   "f1": sum(s.f1 for s in group) / len(group)} for name, group in sorted(groups.items())}
 
 
 def trajectory_documents(trajectory: Trajectory) -> tuple[list[Passage], int]:

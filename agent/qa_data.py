@@ -1,5 +1,5 @@
 """QA rows as the agent reads them: FlashRAG ``{"id", "question", "golden_answers"}`` plus optional
-``"supporting_titles"`` (docs/data-formats.md, "QA rows")."""
+``"supporting_titles"`` and ``"dataset"`` (docs/data-formats.md, "QA rows")."""
 
 from __future__ import annotations
 
@@ -16,12 +16,14 @@ __all__ = ["QARow", "as_qa_rows", "read_qa_rows"]
 
 @dataclass(frozen=True)
 class QARow:
-    """One question with its golden answers (flattened to strings) and, when known, its evidence titles."""
+    """One question with its golden answers (flattened to strings) and, when known, its evidence titles and the
+    dataset it comes from (a merged evaluation set reports per dataset, as the paper's tables)."""
 
     id: str
     question: str
     golden_answers: tuple[str, ...]
     supporting_titles: tuple[str, ...] | None = None
+    dataset: str | None = None
 
     @classmethod
     def from_json(cls, row: dict[str, Any], path: str | os.PathLike = "<qa rows>", line: int | None = None) -> QARow:
@@ -40,7 +42,10 @@ class QARow:
         titles = row.get("supporting_titles")
         if titles is not None and (not isinstance(titles, list) or not all(isinstance(t, str) for t in titles)):
             raise DataFormatError(path, line, "expected a list of strings", field="supporting_titles")
-        return cls(str(row["id"]), row["question"], golden, tuple(titles) if titles is not None else None)
+        dataset = row.get("dataset")
+        if dataset is not None and (not isinstance(dataset, str) or not dataset.strip()):
+            raise DataFormatError(path, line, "expected a non-empty string", field="dataset")
+        return cls(str(row["id"]), row["question"], golden, tuple(titles) if titles is not None else None, dataset)
 
 
 def read_qa_rows(path: str | os.PathLike) -> list[QARow]:

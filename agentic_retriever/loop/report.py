@@ -89,13 +89,35 @@ def _markdown(rows: list[dict[str, Any]], manifest: LoopManifest) -> str:
         seconds = row["seconds"]
         times.append(f"| {row['iteration']} | " + " | ".join(f"{seconds.get(s, 0) / 60:.1f}" for s in STEPS)
                      + f" | {sum(seconds.values()) / 60:.1f} |")
+    datasets = _dataset_table(rows)
     inputs = {s: manifest.get(0, s).seconds for s in ("data", "base_index", "initial_agent") if manifest.get(0, s)}
     text = ("Co-training loop (Algorithm 1 of Agentic-R): retrieval on the leaf dev questions (R_i = the retriever "
             "after iteration i; row 0 the base), the agent Agent_i with the previous and the new retriever.\n\n"
-            + "\n".join(lines) + "\n" + ("\n".join(times) + "\n" if timed else ""))
+            + "\n".join(lines) + "\n" + datasets + ("\n".join(times) + "\n" if timed else ""))
     if inputs:
         text += "\nInputs (iteration 0): " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in inputs.items()) + "\n"
     return text
+
+
+def _dataset_table(rows: list[dict[str, Any]]) -> str:
+    """Agent_i's EM and F1 per dataset with Agentic-R_{i-1} and Agentic-R_i (the paper's table layout: one column
+    pair per dataset), or nothing for an evaluation without the agent."""
+    agent_rows = [r for r in rows if r.get("agent_with_new_retriever", {}).get("by_dataset")]
+    if not agent_rows:
+        return ""
+    names = sorted({name for r in agent_rows for name in r["agent_with_new_retriever"]["by_dataset"]})
+    head = ["iteration", *(f"{name} EM (R_i-1 / R_i)" for name in names), *(f"{name} F1" for name in names)]
+    lines = ["", "Agent_i per dataset (questions: " + ", ".join(
+        f"{name} {agent_rows[-1]['agent_with_new_retriever']['by_dataset'].get(name, {}).get('questions', 0)}"
+        for name in names) + "):", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in agent_rows:
+        before = row["agent_with_previous_retriever"].get("by_dataset", {})
+        after = row["agent_with_new_retriever"]["by_dataset"]
+        cells = [str(row["iteration"]),
+                 *(f"{_f(before.get(n, {}).get('em'))} / {_f(after.get(n, {}).get('em'))}" for n in names),
+                 *(f"{_f(before.get(n, {}).get('f1'))} / {_f(after.get(n, {}).get('f1'))}" for n in names)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:

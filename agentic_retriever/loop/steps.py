@@ -212,11 +212,12 @@ def _agent(job: LoopJob, agent_model: str, index_dir: str, out: Path) -> dict[st
     run_rollout_job(config)
     metrics = evaluate_trajectories(out, job.loop.eval.agent_qa)
     return {"em": metrics["em"], "f1": metrics["f1"], "searches": metrics["avg_searches"],
-            "questions": metrics["trajectories"]}
+            "questions": metrics["trajectories"], "by_dataset": metrics["by_dataset"]}
 
 
 def evaluate_iteration(job: LoopJob, previous_index: str, index: str, agent_model: str, out: Path) -> dict[str, Any]:
-    """Step 6: both retrievers on the dev questions, and Agent_i with each (reads dev evidence labels where the
+    """Step 6: both retrievers on the dev questions, and Agent_i with each: EM and F1 over all questions and per
+    dataset (a row's ``dataset``, else the file's name), as the paper reports (reads dev evidence labels where the
     rows carry them, and golden answers)."""
     out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"retrieval": {"previous": _retrieval(job, previous_index), "new": _retrieval(job, index)}}

@@ -59,3 +59,36 @@ def test_the_loop_evaluates_flashrag_rows_by_answer_recall_composing_each_with_i
     leaf_searches = [call for call in searched if call[1] is not None]
     assert leaf_searches and all(questions == queries for queries, questions in leaf_searches)  # Q = q
     assert _retriever_metrics(new) == {**new["leaf"], "multihop_answer_recall@20": new["multihop"]["answer_recall@20"]}
+
+
+def test_the_agent_is_reported_per_dataset_as_the_papers_tables(tmp_path, composing_index, monkeypatch):
+    """A merged dev set (rows with ``dataset``) gives EM and F1 per dataset; a FlashRAG file without the field
+    counts under its file's name; the report's table has one column pair per dataset."""
+    from agentic_retriever.loop.report import _dataset_table
+    from agentic_retriever.loop.steps import _agent
+    from agent.rollouts import RolloutConfig
+    from tests.fakes import FakeAgent
+
+    monkeypatch.setattr("agentic_retriever.llm.load_llm", lambda config: FakeAgent())
+    monkeypatch.setattr("agentic_retriever.index.open_index", open_index)  # the agent searches the plain index
+    index, _ = composing_index
+    merged = write_jsonl(tmp_path / "dev_merged.jsonl", [dict(row, dataset=name) for row, name in
+                                                         zip(FLASHRAG_DEV, ("nq", "hotpotqa", "nq"))])
+    job = LoopJob(loop=LoopConfig(eval=LoopEvalConfig(agent_qa=str(merged), agent_questions=3)), agent_train=None,
+                  rollout=RolloutConfig(), mine=None, train=None, index=None)
+    result = _agent(job, "fake-agent", index, tmp_path / "merged.jsonl")
+    assert {name: group["questions"] for name, group in result["by_dataset"].items()} == {"hotpotqa": 1, "nq": 2}
+    assert all(0 <= group["em"] <= group["f1"] <= 1 for group in result["by_dataset"].values())
+
+    plain = write_jsonl(tmp_path / "hotpotqa_dev.jsonl", FLASHRAG_DEV)
+    job = LoopJob(loop=LoopConfig(eval=LoopEvalConfig(agent_qa=str(plain), agent_questions=2)), agent_train=None,
+                  rollout=RolloutConfig(), mine=None, train=None, index=None)
+    assert list(_agent(job, "fake-agent", index, tmp_path / "plain.jsonl")["by_dataset"]) == ["hotpotqa_dev"]
+
+    row = {"iteration": 1, "agent_with_previous_retriever": {"by_dataset": {"nq": {"questions": 2, "em": 0.5,
+                                                                                   "f1": 0.6}}},
+           "agent_with_new_retriever": {"by_dataset": {"nq": {"questions": 2, "em": 1.0, "f1": 1.0},
+                                                       "hotpotqa": {"questions": 1, "em": 0.0, "f1": 0.25}}}}
+    table = _dataset_table([row])
+    assert "| iteration | hotpotqa EM (R_i-1 / R_i) | nq EM (R_i-1 / R_i) | hotpotqa F1 | nq F1 |" in table
+    assert "| 1 |  / 0.000 | 0.500 / 1.000 |  / 0.250 | 0.600 / 1.000 |" in table
