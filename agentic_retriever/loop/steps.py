@@ -61,10 +61,19 @@ def train_agent(job: LoopJob, init_model: str, service_url: str, out: Path) -> d
 
 def train_agent_on_verl(job: LoopJob, init_model: str, service_url: str, out: Path) -> dict[str, Any]:
     """Step 1 on verl: write the run config and launch command, start it when ``verl.launch`` says so, and wait for
-    its final checkpoint as a model folder (docs/verl.md)."""
+    its final checkpoint as a model folder (docs/verl.md). With ``verl.stand_in`` the run is written and validated by
+    verl itself, and the embedded trainer trains the step in its place (a dry run of a cluster config)."""
     from .verl import prepare_verl_run, start_verl_run, wait_for_checkpoint
 
     run = prepare_verl_run(out, job.loop.verl, job.agent_train, service_url, init_model, job.agent_train.qa)
+    if job.loop.verl.stand_in:
+        from .verl.validate import validate_verl_run
+
+        checked = validate_verl_run(run)
+        print(f"verl run written to {run.out_dir} and validated by verl ({checked}); training with the embedded "
+              "trainer in its place (loop.verl.stand_in)", flush=True)
+        return train_agent(job, init_model, service_url, out / "embedded") | {"verl_run": str(run.out_dir),
+                                                                              "verl_validated": checked}
     print(f"verl run written to {run.out_dir}; launch it with: bash {run.launch_script}", flush=True)
     process = start_verl_run(run) if job.loop.verl.launch else None
     if process is None:

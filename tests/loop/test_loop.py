@@ -319,3 +319,27 @@ def test_the_paper_loop_trains_the_retriever_under_torchrun_with_the_papers_4096
     launcher = shlex.split(loop.retriever_launcher)
     assert launcher[0] == "torchrun" and launcher[launcher.index("--nproc_per_node") + 1] == "8"
     assert train.gather_across_devices and train.per_device_batch_size * 8 * (1 + train.num_negatives) == 4096
+
+
+def test_a_verl_stand_in_writes_and_validates_the_run_then_trains_embedded(workdir, tiny_model_dir,
+                                                                           tiny_causal_lm_dir):
+    """``loop.verl.stand_in``: the verl run folder is written and passes verl's own validation at its GPU count,
+    and the step's policy comes from the embedded trainer (a dry run of a cluster config on one machine)."""
+    pytest.importorskip("ray", reason="ray is not installed (the dev extra has it: verl's trainer imports it)")
+    from agentic_retriever.loop.verl import VerlSettings
+
+    job = make_job(tiny_model_dir, tiny_causal_lm_dir, agent_trainer="verl",
+                   verl=VerlSettings(n_gpus_per_node=2, val_questions=1, stand_in=True))
+    job = dataclasses.replace(job, agent_train=dataclasses.replace(job.agent_train, algorithm="ppo", prompts_per_step=2,
+                                                                   samples_per_prompt=1, micro_batch_size=2))
+    summary = loop_steps.train_agent_on_verl(job, tiny_causal_lm_dir, "http://127.0.0.1:1", workdir / "agent")
+    assert summary["trainer"] == "embedded" and Path(summary["model"]).parent == workdir / "agent" / "embedded"
+    assert (Path(summary["model"]) / "config.json").is_file()
+    assert summary["verl_run"] == str(workdir / "agent") and (workdir / "agent" / "overrides.txt").is_file()
+    assert summary["verl_validated"]["gpus"] == 2 and summary["verl_validated"]["ppo_micro_batch_size_per_gpu"] == 1
+
+    refused = dataclasses.replace(job, loop=dataclasses.replace(job.loop, verl=VerlSettings(
+        n_gpus_per_node=2, val_questions=1, stand_in=True, overrides=["actor_rollout_ref.actor.ppo_mini_batch_size=3"])))
+    with pytest.raises(Exception, match="ppo_mini_batch_size|mini"):
+        loop_steps.train_agent_on_verl(refused, tiny_causal_lm_dir, "http://127.0.0.1:1", workdir / "refused")
+    assert not (workdir / "refused" / "embedded").exists()  # nothing trains on a run verl refuses

@@ -32,6 +32,7 @@ from agent.dialects import SearchR1Dialect
 from agent.env import EnvConfig
 from agent.rl.config import RLConfig, SecondStage
 from agentic_retriever.client import HttpRetrievalClient
+from agentic_retriever.loop.verl.validate import compose_verl_config
 from agentic_retriever.loop.verl import (AGENT_LOOP_NAME, REWARD_FILE, SearchTool, VerlRun, VerlSettings,
                                          prepare_verl_run, start_verl_run, wait_for_checkpoint)
 
@@ -62,17 +63,11 @@ def run(tmp_path) -> VerlRun:
     return prepare_verl_run(tmp_path / "verl", settings, _rl(), URL, "/models/agent_0", _qa(tmp_path / "train.jsonl", TRAIN))
 
 
-def _verl_config_dir() -> Path:
-    spec = importlib.util.find_spec("verl")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("verl is not installed (make setup installs verl==0.9.1 with --no-deps)")
-    return Path(list(spec.submodule_search_locations)[0]) / "trainer" / "config"
-
-
 def _compose(overrides: list[str]):
-    hydra = pytest.importorskip("hydra", reason="hydra-core is not installed (the dev extra has it)")
-    with hydra.initialize_config_dir(config_dir=str(_verl_config_dir()), version_base=None):
-        return hydra.compose("ppo_trainer", overrides=overrides)
+    if importlib.util.find_spec("verl") is None:
+        pytest.skip("verl is not installed (make setup installs verl==0.9.1 with --no-deps)")
+    pytest.importorskip("hydra", reason="hydra-core is not installed (the dev extra has it)")
+    return compose_verl_config(overrides)
 
 
 def test_overrides_compose_with_verls_own_ppo_trainer_config(run):

@@ -61,6 +61,10 @@ class VerlSettings:
         "help": "extra Hydra overrides, appended last (they win over the generated ones)"})
     launch: bool = field(default=False, metadata={
         "help": "start launch.sh from the loop (log in verl.log); false: write it and wait for the user to run it"})
+    stand_in: bool = field(default=False, metadata={
+        "help": "a dry run of a cluster config on one machine: write the run and have verl compose and validate it "
+                "(validate_config at n_gpus_per_node x nnodes), then train this step with the embedded trainer on "
+                "agent_train's settings instead of launching verl (needs verl and hydra-core installed)"})
     poll_seconds: float = field(default=30.0, metadata={"help": "seconds between checks for the final checkpoint"})
     timeout_seconds: float = field(default=7 * 24 * 3600.0, metadata={
         "help": "give up waiting for the final checkpoint after this many seconds"})
