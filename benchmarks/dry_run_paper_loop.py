@@ -1,0 +1,177 @@
+"""A dry run of the paper config (`configs/agentic_r_loop.yaml`, Algorithm 1 of "Agentic-R: Learning to Retrieve for
+Agentic Search", arXiv 2601.11888) on this machine: the config with the override set of
+`benchmarks/dry_run_paper_loop.yaml` (models, sizes and devices only), run through both iterations to the report by
+the same command a user with 8 GPUs runs (`agentic-retriever loop --config ...`).
+
+    python benchmarks/dry_run_paper_loop.py --out runs/dry_run_paper_loop      # make dry-run-paper
+
+What it makes first, in the paper's formats and at the paths the config names (relative to ``--out``):
+- ``data/wiki-18.jsonl``: a few hundred passages of the embedded corpus in Search-R1's wiki-18 form
+  (``{"id", "contents": '"Title"\\ntext'}``): the evidence pages of the chosen questions and a seeded sample of the rest;
+- ``data/qa/triviaqa_hotpotqa_train.jsonl`` and ``data/qa/hotpotqa_dev.jsonl``: FanOutQA leaf questions of the
+  prepared train and dev splits as FlashRAG rows (``{"id", "question", "golden_answers", "metadata"}``: no evidence
+  titles, no parent question, as the paper's QA files);
+- the agent that stands in for Qwen2.5-7B-Base: SmolLM2-135M-Instruct warm-started on other train questions
+  (`agent sft`, cached by its inputs), since a base 135M model does not write the dialect's tags and the loop would
+  mine nothing; the scorer's server serves the plain SmolLM2.
+
+Writes ``dry_run.json`` (wall time per step, the report's rows, the verl validation) beside the loop's folder; the
+figures go to benchmarks/RESULTS.md, "The paper config's dry run".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+OVERRIDES = ROOT / "benchmarks" / "dry_run_paper_loop.yaml"
+PAPER_CONFIG = ROOT / "configs" / "agentic_r_loop.yaml"
+#: Questions per role and passages in the corpus.
+TRAIN_QUESTIONS, DEV_QUESTIONS, WARM_QUESTIONS, CORPUS_PASSAGES = 32, 16, 96, 400
+
+
+def merge(base: dict, overrides: dict) -> dict:
+    """`overrides` merged into `base` key by key (mappings recursively; any other value replaces)."""
+    out = dict(base)
+    for key, value in overrides.items():
+        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def fill(value, names: dict[str, str]):
+    """`value` with ``{name}`` placeholders of strings filled from `names` (recursively)."""
+    if isinstance(value, dict):
+        return {k: fill(v, names) for k, v in value.items()}
+    if isinstance(value, list):
+        return [fill(v, names) for v in value]
+    if isinstance(value, str):
+        for name, text in names.items():
+            value = value.replace("{" + name + "}", text)
+    return value
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    from agentic_retriever.jsonl import write_jsonl
+
+    write_jsonl(path, rows)
+
+
+def flashrag_row(row: dict) -> dict:
+    """A FanOutQA leaf row as FlashRAG writes its QA rows: no evidence titles, no parent question."""
+    return {"id": row["id"], "question": row["question"], "golden_answers": row["golden_answers"],
+            "metadata": {"source": "fanoutqa"}}
+
+
+def make_data(out: Path, seed: int = 0) -> dict:
+    """The corpus, the two QA files and the warm start's questions (see the module docstring)."""
+    from agentic_retriever.data.prepare import PrepareConfig, prepare_defaults
+
+    prepared = out / "prepared"
+    prepare_defaults(PrepareConfig(out=str(prepared), dev_fraction=0.3, mining_fraction=0.5))
+    train = _jsonl(prepared / "fanoutqa_leaf_train_rl.jsonl")[:TRAIN_QUESTIONS]
+    dev = _jsonl(prepared / "fanoutqa_leaf_dev_in_corpus.jsonl")[:DEV_QUESTIONS]
+    warm = [r for r in _jsonl(prepared / "fanoutqa_leaf_train_warmstart.jsonl") if r["evidence_in_corpus"]]
+    warm = warm[:WARM_QUESTIONS]
+    corpus = _jsonl(prepared / "corpus.jsonl")
+    from agentic_retriever.corpus import split_contents
+
+    wanted = {t for row in train + dev + warm for t in row["supporting_titles"]}
+    evidence = [p for p in corpus if split_contents(p["contents"])[0] in wanted]
+    rest = [p for p in corpus if split_contents(p["contents"])[0] not in wanted]
+    random.Random(seed).shuffle(rest)
+    passages = evidence + rest[:max(0, CORPUS_PASSAGES - len(evidence))]
+    _write_jsonl(out / "data" / "wiki-18.jsonl", passages)
+    _write_jsonl(out / "data" / "qa" / "triviaqa_hotpotqa_train.jsonl", [flashrag_row(r) for r in train])
+    _write_jsonl(out / "data" / "qa" / "hotpotqa_dev.jsonl", [flashrag_row(r) for r in dev])
+    _write_jsonl(out / "warm_start" / "questions.jsonl", warm)
+    return {"passages": len(passages), "evidence_passages": len(evidence), "train_questions": len(train),
+            "dev_questions": len(dev), "warm_start_questions": len(warm)}
+
+
+def warm_started_agent(out: Path) -> str:
+    """SmolLM2-135M-Instruct warm-started (`agent sft`) on the warm-start questions over the dry run's corpus."""
+    from agent.sft import WarmStartConfig, warm_start_agent
+    from agent.sft.data import SynthesisConfig
+    from agent.sft.train import SFTConfig
+    from agentic_retriever.client import RetrievalConfig
+    from agentic_retriever.encoder import EncoderConfig
+    from agentic_retriever.index import DenseParams, IndexBuildConfig, build_index
+
+    index = out / "warm_start" / "index"
+    if not (index / "manifest.json").is_file():
+        build_index(IndexBuildConfig(corpus=str(out / "data" / "wiki-18.jsonl"), out=str(index),
+                                     encoder=EncoderConfig(model="default"), dense=DenseParams(type="flat")))
+    config = WarmStartConfig(qa=str(out / "warm_start" / "questions.jsonl"), retrieval=RetrievalConfig(index=str(index)),
+                             synthesis=SynthesisConfig(topk=3, retry_chains=True),
+                             train=SFTConfig(epochs=1.0, learning_rate=1e-4, batch_size=4, save_steps=10))
+    return str(warm_start_agent(config))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_config(out: Path, agent_model: str) -> Path:
+    """The paper config with the override set merged in and its placeholders filled: ``agentic_r_loop.dry_run.yaml``."""
+    from agentic_retriever.defaults import smollm2_hf_dir
+
+    names = {"agent_model": agent_model, "scorer_model": str(smollm2_hf_dir()), "python": sys.executable,
+             "port": str(_free_port())}
+    config = merge(yaml.safe_load(PAPER_CONFIG.read_text()), fill(yaml.safe_load(OVERRIDES.read_text()), names))
+    path = out / "agentic_r_loop.dry_run.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="runs/dry_run_paper_loop", help="the dry run's folder (its cwd)")
+    args = parser.parse_args()
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    data = make_data(out)
+    print(f"data: {data}", flush=True)
+    agent = warm_started_agent(out)
+    setup_s = time.perf_counter() - started
+    print(f"the stand-in agent: {agent} (set-up {setup_s:.0f} s)", flush=True)
+    config = write_config(out, agent)
+    command = [sys.executable, "-m", "agentic_retriever.cli", "loop", "--config", config.name]
+    print(f"running in {out}: {' '.join(command)}", flush=True)
+    loop_started = time.perf_counter()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    finished = subprocess.run(command, cwd=out, env=env, check=False)
+    loop_s = time.perf_counter() - loop_started
+    manifest = json.loads((out / "runs" / "agentic_r_loop" / "loop" / "loop.json").read_text())
+    report_path = out / "runs" / "agentic_r_loop" / "loop" / "loop_report.json"
+    result = {"exit_status": finished.returncode, "setup_seconds": round(setup_s, 1), "loop_seconds": round(loop_s, 1),
+              "data": data, "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores",
+              "steps": {name: {"status": r["status"], "seconds": round(r["seconds"], 1)}
+                        for name, r in manifest["steps"].items()},
+              "agent_step": (manifest["steps"].get("1/agent") or {}).get("summary", {}).get("verl_validated"),
+              "report": json.loads(report_path.read_text())["rows"] if report_path.is_file() else None}
+    (out / "dry_run.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
+    print(json.dumps({k: v for k, v in result.items() if k != "report"}, indent=2))
+    print(f"report: {out / 'runs/agentic_r_loop/loop/loop_report.md'}")
+    sys.exit(finished.returncode)
+
+
+if __name__ == "__main__":
+    main()

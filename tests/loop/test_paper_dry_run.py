@@ -1,0 +1,107 @@
+"""The paper config's dry run (benchmarks/dry_run_paper_loop.py): its override set swaps models, sizes and devices
+only, and the merged config is one every section of the loop reads. The run itself (about half an hour on 2 cores)
+is a benchmark, with its figures in benchmarks/RESULTS.md."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agentic_retriever.commands import command
+from agentic_retriever.config import build_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("dry_run_paper_loop", ROOT / "benchmarks" / "dry_run_paper_loop.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _leaves(node: dict, prefix: str = "") -> set[str]:
+    out: set[str] = set()
+    for key, value in node.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and not dotted.startswith("loop.services"):
+            out |= _leaves(value, dotted + ".")
+        else:
+            out.add(dotted)
+    return out
+
+
+#: What the override set may change, by kind (the header of benchmarks/dry_run_paper_loop.yaml).
+MODELS = {"agent.model", "agent.precision", "index_build.encoder.model", "index_build.encoder.precision",
+          "agent_rollout.agent.backend", "agent_rollout.agent.precision", "mine_run.agent.backend",
+          "mine_run.agent.precision", "mine_run.scorer.model", "mine_run.scorer.base_url",
+          "retriever_train.encoder.model", "retriever_train.precision", "loop.services"}
+SIZES = {"loop.eval.agent_questions", "index_build.encoder.batch_size", "agent_train.steps",
+         "agent_train.prompts_per_step", "agent_train.mini_batch_size", "agent_train.micro_batch_size",
+         "agent_train.env.max_new_tokens_per_turn", "agent_train.env.observation_max_tokens",
+         "agent_train.env.max_context_tokens", "agent_train.save_steps", "agent_rollout.batch_size",
+         "agent_rollout.env.max_new_tokens_per_turn", "mine_run.scorer.max_concurrency", "mine_run.mining.num_candidates",
+         "mine_run.mining.lr_window", "mine_run.mining.lr_max_new_tokens", "mine_run.mining.sub_answer_max_new_tokens",
+         "mine_run.mining.env.max_new_tokens_per_turn", "mine_run.mining.selection.num_negatives",
+         "retriever_train.encoder.max_length", "retriever_train.per_device_batch_size", "retriever_train.num_negatives",
+         "retriever_train.save_steps", "loop.verl.log_prob_micro_batch_size", "loop.verl.critic_micro_batch_size",
+         "loop.verl.val_questions"}
+DEVICES = {"loop.rollout_devices", "loop.mining_devices", "loop.retriever_launcher", "index_build.encoder.devices",
+           "loop.verl.n_gpus_per_node", "loop.verl.stand_in"}
+
+
+def test_the_override_set_swaps_models_sizes_and_devices_only():
+    overrides = yaml.safe_load((ROOT / "benchmarks" / "dry_run_paper_loop.yaml").read_text())
+    assert _leaves(overrides) - (MODELS | SIZES | DEVICES) == set()
+    paper = yaml.safe_load((ROOT / "configs" / "agentic_r_loop.yaml").read_text())
+    kept = {"mine_run.mining.lr_scorer": "listwise", "mine_run.mining.gac_mode": "rollout",
+            "mine_run.mining.selection.lr_threshold": 60, "mine_run.mining.selection.negatives": "release",
+            "mine_run.scorer.backend": "openai", "agent_train.algorithm": "ppo", "loop.iterations": 2,
+            "retriever_train.encoder.composition": "question_sep_query", "loop.agent_trainer": "verl"}
+    merged = _script().merge(paper, overrides)
+    for dotted, value in kept.items():
+        node = merged
+        for part in dotted.split("."):
+            node = node[part]
+        assert node == value, dotted
+
+
+def test_the_merged_config_is_read_by_every_section_of_the_loop(tmp_path, monkeypatch):
+    """The file the dry run writes, read as `agentic-retriever loop` reads it: the loop's services, the shard devices,
+    verl's stand-in, each step's section."""
+    script = _script()
+    monkeypatch.setattr("agentic_retriever.defaults.smollm2_hf_dir", lambda: Path("/models/smollm2"))
+    path = script.write_config(tmp_path, "/models/agent")
+    text = path.read_text()
+    assert "{" + "python}" not in text and sys.executable in text and "/models/smollm2" in text
+    loop = build_config(command("loop").config_class(), "loop", None, str(path))
+    assert loop.mining_devices == loop.rollout_devices == ["cpu", "cpu"] and loop.verl.stand_in
+    (scorer,) = loop.services.values()
+    mine = build_config(command("mine_run").config_class(), "mine_run", None, str(path))
+    assert scorer["steps"] == ["mining"] and mine.scorer.base_url.startswith(scorer["health_url"].removesuffix("/health"))
+    assert mine.scorer.model == "/models/smollm2" and mine.mining.selection.negatives == "release"
+    for section in ("agent_train", "agent_rollout", "retriever_train", "index_build"):
+        build_config(command(section).config_class(), section, None, str(path),
+                     set_by_caller=("qa", "out"))
+
+
+def test_the_stand_in_files_are_flashrag_rows_without_evidence_labels(tmp_path):
+    """The dry run's QA files carry what FlashRAG's do (so the loop's evaluation must judge by answers), and its
+    corpus is wiki-18's form holding every chosen question's evidence page."""
+    from agentic_retriever.corpus import split_contents
+
+    script = _script()
+    summary = script.make_data(tmp_path)
+    train = script._jsonl(tmp_path / "data" / "qa" / "triviaqa_hotpotqa_train.jsonl")
+    dev = script._jsonl(tmp_path / "data" / "qa" / "hotpotqa_dev.jsonl")
+    assert {tuple(sorted(r)) for r in train + dev} == {("golden_answers", "id", "metadata", "question")}
+    assert not {r["id"] for r in train} & {r["id"] for r in dev}
+    corpus = script._jsonl(tmp_path / "data" / "wiki-18.jsonl")
+    assert len(corpus) == summary["passages"] == script.CORPUS_PASSAGES and set(corpus[0]) == {"id", "contents"}
+    titles = {split_contents(p["contents"])[0] for p in corpus}
+    warm = script._jsonl(tmp_path / "warm_start" / "questions.jsonl")
+    assert all(set(r["supporting_titles"]) <= titles for r in warm)
