@@ -208,7 +208,8 @@ class _Loop:
             "eval": _settings(loop.eval), "rollout": _settings(job.rollout, ("qa", "out", "retrieval", "agent.model")),
             "files": [_file_sha(p) for p in (loop.eval.leaf_qa, loop.eval.multihop_qa, loop.eval.agent_qa)],
             "agent": agent.identity, "previous": retriever_id, "new": index.identity},
-            lambda out: steps.evaluate_iteration(job, previous_index, index.summary["index"], model, out))
+            lambda out: steps.evaluate_iteration(job, previous_index, index.summary["index"], model, out,
+                                                 serve=service.url_for))
         write_report(self.manifest, loop.iterations)
 
     def _index(self, i: int) -> str:

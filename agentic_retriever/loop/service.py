@@ -63,6 +63,11 @@ class LoopService:
             raise RetrievalServiceError(f"{self.url}/health could not be read ({error})", url=self.url) from None
         return health.get("index_dir") or ""
 
+    def url_for(self, index_dir: str) -> str:
+        """The service's URL, once it holds `index_dir` (`serve`)."""
+        self.serve(index_dir)
+        return self.url
+
     def serve(self, index_dir: str) -> dict | None:
         """Make the service hold `index_dir` (a swap, recorded in `swaps`), unless it already does."""
         from ..server import swap_index

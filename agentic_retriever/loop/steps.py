@@ -20,6 +20,7 @@ import logging
 import shlex
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,25 +85,35 @@ def train_agent_on_verl(job: LoopJob, init_model: str, service_url: str, out: Pa
 
 
 def roll_out(job: LoopJob, agent_model: str, service_url: str, out: Path) -> dict[str, Any]:
-    """Step 2: Agent_i on the mining questions, searching with the service (Agentic-R_{i-1}); in this process, or
-    as one `agent rollout --shard i/n` process per entry of ``loop.rollout_devices``, joined in question order."""
-    from agent.rollouts import run_rollout_job
-
+    """Step 2: Agent_i on the mining questions, searching with the service (Agentic-R_{i-1})."""
     config = dataclasses.replace(job.rollout, qa=job.loop.mining_qa, out=str(out / "trajectories.jsonl"),
                                  retrieval=RetrievalConfig(url=service_url), limit=None,
                                  agent=with_model(job.rollout.agent, agent_model))
+    questions = _run_rollouts(job, config, out, "rollout")
+    return {"trajectories": config.out, "questions": questions} | (
+        {"processes": len(job.loop.rollout_devices)} if job.loop.rollout_devices else {})
+
+
+def _run_rollouts(job: LoopJob, config, folder: Path, label: str) -> int:
+    """`agent rollout` with `config` in this process, or as one ``--shard i/n`` process per entry of
+    ``loop.rollout_devices`` (each on its devices, searching the service of ``config.retrieval.url``) joined into
+    ``config.out`` in question order; the number of questions."""
+    from agent.qa_data import read_qa_rows
+    from agent.rollouts import run_rollout_job
+
     devices = job.loop.rollout_devices
     if not devices:
-        return {"trajectories": config.out, "questions": run_rollout_job(config).questions}
+        return run_rollout_job(config).questions
+    if not config.retrieval.url:
+        raise ValueError("loop.rollout_devices: the rollout processes search a retrieval service (each opening the "
+                         f"index {config.retrieval.index} would hold its own copy); give the step a service URL")
     n = len(devices)
-    parts = [out / "shards" / f"trajectories.{i}-of-{n}.jsonl" for i in range(n)]
-    settings = write_section(out / "agent_rollout.yaml", "agent_rollout", config)
+    parts = [folder / "shards" / f"{label}.{i}-of-{n}.jsonl" for i in range(n)]
+    settings = write_section(folder / f"{label}.agent_rollout.yaml", "agent_rollout", config)
     run_on_devices([_cli("agent", "rollout", "--config", settings, "--shard", f"{i}/{n}", "--out", parts[i])
-                    for i in range(n)], devices, out / "logs", "rollout")
+                    for i in range(n)], devices, folder / "logs", label)
     concatenate(parts, Path(config.out))
-    from agent.qa_data import read_qa_rows
-
-    return {"trajectories": config.out, "questions": len(read_qa_rows(config.qa)), "processes": n}
+    return len(read_qa_rows(config.qa)[: config.limit])
 
 
 def _cli(*args: Any) -> list[str]:
@@ -211,26 +222,30 @@ def _retrieval(job: LoopJob, index_dir: str) -> dict[str, Any]:
             "multihop_judged_by": "evidence" if multihop_by == "auto" else "answers"}
 
 
-def _agent(job: LoopJob, agent_model: str, index_dir: str, out: Path) -> dict[str, Any]:
+def _agent(job: LoopJob, agent_model: str, retrieval: RetrievalConfig, out: Path) -> dict[str, Any]:
     from agent.evaluate import evaluate_trajectories
-    from agent.rollouts import run_rollout_job
 
-    config = dataclasses.replace(job.rollout, qa=job.loop.eval.agent_qa, out=str(out),
-                                 retrieval=RetrievalConfig(index=index_dir), limit=job.loop.eval.agent_questions,
-                                 agent=with_model(job.rollout.agent, agent_model))
-    run_rollout_job(config)
+    config = dataclasses.replace(job.rollout, qa=job.loop.eval.agent_qa, out=str(out), retrieval=retrieval,
+                                 limit=job.loop.eval.agent_questions, agent=with_model(job.rollout.agent, agent_model))
+    _run_rollouts(job, config, out.parent, out.stem)
     metrics = evaluate_trajectories(out, job.loop.eval.agent_qa)
     return {"em": metrics["em"], "f1": metrics["f1"], "searches": metrics["avg_searches"],
             "questions": metrics["trajectories"], "by_dataset": metrics["by_dataset"]}
 
 
-def evaluate_iteration(job: LoopJob, previous_index: str, index: str, agent_model: str, out: Path) -> dict[str, Any]:
+def evaluate_iteration(job: LoopJob, previous_index: str, index: str, agent_model: str, out: Path,
+                       serve: Callable[[str], str] | None = None) -> dict[str, Any]:
     """Step 6: both retrievers on the dev questions, and Agent_i with each: EM and F1 over all questions and per
     dataset (a row's ``dataset``, else the file's name), as the paper reports (reads dev evidence labels where the
-    rows carry them, and golden answers)."""
+    rows carry them, and golden answers). `serve` (the runner's) moves the loop's service onto an index and returns
+    its URL, which the agent then searches (as its rollout processes must); without it the agent opens the index."""
     out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"retrieval": {"previous": _retrieval(job, previous_index), "new": _retrieval(job, index)}}
     if job.loop.eval.agent_questions:
-        report["agent"] = {"previous": _agent(job, agent_model, previous_index, out / "agent_previous_retriever.jsonl"),
-                           "new": _agent(job, agent_model, index, out / "agent_new_retriever.jsonl")}
+        def retrieval(index_dir: str) -> RetrievalConfig:
+            return RetrievalConfig(url=serve(index_dir)) if serve else RetrievalConfig(index=index_dir)
+
+        report["agent"] = {"previous": _agent(job, agent_model, retrieval(previous_index),
+                                              out / "agent_previous_retriever.jsonl"),
+                           "new": _agent(job, agent_model, retrieval(index), out / "agent_new_retriever.jsonl")}
     return report

@@ -154,7 +154,12 @@ def test_two_iterations_run_end_to_end_with_versioned_artifacts_a_report_and_a_s
     assert manifest.get(2, "retriever").summary["init"] == tiny_model_dir
     assert [r["iteration"] for r in report["rows"]] == [0, 1, 2]
     first = report["rows"][1]
-    assert set(first["agent_with_previous_retriever"]) == {"em", "f1", "searches", "questions"}
+    assert set(first["agent_with_previous_retriever"]) == {"em", "f1", "searches", "questions", "by_dataset"}
+    assert first["agent_with_new_retriever"]["by_dataset"]["dev_leaf"]["questions"] == 2  # the file's name
+    # the evaluation's agent searches the service, moved onto R_i-1 and then R_i (as its rollout processes must)
+    evaluated = workdir / "loop" / manifest.get(1, "evaluate").artifact
+    for name in ("agent_previous_retriever.jsonl", "agent_new_retriever.jsonl"):
+        assert json.loads((evaluated / name).read_text().splitlines()[0])["retriever"].startswith("http://")
     assert first["rl"]["rewards"] and first["mining"]["rows"] > 0 and first["mining"]["rounds"] == 6
     assert f"| {first['mining']['rows']} / 6 |" in (workdir / "loop" / "loop_report.md").read_text()
     assert set(first["seconds"]) == set(STEPS)
@@ -162,7 +167,8 @@ def test_two_iterations_run_end_to_end_with_versioned_artifacts_a_report_and_a_s
         assert (workdir / "loop" / name).stat().st_size > 0
     assert "| 2 |" in (workdir / "loop" / "loop_report.md").read_text()
     out = capsys.readouterr().out
-    assert "[iteration 2/2] evaluate: done in" in out and "retrieval service now serves" in out
+    assert "[iteration 2/2] evaluate: done in" in out
+    assert out.count("retrieval service now serves") == 6  # R_1 after step 5, then R_0 and R_1 for the agent; twice
 
     assert main(["loop", "status", "loop"]) == 0
     table = capsys.readouterr().out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from agentic_retriever.client import RetrievalConfig
 from agentic_retriever.encoder import EncoderConfig
 from agentic_retriever.index import IndexBuildConfig, build_index, open_index
 from agentic_retriever.loop.config import LoopConfig, LoopEvalConfig, LoopJob
@@ -76,14 +77,14 @@ def test_the_agent_is_reported_per_dataset_as_the_papers_tables(tmp_path, compos
                                                          zip(FLASHRAG_DEV, ("nq", "hotpotqa", "nq"))])
     job = LoopJob(loop=LoopConfig(eval=LoopEvalConfig(agent_qa=str(merged), agent_questions=3)), agent_train=None,
                   rollout=RolloutConfig(), mine=None, train=None, index=None)
-    result = _agent(job, "fake-agent", index, tmp_path / "merged.jsonl")
+    result = _agent(job, "fake-agent", RetrievalConfig(index=index), tmp_path / "merged.jsonl")
     assert {name: group["questions"] for name, group in result["by_dataset"].items()} == {"hotpotqa": 1, "nq": 2}
     assert all(0 <= group["em"] <= group["f1"] <= 1 for group in result["by_dataset"].values())
 
     plain = write_jsonl(tmp_path / "hotpotqa_dev.jsonl", FLASHRAG_DEV)
     job = LoopJob(loop=LoopConfig(eval=LoopEvalConfig(agent_qa=str(plain), agent_questions=2)), agent_train=None,
                   rollout=RolloutConfig(), mine=None, train=None, index=None)
-    assert list(_agent(job, "fake-agent", index, tmp_path / "plain.jsonl")["by_dataset"]) == ["hotpotqa_dev"]
+    assert list(_agent(job, "fake-agent", RetrievalConfig(index=index), tmp_path / "plain.jsonl")["by_dataset"]) == ["hotpotqa_dev"]
 
     row = {"iteration": 1, "agent_with_previous_retriever": {"by_dataset": {"nq": {"questions": 2, "em": 0.5,
                                                                                    "f1": 0.6}}},
