@@ -13,7 +13,7 @@ PY    := $(VENV)/bin/python
 PIP   := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test bench clean gpu-bundle gpu-check gpu-resolve
+.PHONY: setup demo test bench clean gpu-bundle gpu-check gpu-resolve dry-run-paper
 
 setup: $(STAMP)
 
@@ -50,3 +50,8 @@ gpu-check:
 # for Python 3.12, nothing installed (benchmarks/RESULTS.md, "The GPU dependency set").
 gpu-resolve: setup
 	$(PY) benchmarks/resolve_gpu_stack.py --python $(GPU_PYTHON)
+
+# The paper config end to end on this machine with tiny stand-ins (docs/loop.md, "A dry run of the paper config"):
+# about half an hour on 2 CPU cores.
+dry-run-paper: setup
+	$(PY) benchmarks/dry_run_paper_loop.py --out runs/dry_run_paper_loop
