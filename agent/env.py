@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 
 from agentic_retriever.client import RetrievalClient
 from agentic_retriever.corpus import ScoredPassage
-from agentic_retriever.llm.base import LLM, Generation, SamplingParams, generate_checked
+from agentic_retriever.llm.base import LLM, Generation, SamplingParams, derived_seed, generate_checked
 from agentic_retriever.llm.text import render_chat_prompt
 
 from .dialects import Action, Dialect, DocumentTracker, SelectedDocuments, get_dialect
@@ -376,15 +376,24 @@ def retrieve_checked(client: RetrievalClient, queries: list[str], questions: lis
 
 
 def rollout(questions: Sequence[str], llm: LLM, client: RetrievalClient, config: EnvConfig,
-            prefixes: Sequence[Prefix | None] | None = None) -> list[Rollout]:
+            prefixes: Sequence[Prefix | None] | None = None, seeds: Sequence[int] | None = None) -> list[Rollout]:
     """Run the agent on a batch of questions to the end; one `Rollout` per question, in order.
 
     `prefixes` (parallel to `questions`, entries may be None) resumes trajectories from a given context.
-    Greedy decoding (the default) is deterministic; with sampling, step s of the loop passes the seed
-    ``config.seed + s``, so a rerun of the same batch draws the same samples as far as the backend's seeding does.
+    Greedy decoding (the default) is deterministic. With sampling, every trajectory has its own seed: `seeds`
+    (parallel to `questions`; `run_rollouts` derives them from the question id and the sample, so a trajectory
+    draws the same in any batch), else one derived from ``config.seed`` and its place in the batch; step s of the
+    loop passes that seed + s. vLLM and OpenAI-compatible servers seed each request alone, so a question repeated in
+    the batch (its samples, an RL group) gets different samples only this way.
     """
     if prefixes is not None and len(prefixes) != len(questions):
         raise ValueError(f"prefixes must be parallel to questions: got {len(prefixes)} for {len(questions)}")
+    if seeds is not None and len(seeds) != len(questions):
+        raise ValueError(f"seeds must be parallel to questions: got {len(seeds)} for {len(questions)}")
+    if config.seed is None:
+        seeds = None
+    elif seeds is None:
+        seeds = [derived_seed(config.seed, "position", j) for j in range(len(questions))]
     env = Environment(llm.tokenizer, config, llm.chat_prompt)
     questions = list(questions)
     initial = [env.initial_queries(q) for q in questions]
@@ -393,9 +402,13 @@ def rollout(questions: Sequence[str], llm: LLM, client: RetrievalClient, config:
                    if flat else [])
     episodes = [env.start(question, [next(results) for _ in queries], prefix)
                 for question, queries, prefix in zip(questions, initial, prefixes or [None] * len(questions))]
+    seed_of = {id(e): seed for e, seed in zip(episodes, seeds)} if seeds is not None else {}
     step = 0
     while active := [e for e in episodes if env.can_generate(e)]:
-        outputs = generate_checked(llm, [e.context_ids() for e in active], env.sampling_params(step))
+        params = env.sampling_params(step)
+        if seed_of:
+            params.seeds = [seed_of[id(e)] + step for e in active]
+        outputs = generate_checked(llm, [e.context_ids() for e in active], params)
         searching = []
         for episode, gens in zip(active, outputs):
             if env.take_turn(episode, gens[0]) is not None:  # a search: its results come in one call below

@@ -18,7 +18,7 @@ from agentic_retriever.client import RetrievalClient, RetrievalConfig, open_clie
 from agentic_retriever.eval.qa import qa_scores
 from agentic_retriever.jsonl import read_json, write_json
 from agentic_retriever.llm import LLMConfig
-from agentic_retriever.llm.base import LLM
+from agentic_retriever.llm.base import LLM, derived_seed
 from agentic_retriever.mining.shards import parse_shard, shard_bounds
 
 from .env import EnvConfig, Rollout, rollout
@@ -111,7 +111,9 @@ def run_rollouts(qa_rows: Sequence[QARow | dict[str, Any]] | str | os.PathLike, 
     `batch_size` trajectories per `rollout` call.
 
     Several samples of a question are what mining reads as more rounds of it (the paper mines the agent's
-    trajectories; sampling at a temperature gives several per question), so they need `config.temperature` > 0.
+    trajectories; sampling at a temperature gives several per question), so they need `config.temperature` > 0;
+    each trajectory is seeded from ``config.seed``, its question id and its sample, so samples differ on every
+    backend and a trajectory draws the same whatever batch it runs in.
     Resumable: trajectories already in the file are skipped, and each finished batch is appended durably
     (`TrajectoryWriter`), so a rerun after a crash completes the file without duplicates; a rerun with another
     agent or environment raises `RolloutSettingsMismatch` (`check_rollout_settings`) instead of mixing them.
@@ -139,7 +141,9 @@ def run_rollouts(qa_rows: Sequence[QARow | dict[str, Any]] | str | os.PathLike, 
         with tqdm(total=len(wanted), initial=skipped, desc="agent rollouts", unit=" trajectories") as bar:
             for start in range(0, len(todo), batch_size):
                 batch = todo[start:start + batch_size]
-                results = rollout([row.question for row, _ in batch], llm, client, config)
+                seeds = None if config.seed is None else [derived_seed(config.seed, row.id, sample)
+                                                          for row, sample in batch]
+                results = rollout([row.question for row, _ in batch], llm, client, config, seeds=seeds)
                 writer.write([make_trajectory(row, result, config, llm.name, retriever_id, sample)
                               for (row, sample), result in zip(batch, results)])
                 bar.update(len(batch))

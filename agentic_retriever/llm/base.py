@@ -15,6 +15,7 @@ stop string found in the generated text (Search-R1 keeps ``</search>`` in the re
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
@@ -29,9 +30,13 @@ class SamplingParams:
     max_new_tokens: int = 512
     temperature: float = 0.0  # 0 means greedy
     top_p: float = 1.0
+    top_k: int = 0  # sample among the k likeliest tokens (0: all)
+    min_p: float = 0.0  # drop tokens below min_p x the likeliest one's probability
+    repetition_penalty: float = 1.0  # vLLM's (1: none); sent to servers so they do not apply the model's own
     stop: list[str] = field(default_factory=list)
     n: int = 1
     seed: int | None = None
+    seeds: list[int] | None = None  # one seed per prompt of the call (overrides seed): its samples differ
     logprobs: bool = False  # return the log-probability of every generated token
 
     def __post_init__(self):
@@ -43,6 +48,19 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.n < 1:
             raise ValueError(f"n must be at least 1, got {self.n}")
+        if self.top_k < 0 or not 0 <= self.min_p < 1 or self.repetition_penalty <= 0:
+            raise ValueError(f"top_k must be >= 0, min_p in [0, 1) and repetition_penalty > 0; got {self.top_k}, "
+                             f"{self.min_p}, {self.repetition_penalty}")
+
+    def prompt_seeds(self, prompts: int) -> list[int | None]:
+        """The seed of each of `prompts` prompts: ``seeds`` (which must have one per prompt), else ``seed`` for all.
+        vLLM and OpenAI-compatible servers seed each request on its own, so identical prompts with one seed give
+        identical samples; per-prompt seeds are how several samples of one question differ there."""
+        if self.seeds is None:
+            return [self.seed] * prompts
+        if len(self.seeds) != prompts:
+            raise ValueError(f"SamplingParams.seeds has {len(self.seeds)} seeds for {prompts} prompts")
+        return list(self.seeds)
 
     @property
     def greedy(self) -> bool:
@@ -79,6 +97,13 @@ class LLM(Protocol):
         """`user_message` as the model's chat template renders one user turn ready for the assistant's reply
         (with the generation prompt); the message itself when the tokenizer has no chat template."""
         ...
+
+
+def derived_seed(seed: int, *parts: object) -> int:
+    """A seed for one trajectory (e.g. of a question id and a sample number) from a run's `seed`: the same
+    parts give the same seed in any batch, different parts practically never collide (31 bits of SHA-256)."""
+    text = "|".join(map(str, (seed, *parts)))
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big") & 0x7FFFFFFF
 
 
 def generate_checked(llm: LLM, prompts: Sequence[Prompt], params: SamplingParams) -> list[list[Generation]]:

@@ -39,10 +39,15 @@ class OpenAIError(RuntimeError):
     """An OpenAI-compatible server refused a request, or kept failing after every retry."""
 
 
-def request_body(model: str, prompt: Prompt, params: SamplingParams, endpoint: Literal["completions", "chat"]) -> dict:
-    """The JSON body of one request: `params.n` completions of one prompt."""
+def request_body(model: str, prompt: Prompt, params: SamplingParams, endpoint: Literal["completions", "chat"],
+                 seed: int | None = None) -> dict:
+    """The JSON body of one request: `params.n` completions of one prompt, seeded with `seed`. The sampling fields
+    OpenAI's API lacks go as vLLM's server reads them (top level): always, since a vLLM server fills a missing one
+    from the model's ``generation_config`` (Qwen2.5-Instruct: repetition_penalty 1.05, top_k 20), which our
+    in-process backends do not apply."""
     body: dict[str, Any] = {"model": model, "max_tokens": params.max_new_tokens, "temperature": params.temperature,
-                            "top_p": params.top_p, "n": params.n}
+                            "top_p": params.top_p, "top_k": params.top_k or -1, "min_p": params.min_p,
+                            "repetition_penalty": params.repetition_penalty, "n": params.n}
     if endpoint == "chat":
         body["messages"] = [{"role": "user", "content": prompt}]
         if params.logprobs:
@@ -54,8 +59,8 @@ def request_body(model: str, prompt: Prompt, params: SamplingParams, endpoint: L
     if params.stop:
         body["stop"] = list(params.stop)
         body["include_stop_str_in_output"] = True
-    if params.seed is not None:
-        body["seed"] = params.seed
+    if seed is not None:
+        body["seed"] = seed
     return body
 
 
@@ -122,7 +127,8 @@ class OpenAILLM:
             if self.endpoint == "chat" and not isinstance(prompt, str):
                 raise ValueError(f"prompt {i} is token ids, which the chat endpoint cannot take; "
                                  f"use endpoint=completions")
-        bodies = [request_body(self.name, prompt, params, self.endpoint) for prompt in prompts]
+        bodies = [request_body(self.name, prompt, params, self.endpoint, seed)
+                  for prompt, seed in zip(prompts, params.prompt_seeds(len(prompts)))]
         answers: list[dict | None] = [None] * len(bodies)
         with ThreadPoolExecutor(max_workers=self.max_concurrency) as pool:
             futures = {pool.submit(self._post, body): i for i, body in enumerate(bodies)}

@@ -188,9 +188,13 @@ class TransformersLLM:
         ids = [self.encode(p, f"prompt {i}") for i, p in enumerate(prompts)]
         self._forget_stale_prefixes()
         rows = [prompt_ids for prompt_ids in ids for _ in range(params.n)]
+        if params.repetition_penalty != 1.0:
+            raise ValueError("the transformers backend does not apply a repetition penalty; use vllm or openai, or "
+                             "repetition_penalty 1.0")
         generator = None
-        if params.seed is not None:
-            generator = torch.Generator(device=self.device).manual_seed(params.seed)
+        seed = params.seed if params.seeds is None else params.prompt_seeds(len(ids))[0]  # one generator: rows differ
+        if seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(seed)
         order = batch_order(rows, reuse)
         results: list[Generation | None] = [None] * len(rows)
         with tqdm(total=len(rows), desc="generating", unit=" seq", disable=not self.progress) as progress:
@@ -404,15 +408,22 @@ class TransformersLLM:
     @staticmethod
     def _choose(logits: torch.Tensor, params: SamplingParams,
                 generator: torch.Generator | None) -> tuple[torch.Tensor, list[float] | None]:
-        """Next token per row (argmax, or a sample after temperature and top-p) and, when asked, its
-        temperature-1 log-probability."""
+        """Next token per row (argmax, or a sample after temperature, then top-k, top-p and min-p as vLLM orders
+        them) and, when asked, its temperature-1 log-probability."""
         logits = logits.float()
         if params.greedy:
             tokens = logits.argmax(-1)
         else:
             probs = torch.softmax(logits / params.temperature, dim=-1)
+            if 0 < params.top_k < probs.shape[-1]:
+                kth = probs.topk(params.top_k, dim=-1).values[:, -1:]
+                probs = torch.where(probs < kth, torch.zeros_like(probs), probs)
+                probs = probs / probs.sum(dim=-1, keepdim=True)  # top-p reads the mass of the k left
             if params.top_p < 1.0:
                 probs = _top_p_filter(probs, params.top_p)
+            if params.min_p > 0:
+                floor = params.min_p * probs.max(dim=-1, keepdim=True).values
+                probs = torch.where(probs < floor, torch.zeros_like(probs), probs)
             tokens = torch.multinomial(probs, 1, generator=generator).squeeze(1)
         if not params.logprobs:
             return tokens, None

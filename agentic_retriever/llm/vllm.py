@@ -30,16 +30,19 @@ def import_vllm():
     return vllm
 
 
-def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
-    """Keyword arguments of ``vllm.SamplingParams`` that implement `params`."""
+def sampling_kwargs(params: SamplingParams, seed: int | None = None) -> dict[str, Any]:
+    """Keyword arguments of ``vllm.SamplingParams`` that implement `params` for one prompt seeded with `seed`."""
     return {
         "n": params.n,
         "max_tokens": params.max_new_tokens,
         "temperature": params.temperature,
         "top_p": params.top_p,
+        "top_k": params.top_k or -1,  # vLLM: -1 (or 0) considers every token
+        "min_p": params.min_p,
+        "repetition_penalty": params.repetition_penalty,
         "stop": list(params.stop),
         "include_stop_str_in_output": True,
-        "seed": params.seed,
+        "seed": seed,
         "logprobs": 0 if params.logprobs else None,  # 0: only the chosen token's log-prob
         "skip_special_tokens": True,
     }
@@ -84,6 +87,7 @@ class VLLMLLM:
 
     def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[list[Generation]]:
         """Per prompt, `params.n` generations, in prompt order (vLLM schedules the whole list at once)."""
-        outputs = self.engine.generate([vllm_prompt(p) for p in prompts],
-                                       self._vllm.SamplingParams(**sampling_kwargs(params)), use_tqdm=self.progress)
+        per_prompt = [self._vllm.SamplingParams(**sampling_kwargs(params, seed))
+                      for seed in params.prompt_seeds(len(prompts))]
+        outputs = self.engine.generate([vllm_prompt(p) for p in prompts], per_prompt, use_tqdm=self.progress)
         return [[to_generation(c, params.logprobs) for c in output.outputs] for output in outputs]

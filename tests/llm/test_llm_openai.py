@@ -186,3 +186,22 @@ def test_an_unloadable_tokenizer_names_the_setting_to_fix(server, tmp_path):
     llm = make_llm(url, str(tmp_path))  # a folder without tokenizer files
     with pytest.raises(OpenAIError, match="set the LLM config's `tokenizer` to a local tokenizer folder"):
         llm.generate(["Q"], SamplingParams(max_new_tokens=2))
+
+
+def test_every_request_carries_its_seed_and_vllms_sampling_fields(server, tiny_causal_lm_dir):
+    """One seed per prompt (identical prompts sample apart on a server that seeds each request), and
+    repetition_penalty, top_k and min_p sent always: a vLLM server fills missing ones from the model's
+    generation_config (Qwen2.5-Instruct's repetition_penalty 1.05), which the in-process backends never apply."""
+    app, url = server
+    llm = make_llm(url, tiny_causal_lm_dir)
+    app.state.requests.clear()
+    llm.generate(["SEEDS"] * 3, SamplingParams(max_new_tokens=4, temperature=1.0, seeds=[7, 8, 9]))
+    sent = sorted(app.state.requests, key=lambda body: body["seed"])
+    assert [body["seed"] for body in sent] == [7, 8, 9]
+    assert {(b["repetition_penalty"], b["top_k"], b["min_p"]) for b in sent} == {(1.0, -1, 0.0)}
+    app.state.requests.clear()
+    llm.generate(["SEEDS"], SamplingParams(max_new_tokens=4, top_k=20, min_p=0.05, repetition_penalty=1.1))
+    (body,) = app.state.requests
+    assert (body["top_k"], body["min_p"], body["repetition_penalty"]) == (20, 0.05, 1.1) and "seed" not in body
+    with pytest.raises(ValueError, match="2 seeds for 3 prompts"):
+        llm.generate(["SEEDS"] * 3, SamplingParams(seeds=[1, 2]))
