@@ -49,6 +49,7 @@ lists what it offers, including the re-exported `Trajectory` (with `Trajectory.f
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -323,6 +324,9 @@ class Environment:
         ``episode.pending`` for `observe`), else None (an answer, the end of the turns, or an invalid action,
         whose message is inserted here)."""
         dialect, config = self.dialect, self.config
+        if generation.finish_reason == "abort":  # not a turn of the agent: the engine stopped it midway
+            episode.finish = "aborted"
+            return None
         segment = self.generated(generation)
         episode.append(segment)
         episode.tracker.read_turn(segment.text)
@@ -408,7 +412,7 @@ def rollout(questions: Sequence[str], llm: LLM, client: RetrievalClient, config:
         params = env.sampling_params(step)
         if seed_of:
             params.seeds = [seed_of[id(e)] + step for e in active]
-        outputs = generate_checked(llm, [e.context_ids() for e in active], params)
+        outputs = _generate_retrying_aborts(llm, [e.context_ids() for e in active], params)
         searching = []
         for episode, gens in zip(active, outputs):
             if env.take_turn(episode, gens[0]) is not None:  # a search: its results come in one call below
@@ -421,6 +425,20 @@ def rollout(questions: Sequence[str], llm: LLM, client: RetrievalClient, config:
                 env.observe(episode, [next(results) for _ in episode.pending[1].queries])
         step += 1
     return [env.finish(e) for e in episodes]
+
+
+def _generate_retrying_aborts(llm: LLM, prompts: list, params: SamplingParams) -> list[list[Generation]]:
+    """`generate_checked`, with the prompts whose generation the engine aborted (vLLM's ``finish_reason="abort"``:
+    preempted, or an engine shutting down) generated once more; an abort again ends that trajectory as
+    ``aborted`` (`Environment.take_turn`), never as a stop."""
+    outputs = generate_checked(llm, prompts, params)
+    aborted = [k for k, gens in enumerate(outputs) if gens[0].finish_reason == "abort"]
+    if aborted:
+        log.warning("%s aborted %d of %d generations; trying them once more", llm.name, len(aborted), len(prompts))
+        again = dataclasses.replace(params, seeds=None if params.seeds is None else [params.seeds[k] for k in aborted])
+        for k, gens in zip(aborted, generate_checked(llm, [prompts[k] for k in aborted], again)):
+            outputs[k] = gens
+    return outputs
 
 
 def _retrieved(passages: Sequence[ScoredPassage]) -> Retrieved:

@@ -50,6 +50,7 @@ trajectories that way (Table 2 gives Search-R1's to the frozen generator too).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from collections import Counter
@@ -297,17 +298,19 @@ def evaluate_agent(config: AgentEvalConfig) -> dict[str, Any]:
 
     if not config.generator.model:
         if config.judge.model:
-            return evaluate_judged(config.trajectories, load_llm(config.judge), config.qa or None)
+            with load_llm(config.judge) as judge:
+                return evaluate_judged(config.trajectories, judge, config.qa or None)
         return evaluate_trajectories(config.trajectories, config.qa or None)
 
     if generator_protocol(config.generator_protocol, config.trajectories) == "qagent":
         if config.judge.model:
             raise ValueError("eval agent: the qagent protocol scores contains-EM and F1, it asks no judge; unset "
                              "judge.model")
-        return evaluate_submodule(config.trajectories, load_llm(config.generator), config.qa or None)
-    with open_client(config.retrieval) as client:
-        generator = load_llm(config.generator)
-        judge = load_llm(config.judge) if config.judge.model else None
+        with load_llm(config.generator) as generator:
+            return evaluate_submodule(config.trajectories, generator, config.qa or None)
+    with open_client(config.retrieval) as client, contextlib.ExitStack() as engines:
+        generator = engines.enter_context(load_llm(config.generator))
+        judge = engines.enter_context(load_llm(config.judge)) if config.judge.model else None
         cache = NaiveRagCache(config.cache, retriever_identity(client), llm_fingerprint(generator),
                               llm_fingerprint(judge) if judge is not None else None, config.naive_rag_topk)
         return evaluate_generation(config.trajectories, generator, judge, client, cache, config.qa or None)

@@ -158,6 +158,7 @@ def run_rollout_job(config: RolloutConfig) -> RolloutRunSummary:
     rows = read_qa_rows(config.qa)[: config.limit]
     start, stop = shard_bounds(len(rows), parse_shard(config.shard))
     rows = rows[start:stop]
-    return run_rollouts(rows, load_llm(config.agent), open_client(config.retrieval), config.env, config.out,
-                        batch_size=config.batch_size, retriever_id=config.retrieval.index or config.retrieval.url,
-                        samples=config.samples)
+    with load_llm(config.agent) as llm:  # closed before the caller's next step takes the device
+        return run_rollouts(rows, llm, open_client(config.retrieval), config.env, config.out,
+                            batch_size=config.batch_size, retriever_id=config.retrieval.index or config.retrieval.url,
+                            samples=config.samples)

@@ -64,7 +64,22 @@ def load_smollm2_tokenizer():
     return gguf_tokenizer(smollm2_gguf_path())
 
 
-class ScriptedLLM:
+class ClosableLLM:
+    """What every LLM backend has besides generating: `close` (recorded here) and the context manager."""
+
+    closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class ScriptedLLM(ClosableLLM):
     """The LLM protocol over scripted turns: each question (found in the decoded prompt) gets its turns in order.
 
     Stop strings are honoured as the protocol says (text ends right after the first one) unless
@@ -150,7 +165,7 @@ class Killed(RuntimeError):
     """What a fake LLM raises to simulate a run killed in the middle of a stage."""
 
 
-class _FakeLLM:
+class _FakeLLM(ClosableLLM):
     name = "fake"
 
     def __init__(self, fail_after: int | None = None):

@@ -73,7 +73,7 @@ class Generation:
 
     text: str
     token_ids: list[int]
-    finish_reason: Literal["stop", "length"]
+    finish_reason: Literal["stop", "length", "abort"]  # abort: the engine gave up on it (preempted, shut down)
     stop_string: str | None = None  # the stop string that ended it (finish_reason "stop" with no stop string = EOS)
     logprobs: list[float] | None = None  # parallel to token_ids when SamplingParams.logprobs
 
@@ -97,6 +97,24 @@ class LLM(Protocol):
         """`user_message` as the model's chat template renders one user turn ready for the assistant's reply
         (with the generation prompt); the message itself when the tokenizer has no chat template."""
         ...
+
+    def close(self) -> None:
+        """Let go of the engine and the device memory it holds (every backend is also a context manager that
+        closes on exit); the next step's engine, or verl, then finds the device free."""
+        ...
+
+
+def release_device_memory() -> None:
+    """Collect garbage and hand cached CUDA memory back to the device (after an engine is let go)."""
+    import gc
+
+    gc.collect()
+    try:
+        import torch
+    except ImportError:
+        return
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def derived_seed(seed: int, *parts: object) -> int:

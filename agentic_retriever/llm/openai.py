@@ -206,7 +206,8 @@ class OpenAILLM:
         if found is not None:
             end, stop_string = found
             text = text[:end]
-        finish = "stop" if found is not None or choice.get("finish_reason") != "length" else "length"
+        reason = choice.get("finish_reason")
+        finish = "abort" if reason == "abort" else "stop" if found is not None or reason != "length" else "length"
         logprobs = None
         if params.logprobs:
             logprobs, start = [], 0

@@ -46,6 +46,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from ..defaults import resolve_llm_name
+from .base import release_device_memory
 from .base import Generation, Prompt, SamplingParams
 from .batching import batch_order, length_groups, prefix_groups
 from .device import resolve_device, resolve_dtype
@@ -104,6 +105,7 @@ class TransformersLLM:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
         self.model = model
+        self.owns_model = False  # True when `load` read it: `close` then lets go of it
         self._tokenizer = tokenizer
         self.name = name or getattr(model, "name_or_path", "") or type(model).__name__
         self.max_batch_size = max_batch_size
@@ -144,8 +146,24 @@ class TransformersLLM:
         torch_dtype = resolve_dtype(dtype, torch_device)
         tokenizer = AutoTokenizer.from_pretrained(path)
         lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(torch_device).eval()
-        return cls(lm, tokenizer, name=model, max_batch_size=max_batch_size, progress=progress,
-                   prefix_cache_tokens=prefix_cache_tokens)
+        llm = cls(lm, tokenizer, name=model, max_batch_size=max_batch_size, progress=progress,
+                  prefix_cache_tokens=prefix_cache_tokens)
+        llm.owns_model = True
+        return llm
+
+    def close(self) -> None:
+        """Let go of the prefix cache and, for a model `load` read (not one lent by its caller, such as the RL
+        trainer's policy), of the model, then return the freed CUDA memory to the device."""
+        self.prefix_cache = None
+        if self.owns_model:
+            self.model = None
+        release_device_memory()
+
+    def __enter__(self) -> TransformersLLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @property
     def tokenizer(self):

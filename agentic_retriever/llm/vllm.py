@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..defaults import resolve_llm_name
-from .base import Generation, Prompt, SamplingParams
+from .base import Generation, Prompt, SamplingParams, release_device_memory
 from .text import render_chat_prompt
 
 INSTALL_HINT = "pip install 'agentic-retriever[vllm]'"
@@ -60,7 +60,7 @@ def to_generation(completion, want_logprobs: bool) -> Generation:
     if want_logprobs:
         logprobs = [float(step[token].logprob) for step, token in zip(completion.logprobs, token_ids)]
     stop_string = completion.stop_reason if isinstance(completion.stop_reason, str) else None
-    finish = "length" if completion.finish_reason == "length" else "stop"
+    finish = completion.finish_reason if completion.finish_reason in ("length", "abort") else "stop"
     return Generation(completion.text, token_ids, finish, stop_string, logprobs)
 
 
@@ -81,6 +81,29 @@ class VLLMLLM:
     @property
     def tokenizer(self):
         return self.engine.get_tokenizer()
+
+    def close(self) -> None:
+        """Shut the engine down and free its GPU memory: ``LLM.shutdown()`` where the installed vLLM has it,
+        then vLLM's ``cleanup_dist_env_and_memory`` (its distributed state, garbage, the CUDA cache)."""
+        engine, self.engine = self.engine, None
+        if engine is None:
+            return
+        shutdown = getattr(engine, "shutdown", None)
+        if callable(shutdown):
+            shutdown()
+        del engine
+        try:
+            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+        except ImportError:
+            release_device_memory()
+        else:
+            cleanup_dist_env_and_memory()
+
+    def __enter__(self) -> VLLMLLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def chat_prompt(self, user_message: str) -> str:
         return render_chat_prompt(self.tokenizer, user_message)

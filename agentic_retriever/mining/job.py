@@ -7,6 +7,7 @@ section of a config file).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -53,9 +54,10 @@ def run_mine_job(config: MineJobConfig, gac_rounds: GACRoundFilter | None = None
     from ..llm import load_llm
 
     selection = config.mining.resolved_selection()
-    agent = load_llm(config.agent) if selection.use_gac else None
-    same_model = dataclasses.asdict(config.scorer) == dataclasses.asdict(config.agent)
-    scorer = ((agent if same_model and agent is not None else load_llm(config.scorer))
-              if config.mining.needs_scorer_llm else None)
-    return mine(config.trajectories, open_client(config.retrieval), agent, scorer, config.mining,
-                config.out, parse_shard(config.shard), gac_rounds)
+    with contextlib.ExitStack() as engines:  # every engine closed when mining ends, before the next step
+        agent = engines.enter_context(load_llm(config.agent)) if selection.use_gac else None
+        same_model = dataclasses.asdict(config.scorer) == dataclasses.asdict(config.agent)
+        scorer = ((agent if same_model and agent is not None else engines.enter_context(load_llm(config.scorer)))
+                  if config.mining.needs_scorer_llm else None)
+        return mine(config.trajectories, open_client(config.retrieval), agent, scorer, config.mining,
+                    config.out, parse_shard(config.shard), gac_rounds)

@@ -22,7 +22,7 @@ from agent.rl.reward_schedule import RewardSchedule
 from agent.trajectory import TrajectoryWriter
 from agentic_retriever.corpus import Passage
 from agentic_retriever.llm.base import Generation
-from tests.fakes import make_trajectory
+from tests.fakes import ClosableLLM, make_trajectory
 
 PLAN = "<plan> find the capital </plan>\n"
 SEARCH = "<search>\n<query>capital of France</query>\n</search>"
@@ -107,7 +107,7 @@ def test_hit_reads_the_response_and_not_the_prompt():
 
 # --- stage 2 ---------------------------------------------------------------------------------------------------
 
-class ScriptedGenerator:
+class ScriptedGenerator(ClosableLLM):
     """A frozen generator that answers with the title of the first passage of its prompt; records its calls."""
 
     name = "scripted-generator"

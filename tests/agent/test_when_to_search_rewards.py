@@ -34,7 +34,7 @@ from agentic_retriever.client import LocalRetrievalClient
 from agentic_retriever.encoder import Encoder, EncoderConfig
 from agentic_retriever.llm import LLMConfig
 from agentic_retriever.llm.base import Generation
-from tests.fakes import FakeClient
+from tests.fakes import ClosableLLM, FakeClient
 
 THINK = "<think> I am not sure </think>\n"
 REFLECT = "<reflect> the passage says Paris </reflect>\n"
@@ -138,7 +138,7 @@ def test_the_stage_rewards_add_the_three_terms():
 
 # --- the judge ----------------------------------------------------------------------------------------------
 
-class ScriptedJudge:
+class ScriptedJudge(ClosableLLM):
     """Answers each judge prompt with the next scripted verdict; records its calls."""
 
     name = "scripted-judge"

@@ -56,7 +56,7 @@ def fake_openai_app() -> FastAPI:
                 if "TRIM" in key or not body.get("include_stop_str_in_output"):  # a server without the option
                     text = text[:text.index(stop_reason)]
                 break
-        finish = "stop" if stop_reason else "length"
+        finish = "abort" if "ABORT" in key else "stop" if stop_reason else "length"
         choices = []
         for index in range(body["n"]):
             choice = {"index": index, "finish_reason": finish, "stop_reason": stop_reason}
@@ -203,5 +203,7 @@ def test_every_request_carries_its_seed_and_vllms_sampling_fields(server, tiny_c
     llm.generate(["SEEDS"], SamplingParams(max_new_tokens=4, top_k=20, min_p=0.05, repetition_penalty=1.1))
     (body,) = app.state.requests
     assert (body["top_k"], body["min_p"], body["repetition_penalty"]) == (20, 0.05, 1.1) and "seed" not in body
+    ((aborted,),) = llm.generate(["ABORT"], SamplingParams(max_new_tokens=2))
+    assert aborted.finish_reason == "abort"  # vLLM's server gave up on it: not a stop, not a length
     with pytest.raises(ValueError, match="2 seeds for 3 prompts"):
         llm.generate(["SEEDS"] * 3, SamplingParams(seeds=[1, 2]))

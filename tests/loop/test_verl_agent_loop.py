@@ -65,7 +65,10 @@ class ScriptedServer:
         prompt_ids = list(prompt_ids)
         turn = sum(1 for ids, _ in self.calls if len(ids) < len(prompt_ids) and prompt_ids[:len(ids)] == ids)
         self.calls.append((prompt_ids, dict(sampling_params)))
-        ids = self.tokenizer.encode(self.reply(context, turn), add_special_tokens=False)[:sampling_params.get("max_tokens")]
+        text = self.reply(context, turn)
+        if text is None:  # the engine aborted the request: verl's server manager hands back no tokens
+            return TokenOutput(token_ids=[], log_probs=[], stop_reason="aborted", extra_fields={})
+        ids = self.tokenizer.encode(text, add_special_tokens=False)[:sampling_params.get("max_tokens")]
         return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids), stop_reason="completed",  # as verl's client:
                            extra_fields={"min_global_steps": 7, "max_global_steps": 7 + turn})  # the policy version
 
@@ -290,6 +293,14 @@ def test_a_full_turn_must_fit_the_response_budget_and_an_observation_past_it_is_
     assert rows[0]["finish_reason"] == "context_exhausted"
     assert len(rows[0]["responses"]) == RESPONSE_LENGTH  # cut at the budget
     assert rows[0]["response_mask"][-1] == 0 and all(params["max_tokens"] == 100 for _, params in server.calls)
+
+
+def test_an_aborted_generation_ends_the_trajectory_as_aborted_not_as_an_empty_turn(roll, served):
+    rows, server, _ = roll(lambda context, turn: search_then_answer(context, 0) if turn == 0 else None, _rl(),
+                           questions=1)
+    generated, _ = _split(rows[0], server.tokenizer)
+    assert rows[0]["finish_reason"] == "aborted" and len(server.calls) == 2
+    assert generated == search_then_answer("", 0) and rows[0]["invalid_actions"] == 0 and rows[0]["searches"] == 1
 
 
 def test_an_invalid_turn_gets_the_dialects_message_masked(roll, served):

@@ -115,7 +115,8 @@ class DialectAgentLoop(AgentLoopBase):
             timing["generate_sequences"] += time.perf_counter() - start
             logprobs.append(list(output.log_probs or []))
             _merge_server_fields(server_fields, output.extra_fields)
-            action = env.take_turn(episode, self._generation(output.token_ids, params["max_tokens"]))
+            action = env.take_turn(episode, self._generation(output.token_ids, params["max_tokens"],
+                                                             output.stop_reason))
             if action is not None:
                 env.observe(episode, await self._retrieve(list(action.queries), question, timing, env.config.topk))
         return self._output(episode, logprobs, bool(sampling_params.get("logprobs")), timing, server_fields)
@@ -127,8 +128,12 @@ class DialectAgentLoop(AgentLoopBase):
         timing["tool_calls"] += time.perf_counter() - start
         return results
 
-    def _generation(self, token_ids: list[int], max_tokens: int) -> Generation:
+    def _generation(self, token_ids: list[int], max_tokens: int, stop_reason: str | None = None) -> Generation:
+        """The server's tokens as a turn; an aborted one (verl's ``stop_reason`` "aborted", when its server manager
+        gives up retrying) ends the trajectory as ``aborted`` instead of becoming an empty or cut turn."""
         text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        if stop_reason in ("aborted", "abort"):
+            return Generation(text, list(token_ids), "abort")
         return Generation(text, list(token_ids), "length" if len(token_ids) >= max_tokens else "stop")
 
     def _output(self, episode: Episode, generation_logprobs: list[list[float]], with_logprobs: bool,
