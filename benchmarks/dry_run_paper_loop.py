@@ -13,7 +13,8 @@ What it makes first, in the paper's formats and at the paths the config names (r
   titles, no parent question, as the paper's QA files);
 - the agent that stands in for Qwen2.5-7B-Base: SmolLM2-135M-Instruct warm-started on other train questions
   (`agent sft`, cached by its inputs), since a base 135M model does not write the dialect's tags and the loop would
-  mine nothing; the scorer's server serves the plain SmolLM2.
+  mine nothing. The 72B scorer's server is `benchmarks/_scripted_scorer.py` (its docstring says why), started and
+  stopped by the loop as the ``lr_scorer`` service; the scorer's tokenizer is SmolLM2's.
 
 Writes ``dry_run.json`` (wall time per step, the report's rows, the verl validation) beside the loop's folder; the
 figures go to benchmarks/RESULTS.md, "The paper config's dry run".
@@ -133,7 +134,7 @@ def write_config(out: Path, agent_model: str) -> Path:
     from agentic_retriever.defaults import smollm2_hf_dir
 
     names = {"agent_model": agent_model, "scorer_model": str(smollm2_hf_dir()), "python": sys.executable,
-             "port": str(_free_port())}
+             "root": str(ROOT), "port": str(_free_port())}
     config = merge(yaml.safe_load(PAPER_CONFIG.read_text()), fill(yaml.safe_load(OVERRIDES.read_text()), names))
     path = out / "agentic_r_loop.dry_run.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")

@@ -105,3 +105,20 @@ def test_the_stand_in_files_are_flashrag_rows_without_evidence_labels(tmp_path):
     titles = {split_contents(p["contents"])[0] for p in corpus}
     warm = script._jsonl(tmp_path / "warm_start" / "questions.jsonl")
     assert all(set(r["supporting_titles"]) <= titles for r in warm)
+
+
+def test_the_scorers_stand_in_answers_the_mining_prompts_in_their_formats():
+    """benchmarks/_scripted_scorer.py read by the library's own parsers: one score per passage of a listwise window
+    (Figure 7 and Figure 6), "Not Sure" for a sub-answer prompt."""
+    from agentic_retriever.mining.parse import parse_scores, parse_sub_answers
+    from agentic_retriever.mining.prompts import relevance_prompt, sub_answer_prompt
+
+    spec = importlib.util.spec_from_file_location("scripted", ROOT / "benchmarks" / "_scripted_scorer.py")
+    scripted = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scripted)
+    passages = ["The Little Prince was published in France.", "A river in Asia.", "Prince of Persia."]
+    for sub_answer in (None, "France"):
+        reply = scripted.answer(relevance_prompt("little prince published country", passages, sub_answer))
+        assert parse_scores(reply, 3).scores == [75, 0, 25]
+    reply = scripted.answer(sub_answer_prompt("Where was it published?", ["France"], "<search> x </search>"))
+    assert parse_sub_answers(reply, 1).answers == [None]
