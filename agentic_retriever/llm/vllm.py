@@ -69,14 +69,15 @@ class VLLMLLM:
 
     def __init__(self, model: str = "default", dtype: str = "auto", gpu_memory_utilization: float = 0.85,
                  tensor_parallel_size: int = 1, enable_prefix_caching: bool = True, max_model_len: int | None = None,
-                 progress: bool = False):
+                 progress: bool = False, engine_args: dict | None = None):
         self._vllm = import_vllm()
         self.name = model
         self.progress = progress
         self.engine = self._vllm.LLM(model=resolve_llm_name(model), dtype=dtype,
                                      gpu_memory_utilization=gpu_memory_utilization,
                                      tensor_parallel_size=tensor_parallel_size,
-                                     enable_prefix_caching=enable_prefix_caching, max_model_len=max_model_len)
+                                     enable_prefix_caching=enable_prefix_caching, max_model_len=max_model_len,
+                                     **(engine_args or {}))
 
     @property
     def tokenizer(self):

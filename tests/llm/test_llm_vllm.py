@@ -60,10 +60,11 @@ def fake_vllm(record: dict) -> types.ModuleType:
 def test_the_engine_gets_prefix_caching_and_outputs_become_generations(monkeypatch):
     record: dict = {}
     monkeypatch.setitem(sys.modules, "vllm", fake_vllm(record))
-    llm = load_llm(LLMConfig(backend="vllm", model="Qwen/Qwen2.5-7B-Instruct", max_model_len=8192))
+    llm = load_llm(LLMConfig(backend="vllm", model="Qwen/Qwen2.5-7B-Instruct", max_model_len=8192,
+                             engine_args={"enable_chunked_prefill": False}))
     assert isinstance(llm, VLLMLLM)
     assert record["engine"]["enable_prefix_caching"] is True and record["engine"]["max_model_len"] == 8192
-    assert record["engine"]["model"] == "Qwen/Qwen2.5-7B-Instruct"
+    assert record["engine"]["model"] == "Qwen/Qwen2.5-7B-Instruct" and record["engine"]["enable_chunked_prefill"] is False
 
     outputs = llm.generate(["text prompt", [1, 2, 3]], SamplingParams(n=2, stop=["</search>"], logprobs=True))
 
