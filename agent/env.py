@@ -394,6 +394,11 @@ def rollout(questions: Sequence[str], llm: LLM, client: RetrievalClient, config:
         raise ValueError(f"prefixes must be parallel to questions: got {len(prefixes)} for {len(questions)}")
     if seeds is not None and len(seeds) != len(questions):
         raise ValueError(f"seeds must be parallel to questions: got {len(seeds)} for {len(questions)}")
+    engine_context = getattr(llm, "max_context", None)
+    if engine_context is not None and config.max_context_tokens > engine_context:
+        raise ValueError(f"env.max_context_tokens={config.max_context_tokens} is more than the {engine_context} tokens "
+                         f"{llm.name} takes (its max_model_len): a long trajectory's prompt would be refused midway; "
+                         "lower env.max_context_tokens or raise the agent's max_model_len")
     if config.seed is None:
         seeds = None
     elif seeds is None:

@@ -48,7 +48,7 @@ def _vllm_llm(precision: str = "bf16"):
 
     # vLLM 0.32's CPU build crashes ("CPU Generator does not use offset") rewinding a seeded request's generator
     # after a chunked prefill: sampled rollouts with observations hit it, so prefills are not chunked here
-    return load_llm(LLMConfig(backend="vllm", model=_model(), precision=precision, max_model_len=2048,
+    return load_llm(LLMConfig(backend="vllm", model=_model(), precision=precision, max_model_len=4096,
                               engine_args={"enable_chunked_prefill": False}))
 
 

@@ -83,6 +83,12 @@ class VLLMLLM:
     def tokenizer(self):
         return self.engine.get_tokenizer()
 
+    @property
+    def max_context(self) -> int | None:
+        """The engine's context length (``max_model_len``): a longer prompt is refused by vLLM, request by request."""
+        config = getattr(getattr(self.engine, "llm_engine", None), "model_config", None)
+        return getattr(config, "max_model_len", None)
+
     def close(self) -> None:
         """Shut the engine down and free its GPU memory: ``LLM.shutdown()`` where the installed vLLM has it,
         then vLLM's ``cleanup_dist_env_and_memory`` (its distributed state, garbage, the CUDA cache)."""

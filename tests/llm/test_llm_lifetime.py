@@ -130,6 +130,28 @@ def test_an_aborted_generation_is_tried_again_then_ends_the_trajectory_as_aborte
     assert twice[0].finish_reason == "aborted" and twice[0].turns == [] and twice[0].answer is None
 
 
+def test_a_context_longer_than_the_engines_is_refused_before_the_first_turn(monkeypatch):
+    """vLLM refuses a prompt past its max_model_len request by request (found by `make vllm-check`: a GAC
+    continuation of 2,247 tokens on a 2,048-token engine stopped mining): the environment refuses the mismatch
+    before generating anything."""
+    module = types.ModuleType("vllm")
+
+    class Engine:
+        def __init__(self, **kwargs):
+            self.llm_engine = types.SimpleNamespace(model_config=types.SimpleNamespace(
+                max_model_len=kwargs["max_model_len"]))
+
+        def get_tokenizer(self):
+            return load_smollm2_tokenizer()
+
+    module.LLM, module.SamplingParams = Engine, dict
+    monkeypatch.setitem(sys.modules, "vllm", module)
+    llm = load_llm(LLMConfig(backend="vllm", model="m", max_model_len=2048))
+    assert llm.max_context == 2048
+    with pytest.raises(ValueError, match="env.max_context_tokens=4096 is more than the 2048 tokens m takes"):
+        rollout(["Where?"], llm, FakeClient(), EnvConfig(max_context_tokens=4096))
+
+
 def test_vllms_abort_finish_reason_is_kept():
     completion = types.SimpleNamespace(text="cut", token_ids=[3], finish_reason="abort", stop_reason=None,
                                        logprobs=None)
