@@ -16,10 +16,9 @@ from tqdm.auto import tqdm
 
 from agentic_retriever.client import RetrievalClient, RetrievalConfig, open_client
 from agentic_retriever.eval.qa import qa_scores
-from agentic_retriever.jsonl import read_json, write_json
+from agentic_retriever.jsonl import parse_shard, read_json, shard_bounds, write_json
 from agentic_retriever.llm import LLMConfig
 from agentic_retriever.llm.base import LLM, derived_seed
-from agentic_retriever.mining.shards import parse_shard, shard_bounds
 
 from .env import EnvConfig, Rollout, rollout
 from .qa_data import QARow, as_qa_rows, read_qa_rows

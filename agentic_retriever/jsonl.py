@@ -1,4 +1,4 @@
-"""JSONL reading with precise errors, and atomic (write-temp-then-rename) writing.
+"""JSONL reading with precise errors, atomic (write-temp-then-rename) writing, and the i-of-n slices of a file's rows.
 
 Temporary files and folders are created beside their target with the mode ``open()`` / ``mkdir()`` would
 give a new one (0666 / 0777 less the umask), not ``tempfile``'s 0600 / 0700, so what is renamed into place
@@ -165,3 +165,27 @@ def read_json(path: str | os.PathLike) -> Any:
             return json.load(handle)
         except json.JSONDecodeError as error:
             raise DataFormatError(path, error.lineno, json_error_text(error)) from None
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"i/n"`` (0-based i) as (i, n): slice i of n of a file's rows, as `agent rollout` and `mine run` take it."""
+    try:
+        i, n = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise ValueError(f"a shard is written i/n (e.g. 0/4), got {text!r}") from None
+    check_shard((i, n))
+    return i, n
+
+
+def check_shard(shard: tuple[int, int]) -> tuple[int, int]:
+    """`shard` (i, n), refused unless 0 <= i < n."""
+    i, n = shard
+    if n < 1 or not 0 <= i < n:
+        raise ValueError(f"shard must be (i, n) with 0 <= i < n, got {shard}")
+    return i, n
+
+
+def shard_bounds(total: int, shard: tuple[int, int]) -> tuple[int, int]:
+    """[start, stop) of contiguous slice i of n over `total` items: the slices cover every item once."""
+    i, n = check_shard(shard)
+    return i * total // n, (i + 1) * total // n

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..jsonl import DataFormatError, iter_jsonl, read_json
+from ..jsonl import DataFormatError, check_shard, iter_jsonl, parse_shard, read_json, shard_bounds
 from .environment import Trajectory
 from .outputs import ROUNDS_FILE, ROWS_FILE, STATS_FILE, MiningResult, write_outputs
 from .stats import add_counters, new_counters, summarize
@@ -19,32 +19,9 @@ from .stats import add_counters, new_counters, summarize
 __all__ = ["merge_shards", "parse_shard", "read_shard", "shard_bounds", "shard_dir"]
 
 
-def parse_shard(text: str) -> tuple[int, int]:
-    """``"i/n"`` (0-based i) as (i, n)."""
-    try:
-        i, n = (int(part) for part in text.split("/"))
-    except ValueError:
-        raise ValueError(f"a shard is written i/n (e.g. 0/4), got {text!r}") from None
-    _check_shard((i, n))
-    return i, n
-
-
-def _check_shard(shard: tuple[int, int]) -> tuple[int, int]:
-    i, n = shard
-    if n < 1 or not 0 <= i < n:
-        raise ValueError(f"shard must be (i, n) with 0 <= i < n, got {shard}")
-    return i, n
-
-
-def shard_bounds(total: int, shard: tuple[int, int]) -> tuple[int, int]:
-    """[start, stop) of contiguous slice i of n over `total` items: the slices cover every item once."""
-    i, n = _check_shard(shard)
-    return i * total // n, (i + 1) * total // n
-
-
 def shard_dir(out_dir: str | os.PathLike, shard: tuple[int, int]) -> Path:
     """Where shard (i, n) writes: ``out_dir`` itself for (0, 1), else ``out_dir/shards/<i>-of-<n>``."""
-    i, n = _check_shard(shard)
+    i, n = check_shard(shard)
     return Path(out_dir) if n == 1 else Path(out_dir) / "shards" / f"{i}-of-{n}"
 
 

@@ -84,7 +84,8 @@ def test_the_agent_is_reported_per_dataset_as_the_papers_tables(tmp_path, compos
     plain = write_jsonl(tmp_path / "hotpotqa_dev.jsonl", FLASHRAG_DEV)
     job = LoopJob(loop=LoopConfig(eval=LoopEvalConfig(agent_qa=str(plain), agent_questions=2)), agent_train=None,
                   rollout=RolloutConfig(), mine=None, train=None, index=None)
-    assert list(_agent(job, "fake-agent", RetrievalConfig(index=index), tmp_path / "plain.jsonl")["by_dataset"]) == ["hotpotqa_dev"]
+    plain_report = _agent(job, "fake-agent", RetrievalConfig(index=index), tmp_path / "plain.jsonl")
+    assert list(plain_report["by_dataset"]) == ["hotpotqa_dev"]
 
     row = {"iteration": 1, "agent_with_previous_retriever": {"by_dataset": {"nq": {"questions": 2, "em": 0.5,
                                                                                    "f1": 0.6}}},

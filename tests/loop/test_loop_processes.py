@@ -112,7 +112,8 @@ def test_a_server_that_dies_or_never_answers_is_an_error_naming_its_log(tmp_path
 def test_a_written_section_reads_back_as_the_same_settings(tmp_path):
     from agentic_retriever.mining.job import MineJobConfig
 
-    config = MineJobConfig(trajectories="t.jsonl", out="o", agent=LLMConfig(model="m", precision="bf16"), retrieval=RetrievalConfig(url="http://h:1"),
+    config = MineJobConfig(trajectories="t.jsonl", out="o", agent=LLMConfig(model="m", precision="bf16"),
+                           retrieval=RetrievalConfig(url="http://h:1"),
                            mining=MiningConfig(num_candidates=7, selection=SelectionConfig(num_negatives=2)))
     path = write_section(tmp_path / "mine_run.yaml", "mine_run", config)
     assert build_config(MineJobConfig, "mine_run", None, str(path)) == config
