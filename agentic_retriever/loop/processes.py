@@ -10,7 +10,6 @@ config on one 8-GPU node.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 import shlex
@@ -30,8 +29,6 @@ from ..jsonl import atomic_write
 
 __all__ = ["ServiceSpec", "StepServices", "check_devices", "concatenate", "device_env", "run_on_devices",
            "service_specs", "write_section"]
-
-log = logging.getLogger(__name__)
 
 _GPU_LIST = re.compile(r"^\d+(,\d+)*$")
 #: Lines of a failed process's log quoted in the error.
@@ -106,7 +103,8 @@ def run_on_devices(commands: Sequence[Sequence[str]], devices: Sequence[str], lo
               f"(log {path})", flush=True)
     processes: list[subprocess.Popen] = []
     try:
-        processes = [_start(command, device, path) for command, device, path in zip(commands, devices, logs)]
+        for command, device, path in zip(commands, devices, logs):
+            processes.append(_start(command, device, path))  # one by one: a failed start stops those started
         codes = [process.wait() for process in processes]
     except BaseException:
         for process in processes:
