@@ -55,7 +55,6 @@ import json
 import logging
 import math
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -65,7 +64,7 @@ from pathlib import Path
 
 import httpx
 
-from _common import base_parser, describe_device, device_line, load_passages, write_json
+from _common import base_parser, describe_device, device_line, free_port, load_passages, write_json
 from _reference_server import create_reference_app
 from _service_load import RawConnection, closed_loop, host_port, load_average, percentile
 
@@ -102,9 +101,7 @@ class ServerProcess:
     CPU seconds it has used (`cpu_seconds`), stopped (SIGTERM, then SIGKILL) on exit."""
 
     def __init__(self, command: list[str], name: str, ready_s: float = 300.0):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
+        self.port = free_port()
         self.command, self.name, self.ready_s = [*command, "--port", str(self.port)], name, ready_s
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen | None = None

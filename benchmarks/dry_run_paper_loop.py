@@ -25,15 +25,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import yaml
+from _common import cpu_model, free_port, usable_cores
 
 ROOT = Path(__file__).resolve().parents[1]
 OVERRIDES = ROOT / "benchmarks" / "dry_run_paper_loop.yaml"
@@ -123,18 +122,12 @@ def warm_started_agent(out: Path) -> str:
     return str(warm_start_agent(config))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def write_config(out: Path, agent_model: str) -> Path:
     """The paper config with the override set merged in and its placeholders filled: ``agentic_r_loop.dry_run.yaml``."""
     from agentic_retriever.defaults import smollm2_hf_dir
 
     names = {"agent_model": agent_model, "scorer_model": str(smollm2_hf_dir()), "python": sys.executable,
-             "root": str(ROOT), "port": str(_free_port())}
+             "root": str(ROOT), "port": str(free_port())}
     config = merge(yaml.safe_load(PAPER_CONFIG.read_text()), fill(yaml.safe_load(OVERRIDES.read_text()), names))
     path = out / "agentic_r_loop.dry_run.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
@@ -163,7 +156,7 @@ def main() -> None:
     manifest = json.loads((out / "runs" / "agentic_r_loop" / "loop" / "loop.json").read_text())
     report_path = out / "runs" / "agentic_r_loop" / "loop" / "loop_report.json"
     result = {"exit_status": finished.returncode, "setup_seconds": round(setup_s, 1), "loop_seconds": round(loop_s, 1),
-              "data": data, "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores",
+              "data": data, "machine": f"{cpu_model()}, {usable_cores()} CPU cores",
               "steps": {name: {"status": r["status"], "seconds": round(r["seconds"], 1)}
                         for name, r in manifest["steps"].items()},
               "agent_step": (manifest["steps"].get("1/agent") or {}).get("summary", {}).get("verl_validated"),

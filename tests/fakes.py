@@ -18,6 +18,7 @@ import functools
 import json
 import math
 import re
+import socket
 import threading
 import time
 from collections import Counter
@@ -416,3 +417,10 @@ def post_in_thread(url: str, body: dict, responses: dict, key, finished: list) -
     thread = threading.Thread(target=send)
     thread.start()
     return thread
+
+
+def free_port() -> int:
+    """A loopback port free at the time of asking."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

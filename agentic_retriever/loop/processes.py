@@ -27,8 +27,8 @@ import yaml
 
 from ..jsonl import atomic_write
 
-__all__ = ["ServiceSpec", "StepServices", "check_devices", "concatenate", "device_env", "run_on_devices",
-           "service_specs", "write_section"]
+__all__ = ["ServiceSpec", "StepServices", "check_devices", "concatenate", "device_env", "log_tail",
+           "run_on_devices", "service_specs", "write_section"]
 
 _GPU_LIST = re.compile(r"^\d+(,\d+)*$")
 #: Lines of a failed process's log quoted in the error.
@@ -58,9 +58,11 @@ def write_section(path: Path, section: str, config: Any) -> Path:
     return path
 
 
-def _tail(path: Path) -> str:
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines() if path.is_file() else []
-    return "\n".join(lines[-_TAIL_LINES:])
+def log_tail(path: Path, lines: int = _TAIL_LINES) -> str:
+    """The last `lines` lines of a process's log, for an error message."""
+    if not path.exists():
+        return f"(no log at {path})"
+    return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
 
 
 def _stop(process: subprocess.Popen, grace_s: float = 30.0) -> None:
@@ -112,8 +114,8 @@ def run_on_devices(commands: Sequence[Sequence[str]], devices: Sequence[str], lo
         raise
     failed = [k for k, code in enumerate(codes) if code != 0]
     if failed:
-        detail = "\n".join(f"--- {what} {numbers[k]} exited with status {codes[k]} ({logs[k]}):\n{_tail(logs[k])}"
-                           for k in failed)
+        detail = "\n".join(f"--- {what} {numbers[k]} exited with status {codes[k]} ({logs[k]}):\n"
+                           f"{log_tail(logs[k])}" for k in failed)
         raise RuntimeError(f"{len(failed)} of {len(commands)} {what} processes failed; run the loop again to "
                            f"continue them\n{detail}")
 
@@ -211,7 +213,7 @@ class StepServices:
             if process.poll() is not None:
                 del self.running[spec.name]
                 raise RuntimeError(f"service {spec.name} exited with status {process.returncode} before "
-                                   f"{spec.health_url} answered ({log_path}):\n{_tail(log_path)}")
+                                   f"{spec.health_url} answered ({log_path}):\n{log_tail(log_path)}")
             try:
                 if httpx.get(spec.health_url, timeout=5.0).status_code == 200:
                     break
@@ -220,7 +222,7 @@ class StepServices:
             if time.monotonic() - started > spec.start_timeout_s:
                 self._stop(spec.name)
                 raise TimeoutError(f"service {spec.name}: {spec.health_url} did not answer 200 within "
-                                   f"{spec.start_timeout_s:.0f} s ({log_path}):\n{_tail(log_path)}")
+                                   f"{spec.start_timeout_s:.0f} s ({log_path}):\n{log_tail(log_path)}")
             time.sleep(1.0)
         print(f"service {spec.name} is up ({spec.health_url}, {time.monotonic() - started:.0f} s)", flush=True)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import socket
 import sys
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from agentic_retriever.loop.service import LoopService
 from agentic_retriever.mining.config import MiningConfig
 from agentic_retriever.mining.selection import SelectionConfig
 from agentic_retriever.corpus import ScoredPassage
-from tests.fakes import answer_turn, make_trajectory, search_turn, write_jsonl
+from tests.fakes import answer_turn, free_port, make_trajectory, search_turn, write_jsonl
 from tests.loop.test_loop import make_job, workdir  # noqa: F401  (the fixture)
 
 PRINT_DEVICES = "import os, sys; open(sys.argv[1], 'w').write(repr(os.environ.get('CUDA_VISIBLE_DEVICES')))"
@@ -59,12 +58,6 @@ def test_device_entries_are_checked_where_they_are_set():
         LoopConfig(services={"scorer": {"health_url": "u", "steps": ["mining"]}})
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _up(url: str) -> bool:
     try:
         return httpx.get(url, timeout=2.0).status_code == 200
@@ -73,7 +66,7 @@ def _up(url: str) -> bool:
 
 
 def test_a_step_server_runs_exactly_while_the_steps_that_name_it_run(tmp_path):
-    port = _free_port()
+    port = free_port()
     health = f"http://127.0.0.1:{port}/"
     specs = service_specs({"scorer": {"command": f"{{python}} -m http.server {port} --bind 127.0.0.1",
                                       "health_url": health, "steps": ["trajectories", "mining"], "devices": "cpu"}},
@@ -96,13 +89,13 @@ def test_a_step_server_runs_exactly_while_the_steps_that_name_it_run(tmp_path):
 
 def test_a_server_that_dies_or_never_answers_is_an_error_naming_its_log(tmp_path):
     dies = service_specs({"s": {"command": f"{sys.executable} -c \"print('no model here'); raise SystemExit(2)\"",
-                                "health_url": f"http://127.0.0.1:{_free_port()}/", "steps": ["mining"]}}, STEPS)
+                                "health_url": f"http://127.0.0.1:{free_port()}/", "steps": ["mining"]}}, STEPS)
     with StepServices(dies, tmp_path) as services, pytest.raises(RuntimeError, match="exited with status 2") as error:
         services.before("mining")
     assert "no model here" in str(error.value) and not services.running
 
     mute = service_specs({"s": {"command": f"{sys.executable} -c \"import time; time.sleep(60)\"",
-                                "health_url": f"http://127.0.0.1:{_free_port()}/", "steps": ["mining"],
+                                "health_url": f"http://127.0.0.1:{free_port()}/", "steps": ["mining"],
                                 "start_timeout_s": 2}}, STEPS)
     with StepServices(mute, tmp_path) as services, pytest.raises(TimeoutError, match="did not answer 200 within 2 s"):
         services.before("mining")

@@ -8,7 +8,6 @@ import importlib.util
 import sys
 from pathlib import Path
 
-import pytest
 import yaml
 
 from agentic_retriever.commands import command
@@ -18,9 +17,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("dry_run_paper_loop", ROOT / "benchmarks" / "dry_run_paper_loop.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    """The benchmark script as a module (it imports the benchmarks' `_common` as a script beside it does)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        path = ROOT / "benchmarks" / "dry_run_paper_loop.py"
+        spec = importlib.util.spec_from_file_location("dry_run_paper_loop", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
     return module
 
 

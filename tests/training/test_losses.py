@@ -4,13 +4,13 @@ the in-batch accuracy."""
 
 import math
 import os
-import socket
 
 import numpy as np
 import pytest
 import torch
 
 from agentic_retriever.training.losses import build_infonce_loss, build_loss, in_batch_accuracy, soft_label_kl
+from tests.fakes import free_port
 
 
 class _Dummy(torch.nn.Module):
@@ -122,12 +122,6 @@ def test_the_cached_soft_label_loss_gives_the_same_loss_and_gradients(tiny_model
         torch.testing.assert_close(cached_grads[name], plain_grads[name], rtol=1e-3, atol=1e-6)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _rank_worker(rank: int, world: int, port: int, weights: torch.Tensor, inputs: torch.Tensor, out: str) -> None:
     import torch.distributed as dist
 
@@ -157,7 +151,7 @@ def test_two_gloo_processes_equal_one_process_over_the_concatenated_batch(tmp_pa
     torch.manual_seed(0)
     weights = torch.randn(4, 6)
     inputs = torch.randn(3, 6, 6)  # (query/positive/negative, 6 queries, 6 features)
-    mp.start_processes(_rank_worker, args=(2, _free_port(), weights, inputs, str(tmp_path)), nprocs=2,
+    mp.start_processes(_rank_worker, args=(2, free_port(), weights, inputs, str(tmp_path)), nprocs=2,
                        start_method="spawn")
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
 

@@ -13,6 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from ..processes import log_tail
 from .settings import VerlRun, VerlSettings
 
 
@@ -21,12 +22,6 @@ def start_verl_run(run: VerlRun) -> subprocess.Popen:
     with open(run.log_path, "ab") as log:
         return subprocess.Popen(["bash", str(run.launch_script)], cwd=run.out_dir, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _log_tail(path: Path, lines: int = 40) -> str:
-    if not path.exists():
-        return f"(no log at {path})"
-    return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
 
 
 def finished_checkpoint(run: VerlRun) -> Path | None:
@@ -57,7 +52,7 @@ def wait_for_checkpoint(run: VerlRun, settings: VerlSettings, process: subproces
         if process is not None and process.poll() is not None:
             raise RuntimeError(f"verl exited with status {process.returncode} before writing the final checkpoint "
                                f"(step {run.final_step}) under {run.checkpoint_root}; last lines of "
-                               f"{run.log_path}:\n{_log_tail(run.log_path)}")
+                               f"{run.log_path}:\n{log_tail(run.log_path, 40)}")
         if time.monotonic() >= deadline:
             raise TimeoutError(f"no complete verl checkpoint of step {run.final_step} under {run.checkpoint_root} "
                                f"after {settings.timeout_seconds:g} s (expected global_step_{run.final_step}/actor/"
