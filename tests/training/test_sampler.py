@@ -98,7 +98,7 @@ def test_two_gloo_processes_train_every_row_each_epoch_without_a_shared_text_in_
 
     from agentic_retriever.encoder import EncoderConfig
     from agentic_retriever.index import IndexBuildConfig, build_index
-    from tests.training.test_losses import _free_port
+    from tests.fakes import free_port
     from tests.training.test_training import PASSAGES, _config, agentic_row, write_rows
 
     corpus = tmp_path / "corpus.jsonl"
@@ -119,7 +119,7 @@ def test_two_gloo_processes_train_every_row_each_epoch_without_a_shared_text_in_
     config = _config(tiny_model_dir, write_rows(tmp_path / "rows.jsonl", rows), corpus, tmp_path / "r",
                      per_device_batch_size=2, num_negatives=1, epochs=2, save_steps=1000, select_on=str(heldout),
                      select_index=str(tmp_path / "index"), select_pool=30)
-    mp.start_processes(_train_as_rank, args=(2, _free_port(), config, str(tmp_path)), nprocs=2, start_method="spawn")
+    mp.start_processes(_train_as_rank, args=(2, free_port(), config, str(tmp_path)), nprocs=2, start_method="spawn")
     records = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
     seen = [record["batches"] for record in records]
     manifest = json.loads((tmp_path / "r" / "train_manifest.json").read_text())
