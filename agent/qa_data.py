@@ -1,5 +1,6 @@
 """QA rows as the agent reads them: FlashRAG ``{"id", "question", "golden_answers"}`` plus optional
-``"supporting_titles"`` and ``"dataset"`` (docs/data-formats.md, "QA rows")."""
+``"supporting_titles"`` and ``"dataset"`` (docs/data-formats.md, "QA rows"), from any QA set spec
+(`agentic_retriever.qa_sources`: FlashRAG JSONL, Search-R1 parquet, hub datasets, several merged)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agentic_retriever.qa_sources import read_qa_source_rows
 from agentic_retriever.eval.qa import golden_strings
-from agentic_retriever.jsonl import DataFormatError, iter_jsonl
+from agentic_retriever.jsonl import DataFormatError
 
 __all__ = ["QARow", "as_qa_rows", "read_qa_rows"]
 
@@ -49,12 +51,13 @@ class QARow:
 
 
 def read_qa_rows(path: str | os.PathLike) -> list[QARow]:
-    """All rows of a QA JSONL file; bad rows raise DataFormatError naming file, line and field."""
-    return [QARow.from_json(row, path, line) for line, row in iter_jsonl(path)]
+    """All rows of a QA set (a JSONL file, or any spec of `agentic_retriever.qa_sources`); bad rows raise
+    DataFormatError naming file, line and field."""
+    return [QARow.from_json(r.row, r.where, r.line) for r in read_qa_source_rows(path)]
 
 
 def as_qa_rows(rows: Sequence[QARow | dict[str, Any]] | str | os.PathLike) -> list[QARow]:
-    """QA rows from a JSONL path, `QARow`s, or dicts (a bad dict is named by its 1-based position)."""
+    """QA rows from a QA set spec (a JSONL path, ...), `QARow`s, or dicts (a bad dict is named by its 1-based position)."""
     if isinstance(rows, (str, os.PathLike)):
         return read_qa_rows(rows)
     return [r if isinstance(r, QARow) else QARow.from_json(r, "<qa rows>", i) for i, r in enumerate(rows, start=1)]

@@ -44,6 +44,14 @@ def _data_prepare(config) -> None:
           f"(the others are skipped by retrieval evaluation); files in {config.out}")
 
 
+def _data_qa(config) -> None:
+    from .data.qa_set import write_qa_set
+
+    per_dataset = write_qa_set(config)
+    print(", ".join(f"{name}: {count}" for name, count in per_dataset.items()))
+    print(f"wrote {sum(per_dataset.values())} QA rows to {config.out}")
+
+
 def _index_build(config) -> None:
     from .index import build_index
 
@@ -258,7 +266,7 @@ def _loop(config, args: argparse.Namespace) -> None:
 
 #: What each command does with its settings, by section.
 HANDLERS: dict[str, Callable] = {
-    "data_prepare": _data_prepare, "index_build": _index_build, "index_search": _index_search,
+    "data_prepare": _data_prepare, "data_qa": _data_qa, "index_build": _index_build, "index_search": _index_search,
     "index_serve": _index_serve, "index_swap": _index_swap, "eval_retrieval": _eval_retrieval, "eval_agent": _eval_agent,
     "agent_sft": _agent_sft, "agent_rollout": _agent_rollout, "agent_train": _agent_train, "mine_run": _mine_run,
     "mine_merge": _mine_merge, "mine_audit": _mine_audit, "retriever_train": _retriever_train,

@@ -40,6 +40,8 @@ class Command:
 COMMANDS: tuple[Command, ...] = (
     Command("data", "prepare", "agentic_retriever.data.prepare:PrepareConfig",
             "write the embedded default corpus and the FanOutQA splits"),
+    Command("data", "qa", "agentic_retriever.data.qa_set:QASetConfig",
+            "one QA set from FlashRAG JSONL, Search-R1 parquet or hub splits, merged, as FlashRAG JSONL"),
     Command("index", "build", "agentic_retriever.index:IndexBuildConfig",
             "build a dense (FAISS) or BM25 index; resumes an interrupted build"),
     Command("index", "search", "agentic_retriever.client:SearchConfig",

@@ -1,9 +1,11 @@
-"""Passage corpus: JSONL or parquet, read through a memory-mapped Arrow copy.
+"""Passage corpus: JSONL, parquet or DPR's TSV, read through a memory-mapped Arrow copy.
 
 Accepted rows (docs/data-formats.md, "Corpus"):
 
 * Search-R1 / FlashRAG: ``{"id": "0", "contents": "\\"Title\\"\\ntext"}``
 * ``{"id": "0", "title": "Title", "text": "text"}``, or BEIR's ``{"_id": "0", "title": "Title", "text": "text"}``
+* DPR's ``psgs_w100.tsv`` (a ``.tsv`` file): a header naming ``id``, ``text`` and ``title``, then one
+  tab-separated, CSV-quoted row per passage, as DPR writes and reads it (``csv`` with a tab delimiter)
 
 The first open converts the file once, streaming, into an Arrow IPC file in the cache folder (default
 ``~/.cache/agentic_retriever/corpus``, or ``$AGENTIC_RETRIEVER_CACHE``). Later opens memory-map it: a
@@ -236,10 +238,49 @@ def _parquet_rows(path: Path, digest) -> Iterator[tuple[str, str, str]]:
             yield _row_from_json(row, path, row_no)
 
 
+def _tsv_rows(path: Path, digest) -> Iterator[tuple[str, str, str]]:
+    """DPR's ``psgs_w100.tsv``: a header with ``id``, ``text`` and ``title`` (any order, other columns ignored),
+    then CSV-quoted, tab-separated rows; a row's number in errors is its first line in the file."""
+    import csv
+
+    csv.field_size_limit(1 << 30)
+
+    def lines() -> Iterator[str]:
+        with open(path, "rb") as handle:
+            for raw in handle:
+                digest.update(raw)
+                try:
+                    yield raw.decode("utf-8")
+                except UnicodeDecodeError as error:
+                    raise DataFormatError(path, reader.line_num + 1, f"not UTF-8 ({error})") from None
+
+    reader = csv.reader(lines(), delimiter="\t")
+    header = next(reader, None)
+    if header is None:
+        raise DataFormatError(path, 1, "empty file: a TSV corpus starts with a header naming id, text and title")
+    columns = {name.strip(): i for i, name in enumerate(header)}
+    for needed in ("id", "text", "title"):
+        if needed not in columns:
+            raise DataFormatError(path, 1, f"the header {header!r} has no '{needed}' column", field=needed)
+    width = max(columns[c] for c in ("id", "text", "title")) + 1
+    start = reader.line_num + 1
+    for row in reader:
+        if not row or row == [""]:
+            start = reader.line_num + 1
+            continue
+        if len(row) < width:
+            missing = next(c for c in ("id", "text", "title") if columns[c] >= len(row))
+            raise DataFormatError(path, start, f"{len(row)} columns, the header names {len(header)}", field=missing)
+        if not row[columns["id"]]:
+            raise DataFormatError(path, start, "empty", field="id")
+        yield row[columns["id"]], row[columns["title"]], row[columns["text"]]
+        start = reader.line_num + 1
+
+
 def _convert(source: Path, arrow_path: Path) -> None:
     """Stream `source` into an Arrow IPC file, then the id-lookup sidecars, then the metadata file (last)."""
     digest = hashlib.sha256()
-    reader = _parquet_rows if source.suffix == ".parquet" else _json_rows
+    reader = {".parquet": _parquet_rows, ".tsv": _tsv_rows}.get(source.suffix, _json_rows)
     ids_are_rows, count = True, 0
     id_hashes: list[np.ndarray] = []
     arrow_path.parent.mkdir(parents=True, exist_ok=True)

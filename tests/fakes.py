@@ -39,6 +39,7 @@ WORDS = ("river mountain castle violin comet harbor desert glacier falcon librar
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 

@@ -51,7 +51,8 @@ from tqdm.auto import tqdm
 
 from ..corpus import Corpus
 from ..encoder import COMPOSE_WITH
-from ..jsonl import DataFormatError, iter_jsonl
+from ..jsonl import DataFormatError
+from ..qa_sources import read_qa_source_rows
 from .qa import contains_match, golden_strings, is_yes_no
 
 ID_FIELDS = ("supporting_ids", "positive_ids")
@@ -157,8 +158,8 @@ class _Judged:
 def has_evidence_labels(path: str) -> bool:
     """Whether the first row of a QA file carries evidence labels (``supporting_ids``, ``positive_ids`` or
     ``supporting_titles``): how a caller picks relevance ``auto`` (every row must then carry them) or ``answers``."""
-    for _, row in iter_jsonl(path):
-        return any(name in row for name in (*ID_FIELDS, TITLE_FIELD))
+    for r in read_qa_source_rows(path):
+        return any(name in r.row for name in (*ID_FIELDS, TITLE_FIELD))
     raise ValueError(f"{path} holds no QA rows")
 
 
@@ -170,31 +171,32 @@ def load_judged_questions(path: str, relevance: str = "auto") -> list[_Judged]:
     ``answer_parts`` (an answer of several parts, each a list of alternatives) and ``parent_id``.
     """
     rows = []
-    for line, row in iter_jsonl(path):
+    for source_row in read_qa_source_rows(path):
+        row, where, line = source_row.row, source_row.where, source_row.line
         for needed in ("id", "question"):
             if needed not in row:
-                raise DataFormatError(path, line, "missing", field=needed)
+                raise DataFormatError(where, line, "missing", field=needed)
         id_field = next((f for f in ID_FIELDS if f in row), None)
         by = "answers" if relevance == "answers" else (
             "id" if relevance == "id" or (relevance == "auto" and id_field) else "title")
         fld = (id_field or ID_FIELDS[0]) if by == "id" else TITLE_FIELD
         keys = row.get(fld) if by != "answers" else []
         if not isinstance(keys, list) or not all(isinstance(k, (str, int)) for k in keys):
-            raise DataFormatError(path, line, "missing or not a list of strings (needed to judge relevance; "
+            raise DataFormatError(where, line, "missing or not a list of strings (needed to judge relevance; "
                                               "relevance answers judges by golden answers alone)", field=fld)
         golden = row.get(ANSWER_FIELD)
         try:
             has_answers = golden is not None and bool(golden_strings(golden)) and not is_yes_no(golden)
         except TypeError as error:
-            raise DataFormatError(path, line, str(error), field=ANSWER_FIELD) from None
+            raise DataFormatError(where, line, str(error), field=ANSWER_FIELD) from None
         parts = row.get(PARTS_FIELD)
         if parts is not None and (not isinstance(parts, list) or not parts or not all(
                 isinstance(part, list) and part and all(isinstance(a, str) and a for a in part) for part in parts)):
-            raise DataFormatError(path, line, "must be a non-empty list of non-empty lists of answer strings",
+            raise DataFormatError(where, line, "must be a non-empty list of non-empty lists of answer strings",
                                   field=PARTS_FIELD)
         parent = row.get(PARENT_FIELD)
         rows.append(_Judged(str(row["id"]), str(row["question"]), {str(k) for k in keys}, by,
-                            golden if has_answers else None, None if parent is None else str(parent), str(path), line,
+                            golden if has_answers else None, None if parent is None else str(parent), where, line,
                             parts if has_answers else None))
     return rows
 
@@ -202,12 +204,13 @@ def load_judged_questions(path: str, relevance: str = "auto") -> list[_Judged]:
 def load_parent_questions(path: str) -> dict[str, str]:
     """Parent id -> question text, from a QA JSONL of ``{"id", "question", ...}`` rows (FanOutQA multi-hop)."""
     parents: dict[str, str] = {}
-    for line, row in iter_jsonl(path):
+    for source_row in read_qa_source_rows(path):
+        row, where, line = source_row.row, source_row.where, source_row.line
         for needed in ("id", "question"):
             if needed not in row:
-                raise DataFormatError(path, line, "missing", field=needed)
+                raise DataFormatError(where, line, "missing", field=needed)
         if not isinstance(row["question"], str):
-            raise DataFormatError(path, line, f"expected a string, got {type(row['question']).__name__}", field="question")
+            raise DataFormatError(where, line, f"expected a string, got {type(row['question']).__name__}", field="question")
         parents[str(row["id"])] = row["question"]
     return parents
 

@@ -11,11 +11,11 @@ questions).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from ..data.prepare import assert_disjoint
-from ..jsonl import DataFormatError, iter_jsonl
+from ..jsonl import DataFormatError
+from ..qa_sources import read_qa_source_rows
 from .config import LoopJob
 
 __all__ = ["check_splits", "loop_question_sets"]
@@ -32,15 +32,18 @@ def loop_question_sets(job: LoopJob) -> tuple[dict[str, str], dict[str, str]]:
     return ({k: v for k, v in train.items() if v}, {k: v for k, v in held.items() if v})
 
 
-def _rows(setting: str, path: str) -> list[dict[str, Any]]:
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"{setting}: {path} does not exist")
+def _rows(setting: str, spec: str) -> list[dict[str, Any]]:
+    """The rows of a setting's QA set (any `qa_sources` spec: a file, a merged set, a hub split)."""
     rows = []
-    for line, row in iter_jsonl(path):
+    try:
+        read = read_qa_source_rows(spec)
+    except FileNotFoundError as error:
+        raise FileNotFoundError(f"{setting}: {error}") from None
+    for r in read:
         for needed in ("id", "question"):
-            if needed not in row:
-                raise DataFormatError(path, line, "missing", field=needed)
-        rows.append(row)
+            if needed not in r.row:
+                raise DataFormatError(r.where, r.line, "missing", field=needed)
+        rows.append(r.row)
     return rows
 
 

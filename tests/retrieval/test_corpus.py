@@ -114,3 +114,44 @@ def test_empty_rows_finds_passages_with_blank_text_and_those_with_a_blank_title_
         assert text.tolist() == [1, 2, 3, 4, 5] and title_and_text.tolist() == [2, 3, 5]
     clean = Corpus.open(write_jsonl(tmp_path / "clean.jsonl", rows[:1]))
     assert [r.tolist() for r in clean.empty_rows()] == [[], []]
+
+
+def _write_dpr_tsv(path, passages):
+    """A psgs_w100.tsv as DPR writes it: csv with a tab delimiter, so quotes inside a text are doubled."""
+    import csv
+
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle, delimiter="\t")
+        writer.writerow(["id", "text", "title"])
+        writer.writerows(passages)
+    return path
+
+
+def test_dpr_tsv_corpus_loads_with_its_quoting_and_one_based_ids(tmp_path):
+    path = _write_dpr_tsv(tmp_path / "psgs_w100.tsv", [
+        ("1", 'Aaron Aaron ( or ; "Ahärôn") is a prophet, high priest.', "Aaron"),
+        ("2", "Second passage\twith a tab inside", "Aaron"),
+        ("3", "Plain text.", "Abraham"),
+    ])
+    assert '""Ahärôn""' in path.read_text(encoding="utf-8")  # the file holds DPR's doubled quotes
+    corpus = Corpus.open(path)
+    assert len(corpus) == 3
+    aaron, tab, abraham = corpus.get(["1", "2", "3"])
+    assert aaron.title == "Aaron" and aaron.text == 'Aaron Aaron ( or ; "Ahärôn") is a prophet, high priest.'
+    assert tab.text == "Second passage\twith a tab inside"
+    assert abraham.contents == '"Abraham"\nPlain text.'
+    with pytest.raises(KeyError, match="'0'"):  # ids from 1 are ids, not row numbers
+        corpus.get(["0"])
+
+
+@pytest.mark.parametrize("content, line, field", [
+    ("id\ttext\n1\tx\n", 1, "title"),
+    ("id\ttext\ttitle\n1\tfine\tT\n2\tshort\n", 3, "title"),
+    ("id\ttext\ttitle\n1\tfine\tT\n\tempty id\tT\n", 3, "id"),
+])
+def test_a_malformed_tsv_row_names_file_line_and_field(tmp_path, content, line, field):
+    path = tmp_path / "psgs.tsv"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(DataFormatError) as error:
+        Corpus.open(path)
+    assert (error.value.path, error.value.line, error.value.field) == (str(path.resolve()), line, field)

@@ -1,0 +1,203 @@
+"""QA sets in the formats the field distributes them, read as FlashRAG rows (docs/data-formats.md, "QA sets").
+
+A QA source is written as one string, in a config (``agent_rollout.qa``, ``loop.mining_qa``, ...) or on the
+command line:
+
+* ``PATH.jsonl``: FlashRAG's JSONL, ``{"id", "question", "golden_answers", "metadata"}`` (our extra fields,
+  ``supporting_titles``, ``dataset``, ``parent_id``..., ride along);
+* ``PATH.parquet``: Search-R1's training parquet (its ``scripts/data_process/nq_search.py`` and
+  ``qa_search_train_merge.py``): ``data_source``, ``prompt`` (the chat message holding the question),
+  ``reward_model.ground_truth.target`` (the golden answers) and ``extra_info.{split, index}``. Search-R1 maps
+  FlashRAG's rows without removing their columns, so ``id``, ``question`` and ``golden_answers`` are read
+  from those columns when present, and from the Search-R1 fields otherwise;
+* ``hf:NAME:CONFIG:SPLIT``: a dataset through ``datasets.load_dataset(NAME, CONFIG, split=SPLIT)``, e.g.
+  ``hf:RUC-NLPIR/FlashRAG_datasets:triviaqa:train`` (the hub, for users with network) or a local folder of
+  the same layout (``NAME`` a path whose README declares the configs, as the hub repository's does).
+
+Several sources joined by ``,`` form one set (the paper's TriviaQA + HotpotQA train questions), and
+``DATASET=SOURCE`` names a source's dataset. Each row of a set keeps its dataset in ``dataset`` (for
+per-dataset tables): the name given, else the row's own ``dataset``, the parquet's ``data_source``, the hub
+config, the folder of FlashRAG's ``DATASET/SPLIT.jsonl`` layout, or the file's stem. FlashRAG numbers rows
+per split (``train_0``, ...), so when a set holds more than one dataset every id becomes ``DATASET/ID``; ids
+that still repeat are an error naming both places. A single JSONL source without a name is read as it is.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from .jsonl import DataFormatError, iter_jsonl
+
+__all__ = ["QASource", "QASourceRow", "parse_qa_sources", "read_qa_source_rows"]
+
+#: File stems that name a split, not a dataset (FlashRAG's ``nq/train.jsonl`` layout).
+SPLIT_STEMS = frozenset({"train", "dev", "test", "val", "validation"})
+HUB_PREFIX = "hf:"
+
+
+@dataclass(frozen=True)
+class QASource:
+    """One source of a QA set, as written (``spec``) and parsed."""
+
+    spec: str
+    kind: Literal["flashrag", "search_r1", "hub"]
+    location: str  # a file path, or the dataset name / folder of a hub source
+    name: str | None = None  # the dataset named with DATASET=SOURCE
+    config: str | None = None
+    split: str | None = None
+
+    @property
+    def default_dataset(self) -> str | None:
+        """The dataset a row of this source belongs to when neither the spec nor the row says."""
+        if self.name:
+            return self.name
+        if self.kind == "hub":
+            return self.config
+        path = Path(self.location)
+        return path.parent.name if path.stem.lower() in SPLIT_STEMS and path.parent.name else path.stem
+
+
+@dataclass(frozen=True)
+class QASourceRow:
+    """One row as a FlashRAG row, with where it was read (``where`` and ``line`` for error messages)."""
+
+    row: dict[str, Any]
+    where: str
+    line: int
+
+
+def parse_qa_sources(spec: str) -> list[QASource]:
+    """The sources of a QA set spec (``a.jsonl``, ``triviaqa=a.jsonl,hf:NAME:CONFIG:SPLIT``, ...)."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError("a QA set needs at least one source (a JSONL or parquet file, or hf:NAME:CONFIG:SPLIT)")
+    sources = []
+    for part in (p.strip() for p in spec.split(",")):
+        if not part:
+            raise ValueError(f"QA set {spec!r}: an empty source between commas")
+        name, location = None, part
+        head, eq, tail = part.partition("=")
+        if eq and head and "/" not in head and ":" not in head:
+            name, location = head.strip(), tail.strip()
+        if location.startswith(HUB_PREFIX):
+            fields = location[len(HUB_PREFIX):].split(":")
+            if len(fields) != 3 or not all(fields):
+                raise ValueError(f"QA source {part!r}: a hub dataset is written hf:NAME:CONFIG:SPLIT, e.g. "
+                                 "hf:RUC-NLPIR/FlashRAG_datasets:triviaqa:train")
+            sources.append(QASource(part, "hub", fields[0], name, fields[1], fields[2]))
+        elif location.endswith(".parquet"):
+            sources.append(QASource(part, "search_r1", location, name))
+        else:
+            sources.append(QASource(part, "flashrag", location, name))
+    return sources
+
+
+def read_qa_source_rows(spec: str | os.PathLike) -> list[QASourceRow]:
+    """Every row of the QA set `spec` as a FlashRAG row, in source order, with datasets and ids as the module
+    docstring says. A row without an id or question, or whose source cannot be read, raises DataFormatError
+    (file, line, field) or FileNotFoundError."""
+    sources = parse_qa_sources(os.fspath(spec))
+    if len(sources) == 1 and sources[0].kind == "flashrag" and not sources[0].name:
+        return [QASourceRow(row, sources[0].location, line) for line, row in _flashrag_rows(sources[0].location)]
+    rows = []
+    for source in sources:
+        for where, line, row in _source_rows(source):
+            for needed in ("id", "question"):
+                if needed not in row:
+                    raise DataFormatError(where, line, "missing", field=needed)
+            dataset = source.name or row.get("dataset") or source.default_dataset
+            rows.append(QASourceRow({**row, "dataset": str(dataset)}, where, line))
+    if len({r.row["dataset"] for r in rows}) > 1:
+        rows = [QASourceRow({**r.row, "id": f"{r.row['dataset']}/{r.row['id']}"}, r.where, r.line) for r in rows]
+    first_seen: dict[str, QASourceRow] = {}
+    for r in rows:
+        earlier = first_seen.setdefault(str(r.row["id"]), r)
+        if earlier is not r:
+            raise DataFormatError(r.where, r.line, f"id {r.row['id']!r} repeats {earlier.where}:{earlier.line} in "
+                                  f"QA set {os.fspath(spec)!r} (name the sources apart with DATASET=SOURCE)", field="id")
+    return rows
+
+
+def _flashrag_rows(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"QA file not found: {path}")
+    return iter_jsonl(path)
+
+
+def _source_rows(source: QASource) -> Iterator[tuple[str, int, dict[str, Any]]]:
+    if source.kind == "flashrag":
+        for line, row in _flashrag_rows(source.location):
+            yield source.location, line, row
+    elif source.kind == "search_r1":
+        yield from _search_r1_rows(source.location)
+    else:
+        yield from _hub_rows(source)
+
+
+def _search_r1_rows(path: str) -> Iterator[tuple[str, int, dict[str, Any]]]:
+    """Search-R1's parquet rows as FlashRAG rows; ``line`` is the 1-based row number."""
+    import pyarrow.parquet as pq
+
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"QA file not found: {path}")
+    number = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=10_000):
+        for row in batch.to_pylist():
+            number += 1
+            yield path, number, _from_search_r1(row, path, number)
+
+
+def _from_search_r1(row: dict[str, Any], path: str, line: int) -> dict[str, Any]:
+    if "data_source" not in row or not isinstance(row["data_source"], str):
+        raise DataFormatError(path, line, "missing or not a string (Search-R1 rows name their dataset)",
+                              field="data_source")
+    question = row.get("question")
+    if not isinstance(question, str):
+        question = _question_from_prompt(row.get("prompt"), path, line)
+    golden = row.get("golden_answers")
+    if golden is None:
+        ground_truth = (row.get("reward_model") or {}).get("ground_truth")
+        if not isinstance(ground_truth, dict) or "target" not in ground_truth:
+            raise DataFormatError(path, line, "missing (and no golden_answers column)",
+                                  field="reward_model.ground_truth.target")
+        golden = ground_truth["target"]
+    row_id = row.get("id")
+    if row_id is None:
+        extra = row.get("extra_info") or {}
+        if not isinstance(extra, dict) or "index" not in extra:
+            raise DataFormatError(path, line, "missing (and no id column)", field="extra_info.index")
+        row_id = f"{extra.get('split') or 'row'}_{extra['index']}"
+    return {"id": str(row_id), "question": question, "golden_answers": golden, "dataset": row["data_source"]}
+
+
+def _question_from_prompt(prompt: Any, path: str, line: int) -> str:
+    """The question of Search-R1's prompt: what follows its last ``Question: `` in the first message, up to the
+    newline the template ends with."""
+    if not isinstance(prompt, list) or not prompt or not isinstance(prompt[0], dict) \
+            or not isinstance(prompt[0].get("content"), str):
+        raise DataFormatError(path, line, "expected a list of chat messages (and no question column)", field="prompt")
+    content = prompt[0]["content"]
+    head, marker, question = content.rpartition("Question: ")
+    if not marker or not question.strip():
+        raise DataFormatError(path, line, "holds no 'Question: ...' (and no question column)", field="prompt")
+    return question.strip()
+
+
+def _hub_rows(source: QASource) -> Iterator[tuple[str, int, dict[str, Any]]]:
+    try:
+        import datasets
+    except ImportError as error:  # a core dependency; named in case an environment lacks it
+        raise ImportError("hf: QA sources need the datasets package (pip install datasets)") from error
+    root = os.environ.get("AGENTIC_RETRIEVER_CACHE")
+    cache_dir = str(Path(root) / "datasets") if root else None
+    where = source.spec
+    try:
+        rows = datasets.load_dataset(source.location, source.config, split=source.split, cache_dir=cache_dir)
+    except (FileNotFoundError, ValueError) as error:
+        raise FileNotFoundError(f"QA source {where!r}: datasets.load_dataset({source.location!r}, "
+                                f"{source.config!r}, split={source.split!r}) failed: {error}") from error
+    for number, row in enumerate(rows, start=1):
+        yield where, number, dict(row)
