@@ -182,6 +182,14 @@ def _agent_rollout(config) -> None:
     print(json.dumps(dataclasses.asdict(run_rollout_job(config)), indent=2))
 
 
+def _agent_import(config) -> None:
+    from agent.imports import import_summary, import_trajectories
+
+    stats = import_trajectories(config)
+    print(import_summary(stats))
+    print(f"wrote {config.out} and {config.out}.import.json")
+
+
 def _agent_train(config) -> None:
     from agent.rl import run_rl_job
 
@@ -268,7 +276,7 @@ def _loop(config, args: argparse.Namespace) -> None:
 HANDLERS: dict[str, Callable] = {
     "data_prepare": _data_prepare, "data_qa": _data_qa, "index_build": _index_build, "index_search": _index_search,
     "index_serve": _index_serve, "index_swap": _index_swap, "eval_retrieval": _eval_retrieval, "eval_agent": _eval_agent,
-    "agent_sft": _agent_sft, "agent_rollout": _agent_rollout, "agent_train": _agent_train, "mine_run": _mine_run,
+    "agent_sft": _agent_sft, "agent_rollout": _agent_rollout, "agent_import": _agent_import, "agent_train": _agent_train, "mine_run": _mine_run,
     "mine_merge": _mine_merge, "mine_audit": _mine_audit, "retriever_train": _retriever_train,
     "retriever_export": _retriever_export, "demo": _demo, "loop": _loop,
 }

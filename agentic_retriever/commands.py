@@ -58,6 +58,8 @@ COMMANDS: tuple[Command, ...] = (
             "warm-start the search agent on synthesised search trajectories"),
     Command("agent", "rollout", "agent.rollouts:RolloutConfig",
             "run the agent over a QA file into a trajectory file"),
+    Command("agent", "import", "agent.imports:ImportConfig",
+            "trajectories from verl rollout dumps, Search-R1 responses or the Agentic-R release's step 1, as ours"),
     Command("agent", "train", "agent.rl.config:RLConfig",
             "RL of the agent (PPO or GRPO/DAPO) against a fixed retriever"),
     Command("mine", "run", "agentic_retriever.mining.job:MineJobConfig",

@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 from .jsonl import DataFormatError, iter_jsonl
 
-__all__ = ["QASource", "QASourceRow", "parse_qa_sources", "read_qa_source_rows"]
+__all__ = ["QASource", "QASourceRow", "parse_qa_sources", "read_qa_source_rows", "search_r1_qa_row"]
 
 #: File stems that name a split, not a dataset (FlashRAG's ``nq/train.jsonl`` layout).
 SPLIT_STEMS = frozenset({"train", "dev", "test", "val", "validation"})
@@ -147,10 +147,11 @@ def _search_r1_rows(path: str) -> Iterator[tuple[str, int, dict[str, Any]]]:
     for batch in pq.ParquetFile(path).iter_batches(batch_size=10_000):
         for row in batch.to_pylist():
             number += 1
-            yield path, number, _from_search_r1(row, path, number)
+            yield path, number, search_r1_qa_row(row, path, number)
 
 
-def _from_search_r1(row: dict[str, Any], path: str, line: int) -> dict[str, Any]:
+def search_r1_qa_row(row: dict[str, Any], path: str, line: int) -> dict[str, Any]:
+    """One row of Search-R1's parquet as a FlashRAG row (``id``, ``question``, ``golden_answers``, ``dataset``)."""
     if "data_source" not in row or not isinstance(row["data_source"], str):
         raise DataFormatError(path, line, "missing or not a string (Search-R1 rows name their dataset)",
                               field="data_source")
