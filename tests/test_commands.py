@@ -43,7 +43,7 @@ def test_every_command_is_typed_group_verb_reads_its_own_section_and_has_a_handl
 def test_unknown_section_is_an_error_naming_the_file_and_the_valid_names(tmp_path):
     path = _write(tmp_path, "index_buld:\n  out: x\n")
     with pytest.raises(ValueError, match=r"c\.yaml: unknown section 'index_buld' \(valid: workdir, retrieval, agent, "
-                                         r"data_prepare, index_build"):
+                                         r"data_prepare, data_qa, index_build"):
         load_config_file(path)
 
 
