@@ -148,14 +148,15 @@ def _answer_report(trajectories: list[Trajectory],
 
 def _by_dataset(trajectories: list[Trajectory], scores: list, rows: list[QARow], default: str
                 ) -> dict[str, dict[str, float]]:
-    """EM and F1 per dataset (a row's ``dataset``, else `default`: the QA file's name), as the paper's tables
-    report them; a trajectory whose question is not in `rows` counts under `default`."""
+    """EM, F1 and searches per trajectory, per dataset (a row's ``dataset``, else `default`: the QA file's name), as
+    the paper's tables report them; a trajectory whose question is not in `rows` counts under `default`."""
     dataset_of = {r.id: r.dataset or default for r in rows}
     groups: dict[str, list] = {}
     for trajectory, score in zip(trajectories, scores):
-        groups.setdefault(dataset_of.get(trajectory.question_id, default), []).append(score)
-    return {name: {"questions": len(group), "em": sum(s.em for s in group) / len(group),
-                   "f1": sum(s.f1 for s in group) / len(group)} for name, group in sorted(groups.items())}
+        groups.setdefault(dataset_of.get(trajectory.question_id, default), []).append((score, trajectory.num_searches))
+    return {name: {"questions": len(group), "em": sum(s.em for s, _ in group) / len(group),
+                   "f1": sum(s.f1 for s, _ in group) / len(group), "searches": sum(n for _, n in group) / len(group)}
+            for name, group in sorted(groups.items())}
 
 
 def trajectory_documents(trajectory: Trajectory) -> tuple[list[Passage], int]:

@@ -170,6 +170,13 @@ def _eval_agent(config) -> None:
     _print_report(evaluate_agent(config), config.out)
 
 
+def _eval_suite(config) -> None:
+    from agent.suite import run_suite, suite_table
+
+    print(suite_table(run_suite(config)), end="")
+    print(f"wrote suite.md, suite.json and trajectories.jsonl to {config.out}")
+
+
 def _agent_sft(config) -> None:
     from agent.sft import warm_start_agent
 
@@ -275,7 +282,7 @@ def _loop(config, args: argparse.Namespace) -> None:
 #: What each command does with its settings, by section.
 HANDLERS: dict[str, Callable] = {
     "data_prepare": _data_prepare, "data_qa": _data_qa, "index_build": _index_build, "index_search": _index_search,
-    "index_serve": _index_serve, "index_swap": _index_swap, "eval_retrieval": _eval_retrieval, "eval_agent": _eval_agent,
+    "index_serve": _index_serve, "index_swap": _index_swap, "eval_retrieval": _eval_retrieval, "eval_agent": _eval_agent, "eval_suite": _eval_suite,
     "agent_sft": _agent_sft, "agent_rollout": _agent_rollout, "agent_import": _agent_import, "agent_train": _agent_train, "mine_run": _mine_run,
     "mine_merge": _mine_merge, "mine_audit": _mine_audit, "retriever_train": _retriever_train,
     "retriever_export": _retriever_export, "demo": _demo, "loop": _loop,

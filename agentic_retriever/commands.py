@@ -54,6 +54,8 @@ COMMANDS: tuple[Command, ...] = (
             "Recall@k, MRR@k, nDCG@k and answer recall@k of an index on a QA file or a BEIR folder"),
     Command("eval", "agent", "agent.evaluate:AgentEvalConfig",
             "EM, F1, contains-EM, searches and evidence recall of agent trajectories"),
+    Command("eval", "suite", "agent.suite:SuiteConfig",
+            "the agent on the paper's seven QA sets with one retriever: EM, F1 and searches per dataset (Table 1)"),
     Command("agent", "sft", "agent.sft:WarmStartConfig",
             "warm-start the search agent on synthesised search trajectories"),
     Command("agent", "rollout", "agent.rollouts:RolloutConfig",

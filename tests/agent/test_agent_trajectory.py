@@ -208,15 +208,16 @@ def test_evaluation_of_a_hand_made_file(tmp_path):
     assert report["valid_format_rate"] == pytest.approx(2 / 4)
     assert report["evidence_recall"] == pytest.approx((0.5 + 1 + 0) / 3) and report["evidence_questions"] == 3
     assert report["finish_reasons"] == {"answer": 3, "max_turns": 1}
-    assert report["by_dataset"] == {"qa": {"questions": 4, "em": report["em"], "f1": report["f1"]}}  # the file's name
+    assert report["by_dataset"] == {"qa": {"questions": 4, "em": report["em"], "f1": report["f1"],
+                                           "searches": report["avg_searches"]}}  # the file's name
     assert "evidence_recall" not in evaluate_trajectories(path)
 
     merged = [dict(json.loads(line), dataset=name) for line, name in
               zip(qa.read_text().splitlines(), ("nq", "hotpotqa", "nq", "hotpotqa"))]
     (tmp_path / "merged.jsonl").write_text("\n".join(json.dumps(r) for r in merged) + "\n")
     by_dataset = evaluate_trajectories(path, tmp_path / "merged.jsonl")["by_dataset"]
-    assert by_dataset == {"hotpotqa": {"questions": 2, "em": 0.0, "f1": pytest.approx(f1_q2 / 2)},
-                          "nq": {"questions": 2, "em": 0.5, "f1": 0.5}}
+    assert by_dataset == {"hotpotqa": {"questions": 2, "em": 0.0, "f1": pytest.approx(f1_q2 / 2), "searches": 2.5},
+                          "nq": {"questions": 2, "em": 0.5, "f1": 0.5, "searches": 0.5}}
 
 
 def test_qa_rows_errors_name_file_line_and_field(tmp_path):
