@@ -204,7 +204,12 @@ def _agent_train(config) -> None:
 
 
 def _mine_run(config) -> None:
-    from .mining.job import run_mine_job
+    from .mining.job import plan_mine_job, run_mine_job
+    from .mining.plan import plan_table
+
+    if config.plan.only:
+        print(plan_table(plan_mine_job(config)), end="")
+        return
 
     result = run_mine_job(config)
     print(json.dumps(result.stats, indent=2, default=str))

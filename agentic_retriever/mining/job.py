@@ -17,9 +17,10 @@ from ..llm.loader import LLMConfig
 from .config import MiningConfig
 from .outputs import MiningResult
 from .pipeline import GACRoundFilter, mine
+from .plan import PlanConfig, plan_mining, token_counter
 from .shards import parse_shard
 
-__all__ = ["MineJobConfig", "MineMergeConfig", "run_mine_job"]
+__all__ = ["MineJobConfig", "MineMergeConfig", "plan_mine_job", "run_mine_job"]
 
 
 @dataclass
@@ -37,6 +38,7 @@ class MineJobConfig:
     agent: LLMConfig = field(default_factory=LLMConfig)
     scorer: LLMConfig = field(default_factory=LLMConfig)
     mining: MiningConfig = field(default_factory=MiningConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
 
 
 @dataclass
@@ -61,3 +63,33 @@ def run_mine_job(config: MineJobConfig, gac_rounds: GACRoundFilter | None = None
                   if config.mining.needs_scorer_llm else None)
         return mine(config.trajectories, open_client(config.retrieval), agent, scorer, config.mining,
                     config.out, parse_shard(config.shard), gac_rounds)
+
+
+def plan_mine_job(config: MineJobConfig) -> dict:
+    """The plan of `config` before it runs (`plan.plan_mining`; ``mine run --plan.only``): read from a sample of
+    `config.trajectories` when the file exists, else from the number of questions to be rolled out. Loads no
+    model: tokens are counted with the models' tokenizers when they load."""
+    from pathlib import Path
+
+    from ..jsonl import iter_jsonl, shard_bounds
+    from .environment import Trajectory
+
+    plan, path = config.plan, Path(config.trajectories)
+    if path.is_file():
+        with open(path, encoding="utf-8") as handle:
+            total = sum(1 for line in handle if line.strip())
+        start, stop = shard_bounds(total, parse_shard(config.shard))
+        sample = [Trajectory.from_json(row, path, line)
+                  for line, row in iter_jsonl(path, start, min(stop, start + plan.sample))]
+        total = stop - start
+    elif plan.qa or plan.questions:
+        from ..qa_sources import read_qa_source_rows
+
+        sample, total = [], (len(read_qa_source_rows(plan.qa)) if plan.qa else plan.questions) * plan.samples
+    else:
+        raise ValueError(f"nothing to plan: {path} does not exist yet; give the questions to be rolled out "
+                         "(--plan.qa QA or --plan.questions N)")
+    scorer_tokens, scorer_name = token_counter(config.scorer.model if config.mining.needs_scorer_llm else "")
+    agent_tokens, agent_name = token_counter(config.agent.model if config.mining.resolved_selection().use_gac else "")
+    return plan_mining(config.mining, sample, total, plan, scorer_tokens, agent_tokens,
+                       {"scorer": scorer_name, "agent": agent_name})

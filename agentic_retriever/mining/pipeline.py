@@ -74,6 +74,7 @@ from .shards import read_shard, shard_dir
 from .stats import STAGES, add_counters, count_gac, count_local_relevance, new_counters, summarize
 from .store import StageStore, open_stores, stable_hash
 from .sub_answers import SubAnswerGenerator, SubAnswerRequest
+from .plan import PlanConfig, llm_token_counter, plan_mining
 from .usage import CountingLLM, Usage
 
 __all__ = ["mine"]
@@ -398,6 +399,16 @@ class _Miner:
         return record["gac"] if self.config.gac_mode == "rollout" else gac_value(record, self.config.gac_criterion)
 
 
+def _plan_of(config: MiningConfig, trajectories: Sequence[Trajectory], agent, scorer) -> dict:
+    """The plan (`plan.plan_mining`) of this shard's trajectories, with this run's tokenizers: mining_stats.json
+    holds it beside the measured ``cost``, so a plan can be checked against what its run spent."""
+    scorer_tokens, scorer_name = llm_token_counter(scorer)
+    agent_tokens, agent_name = llm_token_counter(agent)
+    sample = list(trajectories[:PlanConfig().sample])
+    return plan_mining(config, sample, len(trajectories), PlanConfig(), scorer_tokens, agent_tokens,
+                       {"scorer": scorer_name, "agent": agent_name}) if sample else {}
+
+
 def mine(trajectories_path: str | os.PathLike, client: RetrievalClient | None, agent_llm, scorer_llm,
          config: MiningConfig | None = None, out_dir: str | os.PathLike = "mining",
          shard: tuple[int, int] = (0, 1), gac_rounds: GACRoundFilter | None = None) -> MiningResult:
@@ -448,4 +459,5 @@ def mine(trajectories_path: str | os.PathLike, client: RetrievalClient | None, a
             store.close()
     info = run_info(config, selection, scorer_used, agent, scorer, shard, total, time.perf_counter() - started,
                     retriever)
+    info["plan"] = _plan_of(config, trajectories, agent, scorer)
     return write_outputs(work, rows, round_records, summarize(miner.counters, info), config.plot)

@@ -14,6 +14,7 @@ from pathlib import Path
 from ..jsonl import DataFormatError, check_shard, iter_jsonl, parse_shard, read_json, shard_bounds
 from .environment import Trajectory
 from .outputs import ROUNDS_FILE, ROWS_FILE, STATS_FILE, MiningResult, write_outputs
+from .plan import merge_plans
 from .stats import add_counters, new_counters, summarize
 
 __all__ = ["merge_shards", "parse_shard", "read_shard", "shard_bounds", "shard_dir"]
@@ -59,9 +60,10 @@ def merge_shards(out_dir: str | os.PathLike, num_shards: int, plot: bool = True)
     missing = [str(f) for f in folders if not (f / ROWS_FILE).exists() or not (f / STATS_FILE).exists()]
     if missing:
         raise FileNotFoundError(f"shards not finished (no {ROWS_FILE} / {STATS_FILE}): {', '.join(missing)}")
-    rows, round_records, counters, first, seconds = [], [], new_counters(), None, 0.0
+    rows, round_records, counters, first, seconds, plans = [], [], new_counters(), None, 0.0, []
     for folder in folders:
         stats = read_json(folder / STATS_FILE)
+        plans.append(stats.get("plan") or {})
         first = first or stats
         for name in ("config", "prompt_version", "scorer_model", "agent_model", "scorer_fingerprint",
                      "agent_fingerprint", "retriever"):
@@ -75,5 +77,6 @@ def merge_shards(out_dir: str | os.PathLike, num_shards: int, plot: bool = True)
     info = {k: v for k, v in first.items() if k in ("prompt_version", "lr_scorer", "scorer_model", "agent_model",
                                                       "scorer_fingerprint", "agent_fingerprint", "retriever",
                                                       "gac_mode", "selection", "trajectories_in_file", "config")}
-    info.update(shard=[0, num_shards], merged_shards=num_shards, wall_seconds=round(seconds, 3))
+    info.update(shard=[0, num_shards], merged_shards=num_shards, wall_seconds=round(seconds, 3),
+                plan=merge_plans(plans))
     return write_outputs(Path(out_dir), rows, round_records, summarize(counters, info), plot)
