@@ -24,6 +24,8 @@ that still repeat are an error naming both places. A single JSONL source without
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,7 +34,7 @@ from typing import Any, Literal
 
 from .jsonl import DataFormatError, iter_jsonl
 
-__all__ = ["QASource", "QASourceRow", "parse_qa_sources", "read_qa_source_rows", "search_r1_qa_row"]
+__all__ = ["QASource", "QASourceRow", "parse_qa_sources", "qa_set_sha256", "read_qa_source_rows", "search_r1_qa_row"]
 
 #: File stems that name a split, not a dataset (FlashRAG's ``nq/train.jsonl`` layout).
 SPLIT_STEMS = frozenset({"train", "dev", "test", "val", "validation"})
@@ -119,6 +121,22 @@ def read_qa_source_rows(spec: str | os.PathLike) -> list[QASourceRow]:
             raise DataFormatError(r.where, r.line, f"id {r.row['id']!r} repeats {earlier.where}:{earlier.line} in "
                                   f"QA set {os.fspath(spec)!r} (name the sources apart with DATASET=SOURCE)", field="id")
     return rows
+
+
+def qa_set_sha256(spec: str | os.PathLike) -> str:
+    """A content key of the QA set `spec` (what caches and the loop's records key on): the file's bytes for a
+    single JSONL file read as it is, else the rows as read (ids, datasets and all), so a merged set, a parquet
+    or a hub split changes its key when its content does, whatever its path."""
+    sources = parse_qa_sources(os.fspath(spec))
+    digest = hashlib.sha256()
+    if len(sources) == 1 and sources[0].kind == "flashrag" and not sources[0].name:
+        with open(sources[0].location, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        return digest.hexdigest()
+    for r in read_qa_source_rows(spec):
+        digest.update(json.dumps(r.row, sort_keys=True, ensure_ascii=False, default=str).encode("utf-8") + b"\n")
+    return digest.hexdigest()
 
 
 def _flashrag_rows(path: str) -> Iterator[tuple[int, dict[str, Any]]]:

@@ -8,9 +8,10 @@ the same command a user with 8 GPUs runs (`agentic-retriever loop --config ...`)
 What it makes first, in the paper's formats and at the paths the config names (relative to ``--out``):
 - ``data/wiki-18.jsonl``: a few hundred passages of the embedded corpus in Search-R1's wiki-18 form
   (``{"id", "contents": '"Title"\\ntext'}``): the evidence pages of the chosen questions and a seeded sample of the rest;
-- ``data/qa/triviaqa_hotpotqa_train.jsonl`` and ``data/qa/hotpotqa_dev.jsonl``: FanOutQA leaf questions of the
-  prepared train and dev splits as FlashRAG rows (``{"id", "question", "golden_answers", "metadata"}``: no evidence
-  titles, no parent question, as the paper's QA files);
+- ``data/FlashRAG_datasets/{triviaqa,hotpotqa}/train.jsonl`` and ``data/FlashRAG_datasets/hotpotqa/dev.jsonl``:
+  FanOutQA leaf questions of the prepared train and dev splits as FlashRAG rows in the hub's layout
+  (``{"id": "train_0", "question", "golden_answers", "metadata"}``, numbered per file as FlashRAG does: the two
+  train files share ids, which the config's merged set namespaces; no evidence titles, no parent question);
 - the agent that stands in for Qwen2.5-7B-Base: SmolLM2-135M-Instruct warm-started on other train questions
   (`agent sft`, cached by its inputs), since a base 135M model does not write the dialect's tags and the loop would
   mine nothing. The 72B scorer's server is `benchmarks/_scripted_scorer.py` (its docstring says why), started and
@@ -71,10 +72,15 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
     write_jsonl(path, rows)
 
 
-def flashrag_row(row: dict) -> dict:
-    """A FanOutQA leaf row as FlashRAG writes its QA rows: no evidence titles, no parent question."""
-    return {"id": row["id"], "question": row["question"], "golden_answers": row["golden_answers"],
-            "metadata": {"source": "fanoutqa"}}
+def flashrag_row(row: dict, row_id: str) -> dict:
+    """A FanOutQA leaf row as FlashRAG writes its QA rows (ids numbered per split): no evidence titles, no parent
+    question; the FanOutQA id stays in the metadata."""
+    return {"id": row_id, "question": row["question"], "golden_answers": row["golden_answers"],
+            "metadata": {"source": "fanoutqa", "fanoutqa_id": row["id"]}}
+
+
+#: Where FlashRAG's QA datasets lie in the paper config (the hub repository's layout).
+FLASHRAG = Path("data") / "FlashRAG_datasets"
 
 
 def make_data(out: Path, seed: int = 0) -> dict:
@@ -96,8 +102,10 @@ def make_data(out: Path, seed: int = 0) -> dict:
     random.Random(seed).shuffle(rest)
     passages = evidence + rest[:max(0, CORPUS_PASSAGES - len(evidence))]
     _write_jsonl(out / "data" / "wiki-18.jsonl", passages)
-    _write_jsonl(out / "data" / "qa" / "triviaqa_hotpotqa_train.jsonl", [flashrag_row(r) for r in train])
-    _write_jsonl(out / "data" / "qa" / "hotpotqa_dev.jsonl", [flashrag_row(r) for r in dev])
+    half = len(train) // 2
+    for name, rows in (("triviaqa", train[:half]), ("hotpotqa", train[half:])):
+        _write_jsonl(out / FLASHRAG / name / "train.jsonl", [flashrag_row(r, f"train_{i}") for i, r in enumerate(rows)])
+    _write_jsonl(out / FLASHRAG / "hotpotqa" / "dev.jsonl", [flashrag_row(r, f"dev_{i}") for i, r in enumerate(dev)])
     _write_jsonl(out / "warm_start" / "questions.jsonl", warm)
     return {"passages": len(passages), "evidence_passages": len(evidence), "train_questions": len(train),
             "dev_questions": len(dev), "warm_start_questions": len(warm)}

@@ -14,7 +14,6 @@ of ``loop.services`` (`processes.StepServices`) run only while the steps that na
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..mining.store import stable_hash
+from ..qa_sources import qa_set_sha256
 from . import steps
 from .config import STEPS, LoopJob
 from .manifest import LoopManifest, LoopManifestError, StepRecord
@@ -66,14 +66,6 @@ def _non_default(config: Any, defaults: Any = None) -> dict:
         elif value != default:
             out[f.name] = value
     return out
-
-
-def _file_sha(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 class _Loop:
@@ -177,14 +169,14 @@ class _Loop:
 
         train = steps.train_agent if loop.agent_trainer == "embedded" else steps.train_agent_on_verl
         agent = self.step(i, "agent", {
-            "rl": _settings(job.agent_train, ("agent.model", "retrieval", "out")), "qa": _file_sha(job.agent_train.qa),
+            "rl": _settings(job.agent_train, ("agent.model", "retrieval", "out")), "qa": qa_set_sha256(job.agent_train.qa),
             "init": init_agent.identity, "retriever": retriever_id, "trainer": loop.agent_trainer,
             "verl": _settings(loop.verl) if loop.agent_trainer == "verl" else None},
             lambda out: train(job, init_agent.summary["model"], url, out))
         model = agent.summary["model"]
         rollouts = self.step(i, "trajectories", {
             "rollout": _settings(job.rollout, ("qa", "out", "retrieval", "agent.model", "limit")),
-            "qa": _file_sha(loop.mining_qa), "agent": agent.identity, "retriever": retriever_id},
+            "qa": qa_set_sha256(loop.mining_qa), "agent": agent.identity, "retriever": retriever_id},
             lambda out: steps.roll_out(job, model, url, out))
         mining = self.step(i, "mining", {
             "mine": _settings(job.mine, ("trajectories", "out", "retrieval", "agent.model")),
@@ -206,7 +198,7 @@ class _Loop:
         service.serve(index.summary["index"])
         self.step(i, "evaluate", {
             "eval": _settings(loop.eval), "rollout": _settings(job.rollout, ("qa", "out", "retrieval", "agent.model")),
-            "files": [_file_sha(p) for p in (loop.eval.leaf_qa, loop.eval.multihop_qa, loop.eval.agent_qa)],
+            "files": [qa_set_sha256(p) for p in (loop.eval.leaf_qa, loop.eval.multihop_qa, loop.eval.agent_qa)],
             "agent": agent.identity, "previous": retriever_id, "new": index.identity},
             lambda out: steps.evaluate_iteration(job, previous_index, index.summary["index"], model, out,
                                                  serve=service.url_for))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import yaml
 
+from agent.qa_data import read_qa_rows
 from agentic_retriever.commands import command
 from agentic_retriever.config import build_config
 
@@ -94,17 +95,23 @@ def test_the_merged_config_is_read_by_every_section_of_the_loop(tmp_path, monkey
                      set_by_caller=("qa", "out"))
 
 
-def test_the_stand_in_files_are_flashrag_rows_without_evidence_labels(tmp_path):
+def test_the_stand_in_files_are_flashrag_rows_without_evidence_labels(tmp_path, monkeypatch):
     """The dry run's QA files carry what FlashRAG's do (so the loop's evaluation must judge by answers), and its
     corpus is wiki-18's form holding every chosen question's evidence page."""
     from agentic_retriever.corpus import split_contents
 
     script = _script()
     summary = script.make_data(tmp_path)
-    train = script._jsonl(tmp_path / "data" / "qa" / "triviaqa_hotpotqa_train.jsonl")
-    dev = script._jsonl(tmp_path / "data" / "qa" / "hotpotqa_dev.jsonl")
-    assert {tuple(sorted(r)) for r in train + dev} == {("golden_answers", "id", "metadata", "question")}
-    assert not {r["id"] for r in train} & {r["id"] for r in dev}
+    folder = tmp_path / script.FLASHRAG
+    trivia, hotpot = (script._jsonl(folder / name / "train.jsonl") for name in ("triviaqa", "hotpotqa"))
+    dev = script._jsonl(folder / "hotpotqa" / "dev.jsonl")
+    assert {tuple(sorted(r)) for r in trivia + hotpot + dev} == {("golden_answers", "id", "metadata", "question")}
+    assert trivia[0]["id"] == hotpot[0]["id"] == "train_0" and dev[0]["id"] == "dev_0"  # numbered per split
+    assert not {r["metadata"]["fanoutqa_id"] for r in trivia + hotpot} & {r["metadata"]["fanoutqa_id"] for r in dev}
+    loop = build_config(command("loop").config_class(), "loop", None, str(ROOT / "configs" / "agentic_r_loop.yaml"))
+    monkeypatch.chdir(tmp_path)  # the config's paths are relative to where the loop runs, as the dry run runs it
+    merged = read_qa_rows(loop.mining_qa)
+    assert len(merged) == len(trivia) + len(hotpot) and merged[0].id == "triviaqa/train_0"  # the config's set
     corpus = script._jsonl(tmp_path / "data" / "wiki-18.jsonl")
     assert len(corpus) == summary["passages"] == script.CORPUS_PASSAGES and set(corpus[0]) == {"id", "contents"}
     titles = {split_contents(p["contents"])[0] for p in corpus}
