@@ -18,7 +18,8 @@ JSONL format (one object per line, UTF-8; written by `TrajectoryWriter`, read by
   the text the environment inserted after it (search results or the invalid-action message, "" if none).
   ``retrieved`` is parallel to ``queries`` for an executed search, one list for a ``forced`` observation
   (a resumed rollout's given passages) and empty when nothing was retrieved (answer, invalid action, a
-  search on the search-disabled last turn). A turn with empty ``text`` generated nothing: a forced
+  search on the search-disabled last turn); its ``scores`` are empty when the source kept none (`agent import`
+  of the release's step 1). A turn with empty ``text`` generated nothing: a forced
   observation, or a dialect's searches before the first turn (s3's turn 0; their passages are in the prompt).
 * The response (prompt excluded) is ``prefix`` followed by every turn's ``text + observation``.
   ``prefix`` is the given context of a resumed rollout ("" otherwise), ``prefix_turns`` the turns it used.
