@@ -17,8 +17,9 @@ whitespace around it) is its observation, kept as the agent saw it; Search-R1's 
 an invalid turn. Only the flashrag format says which passages a search returned. For the others the searches
 are run again, with the question, against the retriever the user names (``retrieval``): the ids, titles and
 scores then come from that retriever, and the statistics count these searches and how many got the very titles
-the observation showed. A question gets its id (and dataset) from ``qa`` when given, matched by normalised
-question, else ``q-`` and a hash of the question; a question's trajectories are numbered as samples in order.
+the observation showed. A question gets its id from ``qa`` when given, matched by normalised question (a
+merged set's namespaced ids), else the input's own id (flashrag), else ``q-`` and a hash of the question; an id
+given to two different questions is an error; a question's trajectories are numbered as samples in order.
 """
 
 from __future__ import annotations
@@ -280,6 +281,7 @@ def import_trajectories(config: ImportConfig, client: RetrievalClient | None = N
     by_question = _qa_index(config.qa) if config.qa else {}
     built: list[tuple[Trajectory, list[int]]] = []  # the trajectory and its search turns still without passages
     samples: Counter[str] = Counter()
+    question_of: dict[str, str] = {}  # question id -> the question it was first given to
     for raw in _READERS[config.format](config.inputs):
         turns, trailing = split_response(raw.response)
         searched = [i for i, t in enumerate(turns) if t.action == "search" and t.observation]
@@ -294,12 +296,14 @@ def import_trajectories(config: ImportConfig, client: RetrievalClient | None = N
         if trailing.strip():
             log.debug("%s:%d: text after the answer dropped: %r", raw.where, raw.line, trailing[:80])
         matched = by_question.get(normalize_answer(raw.question))
-        question_id = raw.question_id or (matched[0] if matched else _hashed_id(raw.question))
-        if config.qa:
-            stats.questions_matched_to_qa += matched is not None
-            stats.questions_hashed += matched is None and raw.question_id is None
-        else:
-            stats.questions_hashed += raw.question_id is None
+        question_id = matched[0] if matched else (raw.question_id or _hashed_id(raw.question))
+        stats.questions_matched_to_qa += matched is not None
+        stats.questions_hashed += matched is None and raw.question_id is None
+        earlier = question_of.setdefault(question_id, raw.question)
+        if normalize_answer(earlier) != normalize_answer(raw.question):
+            raise DataFormatError(raw.where, raw.line, f"question id {question_id!r} also names another question "
+                                  f"({earlier!r}): inputs of several datasets number their ids alike; give --qa "
+                                  "with the merged QA set to take its namespaced ids", field="id")
         answer = _DIALECT.extract_answer(raw.response)
         scores = qa_scores(answer, raw.golden)
         sample = samples[question_id]

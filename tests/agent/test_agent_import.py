@@ -161,3 +161,29 @@ def test_agent_import_command_writes_the_trajectories_and_says_where_passages_ca
     printed = capsys.readouterr().out
     assert "4 trajectories" in printed and "none run again" in printed
     assert [t.question_id for t in read_trajectories(out)] == [t.question_id for t in items]
+
+
+def test_release_outputs_of_two_datasets_take_the_merged_sets_namespaced_ids(tmp_path):
+    """The release runs step 1 per dataset, and FlashRAG numbers each dataset's ids alike (train_0, ...)."""
+    items = trajectories()
+    trivia, hotpot = [], []
+    for i, t in enumerate(items[:2]):
+        trivia.append(Trajectory(**{**t.__dict__, "question_id": f"train_{i}"}))
+    for i, t in enumerate(items[2:]):
+        hotpot.append(Trajectory(**{**t.__dict__, "question_id": f"train_{i}"}))
+    (tmp_path / "triviaqa").mkdir()
+    (tmp_path / "hotpotqa").mkdir()
+    write_release_step1(tmp_path / "triviaqa" / "intermediate_data.json", trivia)
+    write_release_step1(tmp_path / "hotpotqa" / "intermediate_data.json", hotpot)
+    inputs = [str(tmp_path / "triviaqa"), str(tmp_path / "hotpotqa")]
+    with pytest.raises(DataFormatError, match="give --qa with the merged QA set") as error:
+        import_trajectories(ImportConfig(format="flashrag", inputs=inputs, out=str(tmp_path / "o.jsonl")))
+    assert (error.value.path, error.value.line) == (str(tmp_path / "hotpotqa" / "intermediate_data.json"), 1)
+    for name, part in (("triviaqa", trivia), ("hotpotqa", hotpot)):
+        write_jsonl(tmp_path / "qa" / name / "train.jsonl", [{"id": t.question_id, "question": t.question,
+                                                            "golden_answers": t.golden_answers} for t in part])
+    merged = f"{tmp_path}/qa/triviaqa/train.jsonl,{tmp_path}/qa/hotpotqa/train.jsonl"
+    stats = import_trajectories(ImportConfig(format="flashrag", inputs=inputs, out=str(tmp_path / "o.jsonl"), qa=merged))
+    assert [t.question_id for t in read_trajectories(tmp_path / "o.jsonl")] == [
+        "triviaqa/train_0", "triviaqa/train_1", "hotpotqa/train_0", "hotpotqa/train_1"]
+    assert stats.questions_matched_to_qa == 4 and stats.questions_hashed == 0
