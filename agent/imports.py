@@ -180,8 +180,9 @@ def _verl_raws(inputs: Sequence[str]) -> Iterator[_Raw]:
                 if name not in row:
                     raise DataFormatError(path, line, "missing (verl's rollout dumps have input, output, gts)",
                                           field=name)
-            if not isinstance(row["input"], str) or not isinstance(row["output"], str):
-                raise DataFormatError(path, line, "expected strings", field="output")
+            for name in ("input", "output"):
+                if not isinstance(row[name], str):
+                    raise DataFormatError(path, line, f"expected a string, got {type(row[name]).__name__}", field=name)
             yield _Raw(_question_after_marker(row["input"], str(path), line, "input"),
                        _golden(row["gts"], str(path), line, "gts"), row["output"], str(path), line)
 
@@ -220,6 +221,8 @@ def _flashrag_raws(inputs: Sequence[str]) -> Iterator[_Raw]:
             raise DataFormatError(path, None, "expected FlashRAG's list of items (intermediate_data.json)")
         for number, item in enumerate(items, start=1):
             where = str(path)
+            if not isinstance(item, dict):
+                raise DataFormatError(where, number, f"expected an item object, got {type(item).__name__}")
             for name in ("id", "question", "golden_answers", "output"):
                 if name not in item:
                     raise DataFormatError(where, number, "missing", field=name)
@@ -252,11 +255,11 @@ def _flashrag_retrievals(output: dict, where: str, number: int) -> list[Retrieve
 _READERS = {"verl": _verl_raws, "search_r1": _search_r1_raws, "flashrag": _flashrag_raws}
 
 
-def _qa_index(spec: str) -> dict[str, tuple[str, list[str]]]:
-    """Normalised question -> (id, golden answers) of the first row asking it."""
-    index: dict[str, tuple[str, list[str]]] = {}
+def _qa_index(spec: str) -> dict[str, str]:
+    """Normalised question -> the id of the first row asking it."""
+    index: dict[str, str] = {}
     for row in read_qa_rows(spec):
-        index.setdefault(normalize_answer(row.question), (row.id, list(row.golden_answers)))
+        index.setdefault(normalize_answer(row.question), row.id)
     return index
 
 
@@ -296,7 +299,7 @@ def import_trajectories(config: ImportConfig, client: RetrievalClient | None = N
         if trailing.strip():
             log.debug("%s:%d: text after the answer dropped: %r", raw.where, raw.line, trailing[:80])
         matched = by_question.get(normalize_answer(raw.question))
-        question_id = matched[0] if matched else (raw.question_id or _hashed_id(raw.question))
+        question_id = matched or raw.question_id or _hashed_id(raw.question)
         stats.questions_matched_to_qa += matched is not None
         stats.questions_hashed += matched is None and raw.question_id is None
         earlier = question_of.setdefault(question_id, raw.question)
