@@ -56,7 +56,6 @@ import os
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 from agentic_retriever.client import RetrievalClient, RetrievalConfig, open_client
@@ -65,6 +64,7 @@ from agentic_retriever.eval.qa import contains_match, f1_score, qa_scores
 from agentic_retriever.fingerprint import llm_fingerprint
 from agentic_retriever.llm import LLMConfig
 from agentic_retriever.llm.base import LLM
+from agentic_retriever.qa_sources import qa_set_name
 
 from .dialects.s3 import NAIVE_RAG_TOPK
 from .naive_rag import NaiveRagCache, retriever_identity
@@ -136,7 +136,7 @@ def _answer_report(trajectories: list[Trajectory],
     }
     if qa_rows is not None:
         rows = as_qa_rows(qa_rows)
-        report["by_dataset"] = _by_dataset(trajectories, scores, rows, Path(qa_rows).stem
+        report["by_dataset"] = _by_dataset(trajectories, scores, rows, qa_set_name(qa_rows)
                                            if isinstance(qa_rows, (str, os.PathLike)) else "all")
         evidence = {r.id: set(r.supporting_titles) for r in rows if r.supporting_titles}
         recalls = [len(evidence[t.question_id] & set(t.retrieved_titles)) / len(evidence[t.question_id])
@@ -148,7 +148,7 @@ def _answer_report(trajectories: list[Trajectory],
 
 def _by_dataset(trajectories: list[Trajectory], scores: list, rows: list[QARow], default: str
                 ) -> dict[str, dict[str, float]]:
-    """EM, F1 and searches per trajectory, per dataset (a row's ``dataset``, else `default`: the QA file's name), as
+    """EM, F1 and searches per trajectory, per dataset (a row's ``dataset``, else `default`: the QA set's name), as
     the paper's tables report them; a trajectory whose question is not in `rows` counts under `default`."""
     dataset_of = {r.id: r.dataset or default for r in rows}
     groups: dict[str, list] = {}

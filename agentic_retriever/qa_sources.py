@@ -34,7 +34,8 @@ from typing import Any, Literal
 
 from .jsonl import DataFormatError, iter_jsonl
 
-__all__ = ["QASource", "QASourceRow", "parse_qa_sources", "qa_set_sha256", "read_qa_source_rows", "search_r1_qa_row"]
+__all__ = ["QASource", "QASourceRow", "parse_qa_sources", "qa_set_name", "qa_set_sha256", "read_qa_source_rows",
+           "search_r1_qa_row"]
 
 #: File stems that name a split, not a dataset (FlashRAG's ``nq/train.jsonl`` layout).
 SPLIT_STEMS = frozenset({"train", "dev", "test", "val", "validation"})
@@ -121,6 +122,13 @@ def read_qa_source_rows(spec: str | os.PathLike) -> list[QASourceRow]:
             raise DataFormatError(r.where, r.line, f"id {r.row['id']!r} repeats {earlier.where}:{earlier.line} in "
                                   f"QA set {os.fspath(spec)!r} (name the sources apart with DATASET=SOURCE)", field="id")
     return rows
+
+
+def qa_set_name(spec: str | os.PathLike) -> str:
+    """What a report calls the rows of `spec` that name no dataset: its one source's dataset (the folder of
+    FlashRAG's ``hotpotqa/dev.jsonl``, else the file's stem), or ``all`` for several sources."""
+    sources = parse_qa_sources(os.fspath(spec))
+    return (sources[0].default_dataset or "all") if len(sources) == 1 else "all"
 
 
 def qa_set_sha256(spec: str | os.PathLike) -> str:

@@ -218,6 +218,10 @@ def test_evaluation_of_a_hand_made_file(tmp_path):
     by_dataset = evaluate_trajectories(path, tmp_path / "merged.jsonl")["by_dataset"]
     assert by_dataset == {"hotpotqa": {"questions": 2, "em": 0.0, "f1": pytest.approx(f1_q2 / 2), "searches": 2.5},
                           "nq": {"questions": 2, "em": 0.5, "f1": 0.5, "searches": 0.5}}
+    (tmp_path / "hotpotqa").mkdir()
+    flashrag_layout = tmp_path / "hotpotqa" / "dev.jsonl"  # FlashRAG's DATASET/SPLIT.jsonl: the folder names it
+    flashrag_layout.write_text(qa.read_text())
+    assert list(evaluate_trajectories(path, flashrag_layout)["by_dataset"]) == ["hotpotqa"]
 
 
 def test_qa_rows_errors_name_file_line_and_field(tmp_path):
