@@ -151,3 +151,28 @@ def test_prepare_defaults_writes_the_embedded_corpus_and_fanoutqa_splits(tmp_pat
 def test_prepare_defaults_rejects_a_degenerate_split(tmp_path):
     with pytest.raises(ValueError, match="dev_fraction"):
         prepare_defaults(PrepareConfig(out=str(tmp_path), dev_fraction=1.0))
+
+
+@pytest.mark.parametrize("leak", ["dev_question_in_a_train_role", "question_in_two_train_roles"])
+def test_prepare_defaults_stops_when_the_splits_it_made_share_a_question(tmp_path, monkeypatch, leak):
+    """`fanoutqa_rows` keeps dev's questions out of train; should it ever fail to, the disjointness checks in
+    `prepare_defaults` are what stop the files: a leaf asked again (new id, same question after normalisation)
+    under a train question of another role, or under a train question while dev asks it."""
+    import agentic_retriever.data.prepare as prepare
+
+    made = prepare.fanoutqa_rows
+
+    def leaky(questions, text, dev_fraction):
+        leaves, multihop = made(questions, text, dev_fraction)
+        roles = {r["id"]: prepare.train_role(r["id"], 0.5, 0.3) for r in multihop["train"]}
+        mining_parent = next(qid for qid, role in roles.items() if role == "mining")
+        source = leaves["dev"][0] if leak == "dev_question_in_a_train_role" else next(
+            r for r in leaves["train"] if roles[r["parent_id"]] == "warmstart")
+        leaves["train"].append({**source, "id": "asked-again", "parent_id": mining_parent,
+                                "question": source["question"].upper() + "!"})
+        return leaves, multihop
+
+    monkeypatch.setattr(prepare, "fanoutqa_rows", leaky)
+    with pytest.raises(ValueError, match="must be disjoint"):
+        prepare_defaults(PrepareConfig(out=str(tmp_path), dev_fraction=0.3, mining_fraction=0.5, heldout_fraction=0.3))
+    assert not (tmp_path / "prepare_summary.json").exists(), "an unfinished folder is not taken as prepared"

@@ -270,3 +270,18 @@ def test_scoring_many_golds_per_candidate_computes_the_agent_context_once(model_
     computed = cached.prefill_stats.computed_tokens - before.computed_tokens
     after_context = sum(len(p) + len(c) - len(context) for p, c in zip(prompts, continuations))
     assert computed <= len(context) + after_context
+
+
+def test_the_backend_takes_its_default_budget_from_the_device_its_model_is_on(model_and_tokenizer, monkeypatch):
+    """`TransformersLLM` itself reads its model's device: a model on a device the table does not name (the meta
+    device stands in for an accelerator) gets no cache, and the table's entry for that device when it has one."""
+    import agentic_retriever.llm.prefix_cache as prefix_cache
+    from transformers import AutoModelForCausalLM
+
+    model, tokenizer = model_and_tokenizer
+    with torch.device("meta"):
+        elsewhere = AutoModelForCausalLM.from_config(model.config)
+    assert TransformersLLM(elsewhere, tokenizer).prefix_cache is None
+    monkeypatch.setitem(prefix_cache.PREFIX_CACHE_TOKENS_BY_DEVICE, "meta", 1234)
+    assert TransformersLLM(elsewhere, tokenizer).prefix_cache.max_tokens == 1234
+    assert TransformersLLM(elsewhere, tokenizer, prefix_cache_tokens=0).prefix_cache is None

@@ -3,6 +3,7 @@ limits (413) and the time bound (504), and results that do not depend on batch-m
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
@@ -269,3 +270,31 @@ def test_a_big_answer_is_streamed_in_pieces_with_the_bytes_of_one_json_response(
             small = httpx.post(f"{url}/retrieve", json={"queries": queries[:3], "topk": 3, "return_scores": scores})
             assert "content-length" in small.headers, "a small answer is one JSON response, as before"
             assert result[:3] == small.json()["result"]
+
+
+def test_a_streamed_answer_lets_the_event_loop_serve_others_between_its_pieces():
+    """`render_answer` as Starlette's StreamingResponse consumes it, inside the event loop: another task (a small
+    request's handler) runs between the pieces of a big answer, not only after its last one."""
+    from agentic_retriever.corpus import ScoredPassage
+    from agentic_retriever.server.schema import RENDER_PIECE_ROWS, render_answer
+
+    results = [[ScoredPassage(str(i), f"T{i}", "text", 1.0)] for i in range(RENDER_PIECE_ROWS * 3)]
+
+    async def serve() -> list[str]:
+        order: list[str] = []
+
+        async def small_request() -> None:
+            for _ in range(2):
+                order.append("small")
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(small_request())
+        async for _ in render_answer(results, with_scores=True):
+            order.append("piece")
+        await task
+        return order
+
+    order = asyncio.run(serve())
+    pieces = [i for i, what in enumerate(order) if what == "piece"]
+    assert len(pieces) == 5  # the opening, three pieces of rows, the closing
+    assert any(pieces[0] < i < pieces[-1] for i, what in enumerate(order) if what == "small"), order
