@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from agentic_retriever.client import RetrievalClient, RetrievalConfig, open_client
-from agentic_retriever.jsonl import write_json
+from agentic_retriever.jsonl import atomic_write, write_json
 from agentic_retriever.llm import LLMConfig
 from agentic_retriever.llm.base import LLM
 
@@ -30,6 +30,7 @@ from .env import EnvConfig
 from .evaluate import evaluate_trajectories
 from .qa_data import QARow, read_qa_rows
 from .rollouts import run_rollouts
+from .trajectory import read_trajectories
 
 __all__ = ["PAPER_QA", "PAPER_SPLITS", "SuiteConfig", "run_suite", "suite_table"]
 
@@ -84,9 +85,14 @@ def run_suite(config: SuiteConfig, llm: LLM | None = None, client: RetrievalClie
     rows = _first_per_dataset(read_qa_rows(config.qa), config.per_dataset)
     if not rows:
         raise ValueError(f"QA set {config.qa!r} holds no questions")
+    trajectories = out / "trajectories.jsonl"
+    wanted = {row.id for row in rows}
+    stray = sorted({t.question_id for t in read_trajectories(trajectories)} - wanted) if trajectories.is_file() else []
+    if stray:
+        raise ValueError(f"{trajectories} holds trajectories of questions outside this QA set (e.g. {stray[:3]}): it "
+                         "was written for another QA set or per_dataset; give another --out")
     client = client if client is not None else open_client(config.retrieval)
     retriever = config.retrieval.index or config.retrieval.url or type(client).__name__
-    trajectories = out / "trajectories.jsonl"
     if llm is not None:
         run_rollouts(rows, llm, client, config.env, trajectories, config.batch_size, retriever)
     else:
@@ -94,18 +100,15 @@ def run_suite(config: SuiteConfig, llm: LLM | None = None, client: RetrievalClie
 
         with load_llm(config.agent) as loaded:
             run_rollouts(rows, loaded, client, config.env, trajectories, config.batch_size, retriever)
-    wanted = {row.id for row in rows}
     evaluated = evaluate_trajectories(trajectories, rows)
-    if evaluated["trajectories"] != len(wanted):
-        raise ValueError(f"{trajectories} holds {evaluated['trajectories']} trajectories for {len(wanted)} questions: "
-                         "it was written for another QA set or per_dataset; give another --out")
     datasets = _ordered(evaluated["by_dataset"])
     report = {"qa": config.qa, "retriever": retriever, "agent": config.agent.model if llm is None else llm.name,
               "questions": len(rows), "datasets": datasets,
               "average": {metric: sum(d[metric] for d in datasets.values()) / len(datasets)
                           for metric in ("em", "f1", "searches")}}
     write_json(out / "suite.json", report)
-    (out / "suite.md").write_text(suite_table(report))
+    with atomic_write(out / "suite.md") as handle:
+        handle.write(suite_table(report))
     return report
 
 

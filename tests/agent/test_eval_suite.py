@@ -38,9 +38,11 @@ def test_the_table_holds_each_datasets_scores_and_their_plain_mean(tmp_path):
 
     agent = FakeAgent()
     assert run_suite(config, llm=agent, client=world) == report and agent.calls == [], "a rerun reuses the rollouts"
-    with pytest.raises(ValueError, match="another QA set"):
+    agent = FakeAgent()
+    with pytest.raises(ValueError, match="another QA set"):  # refused before any rollout
         run_suite(SuiteConfig(qa=f"{nq},{popqa},{hotpot}", out=str(tmp_path / "suite"), per_dataset=1),
-                  llm=FakeAgent(), client=world)
+                  llm=agent, client=world)
+    assert agent.calls == []
 
 
 def test_the_default_qa_is_the_papers_seven_flashrag_splits_as_search_r1_evaluates():
