@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,8 +90,6 @@ def llm_token_counter(llm) -> tuple[Callable[[str], int], str]:
 
 def _observed_passages(trajectories: Sequence[Trajectory]) -> list[str]:
     """The passages the sample's observations show (``Doc i(Title: ...) text``), as the scorer would see them."""
-    import re
-
     found = []
     for trajectory in trajectories:
         for turn in trajectory.turns:
