@@ -13,6 +13,9 @@ from tests.fakes import synthetic_rows, write_jsonl
 
 #: The cache the project writes to outside the tests (`agentic_retriever.defaults.cache_root`), as the user has it.
 USER_CACHE = Path(os.environ.get("AGENTIC_RETRIEVER_CACHE") or Path.home() / ".cache" / "agentic_retriever")
+#: The `datasets` library's cache (hub QA sets, and the parquet files verl's dataset loads), as the user has it.
+USER_DATASETS_CACHE = Path(os.environ.get("HF_DATASETS_CACHE")
+                           or Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface") / "datasets")
 
 
 def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
@@ -25,15 +28,22 @@ def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
 def _isolated_cache(tmp_path_factory):
     """Every cache the suite writes goes under the session's temporary folder: set for the whole session, before
     any session-, package- or module-scoped fixture runs. At the end the user's cache must be as it was found."""
-    before = _snapshot(USER_CACHE)
+    import datasets.config  # read its cache folder at import: the environment alone comes too late
+
+    caches = (USER_CACHE, USER_DATASETS_CACHE)
+    before = [_snapshot(root) for root in caches]
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("AGENTIC_RETRIEVER_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+        test_datasets_cache = tmp_path_factory.getbasetemp() / "hf_datasets"
+        patch.setenv("HF_DATASETS_CACHE", str(test_datasets_cache))  # processes the tests start (verl's workers)
+        patch.setattr(datasets.config, "HF_DATASETS_CACHE", test_datasets_cache)
         yield
-    after = _snapshot(USER_CACHE)
-    if after != before:
-        changed = sorted(set(after.items()) ^ set(before.items()))
-        pytest.fail(f"the test suite changed the user's cache {USER_CACHE}: {len(changed)} files, e.g. "
-                    f"{[name for name, _ in changed[:5]]}; a fixture wrote there instead of the test cache")
+    for root, earlier in zip(caches, before):
+        after = _snapshot(root)
+        if after != earlier:
+            changed = sorted(set(after.items()) ^ set(earlier.items()))
+            pytest.fail(f"the test suite changed the user's cache {root}: {len(changed)} files, e.g. "
+                        f"{[name for name, _ in changed[:5]]}; a fixture wrote there instead of the test cache")
 
 
 @pytest.fixture
