@@ -37,7 +37,7 @@ from agentic_retriever.client import RetrievalClient, RetrievalConfig, open_clie
 from agentic_retriever.corpus import split_contents
 from agentic_retriever.eval.qa import golden_strings, normalize_answer, qa_scores
 from agentic_retriever.jsonl import DataFormatError, iter_jsonl, read_json, write_json, write_jsonl
-from agentic_retriever.qa_sources import search_r1_qa_row
+from agentic_retriever.qa_sources import iter_search_r1_file, question_after_marker, search_r1_qa_row
 
 from .dialects.search_r1 import INVALID_ACTION_MESSAGE, SearchR1Dialect
 from .qa_data import read_qa_rows
@@ -136,15 +136,6 @@ def split_response(response: str) -> tuple[list[Turn], str]:
     return turns, ""
 
 
-def _question_after_marker(text: str, where: str, line: int, field_name: str) -> str:
-    """The question of a Search-R1 prompt: after its last ``Question: ``, up to the line's end."""
-    head, marker, tail = text.rpartition("Question: ")
-    question = tail.split("\n", 1)[0].strip()
-    if not marker or not question:
-        raise DataFormatError(where, line, "holds no Search-R1 'Question: ...'", field=field_name)
-    return question
-
-
 def _golden(value: Any, where: str, line: int, field_name: str) -> list[str]:
     if isinstance(value, dict):
         value = value.get("target")
@@ -183,26 +174,13 @@ def _verl_raws(inputs: Sequence[str]) -> Iterator[_Raw]:
             for name in ("input", "output"):
                 if not isinstance(row[name], str):
                     raise DataFormatError(path, line, f"expected a string, got {type(row[name]).__name__}", field=name)
-            yield _Raw(_question_after_marker(row["input"], str(path), line, "input"),
+            yield _Raw(question_after_marker(row["input"], str(path), line, "input"),
                        _golden(row["gts"], str(path), line, "gts"), row["output"], str(path), line)
-
-
-def _search_r1_rows(path: Path) -> Iterator[tuple[int, dict]]:
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        number = 0
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=10_000):
-            for row in batch.to_pylist():
-                number += 1
-                yield number, row
-    else:
-        yield from iter_jsonl(path)
 
 
 def _search_r1_raws(inputs: Sequence[str]) -> Iterator[_Raw]:
     for path in _input_files(inputs, "*.parquet"):
-        for line, row in _search_r1_rows(path):
+        for line, row in iter_search_r1_file(path):
             qa = search_r1_qa_row(row, str(path), line)
             responses = row.get("responses")
             if isinstance(responses, str):

@@ -15,7 +15,6 @@ each dataset, and their unweighted means.
 
 from __future__ import annotations
 
-import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,8 +32,6 @@ from .rollouts import run_rollouts
 from .trajectory import read_trajectories
 
 __all__ = ["PAPER_QA", "PAPER_SPLITS", "SuiteConfig", "run_suite", "suite_table"]
-
-log = logging.getLogger(__name__)
 
 #: The paper's datasets in its Table 1 order, with the FlashRAG split Search-R1's evaluation reads and the column name.
 PAPER_SPLITS: tuple[tuple[str, str, str], ...] = (

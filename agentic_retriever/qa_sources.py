@@ -34,8 +34,8 @@ from typing import Any, Literal
 
 from .jsonl import DataFormatError, iter_jsonl
 
-__all__ = ["QASource", "QASourceRow", "parse_qa_sources", "qa_set_name", "qa_set_sha256", "read_qa_source_rows",
-           "search_r1_qa_row"]
+__all__ = ["QASource", "QASourceRow", "iter_search_r1_file", "parse_qa_sources", "qa_set_name", "qa_set_sha256",
+           "question_after_marker", "read_qa_source_rows", "search_r1_qa_row"]
 
 #: File stems that name a split, not a dataset (FlashRAG's ``nq/train.jsonl`` layout).
 SPLIT_STEMS = frozenset({"train", "dev", "test", "val", "validation"})
@@ -165,15 +165,24 @@ def _source_rows(source: QASource) -> Iterator[tuple[str, int, dict[str, Any]]]:
 
 def _search_r1_rows(path: str) -> Iterator[tuple[str, int, dict[str, Any]]]:
     """Search-R1's parquet rows as FlashRAG rows; ``line`` is the 1-based row number."""
-    import pyarrow.parquet as pq
-
     if not Path(path).is_file():
         raise FileNotFoundError(f"QA file not found: {path}")
+    for number, row in iter_search_r1_file(path):
+        yield path, number, search_r1_qa_row(row, path, number)
+
+
+def iter_search_r1_file(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(1-based row number, row) of a Search-R1 data file: its parquet, or JSONL rows of the same fields."""
+    if Path(path).suffix != ".parquet":
+        yield from iter_jsonl(path)
+        return
+    import pyarrow.parquet as pq
+
     number = 0
     for batch in pq.ParquetFile(path).iter_batches(batch_size=10_000):
         for row in batch.to_pylist():
             number += 1
-            yield path, number, search_r1_qa_row(row, path, number)
+            yield number, row
 
 
 def search_r1_qa_row(row: dict[str, Any], path: str, line: int) -> dict[str, Any]:
@@ -206,11 +215,17 @@ def _question_from_prompt(prompt: Any, path: str, line: int) -> str:
     if not isinstance(prompt, list) or not prompt or not isinstance(prompt[0], dict) \
             or not isinstance(prompt[0].get("content"), str):
         raise DataFormatError(path, line, "expected a list of chat messages (and no question column)", field="prompt")
-    content = prompt[0]["content"]
-    head, marker, question = content.rpartition("Question: ")
-    if not marker or not question.strip():
-        raise DataFormatError(path, line, "holds no 'Question: ...' (and no question column)", field="prompt")
-    return question.strip()
+    return question_after_marker(prompt[0]["content"], path, line, "prompt")
+
+
+def question_after_marker(text: str, path: str, line: int, field: str) -> str:
+    """The question of a Search-R1 prompt, decoded or not: what follows its last ``Question: ``, up to the end of
+    that line; DataFormatError naming `field` when there is none."""
+    head, marker, tail = text.rpartition("Question: ")
+    question = tail.split("\n", 1)[0].strip()
+    if not marker or not question:
+        raise DataFormatError(path, line, "holds no Search-R1 'Question: ...'", field=field)
+    return question
 
 
 def _hub_rows(source: QASource) -> Iterator[tuple[str, int, dict[str, Any]]]:

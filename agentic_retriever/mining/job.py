@@ -10,15 +10,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import ClassVar
 
 from ..client import RetrievalConfig, open_client
+from ..jsonl import shard_bounds
 from ..llm.loader import LLMConfig
+from ..qa_sources import read_qa_source_rows
 from .config import MiningConfig
 from .outputs import MiningResult
 from .pipeline import GACRoundFilter, mine
 from .plan import PlanConfig, plan_mining, token_counter
-from .shards import parse_shard
+from .shards import parse_shard, read_shard
 
 __all__ = ["MineJobConfig", "MineMergeConfig", "plan_mine_job", "run_mine_job"]
 
@@ -69,22 +72,13 @@ def plan_mine_job(config: MineJobConfig) -> dict:
     """The plan of `config` before it runs (`plan.plan_mining`; ``mine run --plan.only``): read from a sample of
     `config.trajectories` when the file exists, else from the number of questions to be rolled out. Loads no
     model: tokens are counted with the models' tokenizers when they load."""
-    from pathlib import Path
-
-    from ..jsonl import iter_jsonl, shard_bounds
-    from .environment import Trajectory
-
     plan, path = config.plan, Path(config.trajectories)
     if path.is_file():
-        with open(path, encoding="utf-8") as handle:
-            total = sum(1 for line in handle if line.strip())
-        start, stop = shard_bounds(total, parse_shard(config.shard))
-        sample = [Trajectory.from_json(row, path, line)
-                  for line, row in iter_jsonl(path, start, min(stop, start + plan.sample))]
+        shard = parse_shard(config.shard)
+        sample, in_file = read_shard(path, shard, limit=plan.sample)
+        start, stop = shard_bounds(in_file, shard)
         total = stop - start
     elif plan.qa or plan.questions:
-        from ..qa_sources import read_qa_source_rows
-
         sample, total = [], (len(read_qa_source_rows(plan.qa)) if plan.qa else plan.questions) * plan.samples
     else:
         raise ValueError(f"nothing to plan: {path} does not exist yet; give the questions to be rolled out "

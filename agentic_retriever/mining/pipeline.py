@@ -404,8 +404,9 @@ def _plan_of(config: MiningConfig, trajectories: Sequence[Trajectory], agent, sc
     holds it beside the measured ``cost``, so a plan can be checked against what its run spent."""
     scorer_tokens, scorer_name = llm_token_counter(scorer)
     agent_tokens, agent_name = llm_token_counter(agent)
-    sample = list(trajectories[:PlanConfig().sample])
-    return plan_mining(config, sample, len(trajectories), PlanConfig(), scorer_tokens, agent_tokens,
+    defaults = PlanConfig()
+    sample = list(trajectories[:defaults.sample])
+    return plan_mining(config, sample, len(trajectories), defaults, scorer_tokens, agent_tokens,
                        {"scorer": scorer_name, "agent": agent_name}) if sample else {}
 
 

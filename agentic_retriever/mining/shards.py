@@ -26,11 +26,14 @@ def shard_dir(out_dir: str | os.PathLike, shard: tuple[int, int]) -> Path:
     return Path(out_dir) if n == 1 else Path(out_dir) / "shards" / f"{i}-of-{n}"
 
 
-def read_shard(path: str | os.PathLike, shard: tuple[int, int]) -> tuple[list[Trajectory], int]:
-    """The trajectories of contiguous slice i of n (non-blank lines), and the file's total."""
+def read_shard(path: str | os.PathLike, shard: tuple[int, int], limit: int | None = None
+               ) -> tuple[list[Trajectory], int]:
+    """The trajectories of contiguous slice i of n (non-blank lines; only its first `limit` when given), and the
+    file's total."""
     with open(path, encoding="utf-8") as handle:
         total = sum(1 for line in handle if line.strip())
     start, stop = shard_bounds(total, shard)
+    stop = stop if limit is None else min(stop, start + limit)
     trajectories = [Trajectory.from_json(row, path, line) for line, row in iter_jsonl(path, start, stop)]
     seen: set[str] = set()
     for t in trajectories:
