@@ -10,12 +10,14 @@ import json
 import os
 import platform
 import random
+import resource
 import shutil
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -154,6 +156,42 @@ def load_passages(count: int, corpus: str | None = None, seed: int = 0) -> tuple
         texts = [texts[i % len(texts)] for i in range(count)]
         return texts, f"{path} ({rows} rows, cycled to {count})"
     return texts, f"{path} (first {count} of {rows} rows)"
+
+
+# --------------------------------------------------------------------------------------------- memory
+
+class PeakSampler(threading.Thread):
+    """Polls /proc/self/status for the resident anonymous and file-backed memory, keeping the peaks."""
+
+    def __init__(self, interval: float = 0.01):
+        super().__init__(daemon=True)
+        self.interval, self.stopped = interval, threading.Event()
+        self.peaks = {"RssAnon": 0, "RssFile": 0, "VmHWM": 0}
+        self.available = Path("/proc/self/status").is_file()
+
+    def sample(self) -> None:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in self.peaks:
+                self.peaks[key] = max(self.peaks[key], int(value.split()[0]) * 1024)
+
+    def run(self) -> None:
+        while self.available and not self.stopped.wait(self.interval):
+            self.sample()
+
+    def stop(self) -> dict:
+        self.stopped.set()
+        self.join()
+        if self.available:
+            self.sample()
+        return self.peaks if self.available else {}
+
+
+def ru_maxrss_bytes() -> int:
+    """getrusage's peak RSS. On Linux it is at least the parent's RSS at fork time (the high-water mark
+    survives exec), so the child prefers VmHWM, the peak of its own address space."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB
 
 
 # --------------------------------------------------------------------------------------------- output

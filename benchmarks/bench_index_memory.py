@@ -17,54 +17,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-from _common import base_parser, describe_device, device_line, fmt_bytes, load_passages, write_json
+from _common import (
+    PeakSampler, base_parser, describe_device, device_line, fmt_bytes, load_passages, ru_maxrss_bytes, write_json,
+)
 
 MARKER = "BENCH-RESULT "
 
 
 # ------------------------------------------------------------------------------------------ child side
-
-class PeakSampler(threading.Thread):
-    """Polls /proc/self/status for the resident anonymous and file-backed memory, keeping the peaks."""
-
-    def __init__(self, interval: float = 0.01):
-        super().__init__(daemon=True)
-        self.interval, self.stopped = interval, threading.Event()
-        self.peaks = {"RssAnon": 0, "RssFile": 0, "VmHWM": 0}
-        self.available = Path("/proc/self/status").is_file()
-
-    def sample(self) -> None:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key in self.peaks:
-                self.peaks[key] = max(self.peaks[key], int(value.split()[0]) * 1024)
-
-    def run(self) -> None:
-        while self.available and not self.stopped.wait(self.interval):
-            self.sample()
-
-    def stop(self) -> dict:
-        self.stopped.set()
-        self.join()
-        if self.available:
-            self.sample()
-        return self.peaks if self.available else {}
-
-
-def ru_maxrss_bytes() -> int:
-    """getrusage's peak RSS. On Linux it is at least the parent's RSS at fork time (the high-water mark
-    survives exec), so the child prefers VmHWM, the peak of its own address space."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB
-
 
 def child(args) -> None:
     sampler = PeakSampler()

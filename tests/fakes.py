@@ -4,6 +4,7 @@ that they fit the protocols they stand in for.
 * Synthetic corpora: Search-R1 rows whose texts differ in a few topical words, and a JSONL writer.
 * The agent environment: a scripted LLM over the real SmolLM2 tokenizer, and a retrieval client that makes up
   passages.
+* The benchmarks' modules, imported as their scripts import their neighbours (`import_benchmark`).
 * The mining world, pure Python: a character tokenizer, a scripted agent, a scripted scorer, a dict retriever.
   Every passage says what the fake models make of it:
 
@@ -15,10 +16,12 @@ that they fit the protocols they stand in for.
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import math
 import re
 import socket
+import sys
 import threading
 import time
 from collections import Counter
@@ -36,6 +39,19 @@ from agentic_retriever.llm.base import Generation, SamplingParams
 
 WORDS = ("river mountain castle violin comet harbor desert glacier falcon library orchard volcano "
          "lantern meadow canyon reef tundra prairie lagoon summit").split()
+
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def import_benchmark(name: str):
+    """The module `name` of benchmarks/ (a script, or a helper such as ``_common``), imported with benchmarks/ on
+    the path only while it loads, as the script itself finds its neighbours."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:

@@ -4,9 +4,7 @@ rows come from questions the agent saw, and the gain split by whether a dev evid
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,26 +13,17 @@ import pytest
 from agent.sft import WarmStartConfig
 from agentic_retriever.corpus import Corpus
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _benchmark(name: str):
-    """A module of benchmarks/, imported as its script imports its neighbours."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+from tests.fakes import import_benchmark
 
 
 @pytest.fixture(scope="module")
 def experiment():
-    return _benchmark("mining_experiment")
+    return import_benchmark("mining_experiment")
 
 
 @pytest.fixture(scope="module")
 def multisearch_agent():
-    return _benchmark("multisearch_agent")
+    return import_benchmark("multisearch_agent")
 
 
 def _write(path: Path, rows: list[dict]) -> Path:

@@ -6,19 +6,16 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
 
+from tests.fakes import import_benchmark
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-try:
-    import resolve_gpu_stack
-finally:
-    sys.path.remove(str(ROOT / "benchmarks"))
+resolve_gpu_stack = import_benchmark("resolve_gpu_stack")
 
 PINS = resolve_gpu_stack.pinned_versions(resolve_gpu_stack.CONSTRAINTS)
 

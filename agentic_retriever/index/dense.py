@@ -111,20 +111,7 @@ def build_dense_index(corpus: Corpus, encoder: Encoder, out_dir: str | Path, par
         encoder.close()  # several devices: their processes end with the encoding
     keep, rows = kept_rows(corpus, drop_rows)
     faiss = import_faiss()
-    index = _new_faiss_index(faiss, params, encoder.dim, rows)
-    if not index.is_trained:
-        index.train(_training_sample(embeddings, params.train_size, keep))
-    if params.type == "flat":
-        # A Flat index stores the vectors as they are: one add of the whole (contiguous, file-backed) memmap sizes
-        # its storage once, where chunked adds would grow it geometrically and briefly hold old and new copies.
-        # Dropped rows are then removed in place (the others keep their order).
-        index.add(np.ascontiguousarray(embeddings))
-        if keep is not None:
-            index.remove_ids(np.asarray(drop_rows, dtype=np.int64))
-    else:
-        for start in tqdm(range(0, len(corpus), chunk), desc=f"adding to {params.type}", unit=" chunks"):
-            part = embeddings[start:start + chunk]
-            index.add(np.ascontiguousarray(part if keep is None else part[keep[start:start + chunk]]))
+    index = fill_faiss_index(params, embeddings, chunk, keep)
     with NewGeneration(out) as generation:
         faiss.write_index(index, str(generation.path / FAISS_FILE))
         write_row_map(generation.path, keep)
@@ -182,6 +169,37 @@ def _encode_resumable(corpus: Corpus, encoder: Encoder, path: Path, chunk_size: 
     return embeddings
 
 
+def fill_faiss_index(params: DenseParams, embeddings: np.ndarray, chunk: int, keep: np.ndarray | None = None):
+    """A new FAISS index of `params.type` trained (IVF-PQ: on `params.train_size` evenly spaced rows) and filled with
+    the rows of `embeddings` (an array or a memmap) that `keep` marks (None: all), `chunk` rows per add.
+    What every dense build runs once its embeddings are written; `benchmarks/bench_scale.py` times it alone."""
+    faiss = import_faiss()
+    rows = len(embeddings) if keep is None else int(keep.sum())
+    index = _new_faiss_index(faiss, params, embeddings.shape[1], rows)
+    if not index.is_trained:
+        index.train(_training_sample(embeddings, params.train_size, keep))
+    if params.type == "flat":
+        # A Flat index stores the vectors as they are: one add of the whole (contiguous, file-backed) memmap sizes
+        # its storage once, where chunked adds would grow it geometrically and briefly hold old and new copies.
+        # Dropped rows are then removed in place (the others keep their order).
+        index.add(np.ascontiguousarray(embeddings))
+        if keep is not None:
+            index.remove_ids(np.flatnonzero(~keep).astype(np.int64))
+    else:
+        for start in tqdm(range(0, len(embeddings), chunk), desc=f"adding to {params.type}", unit=" chunks"):
+            part = embeddings[start:start + chunk]
+            index.add(np.ascontiguousarray(part if keep is None else part[keep[start:start + chunk]]))
+    return index
+
+
+def set_search_knobs(index, params: DenseParams) -> None:
+    """Apply the search-time knobs of `params` to a CPU FAISS index: HNSW's ``ef_search``, IVF's ``nprobe``."""
+    if params.type == "hnsw":
+        index.hnsw.efSearch = params.ef_search
+    elif params.type == "ivfpq":
+        import_faiss().extract_index_ivf(index).nprobe = params.nprobe
+
+
 def _new_faiss_index(faiss, params: DenseParams, dim: int, rows: int):
     if params.type == "flat":
         return faiss.IndexFlatIP(dim)
@@ -217,10 +235,7 @@ class DenseIndex(SearchIndex):
         flags = faiss.IO_FLAG_MMAP if self.params.mmap else 0
         self.index = faiss.read_index(str(manifest.data_folder(index_dir) / FAISS_FILE), flags)
         self.device = "cpu"
-        if self.params.type == "hnsw":
-            self.index.hnsw.efSearch = self.params.ef_search
-        elif self.params.type == "ivfpq":
-            faiss.extract_index_ivf(self.index).nprobe = self.params.nprobe
+        set_search_knobs(self.index, self.params)
         gpu_index = _to_all_gpus(faiss, self.index, self.params)
         if gpu_index is not None:
             self.index, self.device = gpu_index, f"{faiss.get_num_gpus()} GPU(s), fp16, sharded"
