@@ -299,8 +299,13 @@ def start_rl_bench(args: argparse.Namespace, warm_start: Callable[[argparse.Name
     return device, work, model
 
 
-def threads_per_run(runs, one_at_a_time: bool) -> int:
-    """Torch threads of each of `runs`: every usable core when they run one after the other, a share side by side."""
+def threads_per_run(runs, one_at_a_time: bool, threads: int | None = None) -> int:
+    """Torch threads of each of `runs`: `threads` when given (a run beside other work), else every usable core when
+    they run one after the other, a share side by side."""
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(f"--threads must be at least 1, got {threads}")
+        return threads
     return max(1, (os.cpu_count() or 1) // (1 if one_at_a_time else len(runs)))
 
 
@@ -337,5 +342,6 @@ def add_rl_bench_arguments(parser: argparse.ArgumentParser, *, name: str, config
     parser.add_argument("--runs", nargs="+", default=list(runs), choices=list(runs))
     parser.add_argument("--one-at-a-time", action="store_true",
                         help="run the runs one after the other with every core (half the peak memory)")
+    parser.add_argument("--threads", type=int, help="torch threads per run (default: the cores shared among the runs)")
     parser.add_argument("--work", default=str(REPO_ROOT / "runs" / "quickstart" / name))
     parser.add_argument("--figures", default=str(REPO_ROOT / "benchmarks" / "figures"))

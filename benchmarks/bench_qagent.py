@@ -104,7 +104,7 @@ def reevaluate(args, device: dict, work: Path, model: str) -> None:
     missing = [path for path in models.values() if not Path(path).is_dir()]
     if missing:
         raise SystemExit(f"no trained policy at {', '.join(missing)}: run the benchmark without --reevaluate first")
-    threads = threads_per_run(models, args.one_at_a_time)
+    threads = threads_per_run(models, args.one_at_a_time, args.threads)
     results = {}
     for seed in args.reevaluate:
         folder = work / "reevaluate" / f"seed-{seed}"
@@ -140,7 +140,7 @@ def main() -> None:
     if args.reevaluate:
         reevaluate(args, device, work, model)
         return
-    threads = threads_per_run(args.runs, args.one_at_a_time)
+    threads = threads_per_run(args.runs, args.one_at_a_time, args.threads)
     untrained = None
     if not args.skip_untrained:
         log = work / "untrained.log"

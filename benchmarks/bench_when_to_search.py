@@ -129,7 +129,7 @@ def main() -> None:
     args = parser.parse_args()
 
     device, work, model = start_rl_bench(args, warm_start)
-    threads = threads_per_run(args.runs, args.one_at_a_time)
+    threads = threads_per_run(args.runs, args.one_at_a_time, args.threads)
 
     started = time.perf_counter()
     common = {"config": args.config, "model": model, "index": args.index, "train": args.train,
