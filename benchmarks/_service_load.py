@@ -79,9 +79,11 @@ class RawConnection:
             await self.writer.wait_closed()
 
 
-async def closed_loop(url: str, queries: list[str], clients: int, per_client: int, topk: int) -> dict:
-    """`clients` connections each sending `per_client` one-query requests back to back (a new one as soon as
-    the last is answered). Returns requests/s, latency percentiles, errors and each request's result ids."""
+async def closed_loop(url: str, queries: list[str], clients: int, per_client: int, topk: int,
+                      queries_per_request: int = 1) -> dict:
+    """`clients` connections each sending `per_client` requests of `queries_per_request` queries back to back (a new
+    one as soon as the last is answered). Returns requests/s, queries/s, latency percentiles, errors and each
+    request's result ids (of its first query)."""
     host, port = host_port(url)
     latencies: list[float] = []
     answers: dict[int, list[str]] = {}
@@ -92,7 +94,9 @@ async def closed_loop(url: str, queries: list[str], clients: int, per_client: in
         try:
             for r in range(per_client):
                 number = c * per_client + r
-                body = {"queries": [queries[number % len(queries)]], "topk": topk, "return_scores": True}
+                first = number * queries_per_request
+                body = {"queries": [queries[(first + i) % len(queries)] for i in range(queries_per_request)],
+                        "topk": topk, "return_scores": True}
                 started = time.perf_counter()
                 try:
                     status, content = await connection.post_json("/retrieve", body)
@@ -116,6 +120,7 @@ async def closed_loop(url: str, queries: list[str], clients: int, per_client: in
         raise RuntimeError(f"no request to {url} was answered: {errors[:3]}")
     return {"requests": len(latencies), "errors": len(errors), "first_errors": errors[:3],
             "wall_s": round(wall, 3), "requests_per_s": round(len(latencies) / wall, 1),
+            "queries_per_s": round(len(latencies) * queries_per_request / wall, 1),
             "p50_ms": round(percentile(latencies, 50) * 1000, 2), "p95_ms": round(percentile(latencies, 95) * 1000, 2),
             "p99_ms": round(percentile(latencies, 99) * 1000, 2),
             "mean_ms": round(statistics.fmean(latencies) * 1000, 2), "answers": answers}

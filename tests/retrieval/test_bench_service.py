@@ -1,0 +1,94 @@
+"""The service benchmark against a peer run from a script file (benchmarks/bench_service.py --peer-script), and its
+batched-limit rounds. The peer here is a stand-in written for this test with the interface of Search-R1's
+``search_r1/search/retrieval_server.py`` (its flags, ``.cuda()``/``.half()`` on the model and inputs, the corpus
+through ``datasets``, ``uvicorn.run`` on 0.0.0.0:8000): what the launcher must cope with to run that file
+unmodified on a CPU, beside a second server."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+
+from tests.fakes import import_benchmark
+
+SEARCH_R1_LIKE_SERVER = textwrap.dedent('''
+    import argparse
+
+    import datasets
+    import faiss
+    import torch
+    import uvicorn
+    from fastapi import FastAPI
+    from pydantic import BaseModel
+    from transformers import AutoModel, AutoTokenizer
+
+    parser = argparse.ArgumentParser()
+    for flag in ("--index_path", "--corpus_path", "--retriever_name", "--retriever_model"):
+        parser.add_argument(flag, type=str)
+    parser.add_argument("--topk", type=int, default=3)
+    args = parser.parse_args()
+
+    index = faiss.read_index(args.index_path)
+    corpus = datasets.load_dataset("json", data_files=args.corpus_path, split="train")
+    tokenizer = AutoTokenizer.from_pretrained(args.retriever_model)
+    model = AutoModel.from_pretrained(args.retriever_model)
+    model.eval()
+    model.cuda()
+    model = model.half()
+    app = FastAPI()
+
+
+    class QueryRequest(BaseModel):
+        queries: list
+        topk: int = None
+        return_scores: bool = False
+
+
+    @app.post("/retrieve")
+    def retrieve(request: QueryRequest):
+        inputs = tokenizer(request.queries, padding=True, truncation=True, max_length=256, return_tensors="pt")
+        inputs = {k: v.cuda() for k, v in inputs.items()}
+        with torch.no_grad():
+            hidden = model(**inputs).last_hidden_state
+        mask = inputs["attention_mask"][..., None].float()
+        vectors = torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1)
+        scores, rows = index.search(vectors.cpu().numpy(), request.topk or args.topk)
+        result = [[{"document": corpus[int(r)], "score": float(s)} for r, s in zip(rr, ss)]
+                  for rr, ss in zip(rows, scores)]
+        return {"result": result}
+
+
+    uvicorn.run(app, host="0.0.0.0", port=8000)
+''')
+
+
+@pytest.fixture(scope="module")
+def bench_service():
+    return import_benchmark("bench_service")
+
+
+def test_the_peer_script_runs_unmodified_on_the_cpu_and_the_batched_limit_is_reported(dense, tmp_path, bench_service):
+    script = tmp_path / "retrieval_server.py"
+    script.write_text(SEARCH_R1_LIKE_SERVER)
+    figures = bench_service.main(["--index", dense.index_dir, "--peer-script", str(script), "--clients", "1,4",
+                                  "--total-requests", "24", "--repeats", "1", "--warmup", "2",
+                                  "--limit-clients", "2", "--limit-queries-per-request", "4"])
+    # the same encoder weights, pooling and FAISS file: the answers' top-k ids are the peer's (on a CPU, both in fp32,
+    # every one; on a GPU both servers encode in fp16, and a near tie may order two passages differently)
+    same, compared = figures["same_topk_as_peer"]
+    assert compared >= 24 and same >= (compared if not torch.cuda.is_available() else 0.9 * compared)
+    assert figures["errors"] == 0
+    limit = figures["batched_limit"]
+    assert set(limit) == {"peer", "ours"} and all(m["queries_per_s"] > 0 for m in limit.values())
+    runs = figures["rounds"]["batched_limit"]["ours"]
+    assert runs[0]["queries_per_s"] == pytest.approx(4 * runs[0]["requests_per_s"], rel=0.02)
+    share = figures["share_of_batched_limit"]["ours"]
+    assert share == pytest.approx(figures["medians"][4]["ours"]["queries_per_s"] / limit["ours"]["queries_per_s"], rel=1e-2)
+    assert any(target.startswith("4 clients, one-query requests: >= 90%") for target in figures["targets"])
+
+
+def test_two_peers_are_refused(dense, bench_service):
+    with pytest.raises(SystemExit):
+        bench_service.main(["--index", dense.index_dir, "--peer-script", "x.py", "--peer-url", "http://127.0.0.1:1"])
