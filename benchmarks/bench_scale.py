@@ -93,7 +93,8 @@ def project(fit: dict, rows: int) -> dict:
     factor = None
     if fit["residual_sd"] is not None:
         x = np.log(np.asarray(fit["sizes"], dtype=float))
-        se = fit["residual_sd"] * math.sqrt(1 + 1 / len(x) + (math.log(rows) - x.mean()) ** 2 / ((x - x.mean()) ** 2).sum())
+        spread = (x - x.mean()) ** 2
+        se = fit["residual_sd"] * math.sqrt(1 + 1 / len(x) + (math.log(rows) - x.mean()) ** 2 / spread.sum())
         factor = math.exp(se)
     return {"rows": rows, "value": value, "error_factor": factor}
 
@@ -365,8 +366,8 @@ def plot(runs: list[dict], fits: list[dict], target: int, path: Path) -> None:
     panels = [(key, label, unit) for key, label, unit in INDEX_FIGURES + ROW_STORE_FIGURES
               if any(key in run for run in runs)]
     columns = 4
-    fig, axes = plt.subplots(math.ceil(len(panels) / columns), columns, figsize=(4.2 * columns, 3.4 * math.ceil(len(panels) / columns)),
-                             squeeze=False)
+    lines = math.ceil(len(panels) / columns)
+    fig, axes = plt.subplots(lines, columns, figsize=(4.2 * columns, 3.4 * lines), squeeze=False)
     for axis, (key, label, unit) in zip(axes.flat, panels):
         for kind in TYPES + ("row store",):
             points = sorted((run["rows"], run[key]) for run in runs if run["type"] == kind and run.get(key))
@@ -409,14 +410,16 @@ def main() -> None:
                         help="the service's stand-in encoder cost per index call")
     parser.add_argument("--service-requests", type=int, default=640, help="requests per client count")
     parser.add_argument("--target", type=int, default=WIKI18_ROWS, help="rows the fits are projected to")
-    parser.add_argument("--bandwidth-gib", type=float, default=1.0, help="size of the block the read bandwidth is timed on")
+    parser.add_argument("--bandwidth-gib", type=float, default=1.0,
+                        help="size of the block the read bandwidth is timed on")
     parser.add_argument("--keep", action="store_true", help="keep the embeddings and corpora")
     cli = parser.parse_args()
     print(device_line(device := describe_device()), flush=True)
     work = Path(cli.out)
     work.mkdir(parents=True, exist_ok=True)
     bandwidth = read_bandwidth(cli.bandwidth_gib)
-    print(f"read bandwidth (BLAS matrix-vector product over {cli.bandwidth_gib:g} GiB): {bandwidth / 1e9:.2f} GB/s", flush=True)
+    print(f"read bandwidth (BLAS matrix-vector product over {cli.bandwidth_gib:g} GiB): {bandwidth / 1e9:.2f} GB/s",
+          flush=True)
     measured = measure(cli, work)
     for run in measured["runs"]:
         if run["type"] == "flat":
@@ -429,7 +432,8 @@ def main() -> None:
     for item in fits:
         projection, fit = item["projection"], item["fit"]
         bar = f"x/÷ {projection['error_factor']:.2f}" if projection["error_factor"] else "(2 sizes: no error estimate)"
-        print(f"  {item['type']:>9} {item['label']:<22} b = {fit['b']:.2f}  ->  {_fmt(projection['value'], item['unit'])} {bar}")
+        print(f"  {item['type']:>9} {item['label']:<22} b = {fit['b']:.2f}  ->  "
+              f"{_fmt(projection['value'], item['unit'])} {bar}")
     for run in measured["runs"]:
         if "search_batch1_vs_bound" in run:
             print(f"  Flat {run['rows']:>10,} rows: one query {run['search_batch1_ms']:.1f} ms, scan bound "

@@ -30,8 +30,8 @@ from pathlib import Path
 
 #: What a GPU test host lacks that the tests and benchmarks need (GPU_NOTES), shipped as wheels.
 HOST_PACKAGES = ("faiss-cpu", "bm25s", "PyStemmer", "gguf", "datasets", "dill", "multiprocess", "fastapi",
-                 "starlette", "uvicorn", "pydantic", "pydantic-core", "typing-inspection", "annotated-types",
-                 "annotated-doc", "opentelemetry-api", "hydra-core", "omegaconf", "antlr4-python3-runtime", "verl",
+                 "starlette", "uvicorn", "httptools", "uvloop", "pydantic", "pydantic-core", "typing-inspection",
+                 "annotated-types", "annotated-doc", "opentelemetry-api", "hydra-core", "omegaconf", "antlr4-python3-runtime", "verl",
                  "pytest-xdist", "execnet")
 #: What the host has that `HOST_PACKAGES` require (GPU_NOTES: torch's, transformers', pytest's and httpx's
 #: dependencies). A requirement in neither is an error of `write_bundle` (`unmet_requirements`): fastapi 0.165

@@ -25,8 +25,7 @@ from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.types import Receive
 
@@ -34,6 +33,7 @@ from ..index.base import SearchIndex
 from .auth import admin_refusal, resolve_admin_token
 from .batcher import RequestTimeout, _Batcher
 from .body_limit import BodySizeLimit
+from .endpoint import Reply, RetrieveEndpoint
 from .schema import (
     DEFAULT_MAX_BATCH_MS, DEFAULT_MAX_QUERIES_PER_REQUEST, DEFAULT_MAX_QUERY_CHARS, DEFAULT_MAX_REQUEST_BYTES,
     DEFAULT_MAX_WAIT_MS,
@@ -139,44 +139,44 @@ def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: fl
     def count_refusal() -> None:
         batcher.stats.rejected_requests += 1
 
-    app.add_middleware(BodySizeLimit, max_bytes=max_request_bytes, on_refused=count_refusal)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
-        errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
-                  for e in error.errors()]
-        return JSONResponse(status_code=422, content={"detail": _readable_errors(errors), "errors": errors})
-
-    @app.post("/retrieve")
-    async def retrieve(request: RetrieveRequest, http: Request) -> JSONResponse:
+    async def answer_retrieve(body: bytes, receive: Receive) -> Reply:
+        """The reply to a ``POST /retrieve`` body (`endpoint.RetrieveEndpoint` sends it)."""
+        try:
+            request = RetrieveRequest.model_validate_json(body)
+        except ValidationError as error:
+            errors = [{"loc": ["body", *e.get("loc", ())], "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+                      for e in error.errors()]
+            return Reply(422, {"detail": _readable_errors(errors), "errors": errors})
         if not request.queries:
-            return JSONResponse({"result": []}, headers={GENERATION_HEADER: str(slot.current.generation)})
+            return Reply(200, {"result": []}, {GENERATION_HEADER: str(slot.current.generation)})
         if (problem := limit_violation(request, max_queries_per_request, max_query_chars)) is not None:
             batcher.stats.rejected_requests += 1
-            return JSONResponse(status_code=413, content={"detail": problem})
+            return Reply(413, {"detail": problem})
         batcher.stats.requests += 1
         batcher.stats.queries += len(request.queries)
         try:
-            results, generation = await unless_disconnected(batcher.submit(request), http.receive)
+            results, generation = await unless_disconnected(batcher.submit(request), receive)
         except ClientDisconnected:
             log.info("the client of a request of %d queries hung up before its answer", len(request.queries))
-            return JSONResponse(status_code=CLIENT_CLOSED_REQUEST, content={"detail": "the client hung up"})
+            return Reply(CLIENT_CLOSED_REQUEST, {"detail": "the client hung up"})
         except RequestTimeout as timeout:
             log.warning("a request of %d queries timed out after %s s (%s)", len(request.queries), timeout_s, timeout)
-            return JSONResponse(status_code=504, content={
+            return Reply(504, {
                 "detail": f"the request was not answered within {timeout_s:g} s ({timeout}; server setting "
                           f"request_timeout_s, --request-timeout-s): the server is busy or the request is too "
                           f"large; retry later or send fewer queries per request"})
         except Exception as error:
             batcher.stats.failed_requests += 1
             log.warning("retrieval failed for a request of %d queries: %s", len(request.queries), error)
-            return JSONResponse(status_code=500,
-                                content={"detail": f"retrieval failed: {type(error).__name__}: {error}"})
+            return Reply(500, {"detail": f"retrieval failed: {type(error).__name__}: {error}"})
         headers = {GENERATION_HEADER: str(generation)}
         if len(results) > RENDER_PIECE_ROWS:  # rendered piece by piece, other requests served in between
-            return StreamingResponse(render_answer(results, request.return_scores), media_type="application/json",
-                                     headers=headers)
-        return JSONResponse({"result": [_render(rows, request.return_scores) for rows in results]}, headers=headers)
+            return Reply(200, render_answer(results, request.return_scores), headers)
+        return Reply(200, {"result": [_render(rows, request.return_scores) for rows in results]}, headers)
+
+    # the middleware added last runs first: the body's size is checked before anything reads it, /retrieve's too
+    app.add_middleware(RetrieveEndpoint, answer=answer_retrieve)
+    app.add_middleware(BodySizeLimit, max_bytes=max_request_bytes, on_refused=count_refusal)
 
     @app.post("/admin/swap-index")
     async def swap_index(request: Request) -> JSONResponse:

@@ -298,3 +298,37 @@ def test_by_default_a_lone_request_is_searched_at_once_and_later_ones_join_the_n
     for i, body in enumerate(bodies):
         assert responses[i].status_code == 200
         assert result_ids(responses[i].json()["result"]) == bm25.search(body["queries"], 2).ids
+
+
+def test_the_answer_is_byte_for_byte_the_json_response_fastapi_sent_before(dense):
+    """`endpoint.RetrieveEndpoint` answers /retrieve without FastAPI's router: the body must stay the bytes of the
+    ``JSONResponse`` the route returned (Search-R1's format, compact, non-ASCII kept), with the same headers."""
+    from starlette.responses import JSONResponse
+
+    from agentic_retriever.server.schema import _render
+
+    queries = ["who won the chess final", "jazz in the café"]
+    with TestClient(create_app(dense)) as client:
+        response = client.post("/retrieve", json={"queries": queries, "topk": 2, "return_scores": True})
+    expected = JSONResponse({"result": [_render(rows, True) for rows in dense.retrieve(queries, 2)]})
+    assert response.status_code == 200 and response.content == expected.body
+    assert response.headers["content-type"] == "application/json"
+    assert response.headers["content-length"] == str(len(expected.body))
+    assert response.headers["x-index-generation"] == "0"
+
+
+def test_another_method_on_retrieve_is_a_405_and_other_paths_reach_fastapi(bm25):
+    with TestClient(create_app(bm25)) as client:
+        refused = client.get("/retrieve")
+        assert refused.status_code == 405 and refused.headers["allow"] == "POST"
+        assert client.get("/health").json()["status"] == "ok"
+        assert client.get("/nowhere").status_code == 404
+
+
+def test_a_validation_error_keeps_fastapis_shape_with_the_body_location(bm25):
+    with TestClient(create_app(bm25)) as client:
+        response = client.post("/retrieve", json={"queries": ["a"], "topk": 0})
+    assert response.status_code == 422
+    body = response.json()
+    assert body["errors"][0]["loc"] == ["body", "topk"] and body["errors"][0]["type"] == "greater_than_equal"
+    assert body["detail"].startswith("body.topk: Input should be greater than or equal to 1")
