@@ -34,6 +34,12 @@ top-k ids, and the device and load average.
     python benchmarks/bench_service.py --index DIR --peer-url http://127.0.0.1:8000   # against your own server
     python benchmarks/bench_service.py --mode fairness --big-queries 10000
 
+Overhead mode (``--mode overhead``): the service's own CPU per request, which RL rollouts' many one-query
+requests take from the encoder on the same cores: ``index serve``'s app over the index's corpus with a search that
+costs nothing (`_instant_server.py`), in a process of its own, one-query requests from each `--clients` count for
+`--repeats` rounds; prints the median server CPU ms per request (user + system time of its process, counted in
+clock ticks of 10 ms: give it thousands of requests, `--total-requests 4000`).
+
 Fairness mode: `--probe-clients` clients (default 4) send one-query requests back to back: `--probes` each
 alone (default 25), then for as long as ONE request of `--big-queries` queries (default 10,000, the
 server's default cap) is unanswered, and (``--compare-unchunked``, default on) for as long as that request
@@ -257,7 +263,7 @@ def _batched_limit(started: dict, queries: list[str], args) -> dict[str, list[di
 
 def _medians(by_name: dict[str, list[dict]]) -> dict[str, dict]:
     keys = ("requests_per_s", "queries_per_s", "p50_ms", "p95_ms", "p99_ms", "mean_ms", "server_cpu_ms_per_request")
-    return {name: {k: round(statistics.median(r[k] for r in runs), 2) for k in keys if k in runs[0]}
+    return {name: {k: round(statistics.median(r[k] for r in runs), 3) for k in keys if k in runs[0]}
             for name, runs in by_name.items()}
 
 
@@ -308,6 +314,35 @@ def _throughput_report(counts: list[int], results: dict[int, dict[str, list[dict
                                    for name, runs in limit.items()}
     return {"medians": medians, "ratios": ratios, "targets": targets, "same_topk_as_peer": [same, compared],
             "errors": errors, "rounds": rounds, "batched_limit": limit_medians, "share_of_batched_limit": share_of_limit}
+
+
+# ---------------------------------------------------------------------------------------------- overhead
+
+
+def run_overhead(index: SearchIndex, index_dir: str, rng: random.Random, args) -> dict:
+    """The service's own CPU per request: ``index serve``'s app over `_instant_server.InstantIndex` (the index's
+    corpus, a search that costs nothing) in a process of its own, one-query requests from each `--clients` count,
+    `--repeats` rounds; the medians of requests/s and server CPU ms per request."""
+    counts = [int(c) for c in str(args.clients).split(",")]
+    queries = make_queries(index, max(args.total_requests, max(counts) * 5), rng)
+    command = [sys.executable, str(Path(__file__).with_name("_instant_server.py")), "--index", index_dir]
+    rounds: dict[int, list[dict]] = {n: [] for n in counts}
+    with ServerProcess(command, "ours, instant index") as server:
+        _warm_up(server.url, queries[: args.warmup], args.topk)
+        for round_no in range(1, args.repeats + 1):
+            for clients in counts:
+                cpu = server.cpu_seconds()
+                r = asyncio.run(closed_loop(server.url, queries, clients, max(5, args.total_requests // clients),
+                                            args.topk))
+                r["server_cpu_ms_per_request"] = round((server.cpu_seconds() - cpu) * 1000 / r["requests"], 3)
+                rounds[clients].append({k: v for k, v in r.items() if k != "answers"})
+                _print_round(f"{clients:>3} client(s)", round_no, "ours, instant index", r, server)
+    medians = _medians({str(n): runs for n, runs in rounds.items()})
+    for n, m in medians.items():
+        print(f"  {n:>3} client(s): server CPU {m['server_cpu_ms_per_request']:.3f} ms/request (median of "
+              f"{args.repeats}), {m['requests_per_s']:.0f} requests/s")
+    errors = sum(r["errors"] for runs in rounds.values() for r in runs)
+    return {"medians": medians, "rounds": rounds, "errors": errors}
 
 
 # ---------------------------------------------------------------------------------------------- fairness
@@ -498,8 +533,9 @@ def run_fairness(index: SearchIndex, index_dir: str, rng: random.Random, args) -
 
 def main(argv: list[str] | None = None) -> dict:
     parser = base_parser(__doc__)
-    parser.add_argument("--mode", choices=("throughput", "fairness"), default="throughput",
-                        help="ours vs a peer under one-query requests, or small probes with vs without a big request")
+    parser.add_argument("--mode", choices=("throughput", "fairness", "overhead"), default="throughput",
+                        help="ours vs a peer under one-query requests, small probes with vs without a big request, "
+                             "or the service's own CPU per request over an index that costs nothing")
     parser.add_argument("--index", help="a built index folder (default: build a small MiniLM index in a temp folder)")
     parser.add_argument("--passages", type=int, default=2000, help="passages in the index built without --index")
     parser.add_argument("--clients", default="1,16,64", help="throughput mode: concurrent client counts, comma-separated")
@@ -548,13 +584,13 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{device_line(device)}; load average {device['load_average_at_start']}")
         print(f"index: {m.backend}/{m.index_type}, {len(index)} passages ({origin}), "
               f"encoder {(m.encoder or {}).get('model')}, dim {m.dim}")
-        figures = (run_fairness(index, index_dir, rng, args) if args.mode == "fairness"
-                   else run_throughput(index, index_dir, rng, args))
+        figures = {"throughput": run_throughput, "fairness": run_fairness, "overhead": run_overhead}[args.mode](
+            index, index_dir, rng, args)
     device["load_average_at_end"] = load_average()
     print(f"load average at the end: {device['load_average_at_end']}")
     figures["index"] = {"backend": m.backend, "type": m.index_type, "passages": len(index), "origin": origin,
                         "encoder": (m.encoder or {}).get("model")}
-    write_json(args.json, "bench_service" if args.mode == "throughput" else "bench_service_fairness", args, device,
+    write_json(args.json, "bench_service" if args.mode == "throughput" else f"bench_service_{args.mode}", args, device,
                figures)
     return figures
 

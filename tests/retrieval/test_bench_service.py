@@ -92,3 +92,20 @@ def test_the_peer_script_runs_unmodified_on_the_cpu_and_the_batched_limit_is_rep
 def test_two_peers_are_refused(dense, bench_service):
     with pytest.raises(SystemExit):
         bench_service.main(["--index", dense.index_dir, "--peer-script", "x.py", "--peer-url", "http://127.0.0.1:1"])
+
+
+def test_the_overhead_mode_measures_the_services_own_cpu_per_request(dense, bench_service):
+    # enough requests that the server's CPU time (counted in 10 ms clock ticks) is more than a few ticks
+    figures = bench_service.main(["--mode", "overhead", "--index", dense.index_dir, "--clients", "1,4",
+                                  "--total-requests", "400", "--repeats", "2", "--warmup", "2"])
+    assert figures["errors"] == 0 and set(figures["medians"]) == {"1", "4"}
+    for clients, runs in figures["rounds"].items():
+        assert len(runs) == 2 and all(r["requests"] >= 400 and r["server_cpu_ms_per_request"] > 0 for r in runs)
+
+
+def test_the_instant_index_answers_every_query_with_real_passages_in_no_time(dense):
+    instant = import_benchmark("_instant_server").InstantIndex(dense)
+    first, second = instant.retrieve(["a", "b"], 3), instant.retrieve(["c"], 2)
+    rows = [p.id for hits in first + second for p in hits]
+    assert len(rows) == 8 and rows == dense.corpus.ids_at(list(range(8)))
+    assert all(p.score == 1.0 and p.contents for hits in first for p in hits)
