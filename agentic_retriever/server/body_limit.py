@@ -32,18 +32,17 @@ class BodySizeLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        body = await self.read_body(scope, receive, send)
-        if body is not None:
-            await self.app(scope, _replay(body, receive), send)
-
-    async def read_body(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
-        """The whole body of an HTTP request, counted as it arrives; None when it is over the limit (a declared
-        ``Content-Length`` at once, else as soon as it passes it: refused here with the 413) or the client left
-        before sending all of it (no one to answer). Afterwards `receive` reports only the client's hang-up."""
         declared = _content_length(scope)
         if declared is not None and declared > self.max_bytes:
             await self._refuse(scope, receive, send, f"{declared} bytes (Content-Length)")
-            return None
+            return
+        body = await self._receive_body(scope, receive, send)
+        if body is not None:
+            await self.app(scope, _replay(body, receive), send)
+
+    async def _receive_body(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
+        """The whole body, counted as it arrives; None when it passed the limit (refused here) or the client left
+        before sending all of it (no one to answer)."""
         chunks: list[bytes] = []
         size = 0
         while True:

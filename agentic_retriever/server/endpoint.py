@@ -3,8 +3,8 @@
 RL rollouts send the service one small request per search, hundreds a second, and every millisecond of CPU a
 request costs is taken from the encoder on the same cores. Profiled under 64 one-query clients with an index that
 costs nothing (benchmarks/RESULTS.md, "Retrieval service: its own CPU per request"), FastAPI's routing,
-dependency solving and request and response objects were about 60% of the service's own CPU per request. This endpoint does that request's
-work directly: the body (already checked against ``max_request_bytes`` by `body_limit` in front of it), pydantic's
+dependency solving and request and response objects were about 60% of the service's own CPU per request. This
+endpoint does that request's work directly: the body (already checked against ``max_request_bytes`` by `body_limit` in front of it), pydantic's
 own JSON validation of `RetrieveRequest`, the answer `create_app` computes, and the JSON bytes of Starlette's
 ``JSONResponse`` (compact, non-ASCII kept), or a chunked stream for a big answer. Every other path goes on to
 FastAPI (``/health``, ``/admin/swap-index``), and a failure here is FastAPI's 500 as before.
