@@ -225,20 +225,40 @@ def run_throughput(index: SearchIndex, index_dir: str, rng: random.Random, args)
             order = list(started.items())
             for round_no in range(1, args.repeats + 1):
                 for name, (url, process) in order if round_no % 2 else order[::-1]:  # reversed every other round
-                    cpu = process.cpu_seconds() if process else None
-                    r = asyncio.run(closed_loop(url, queries, clients, per_client, args.topk))
-                    if process:
-                        r["server_cpu_ms_per_request"] = round((process.cpu_seconds() - cpu) * 1000 / r["requests"], 2)
+                    r = _measured_round(url, process, queries, clients, per_client, args.topk)
                     results[clients][name].append(r)
                     _print_round(f"{clients:>3} client(s)", round_no, name, r, process)
         limit = _batched_limit(started, queries, args) if args.limit_queries_per_request > 1 else None
     return _throughput_report(counts, results, limit)
 
 
+def _measured_round(url: str, process, queries: list[str], clients: int, per_client: int, topk: int,
+                    queries_per_request: int = 1) -> dict:
+    """One closed-loop round (`closed_loop`) with, for a server in a process of its own, its CPU time per request,
+    and, for ours (its ``GET /health`` carries ``stats``), the queries per index call: how full its batches were."""
+    cpu = process.cpu_seconds() if process else None
+    stats = _batch_stats(url)
+    r = asyncio.run(closed_loop(url, queries, clients, per_client, topk, queries_per_request=queries_per_request))
+    if process:
+        r["server_cpu_ms_per_request"] = round((process.cpu_seconds() - cpu) * 1000 / r["requests"], 3)
+    if stats is not None and (after := _batch_stats(url)) is not None and after[1] > stats[1]:
+        r["queries_per_index_call"] = round((after[0] - stats[0]) / (after[1] - stats[1]), 2)
+    return r
+
+
+def _batch_stats(url: str) -> tuple[int, int] | None:
+    """(queries, index calls) so far from our service's ``/health``; None from a server without them."""
+    with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, TypeError):
+        stats = httpx.get(f"{url}/health", timeout=10).json()["stats"]
+        return stats["queries"], stats["index_calls"]
+    return None
+
+
 def _print_round(load: str, round_no: int, name: str, r: dict, process) -> None:
     print(f"  {load} round {round_no}  {name:<19} {r['requests_per_s']:>8.1f} req/s  {r['queries_per_s']:>8.1f} q/s  "
           f"p50 {r['p50_ms']:>7.1f} ms  p95 {r['p95_ms']:>7.1f} ms  p99 {r['p99_ms']:>7.1f} ms  "
-          + (f"server CPU {r['server_cpu_ms_per_request']:.1f} ms/request  " if process else "")
+          + (f"server CPU {r['server_cpu_ms_per_request']:.2f} ms/request  " if process else "")
+          + (f"{r['queries_per_index_call']:.1f} queries/index call  " if "queries_per_index_call" in r else "")
           + f"errors {r['errors']}", flush=True)
 
 
@@ -252,17 +272,15 @@ def _batched_limit(started: dict, queries: list[str], args) -> dict[str, list[di
     order = [(name, started[name]) for name in runs]
     for round_no in range(1, args.repeats + 1):
         for name, (url, process) in order if round_no % 2 else order[::-1]:
-            cpu = process.cpu_seconds() if process else None
-            r = asyncio.run(closed_loop(url, queries, clients, per_client, args.topk, queries_per_request=size))
-            if process:
-                r["server_cpu_ms_per_request"] = round((process.cpu_seconds() - cpu) * 1000 / r["requests"], 2)
+            r = _measured_round(url, process, queries, clients, per_client, args.topk, queries_per_request=size)
             runs[name].append(r)
             _print_round(f"{clients:>3} x {size}-query", round_no, name, r, process)
     return runs
 
 
 def _medians(by_name: dict[str, list[dict]]) -> dict[str, dict]:
-    keys = ("requests_per_s", "queries_per_s", "p50_ms", "p95_ms", "p99_ms", "mean_ms", "server_cpu_ms_per_request")
+    keys = ("requests_per_s", "queries_per_s", "p50_ms", "p95_ms", "p99_ms", "mean_ms", "server_cpu_ms_per_request",
+            "queries_per_index_call")
     return {name: {k: round(statistics.median(r[k] for r in runs), 3) for k in keys if k in runs[0]}
             for name, runs in by_name.items()}
 
@@ -281,7 +299,9 @@ def _throughput_report(counts: list[int], results: dict[int, dict[str, list[dict
         for name, r in m.items():
             line = f"  {n:>3} client(s)  {name:<19} {r['requests_per_s']:>8.1f}  {r['p50_ms']:>7.1f}  {r['p95_ms']:>7.1f}"
             if "server_cpu_ms_per_request" in r:
-                line += f"  CPU {r['server_cpu_ms_per_request']:>6.1f} ms/request"
+                line += f"  CPU {r['server_cpu_ms_per_request']:>6.2f} ms/request"
+            if "queries_per_index_call" in r:
+                line += f"  {r['queries_per_index_call']:>5.1f} queries/index call"
             if name in ratios[n]:
                 x = ratios[n][name]
                 line += f"   x{x['throughput']:.2f} throughput, x{x['p50_latency']:.2f} p50, x{x['p95_latency']:.2f} p95"
@@ -331,10 +351,8 @@ def run_overhead(index: SearchIndex, index_dir: str, rng: random.Random, args) -
         _warm_up(server.url, queries[: args.warmup], args.topk)
         for round_no in range(1, args.repeats + 1):
             for clients in counts:
-                cpu = server.cpu_seconds()
-                r = asyncio.run(closed_loop(server.url, queries, clients, max(5, args.total_requests // clients),
-                                            args.topk))
-                r["server_cpu_ms_per_request"] = round((server.cpu_seconds() - cpu) * 1000 / r["requests"], 3)
+                r = _measured_round(server.url, server, queries, clients, max(5, args.total_requests // clients),
+                                    args.topk)
                 rounds[clients].append({k: v for k, v in r.items() if k != "answers"})
                 _print_round(f"{clients:>3} client(s)", round_no, "ours, instant index", r, server)
     medians = _medians({str(n): runs for n, runs in rounds.items()})

@@ -87,6 +87,9 @@ def test_the_peer_script_runs_unmodified_on_the_cpu_and_the_batched_limit_is_rep
     share = figures["share_of_batched_limit"]["ours"]
     assert share == pytest.approx(figures["medians"][4]["ours"]["queries_per_s"] / limit["ours"]["queries_per_s"], rel=1e-2)
     assert any(target.startswith("4 clients, one-query requests: >= 90%") for target in figures["targets"])
+    # how full our batches were, from our /health (the peer has none): 4 one-query requests at 4 clients at most
+    assert all(1 <= r["queries_per_index_call"] <= 4 for r in figures["rounds"][4]["ours"])
+    assert 1 <= runs[0]["queries_per_index_call"] <= 8 and "queries_per_index_call" not in figures["rounds"][4]["peer"][0]
 
 
 def test_two_peers_are_refused(dense, bench_service):
