@@ -332,3 +332,11 @@ def test_a_validation_error_keeps_fastapis_shape_with_the_body_location(bm25):
     body = response.json()
     assert body["errors"][0]["loc"] == ["body", "topk"] and body["errors"][0]["type"] == "greater_than_equal"
     assert body["detail"].startswith("body.topk: Input should be greater than or equal to 1")
+
+
+def test_retrieve_is_found_under_a_root_path_as_fastapis_routes_are(bm25):
+    with TestClient(create_app(bm25), root_path="/api") as client:
+        response = client.post("/api/retrieve", json={"queries": ["chess"], "topk": 1})
+        health = client.get("/api/health")
+    assert response.status_code == 200 and response.json()["result"][0][0]["id"] == "15"
+    assert health.status_code == 200
