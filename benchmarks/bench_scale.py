@@ -56,6 +56,7 @@ from _common import (
     usable_cores,
 )
 
+from agentic_retriever.index.dense import DenseParams, fill_faiss_index, set_search_knobs
 from agentic_retriever.jsonl import atomic_write, write_json
 
 WIKI18_ROWS = 21_015_324
@@ -185,8 +186,6 @@ def build_and_search(args: dict) -> dict:
     """One (size, type): build the index from the embeddings, time its searches and the service over it."""
     import faiss
 
-    from agentic_retriever.index.dense import DenseParams, fill_faiss_index, set_search_knobs
-
     embeddings = np.load(args["embeddings"], mmap_mode="r")
     params = DenseParams(type=args["type"], **args.get("params", {}))
     before = _rss()
@@ -315,7 +314,8 @@ def measure(cli, work: Path) -> dict:
             runs.append({"rows": rows, "type": "row store", **figures})
             print(f"row store {rows:>10,}: " + _line(figures, ROW_STORE_FIGURES), flush=True)
         for index_type in cli.types:
-            bytes_needed = rows * index_bytes_per_row(index_type, cli.dim, 64, params[index_type].get("pq_m", 64))
+            built = DenseParams(type=index_type, **params[index_type])
+            bytes_needed = rows * index_bytes_per_row(index_type, cli.dim, built.hnsw_m, built.pq_m)
             if index_type == "hnsw" and rows > cli.hnsw_max_rows:
                 skipped.append(f"{rows:,} rows, hnsw: above --hnsw-max-rows {cli.hnsw_max_rows:,}")
                 continue

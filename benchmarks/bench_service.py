@@ -172,16 +172,17 @@ def _contenders(index: SearchIndex, index_dir: str, args) -> dict[str, object]:
     """name -> an app to serve in a thread of this process, a `ServerProcess` (``--servers process``), or the URL
     of a running server."""
     peer_url = args.peer_url.rstrip("/") if args.peer_url else None
+    peer = peer_url
     if args.peer_script:
-        peer_url = ServerProcess([sys.executable, str(Path(__file__).with_name("_search_r1_server.py")), "--script",
-                                  args.peer_script, "--index", index_dir, "--topk", str(args.topk)], "Search-R1's server")
+        peer = ServerProcess([sys.executable, str(Path(__file__).with_name("_search_r1_server.py")), "--script",
+                              args.peer_script, "--index", index_dir, "--topk", str(args.topk)], "Search-R1's server")
     if args.servers == "process":
         reference = [sys.executable, str(Path(__file__).with_name("_reference_server.py")), "--index", index_dir,
                      "--topk", str(args.topk)]
-        return {"peer": peer_url or ServerProcess(reference, "peer"),
+        return {"peer": peer or ServerProcess(reference, "peer"),
                 "ours": ServerProcess(our_server(index_dir), "ours"),
                 "ours, batching off": ServerProcess(our_server(index_dir, batching=False), "ours, batching off")}
-    return {"peer": peer_url or create_reference_app(index, default_topk=args.topk),
+    return {"peer": peer or create_reference_app(index, default_topk=args.topk),
             "ours": _our_app(index, batching=True), "ours, batching off": _our_app(index, batching=False)}
 
 
@@ -278,6 +279,11 @@ def _batched_limit(started: dict, queries: list[str], args) -> dict[str, list[di
     return runs
 
 
+def _without_answers(by_name: dict) -> dict:
+    """The rounds under each name without each request's result ids (kept for the agreement line only)."""
+    return {name: [{k: v for k, v in r.items() if k != "answers"} for r in runs] for name, runs in by_name.items()}
+
+
 def _medians(by_name: dict[str, list[dict]]) -> dict[str, dict]:
     keys = ("requests_per_s", "queries_per_s", "p50_ms", "p95_ms", "p99_ms", "mean_ms", "server_cpu_ms_per_request",
             "queries_per_index_call")
@@ -327,11 +333,9 @@ def _throughput_report(counts: list[int], results: dict[int, dict[str, list[dict
     same, compared = _agreement(results[counts[0]]["ours"][0]["answers"], results[counts[0]]["peer"][0]["answers"])
     errors = sum(r["errors"] for by_name in [*results.values(), limit or {}] for runs in by_name.values() for r in runs)
     print(f"top-k ids identical to the peer's: {same} of {compared} requests; errors: {errors}")
-    rounds = {n: {name: [{k: v for k, v in r.items() if k != "answers"} for r in runs] for name, runs in by_name.items()}
-              for n, by_name in results.items()}
+    rounds = {n: _without_answers(by_name) for n, by_name in results.items()}
     if limit:
-        rounds["batched_limit"] = {name: [{k: v for k, v in r.items() if k != "answers"} for r in runs]
-                                   for name, runs in limit.items()}
+        rounds["batched_limit"] = _without_answers(limit)
     return {"medians": medians, "ratios": ratios, "targets": targets, "same_topk_as_peer": [same, compared],
             "errors": errors, "rounds": rounds, "batched_limit": limit_medians, "share_of_batched_limit": share_of_limit}
 
@@ -353,9 +357,10 @@ def run_overhead(index: SearchIndex, index_dir: str, rng: random.Random, args) -
             for clients in counts:
                 r = _measured_round(server.url, server, queries, clients, max(5, args.total_requests // clients),
                                     args.topk)
-                rounds[clients].append({k: v for k, v in r.items() if k != "answers"})
+                rounds[clients].append(r)
                 _print_round(f"{clients:>3} client(s)", round_no, "ours, instant index", r, server)
     medians = _medians({str(n): runs for n, runs in rounds.items()})
+    rounds = _without_answers(rounds)
     for n, m in medians.items():
         print(f"  {n:>3} client(s): server CPU {m['server_cpu_ms_per_request']:.3f} ms/request (median of "
               f"{args.repeats}), {m['requests_per_s']:.0f} requests/s")
