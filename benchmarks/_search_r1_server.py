@@ -12,7 +12,8 @@ running a second server, has to change are changed here, from outside the file:
   ``Module.half`` leaves it in fp32 (the script asks for fp16 on its GPU; fp16 on a CPU is slower, not a setting
   anyone serves with), so both servers encode in fp32 on the same CPU;
 * ``uvicorn.run`` listens on 127.0.0.1 and the ``--port`` given here (the script fixes 0.0.0.0:8000);
-* the datasets library caches the corpus in a temporary folder (``HF_DATASETS_CACHE``), not the user's cache.
+* the datasets library caches the corpus in a temporary folder (``HF_DATASETS_CACHE``), not the user's cache,
+  removed when the server stops.
 
 Not a benchmark itself (run_all.py only runs ``bench_*.py``).
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import runpy
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -81,12 +83,15 @@ def main() -> None:
     script = Path(args.script).resolve()
     if not script.is_file():
         raise SystemExit(f"--script {args.script}: no such file")
-    os.environ.setdefault("HF_DATASETS_CACHE", tempfile.mkdtemp(prefix="search-r1-datasets-"))
     sys.argv = [str(script), *script_arguments(args.index, args.topk)]
     keep_on_cpu()
     listen_on(args.port)
     sys.path.insert(0, str(script.parent))
-    runpy.run_path(str(script), run_name="__main__")
+    # uvicorn stops on SIGTERM and then raises it again with the handler it found: this one, so the cache is removed
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    with tempfile.TemporaryDirectory(prefix="search-r1-datasets-") as cache:
+        os.environ.setdefault("HF_DATASETS_CACHE", cache)
+        runpy.run_path(str(script), run_name="__main__")
 
 
 if __name__ == "__main__":
