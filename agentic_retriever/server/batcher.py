@@ -119,13 +119,21 @@ class CallTimes:
     """Seconds an index call takes for n queries, as ``intercept + slope * n`` fitted (least squares) to the last
     `window` calls: `queries_within` says how many queries fit in a time budget. Until it has seen two calls of
     different sizes it takes the calls' mean seconds per query, which overestimates the slope (each call's fixed
-    cost counted per query) and so keeps chunks small rather than slow. A short window lets one slow call (a cold
-    first one) fall out of the fit after a few fast ones."""
+    cost counted per query) and so keeps chunks small rather than slow.
+
+    The very first call is cold (the index's first search pays for lazy loading, kernel selection, a thread
+    pool's start) and, searching the whole count before anything is timed, it is the largest: on a line it
+    would hold the slope up for the whole window. It sizes the second call alone and leaves the fit once that
+    one is timed. A short window lets any later slow call fall out after a few fast ones."""
 
     def __init__(self, window: int = 16):
         self.calls: collections.deque[tuple[int, float]] = collections.deque(maxlen=window)
+        self.timed_any = False
 
     def add(self, queries: int, seconds: float) -> None:
+        if len(self.calls) == 1 and not self.timed_any:
+            self.calls.clear()
+            self.timed_any = True
         self.calls.append((queries, seconds))
 
     def fit(self) -> tuple[float, float] | None:

@@ -39,12 +39,14 @@ def test_fair_shares_take_small_requests_whole_and_the_rest_oldest_first():
 def test_call_times_fit_the_index_cost_and_size_a_batch_to_a_time_budget():
     times = CallTimes()
     assert times.fit() is None and times.queries_within(0.1, 256) == 256, "nothing timed yet: the count alone"
+    times.add(256, 2.56)
+    assert times.queries_within(0.1, 256) == 10, "the first call alone: its seconds per query"
     times.add(10, 0.025)
-    assert times.queries_within(0.1, 256) == 40, "one size: its seconds per query, the fixed cost included"
+    assert times.queries_within(0.1, 256) == 40, "the cold first call has left: one size, its fixed cost included"
     intercept, slope = 2 / 1024, 1 / 1024
     for n in (1, 50, 200, 10):
         times.add(n, intercept + slope * n)
-    times.calls.popleft()  # the first call, off the line
+    times.calls.popleft()  # the 10-query call, off the line
     assert times.fit() == pytest.approx((intercept, slope))
     assert times.queries_within(0.1, 256) == 100  # (0.1 - 2/1024) * 1024 = 100.4
     assert times.queries_within(0.001, 256) == 1 and times.queries_within(10.0, 256) == 256
@@ -89,10 +91,31 @@ def test_a_big_request_is_searched_in_chunks_of_the_time_budget(bm25, monkeypatc
     sizes = [len(call) for call in counter.calls]
     assert sizes[0] == 256, "the first call, before any timing, takes the count"
     if max_batch_ms:
-        assert all(10 <= size <= 30 for size in sizes[1:-1]), sizes  # sleep() overshoots: never over the budget
+        assert all(10 <= size <= 30 for size in sizes[2:-1]), sizes  # sleep() overshoots: never over the budget
         assert health["max_batch_ms"] == max_batch_ms and 10 <= health["batch_capacity"] <= 30
     else:
         assert sizes == [256, 256, 88] and health["batch_capacity"] == 256
+
+
+def test_a_cold_first_call_sizes_only_the_next_chunk(bm25, monkeypatch):
+    """An index whose first search is slow (lazy loading, a cold thread pool) shrinks the second chunk only: the
+    first call leaves the fit once another is timed, so it cannot hold the chunks small for a whole window."""
+    counter = SlowRetrieve(bm25, per_query=0.001)
+    cold = [True]
+
+    def cold_first(queries, k, questions=None, histories=None):
+        if cold.pop() if cold else False:
+            time.sleep(1.0)
+        return counter(queries, k, questions, histories)
+
+    monkeypatch.setattr(bm25, "retrieve", cold_first)
+    queries = [QUERIES[i % len(QUERIES)] for i in range(600)]
+    app = create_app(bm25, max_batch_queries=256, max_queries_per_request=1000, max_batch_ms=30.0)
+    with TestClient(app) as client:
+        assert client.post("/retrieve", json={"queries": queries, "topk": 3}).status_code == 200
+    sizes = [len(call) for call in counter.calls]
+    assert sizes[0] == 256 and sizes[1] <= 8, f"the second chunk sized on the cold call (5 ms a query): {sizes}"
+    assert all(10 <= size <= 30 for size in sizes[2:-1]), sizes
 
 
 @pytest.mark.parametrize("batching, bigs, small_call", [(True, 1, 1), (True, 2, 1), (False, 1, 1), (False, 2, 2)])
