@@ -42,6 +42,7 @@ from .encoder import EncoderConfig
 from .eval.bootstrap import compare_reports
 from .eval.report import plot_metrics, render_table
 from .eval.retrieval import composition_questions, evaluate_retrieval, load_judged_questions
+from .heap import release_freed_memory
 from .index import BM25Params, DenseParams, IndexBuildConfig, build_index, open_index
 from .jsonl import read_json, write_json
 from .mining.store import stable_hash
@@ -108,7 +109,10 @@ class Steps:
         label = f"[{self.done}/{self.total}]" if self.total else f"[{self.done}]"
         print(f"\n{label} {name}", flush=True)
         started = time.perf_counter()
-        result = fn()
+        try:
+            result = fn()
+        finally:
+            release_freed_memory()  # what the step freed, back to the system before the next step allocates
         self.seconds[name] = round(time.perf_counter() - started, 1)
         print(f"{label} {name}: done in {self.seconds[name]:.0f} s", flush=True)
         return result

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..heap import release_freed_memory
 from ..mining.store import stable_hash
 from ..qa_sources import qa_set_sha256
 from . import steps
@@ -102,6 +103,8 @@ class _Loop:
         except BaseException:
             self.manifest.add_time(iteration, name, time.perf_counter() - started)
             raise
+        finally:
+            release_freed_memory()  # what the step freed, back to the system before the next step allocates
         record = self.manifest.finish(iteration, name, time.perf_counter() - started, summary,
                                       identity(summary) if identity else "")
         print(f"{label}: done in {record.seconds:.0f} s", flush=True)

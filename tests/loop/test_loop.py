@@ -22,6 +22,7 @@ from agentic_retriever.encoder import EncoderConfig
 from agentic_retriever.index import DenseParams, IndexBuildConfig
 from agentic_retriever.llm import LLMConfig
 from agentic_retriever.loop import STEPS, LoopConfig, LoopEvalConfig, LoopJob, LoopManifest, LoopManifestError, run_loop
+from agentic_retriever.loop import runner as loop_runner
 from agentic_retriever.loop import steps as loop_steps
 from agentic_retriever.mining.config import MiningConfig
 from agentic_retriever.mining.job import MineJobConfig
@@ -131,11 +132,14 @@ def served_index(monkeypatch) -> list[tuple[str, str]]:
 def test_two_iterations_run_end_to_end_with_versioned_artifacts_a_report_and_a_status_table(
         workdir, tiny_model_dir, tiny_causal_lm_dir, capsys, monkeypatch):
     served = served_index(monkeypatch)
+    released = []
+    monkeypatch.setattr(loop_runner, "release_freed_memory", lambda: released.append(True))
     report = run_loop(make_job(tiny_model_dir, tiny_causal_lm_dir))
 
     manifest = LoopManifest.load("loop")
     assert [n for n in manifest.steps] == ["0/base_index", "0/initial_agent"] + [
         f"{i}/{s}" for i in (1, 2) for s in STEPS]
+    assert len(released) == len(manifest.steps), "what each step freed goes back to the system before the next"
     assert all(r.status == "done" for r in manifest.steps.values())
     for i in (1, 2):
         for step in STEPS:
