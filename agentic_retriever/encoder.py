@@ -26,7 +26,7 @@ from typing import ClassVar, Literal
 
 import numpy as np
 
-from .config import PRECISION_ALIASES, Precision
+from .config import PRECISION_ALIASES, Precision, resolve_native_precision
 from .defaults import resolve_model_name
 
 CompositionMode = Literal["query", "question_sep_query", "history"]
@@ -58,9 +58,13 @@ class EncoderConfig:
         "help": "encode passages on several devices at once, one process each (sentence-transformers' multi-process "
                 "pool): e.g. cuda:0 cuda:1, or all (every visible GPU); empty: `device` alone. Queries stay on "
                 "`device`"})
-    precision: Precision = dataclasses.field(default="auto", metadata={"help": "weights; auto = fp16 on GPU, fp32 on CPU"})
+    precision: Precision = dataclasses.field(default="auto", metadata={
+        "help": "weights; auto = fp16 on GPU, fp32 on CPU; native = auto on GPU, bf16 on a CPU with AMX, else fp32"})
 
     RENAMED: ClassVar[dict[str, str]] = {"dtype": "precision"}
+
+    def __post_init__(self):
+        self.precision = resolve_native_precision(self.precision, self.device)
 
     @classmethod
     def from_dict(cls, values: dict) -> EncoderConfig:

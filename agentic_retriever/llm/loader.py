@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from ..config import Precision
+from ..config import Precision, resolve_native_precision
 from .base import LLM
 from .prefix_cache import DEFAULT_PREFIX_CACHE_TOKENS
 
@@ -28,7 +28,8 @@ class LLMConfig:
         default="default", metadata={"help": "hub name, local folder, 'default' (embedded SmolLM2-135M-Instruct), "
                                               "or the served model name (openai)"})
     precision: Precision = dataclasses.field(default="auto", metadata={
-        "help": "weights; auto = fp32 on CPU, bf16 (else fp16) on GPU; training steps use it as mixed precision"})
+        "help": "weights; auto = fp32 on CPU, bf16 (else fp16) on GPU; native = auto on GPU, bf16 on a CPU with AMX, "
+                "else fp32; training steps use it as mixed precision"})
     device: str = dataclasses.field(default="auto", metadata={"help": "transformers: auto, cpu, cuda or cuda:N"})
     max_batch_size: int = dataclasses.field(default=16, metadata={"help": "transformers: sequences per batch"})
     progress: bool = dataclasses.field(default=False, metadata={"help": "show a progress bar while generating"})
@@ -60,6 +61,9 @@ class LLMConfig:
     engine_args: dict = dataclasses.field(default_factory=dict, metadata={
         "help": "vllm: further keyword arguments of vllm.LLM, e.g. {\"enable_chunked_prefill\": false} (vLLM 0.32's "
                 "CPU build crashes rewinding a seeded request's generator after a chunked prefill)"})
+
+    def __post_init__(self):
+        self.precision = resolve_native_precision(self.precision, self.device)
 
 
 def load_llm(config: LLMConfig) -> LLM:

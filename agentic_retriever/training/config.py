@@ -59,7 +59,7 @@ class RetrieverTrainConfig:
         "help": "linear warm-up over ceil(ratio x updates) updates, the first one already at a non-zero rate"})
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
     precision: Precision = field(default="auto", metadata={
-        "help": "mixed precision; auto: fp16 on GPU (the paper), fp32 on CPU"})
+        "help": "mixed precision; auto: fp16 on GPU (the paper), fp32 on CPU; native: as auto"})
     gradient_checkpointing: bool = field(default=False, metadata={"help": "recompute activations (paper: on)"})
     cached: bool = field(default=False, metadata={"help": "GradCache loss: big global batches in bounded memory"})
     mini_batch_size: int = field(default=32, metadata={"help": "texts per forward pass of the cached loss"})
@@ -105,8 +105,8 @@ class RetrieverTrainConfig:
             raise ValueError("per_device_batch_size and mini_batch_size must be at least 1")
         if self.num_negatives is not None and self.num_negatives < 1:
             raise ValueError(f"num_negatives must be at least 1, got {self.num_negatives}")
-        if self.precision not in ("auto", "fp32", "fp16", "bf16"):
-            raise ValueError(f"precision must be auto, fp32, fp16 or bf16, got {self.precision!r}")
+        if self.precision not in ("auto", "native", "fp32", "fp16", "bf16"):
+            raise ValueError(f"precision must be auto, native, fp32, fp16 or bf16, got {self.precision!r}")
         if self.batch_sampler not in ("default", "no_duplicates"):
             raise ValueError(f"batch_sampler must be default or no_duplicates, got {self.batch_sampler!r}")
         if not 0 <= self.warmup_ratio <= 1:

@@ -80,7 +80,7 @@ def _fingerprint(config: RetrieverTrainConfig, examples: list[TrainingExample]) 
 
 
 def _precision(config: RetrieverTrainConfig, on_gpu: bool) -> dict:
-    if config.precision == "auto":
+    if config.precision in ("auto", "native"):
         return {"fp16": on_gpu}
     if config.precision in ("fp16", "bf16") and not on_gpu:
         raise ValueError(f"precision {config.precision} needs a GPU; use fp32 or auto on CPU")

@@ -1,0 +1,82 @@
+"""``precision: native``: bf16 on a CPU with AMX tiles, fp32 on other CPUs, ``auto`` on a GPU; resolved once the
+settings are final (file, then flags), for the agent, the scorer and the encoder alike."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from agent.rollouts import RolloutConfig
+from agent.sft import WarmStartConfig
+from agent.sft.warm_start import _cache_key
+from agentic_retriever import config as config_module
+from agentic_retriever.config import build_config, resolve_native_precision
+from agentic_retriever.encoder import Encoder, EncoderConfig
+from agentic_retriever.index import IndexBuildConfig
+from agentic_retriever.llm import LLMConfig
+from agentic_retriever.mining.job import MineJobConfig
+from agentic_retriever.training.config import RetrieverTrainConfig
+from agentic_retriever.training.trainer import _precision
+
+
+@pytest.fixture(params=[True, False], ids=["amx", "no-amx"])
+def amx(request, monkeypatch):
+    monkeypatch.setattr(config_module, "cpu_computes_bf16_natively", lambda: request.param)
+    return request.param
+
+
+def test_native_is_bf16_on_a_cpu_with_amx_fp32_on_others_and_auto_on_a_gpu(amx, monkeypatch):
+    assert resolve_native_precision("native", "cpu") == ("bf16" if amx else "fp32")
+    assert resolve_native_precision("native", "cuda:1") == "auto"
+    for device in (None, "auto"):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        assert resolve_native_precision("native", device) == ("bf16" if amx else "fp32")
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        assert resolve_native_precision("native", device) == "auto"
+    for other in ("auto", "fp32", "fp16", "bf16"):
+        assert resolve_native_precision(other, "cpu") == other
+
+
+def test_native_in_a_config_file_reaches_the_agent_the_scorer_and_the_encoder(amx, tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({
+        "agent": {"model": "default", "precision": "native"}, "agent_rollout": {"qa": "dev.jsonl"},
+        "agent_sft": {"qa": "train.jsonl"},
+        "mine_run": {"scorer": {"precision": "native"}},
+        "index_build": {"out": "index", "encoder": {"precision": "native"}},
+        "retriever_train": {"precision": "native", "data": "rows.jsonl", "out": "model"}}))
+    wanted = "bf16" if amx else "fp32"
+    assert build_config(RolloutConfig, "agent_rollout", None, str(path)).agent.precision == wanted
+    assert build_config(WarmStartConfig, "agent_sft", None, str(path)).agent.precision == wanted
+    mine = build_config(MineJobConfig, "mine_run", None, str(path), set_by_caller=("trajectories",))
+    assert (mine.agent.precision, mine.scorer.precision) == (wanted, wanted)
+    assert build_config(IndexBuildConfig, "index_build", None, str(path)).encoder.precision == wanted
+    # a device given after the precision still decides: the settings are resolved once they are final
+    assert LLMConfig(precision="native", device="cuda").precision == "auto"
+    # retriever training has no CPU bf16 path: native trains as auto does
+    train = build_config(RetrieverTrainConfig, "retriever_train", None, str(path))
+    assert _precision(train, on_gpu=False) == {"fp16": False} and _precision(train, on_gpu=True) == {"fp16": True}
+
+
+def test_the_warm_start_cache_tells_a_bf16_agent_from_an_fp32_one(monkeypatch):
+    monkeypatch.setattr(config_module, "cpu_computes_bf16_natively", lambda: True)
+    train = WarmStartConfig().train
+    native, fp32 = LLMConfig(precision="native", device="cpu"), LLMConfig(precision="fp32", device="cpu")
+    assert _cache_key("examples", "weights", train, native) != _cache_key("examples", "weights", train, fp32)
+    assert _cache_key("examples", "weights", train, native) == _cache_key(
+        "examples", "weights", train, LLMConfig(precision="bf16", device="cpu"))
+
+
+def test_a_native_encoder_on_an_amx_cpu_holds_bf16_weights_and_embeds_close_to_fp32(tiny_model_dir, monkeypatch):
+    monkeypatch.setattr(config_module, "cpu_computes_bf16_natively", lambda: True)
+    texts = ["the capital of france", "a chess opening", "who wrote hamlet", "rainfall in the amazon basin"]
+    native = Encoder(EncoderConfig(model=tiny_model_dir, precision="native", device="cpu"))
+    fp32 = Encoder(EncoderConfig(model=tiny_model_dir, precision="fp32", device="cpu"))
+    assert {p.dtype for p in native.model.parameters()} == {torch.bfloat16}
+    assert native.settings.fingerprint == fp32.settings.fingerprint, "the same weights: one embedding cache"
+    a, b = native.encode_passages(texts), fp32.encode_passages(texts)
+    assert a.dtype == np.float32 and a.shape == b.shape
+    assert np.all(np.sum(a * b, axis=1) > 0.98), "unit vectors within bf16's rounding of fp32's"
