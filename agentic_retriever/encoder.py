@@ -156,6 +156,8 @@ class Encoder:
         if dtype is not None:
             self.model.to(dtype)
         self.model.eval()
+        #: What the weights compute in ("float32", "bfloat16", "float16"): embeddings differ with it.
+        self.weights_dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
 
         stored = read_model_settings(path)
         st_prompts = getattr(self.model, "prompts", None) or {}

@@ -19,7 +19,8 @@ fingerprints instead:
 * `llm_fingerprint(llm)`: the same for a loaded LLM backend (its ``fingerprint`` attribute when it has one; an
   OpenAI-compatible server's served model name, with a warning; else `model_fingerprint` of its name).
 * `index_identity(manifest, params)`: a local index by its manifest's content: backend, index type, rows,
-  corpus sha256, encoder fingerprint, and the parameters that change what a search returns (the index type's
+  corpus sha256, encoder fingerprint (with the dtype of the passages' encoding when it was a half precision), and
+  the parameters that change what a search returns (the index type's
   structural fields and its search beam / probes; not threads, GPU, memory mapping or build chunking).
 * `service_identity(url, health)`: a retrieval service by its ``GET /health`` document: its fingerprints when it
   reports them, else its URL and self-description, with a warning that a changed service behind the same URL
@@ -199,18 +200,20 @@ _SEARCH_KNOBS = {"hnsw": ("ef_search",), "ivfpq": ("nprobe",)}
 def index_identity(manifest, params: Mapping[str, Any] | None = None) -> dict:
     """What decides a local index's results (see module): `manifest` is its `IndexManifest`, `params` the
     parameters it was opened with (default: the manifest's)."""
+    from .index.dense import STRUCTURE_FIELDS, half_precision
+
     params = dict(manifest.params if params is None else params)
     if manifest.backend == "dense":
-        from .index.dense import STRUCTURE_FIELDS
-
         kind = params.get("type", manifest.index_type)
         kept = ("type", *STRUCTURE_FIELDS.get(kind, ()), *_SEARCH_KNOBS.get(kind, ()))
         params = {k: params.get(k) for k in kept}
     else:
         params = {k: v for k, v in params.items() if k not in _NOT_RESULTS}
+    encoder = manifest.encoder or {}
+    half = half_precision(encoder.get("dtype"))
     return {"kind": "index", "backend": manifest.backend, "index_type": manifest.index_type, "rows": manifest.rows,
-            "corpus_sha256": manifest.corpus_sha256, "encoder": (manifest.encoder or {}).get("fingerprint"),
-            "params": params}
+            "corpus_sha256": manifest.corpus_sha256, "encoder": encoder.get("fingerprint"), "params": params} | (
+        {"encoder_dtype": half} if half else {})
 
 
 #: Fields of a ``/health`` document that identify the service's content when it reports them.

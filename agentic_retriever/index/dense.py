@@ -104,7 +104,9 @@ def build_dense_index(corpus: Corpus, encoder: Encoder, out_dir: str | Path, par
     started = time.perf_counter()
     chunk = chunk_rows(params, len(corpus))
     log.info("encoding %d passages in resumable chunks of %d", len(corpus), chunk)
-    embeddings_path = Path(params.embeddings_dir or out) / f"embeddings-{corpus.sha256[:12]}-{encoder.settings.fingerprint[:12]}.npy"
+    half = half_precision(encoder.weights_dtype)
+    embeddings_path = (Path(params.embeddings_dir or out)
+                       / f"embeddings-{corpus.sha256[:12]}-{encoder.settings.fingerprint[:12]}{half and '-' + half}.npy")
     try:
         embeddings = _encode_resumable(corpus, encoder, embeddings_path, chunk)
     finally:
@@ -118,7 +120,8 @@ def build_dense_index(corpus: Corpus, encoder: Encoder, out_dir: str | Path, par
         manifest = IndexManifest(
             backend="dense", index_type=params.type, rows=rows, corpus_path=str(corpus.source),
             corpus_sha256=corpus.sha256, params=dataclasses.asdict(params),
-            encoder=dataclasses.asdict(encoder.settings) | {"config": portable_config(encoder)}, dim=encoder.dim,
+            encoder=dataclasses.asdict(encoder.settings) | {"config": portable_config(encoder),
+                                                            "dtype": encoder.weights_dtype}, dim=encoder.dim,
             build_seconds=round(time.perf_counter() - started, 2), empty_passages=empty_passages,
         )
         generation.commit(manifest)
@@ -135,6 +138,13 @@ def portable_config(encoder: Encoder) -> dict:
     return {k: v for k, v in dataclasses.asdict(encoder.config).items() if k not in machine_specific}
 
 
+def half_precision(dtype: str | None) -> str:
+    """`dtype` when passages were encoded in a half precision (bf16 on an AMX CPU, fp16 on a GPU), else "": it keys
+    the embeddings cache and the index identity, so fp32 and half-precision embeddings are never mixed, while
+    caches and identities made in fp32 (before the dtype was recorded) stay valid."""
+    return dtype if dtype not in (None, "float32") else ""
+
+
 def _state_path(embeddings_path: Path) -> Path:
     return embeddings_path.with_suffix(".state.json")
 
@@ -145,6 +155,8 @@ def _encode_resumable(corpus: Corpus, encoder: Encoder, path: Path, chunk_size: 
     path.parent.mkdir(parents=True, exist_ok=True)
     identity = {"encoder_fingerprint": encoder.settings.fingerprint, "corpus_sha256": corpus.sha256,
                 "rows": len(corpus), "dim": encoder.dim}
+    if half_precision(encoder.weights_dtype):
+        identity["dtype"] = encoder.weights_dtype
     state = read_json(state_path) if state_path.is_file() else {}
     if state and {k: state.get(k) for k in identity} == identity and path.is_file():
         embeddings = np.load(path, mmap_mode="r+")

@@ -13,6 +13,7 @@ from agentic_retriever.index import (
     BM25Params, DenseParams, IndexBuildConfig, IndexManifest, IndexMismatchError, build_index, open_index,
 )
 from agentic_retriever.index import dense as dense_module
+from agentic_retriever.fingerprint import index_identity
 from agentic_retriever.index.dense import chunk_rows
 from tests.fakes import SYNTHETIC_QUERIES as QUERIES
 from tests.fakes import synthetic_rows, write_jsonl
@@ -410,3 +411,27 @@ def test_devices_all_without_a_gpu_is_refused_by_name(tiny_model_dir, monkeypatc
         encoder.encode_passages(["text"] * 100)
     with pytest.raises(ValueError, match="all stands alone"):
         Encoder(EncoderConfig(model=tiny_model_dir, device="cpu", devices=["all", "cuda:0"]))
+
+
+def test_passages_encoded_in_bf16_never_share_the_fp32_embeddings_cache_and_change_the_identity(tmp_path,
+                                                                                               tiny_model_dir):
+    """A shared embeddings folder holds one file per precision: a bf16 build (``precision: native`` on an AMX CPU)
+    neither reuses the fp32 file nor leaves its own for an fp32 build, and its index identity (what the loop's and
+    the demo's caches key on) differs; an fp32 index keeps the identity it had before the dtype was recorded."""
+    corpus_file = write_jsonl(tmp_path / "c.jsonl", synthetic_rows(40))
+    shared = tmp_path / "embeddings"
+
+    def build(out, precision):
+        return build_index(IndexBuildConfig(
+            corpus=str(corpus_file), out=str(tmp_path / out),
+            encoder=EncoderConfig(model=tiny_model_dir, precision=precision, device="cpu"),
+            dense=DenseParams(keep_embeddings=True, embeddings_dir=str(shared))))
+
+    fp32, bf16 = build("fp32", "fp32"), build("bf16", "bf16")
+    files = sorted(p.name for p in shared.glob("embeddings-*.npy"))
+    assert len(files) == 2 and files[0].endswith("-bfloat16.npy"), files
+    assert (fp32.encoder["dtype"], bf16.encoder["dtype"]) == ("float32", "bfloat16")
+    assert index_identity(bf16) == index_identity(fp32) | {"encoder_dtype": "bfloat16"}
+    assert "encoder_dtype" not in index_identity(fp32)
+    a, b = (np.load(shared / name) for name in files)
+    assert not np.array_equal(a, b) and np.all(np.sum(a * b, axis=1) > 0.98)
