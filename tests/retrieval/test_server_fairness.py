@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from agentic_retriever.encoder import EncoderConfig
 from agentic_retriever.index import DenseParams, IndexBuildConfig, build_index, open_index
 from agentic_retriever.server import ServerThread, create_app
+from agentic_retriever.server import batcher
 from agentic_retriever.server.batcher import CallTimes, fair_shares, within_time
 from tests.fakes import (
     WORDS, CountingRetrieve, post_in_thread, result_ids, result_scores, synthetic_rows, wait_until, write_jsonl,
@@ -63,59 +64,70 @@ def test_the_time_budget_cuts_big_chunks_and_never_a_small_request():
     assert within_time([255, 1], [10_000, 1], 256) == [255, 1], "within the budget: fair_shares unchanged"
 
 
-class SlowRetrieve(CountingRetrieve):
-    """An index call that takes 2 ms plus `per_query` seconds a query, as an encoder does."""
+class IndexClock:
+    """The batcher's clock (`batcher.time`, which it reads only around index calls) made virtual: it moves only by
+    what the index says its calls cost, so the chunk sizes the call-time fit gives are the same on any machine
+    under any load."""
 
-    def __init__(self, index, per_query: float):
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+class SlowRetrieve(CountingRetrieve):
+    """An index call that costs 2 ms plus `per_query` seconds a query on `clock`, as an encoder does, plus `cold`
+    seconds for the first call (lazy loading, a cold thread pool)."""
+
+    def __init__(self, index, per_query: float, clock: IndexClock, cold: float = 0.0):
         super().__init__(index)
-        self.per_query = per_query
+        self.per_query, self.clock, self.cold = per_query, clock, cold
 
     def __call__(self, queries, k, questions=None, histories=None):
-        time.sleep(0.002 + self.per_query * len(queries))
+        self.clock.now += 0.002 + self.per_query * len(queries) + (self.cold if not self.calls else 0.0)
         return super().__call__(queries, k, questions, histories)
 
 
-@pytest.mark.parametrize("max_batch_ms", [30.0, 0.0])
-def test_a_big_request_is_searched_in_chunks_of_the_time_budget(bm25, monkeypatch, max_batch_ms):
-    """With max_batch_ms, once the service has timed its index the chunks hold what it searches in that long (1 ms a
-    query: about 28 in 30 ms), not max_batch_queries (256: a quarter of a second here, seconds on a slow CPU); with
-    0 the count alone."""
-    counter = SlowRetrieve(bm25, per_query=0.001)
+def chunk_sizes(bm25, monkeypatch, max_batch_ms: float, cold: float = 0.0) -> tuple[list[int], dict]:
+    """The index calls' sizes when one 600-query request meets `max_batch_ms` over an index that costs 1 ms a
+    query (and 2 ms a call) on a virtual clock; and the service's /health."""
+    clock = IndexClock()
+    counter = SlowRetrieve(bm25, per_query=0.001, clock=clock, cold=cold)
     monkeypatch.setattr(bm25, "retrieve", counter)
+    monkeypatch.setattr(batcher, "time", clock)
     queries = [QUERIES[i % len(QUERIES)] for i in range(600)]
     app = create_app(bm25, max_batch_queries=256, max_queries_per_request=1000, max_batch_ms=max_batch_ms)
     with TestClient(app) as client:
         answer = client.post("/retrieve", json={"queries": queries, "topk": 3})
         health = client.get("/health").json()
-    assert answer.status_code == 200 and len(answer.json()["result"]) == 600
     sizes = [len(call) for call in counter.calls]
+    assert answer.status_code == 200 and [[hit["id"] for hit in hits] for hits in answer.json()["result"]] == (
+        bm25.search(queries, 3).ids), "chunking changes no answer"
+    return sizes, health
+
+
+@pytest.mark.parametrize("max_batch_ms", [30.0, 0.0])
+def test_a_big_request_is_searched_in_chunks_of_the_time_budget(bm25, monkeypatch, max_batch_ms):
+    """With max_batch_ms, once the service has timed its index the chunks hold what it searches in that long (1 ms a
+    query and 2 ms a call: 28 in 30 ms), not max_batch_queries (256: a quarter of a second here, seconds on a slow
+    CPU); with 0 the count alone."""
+    sizes, health = chunk_sizes(bm25, monkeypatch, max_batch_ms)
     assert sizes[0] == 256, "the first call, before any timing, takes the count"
     if max_batch_ms:
-        assert all(10 <= size <= 30 for size in sizes[2:-1]), sizes  # sleep() overshoots: never over the budget
-        assert health["max_batch_ms"] == max_batch_ms and 10 <= health["batch_capacity"] <= 30
+        assert sizes[1] == 29, "sized on the first call's mean cost a query (its fixed 2 ms spread over 256)"
+        assert set(sizes[2:-1]) <= {27, 28}, f"the fitted line: (30 - 2) / 1 queries a call, rounded down: {sizes}"
+        assert sum(sizes) == 600 and health["max_batch_ms"] == max_batch_ms and health["batch_capacity"] in (27, 28)
     else:
         assert sizes == [256, 256, 88] and health["batch_capacity"] == 256
 
 
 def test_a_cold_first_call_sizes_only_the_next_chunk(bm25, monkeypatch):
-    """An index whose first search is slow (lazy loading, a cold thread pool) shrinks the second chunk only: the
-    first call leaves the fit once another is timed, so it cannot hold the chunks small for a whole window."""
-    counter = SlowRetrieve(bm25, per_query=0.001)
-    cold = [True]
-
-    def cold_first(queries, k, questions=None, histories=None):
-        if cold.pop() if cold else False:
-            time.sleep(1.0)
-        return counter(queries, k, questions, histories)
-
-    monkeypatch.setattr(bm25, "retrieve", cold_first)
-    queries = [QUERIES[i % len(QUERIES)] for i in range(600)]
-    app = create_app(bm25, max_batch_queries=256, max_queries_per_request=1000, max_batch_ms=30.0)
-    with TestClient(app) as client:
-        assert client.post("/retrieve", json={"queries": queries, "topk": 3}).status_code == 200
-    sizes = [len(call) for call in counter.calls]
-    assert sizes[0] == 256 and sizes[1] <= 8, f"the second chunk sized on the cold call (5 ms a query): {sizes}"
-    assert all(10 <= size <= 30 for size in sizes[2:-1]), sizes
+    """An index whose first search is slow shrinks the second chunk only: the first call leaves the fit once
+    another is timed, so it cannot hold the chunks small for a whole window of calls."""
+    sizes, _ = chunk_sizes(bm25, monkeypatch, 30.0, cold=1.0)
+    assert sizes[0] == 256 and sizes[1] == 6, f"the second chunk sized on the cold call (4.9 ms a query): {sizes}"
+    assert sizes[2] > 20 and set(sizes[3:-1]) <= {27, 28}, f"then on the warm calls alone: {sizes}"
 
 
 @pytest.mark.parametrize("batching, bigs, small_call", [(True, 1, 1), (True, 2, 1), (False, 1, 1), (False, 2, 2)])
