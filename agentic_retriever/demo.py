@@ -215,8 +215,7 @@ def _agentic_r_iteration(job: MainJob, steps: Steps, work: Path, corpus: str, re
     selection = read_json(Path(trained) / "train_manifest.json").get("selection") or {}
     report["training"] = {"model": str(trained), "kept": selection.get("kept"), "selection": selection}
     out = work / "index" / f"agentic-r-{encoder_short_name(config.encoder.model)}-flat"
-    encoder = EncoderConfig(model=str(trained), batch_size=config.encoder.batch_size, device=config.encoder.device,
-                            precision=config.encoder.precision)  # the machine's settings of the base encoder
+    encoder = config.encoder.for_model(trained)  # the base encoder's machine settings
     steps.run("index the corpus with the trained encoder",
               lambda: build_index(_dense_build(config, corpus, out, encoder, "flat")))
     report["agent_model"] = str(agent_path)

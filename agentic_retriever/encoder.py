@@ -62,9 +62,16 @@ class EncoderConfig:
         "help": "weights; auto = fp16 on GPU, fp32 on CPU; native = auto on GPU, bf16 on a CPU with AMX, else fp32"})
 
     RENAMED: ClassVar[dict[str, str]] = {"dtype": "precision"}
+    #: Fields that say how this machine runs the encoder, not what it computes (left out of index manifests).
+    MACHINE_FIELDS: ClassVar[tuple[str, ...]] = ("device", "devices", "precision", "batch_size")
 
     def __post_init__(self):
         self.precision = resolve_native_precision(self.precision, self.device)
+
+    def for_model(self, model: str) -> EncoderConfig:
+        """Another model on this machine: `model` with this config's `MACHINE_FIELDS` and the model's own
+        conventions (prefixes, composition, pooling from its folder)."""
+        return EncoderConfig(model=str(model), **{name: getattr(self, name) for name in self.MACHINE_FIELDS})
 
     @classmethod
     def from_dict(cls, values: dict) -> EncoderConfig:

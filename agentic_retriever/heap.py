@@ -14,11 +14,8 @@ import ctypes
 import ctypes.util
 import functools
 import gc
-import logging
 
 __all__ = ["release_freed_memory"]
-
-log = logging.getLogger(__name__)
 
 
 @functools.cache

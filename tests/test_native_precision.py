@@ -80,3 +80,14 @@ def test_a_native_encoder_on_an_amx_cpu_holds_bf16_weights_and_embeds_close_to_f
     a, b = native.encode_passages(texts), fp32.encode_passages(texts)
     assert a.dtype == np.float32 and a.shape == b.shape
     assert np.all(np.sum(a * b, axis=1) > 0.98), "unit vectors within bf16's rounding of fp32's"
+
+
+def test_a_trained_model_is_indexed_with_the_base_encoders_machine_settings_and_its_own_conventions(amx):
+    """The demo and the loop index R_i with `for_model`: bf16 (or fp32) as the base index was built, the trained
+    model's own prefixes and composition (from its folder), not the base config's."""
+    base = EncoderConfig(model="default", precision="native", device="cpu", batch_size=32, devices=["cpu", "cpu"],
+                         query_prefix="query: ", composition="query")
+    trained = base.for_model("runs/x/retriever/model")
+    assert (trained.model, trained.precision, trained.device, trained.batch_size, trained.devices) == (
+        "runs/x/retriever/model", "bf16" if amx else "fp32", "cpu", 32, ["cpu", "cpu"])
+    assert trained.query_prefix is None and trained.composition is None

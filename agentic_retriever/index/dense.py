@@ -134,8 +134,7 @@ def build_dense_index(corpus: Corpus, encoder: Encoder, out_dir: str | Path, par
 
 def portable_config(encoder: Encoder) -> dict:
     """The encoder config minus machine-specific fields, enough to load the same encoder again."""
-    machine_specific = ("device", "devices", "precision", "batch_size")
-    return {k: v for k, v in dataclasses.asdict(encoder.config).items() if k not in machine_specific}
+    return {k: v for k, v in dataclasses.asdict(encoder.config).items() if k not in encoder.config.MACHINE_FIELDS}
 
 
 def half_precision(dtype: str | None) -> str:

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from ..client import RetrievalConfig
-from ..encoder import EncoderConfig
 from ..jsonl import iter_jsonl, read_json
 from .config import LoopJob
 from .processes import concatenate, run_on_devices, write_section
@@ -183,9 +182,7 @@ def build_index_step(job: LoopJob, encoder_model: str, out: Path) -> dict[str, A
     """Step 5: the corpus encoded with Agentic-R_i into a new index folder (the base index's settings)."""
     from ..index import build_index
 
-    encoder = EncoderConfig(model=str(encoder_model), batch_size=job.index.encoder.batch_size,
-                            device=job.index.encoder.device, devices=list(job.index.encoder.devices),
-                            precision=job.index.encoder.precision)
+    encoder = job.index.encoder.for_model(encoder_model)
     manifest = build_index(dataclasses.replace(job.index, out=str(out), backend="dense", encoder=encoder))
     return {"index": str(out), "passages": manifest.rows, "composition": manifest.composition}
 

@@ -128,12 +128,12 @@ class CallTimes:
 
     def __init__(self, window: int = 16):
         self.calls: collections.deque[tuple[int, float]] = collections.deque(maxlen=window)
-        self.timed_any = False
+        self.first_call_dropped = False
 
     def add(self, queries: int, seconds: float) -> None:
-        if len(self.calls) == 1 and not self.timed_any:
+        if len(self.calls) == 1 and not self.first_call_dropped:
             self.calls.clear()
-            self.timed_any = True
+            self.first_call_dropped = True
         self.calls.append((queries, seconds))
 
     def fit(self) -> tuple[float, float] | None:
