@@ -112,21 +112,25 @@ def make_queries(index: SearchIndex, count: int, rng: random.Random) -> list[str
 class ServerProcess:
     """A contender served by a process of its own on a free loopback port: `url` once it answers HTTP (``GET
     /health``, with any status: Search-R1's server has no such route), the CPU seconds it has used (`cpu_seconds`),
-    stopped (SIGTERM, then SIGKILL) on exit."""
+    stopped (SIGTERM, then SIGKILL) on exit. Its stderr goes to an anonymous temporary file, not a pipe: Search-R1's
+    server draws a progress bar on every request, and a pipe nobody reads would block it once full."""
 
     def __init__(self, command: list[str], name: str, ready_s: float = 300.0):
         self.port = free_port()
         self.command, self.name, self.ready_s = [*command, "--port", str(self.port)], name, ready_s
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen | None = None
+        self.stderr = None
 
     def __enter__(self) -> ServerProcess:
-        self.process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.stderr = tempfile.TemporaryFile("w+")
+        self.process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=self.stderr, text=True)
         deadline = time.monotonic() + self.ready_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                self.stderr.seek(0)
                 raise RuntimeError(f"the {self.name} server exited ({self.process.returncode}): "
-                                   f"{self.process.stderr.read()[-2000:]}")
+                                   f"{self.stderr.read()[-2000:]}")
             with contextlib.suppress(httpx.HTTPError):
                 httpx.get(f"{self.url}/health", timeout=2)
                 return self
@@ -148,6 +152,8 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if self.stderr is not None:
+            self.stderr.close()
 
 
 def our_server(index_dir: str, **settings) -> list[str]:
@@ -175,7 +181,7 @@ def _contenders(index: SearchIndex, index_dir: str, args) -> dict[str, object]:
     peer = peer_url
     if args.peer_script:
         peer = ServerProcess([sys.executable, str(Path(__file__).with_name("_search_r1_server.py")), "--script",
-                              args.peer_script, "--index", index_dir, "--topk", str(args.topk)], "Search-R1's server")
+                              args.peer_script, "--index", index_dir, "--topk", str(args.topk)], "Search-R1's")
     if args.servers == "process":
         reference = [sys.executable, str(Path(__file__).with_name("_reference_server.py")), "--index", index_dir,
                      "--topk", str(args.topk)]
@@ -196,14 +202,22 @@ def _start(stack: contextlib.ExitStack, target) -> tuple[str, ServerProcess | No
 
 
 def _warm_up(url: str, queries: list[str], topk: int) -> None:
+    """A few requests of the measured kind; with ``return_scores`` as Search-R1's agent sends it (its server's
+    route fails without it: it unpacks results and scores either way)."""
     with httpx.Client(base_url=url, timeout=60) as http:
         for query in queries:
-            http.post("/retrieve", json={"queries": [query], "topk": topk}).raise_for_status()
+            http.post("/retrieve", json={"queries": [query], "topk": topk, "return_scores": True}).raise_for_status()
 
 
 def _agreement(ours: dict[int, list[str]], peer: dict[int, list[str]]) -> tuple[int, int]:
     both = [i for i in ours if i in peer]
     return sum(ours[i] == peer[i] for i in both), len(both)
+
+
+def _peer_name(args) -> str:
+    if args.peer_script:
+        return f"Search-R1's retrieval_server.py ({args.peer_script}, benchmarks/_search_r1_server.py)"
+    return args.peer_url or "per-request reference server (benchmarks/_reference_server.py)"
 
 
 def run_throughput(index: SearchIndex, index_dir: str, rng: random.Random, args) -> dict:
@@ -212,7 +226,7 @@ def run_throughput(index: SearchIndex, index_dir: str, rng: random.Random, args)
     contenders = _contenders(index, index_dir, args)
     print(f"load: one-query requests (topk {args.topk}) back to back from {', '.join(map(str, counts))} keep-alive "
           f"client(s), {args.total_requests} requests per round (at least 5 per client); peer: "
-          f"{args.peer_url or 'per-request reference server (benchmarks/_reference_server.py)'}; ours: the service's "
+          f"{_peer_name(args)}; ours: the service's "
           f"defaults (batching, max_wait_ms {ServeConfig().max_wait_ms:g}, max_batch_ms {ServeConfig().max_batch_ms:g}); "
           f"servers: {'each in a process of its own' if args.servers == 'process' else 'threads of this process'}",
           flush=True)

@@ -1,8 +1,9 @@
 """The service benchmark against a peer run from a script file (benchmarks/bench_service.py --peer-script), and its
 batched-limit rounds. The peer here is a stand-in written for this test with the interface of Search-R1's
 ``search_r1/search/retrieval_server.py`` (its flags, ``.cuda()``/``.half()`` on the model and inputs, the corpus
-through ``datasets``, ``uvicorn.run`` on 0.0.0.0:8000): what the launcher must cope with to run that file
-unmodified on a CPU, beside a second server."""
+through ``datasets``, ``uvicorn.run`` on 0.0.0.0:8000, a progress bar written on every request, a route that fails
+unless ``return_scores`` is sent): what the launcher and the benchmark must cope with to run that file unmodified on
+a CPU, beside a second server."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from tests.fakes import import_benchmark
 
 SEARCH_R1_LIKE_SERVER = textwrap.dedent('''
     import argparse
+    import sys
 
     import datasets
     import faiss
@@ -46,18 +48,26 @@ SEARCH_R1_LIKE_SERVER = textwrap.dedent('''
         return_scores: bool = False
 
 
-    @app.post("/retrieve")
-    def retrieve(request: QueryRequest):
-        inputs = tokenizer(request.queries, padding=True, truncation=True, max_length=256, return_tensors="pt")
+    def batch_search(queries, topk, return_score):
+        sys.stderr.write("Retrieval process: " + "#" * 4000 + "\\r")  # a progress bar on every request (a wide one)
+        sys.stderr.flush()
+        inputs = tokenizer(queries, padding=True, truncation=True, max_length=256, return_tensors="pt")
         inputs = {k: v.cuda() for k, v in inputs.items()}
         with torch.no_grad():
             hidden = model(**inputs).last_hidden_state
         mask = inputs["attention_mask"][..., None].float()
         vectors = torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1)
-        scores, rows = index.search(vectors.cpu().numpy(), request.topk or args.topk)
-        result = [[{"document": corpus[int(r)], "score": float(s)} for r, s in zip(rr, ss)]
-                  for rr, ss in zip(rows, scores)]
-        return {"result": result}
+        scores, rows = index.search(vectors.cpu().numpy(), topk)
+        results = [[corpus[int(r)] for r in rr] for rr in rows]
+        return (results, scores.tolist()) if return_score else results
+
+
+    @app.post("/retrieve")
+    def retrieve(request: QueryRequest):
+        # unpacked whatever return_scores says: a request without it fails, as on the real server
+        results, scores = batch_search(request.queries, request.topk or args.topk, request.return_scores)
+        return {"result": [[{"document": d, "score": s} for d, s in zip(docs, row)] if request.return_scores else docs
+                           for docs, row in zip(results, scores)]}
 
 
     uvicorn.run(app, host="0.0.0.0", port=8000)
