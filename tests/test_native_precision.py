@@ -1,5 +1,5 @@
 """``precision: native``: bf16 on a CPU with AMX tiles, fp32 on other CPUs, ``auto`` on a GPU; resolved once the
-settings are final (file, then flags), for the agent, the scorer and the encoder alike."""
+settings are final (file, then flags), for the agent, the scorer, the encoder and retriever training alike."""
 
 from __future__ import annotations
 
@@ -56,9 +56,14 @@ def test_native_in_a_config_file_reaches_the_agent_the_scorer_and_the_encoder(am
     assert build_config(IndexBuildConfig, "index_build", None, str(path)).encoder.precision == wanted
     # a device given after the precision still decides: the settings are resolved once they are final
     assert LLMConfig(precision="native", device="cuda").precision == "auto"
-    # retriever training has no CPU bf16 path: native trains as auto does
+    # retriever training: bf16 autocast on an AMX CPU (its result cache keyed by that), fp32 on others, and a config
+    # made for a GPU trains as auto does
     train = build_config(RetrieverTrainConfig, "retriever_train", None, str(path))
-    assert _precision(train, on_gpu=False) == {"fp16": False} and _precision(train, on_gpu=True) == {"fp16": True}
+    assert train.precision == wanted
+    assert _precision(train, on_gpu=False) == {"fp16": False, "bf16": amx}
+    assert _precision(RetrieverTrainConfig(precision="auto"), on_gpu=True) == {"fp16": True}
+    with pytest.raises(ValueError, match="fp16 needs a GPU"):
+        _precision(RetrieverTrainConfig(precision="fp16"), on_gpu=False)
 
 
 def test_the_warm_start_cache_tells_a_bf16_agent_from_an_fp32_one(monkeypatch):

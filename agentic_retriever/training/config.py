@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..config import Precision
+from ..config import Precision, resolve_native_precision
 from ..curves import validate_report_to
 from ..encoder import COMPOSE_WITH, EncoderConfig
 
@@ -59,7 +59,8 @@ class RetrieverTrainConfig:
         "help": "linear warm-up over ceil(ratio x updates) updates, the first one already at a non-zero rate"})
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
     precision: Precision = field(default="auto", metadata={
-        "help": "mixed precision; auto: fp16 on GPU (the paper), fp32 on CPU; native: as auto"})
+        "help": "mixed precision; auto: fp16 on GPU (the paper), fp32 on CPU; native: auto on GPU, bf16 autocast on "
+                "a CPU with AMX, fp32 on other CPUs"})
     gradient_checkpointing: bool = field(default=False, metadata={"help": "recompute activations (paper: on)"})
     cached: bool = field(default=False, metadata={"help": "GradCache loss: big global batches in bounded memory"})
     mini_batch_size: int = field(default=32, metadata={"help": "texts per forward pass of the cached loss"})
@@ -94,6 +95,10 @@ class RetrieverTrainConfig:
     def uses_soft_labels(self) -> bool:
         """Whether the objective has the KL term (and so needs per-passage utilities in the rows)."""
         return self.loss == "soft_label" or self.soft_label_weight > 0
+
+    def __post_init__(self):
+        # training runs on the first GPU when there is one (or under torchrun, each process's), else on the CPU
+        self.precision = resolve_native_precision(self.precision, None)
 
     def validate(self) -> None:
         for name in ("data", "out"):

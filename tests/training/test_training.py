@@ -200,6 +200,28 @@ def test_training_lowers_the_loss_and_exports_a_drop_in_encoder(tmp_path, tiny_m
     assert (out / "model.safetensors").stat().st_mtime_ns == stamp
 
 
+def test_bf16_training_runs_under_autocast_learns_and_exports_fp32_weights(tmp_path, tiny_model_dir, train_rows,
+                                                                           corpus_path):
+    """bf16 on any device (on a CPU: what ``native`` picks where AMX multiplies it in hardware): the losses are
+    bf16's (close to fp32's, not equal), the exported weights fp32, and its result cache apart from fp32's."""
+    from safetensors.torch import load_file
+
+    from agentic_retriever.training.trainer import train_retriever
+
+    def first_losses(out):
+        return [m["loss"] for m in map(json.loads, (out / "metrics.jsonl").open()) if "loss" in m][:3]
+
+    before = _fixed_batch_loss(tiny_model_dir, train_rows, corpus_path)
+    bf16 = train_retriever(_config(tiny_model_dir, train_rows, corpus_path, tmp_path / "bf16", precision="bf16"))
+    fp32 = train_retriever(_config(tiny_model_dir, train_rows, corpus_path, tmp_path / "fp32", precision="fp32"))
+    assert _fixed_batch_loss(str(bf16), train_rows, corpus_path) < before - 0.1
+    assert {t.dtype for t in load_file(bf16 / "model.safetensors").values()} == {torch.float32}
+    assert first_losses(bf16) != first_losses(fp32)
+    np.testing.assert_allclose(first_losses(bf16), first_losses(fp32), rtol=0.05)
+    fingerprint = json.loads((bf16 / "train_manifest.json").read_text())["fingerprint"]
+    assert fingerprint != json.loads((fp32 / "train_manifest.json").read_text())["fingerprint"]
+
+
 @pytest.mark.slow
 def test_a_killed_run_resumes_on_the_same_schedule(tmp_path, tiny_model_dir, train_rows, corpus_path, monkeypatch):
     from agentic_retriever.training.trainer import train_retriever
