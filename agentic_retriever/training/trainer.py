@@ -83,7 +83,7 @@ def _fingerprint(config: RetrieverTrainConfig, examples: list[TrainingExample]) 
 def _precision(config: RetrieverTrainConfig, on_gpu: bool) -> dict:
     """The Trainer's mixed-precision flags: fp16 on a GPU for ``auto`` (the paper), fp32 on a CPU; bf16 is autocast on
     either (fp32 master weights: the exported encoder is fp32), worth it on a CPU with AMX tiles, where ``native``
-    picks it (RESULTS: "Retriever training in bf16 on a CPU with AMX")."""
+    picks it (RESULTS: "The demo in bf16 on a CPU with AMX")."""
     precision = resolve_native_precision(config.precision, "cuda" if on_gpu else "cpu")
     if precision == "auto":
         return {"fp16": on_gpu}
