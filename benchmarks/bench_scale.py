@@ -11,8 +11,9 @@ subprocess so that each peak RSS is its own:
   written) with the library's defaults for that type (`DenseParams`: HNSW64 with efConstruction 200 and efSearch
   128; IVF4096,PQ64x8 trained on 262,144 rows, nprobe 64) over N unit-norm random float32 vectors of `--dim`
   dimensions, seeded and written once to a memory-mapped ``.npy`` in the work folder (no encoder runs: this
-  measures the index). Seconds, index bytes (FAISS's own serialisation), peak RSS (VmHWM) above the process's
-  RSS before the build;
+  measures the index). Seconds, index bytes (what FAISS writes, counted: `serialized_bytes`), peak RSS (VmHWM,
+  which counts the memory-mapped embeddings' pages read, reclaimable, beside the index) above the process's RSS
+  before the build;
 * **search**: ``index.search`` of random unit queries, one at a time (`--queries` calls) and 64 per call: ms per call;
 * **the service**: `create_app` serving a `SearchIndex` that searches that same FAISS index, with the encoder
   replaced by a fixed cost (`--encoder-ms FIXED PER_QUERY`: a sleep of FIXED + PER_QUERY x queries per index
@@ -24,8 +25,9 @@ subprocess so that each peak RSS is its own:
   (seconds, RSS) and read back 64 random rows at a time (``passages_at``, ms).
 
 A (size, type) whose index, by its known bytes per row, would not fit in 80% of the memory available when the
-benchmark starts is skipped and said so, as are HNSW sizes above `--hnsw-max-rows` (HNSW's build on random
-768-d vectors costs hours at 5M rows on 2 cores; its curve is projected from the sizes below). Physical limits:
+benchmark starts is skipped and said so, as is one whose worker is killed (the out-of-memory killer: the other runs' figures are still written), as are
+HNSW sizes above `--hnsw-max-rows` (HNSW's build on random 768-d vectors took 22 min at 300k rows on 2 cores; its
+curve is projected from the sizes below). Physical limits:
 the machine's read bandwidth, measured as a BLAS matrix-vector product over a 1 GiB float32 block (all threads),
 against the bytes a Flat query scans (N x dim x 4): the Flat batch-1 search at each size is reported as a
 multiple of that lower bound.
@@ -140,9 +142,32 @@ def write_synthetic_corpus(path: Path, rows: int, words: int = 100, seed: int = 
 
 
 def index_bytes_per_row(index_type: str, dim: int, hnsw_m: int, pq_m: int) -> float:
-    """Resident bytes per indexed row, for the memory check before a build: the vectors for Flat and HNSW (plus
-    HNSW's level-0 links, 2M int32), PQ codes plus the stored id for IVF-PQ."""
+    """Resident bytes per indexed row: the vectors for Flat and HNSW (plus HNSW's level-0 links, 2M int32), PQ codes
+    plus the stored id for IVF-PQ."""
     return {"flat": dim * 4, "hnsw": dim * 4 + 2 * hnsw_m * 4 * 1.1, "ivfpq": pq_m + 8}[index_type]
+
+
+def serialized_bytes(index) -> int:
+    """The bytes FAISS writes for `index` (its file size), counted as they are written: `faiss.serialize_index`
+    would hold a copy of the whole index (at 5M rows of 768 dimensions, 15 GiB more: the first 5M Flat run was
+    killed for it)."""
+    import faiss
+
+    count = 0
+
+    def write(chunk: bytes) -> int:
+        nonlocal count
+        count += len(chunk)
+        return len(chunk)
+
+    writer = faiss.PyCallbackIOWriter(write)
+    faiss.write_index(index, writer)
+    del writer  # flushes its buffer into `write`
+    return count
+
+
+class WorkerKilled(RuntimeError):
+    """A worker ended by a signal: at these sizes, the kernel's out-of-memory killer."""
 
 
 def available_memory() -> int:
@@ -184,8 +209,6 @@ def _rss() -> int:
 
 def build_and_search(args: dict) -> dict:
     """One (size, type): build the index from the embeddings, time its searches and the service over it."""
-    import faiss
-
     embeddings = np.load(args["embeddings"], mmap_mode="r")
     params = DenseParams(type=args["type"], **args.get("params", {}))
     before = _rss()
@@ -197,7 +220,7 @@ def build_and_search(args: dict) -> dict:
     peak = sampler.stop().get("VmHWM", 0)
     del embeddings
     set_search_knobs(index, params)
-    result = {"build_s": build_s, "index_bytes": int(faiss.serialize_index(index).nbytes),
+    result = {"build_s": build_s, "index_bytes": serialized_bytes(index),
               "build_peak_rss_above_start": max(0, peak - before), "rss_after_build": _rss()}
     rng = np.random.default_rng(7)
     queries = rng.standard_normal((max(args["queries"], 64), index.d), dtype=np.float32)
@@ -290,8 +313,15 @@ ROW_STORE_FIGURES = (("convert_s", "corpus to Arrow", "s"), ("convert_peak_rss",
 
 
 def run_worker(name: str, args: dict, work: Path, threads: int) -> dict:
+    """The figures of worker `name`; `WorkerKilled` when a signal ended it, RuntimeError when it failed."""
     log = work / f"{name}.log"
-    return finish_worker(start_worker(__file__, name, args, threads, log), name, log)
+    process = start_worker(__file__, name, args, threads, log)
+    try:
+        return finish_worker(process, name, log)
+    except RuntimeError as error:
+        if process.returncode is not None and process.returncode < 0:
+            raise WorkerKilled(f"killed by signal {-process.returncode} (out of memory?)") from error
+        raise
 
 
 def measure(cli, work: Path) -> dict:
@@ -327,7 +357,12 @@ def measure(cli, work: Path) -> dict:
                     "params": params[index_type], "queries": cli.queries, "topk": cli.topk,
                     "encoder_ms": cli.encoder_ms, "service_requests": cli.service_requests,
                     "corpus": str(corpus) if corpus else None, "corpus_cache": str(work / "cache")}
-            figures = run_worker(f"{index_type}-{rows}", args, work, threads)
+            try:
+                figures = run_worker(f"{index_type}-{rows}", args, work, threads)
+            except WorkerKilled as killed:  # the figures of the other sizes and types still count
+                skipped.append(f"{rows:,} rows, {index_type}: {killed}")
+                print(f"{index_type:>9} {rows:>10,}: {killed}", flush=True)
+                continue
             runs.append({"rows": rows, "type": index_type, **figures})
             print(f"{index_type:>9} {rows:>10,}: " + _line(figures, INDEX_FIGURES), flush=True)
         if not cli.keep:

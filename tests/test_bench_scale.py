@@ -97,6 +97,29 @@ def test_the_row_store_worker_converts_opens_and_reads(tmp_path):
     assert figures["convert_s"] > figures["open_s"] > 0 and figures["read64_ms"] > 0
 
 
+@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivfpq"])
+def test_index_bytes_are_counted_as_faiss_writes_them_without_a_copy(kind):
+    import faiss
+
+    rng = np.random.default_rng(0)
+    vectors = rng.standard_normal((2000, 16), dtype=np.float32)
+    index = fill_faiss_index(DenseParams(type=kind, nlist=8, pq_m=4, train_size=2000, hnsw_m=8), vectors, chunk=500)
+    assert scale.serialized_bytes(index) == faiss.serialize_index(index).nbytes > 0
+
+
+@pytest.mark.parametrize("ending, raised", [("os.kill(os.getpid(), signal.SIGKILL)", scale.WorkerKilled),
+                                            ("sys.exit(1)", RuntimeError)])
+def test_a_worker_killed_by_a_signal_is_told_from_one_that_failed(tmp_path, monkeypatch, ending, raised):
+    """The out-of-memory killer's SIGKILL becomes a skipped run (`WorkerKilled`); a worker's own error stays an error."""
+    monkeypatch.setattr(scale, "start_worker", lambda script, name, args, threads, log: subprocess.Popen(
+        [sys.executable, "-c", f"import os, signal, sys; {ending}"], stdout=subprocess.PIPE, text=True))
+    with pytest.raises(raised) as error:
+        scale.run_worker("flat-5000000", {}, tmp_path, 1)
+    assert (type(error.value) is scale.WorkerKilled) == (raised is scale.WorkerKilled)
+    if raised is scale.WorkerKilled:
+        assert "killed by signal 9" in str(error.value)
+
+
 def test_fits_cover_each_type_and_figure_with_two_sizes_or_more():
     runs = [{"rows": n, "type": "flat", "build_s": n / 1e5, "index_bytes": n * 3072} for n in (1_000, 10_000)]
     runs.append({"rows": 1_000, "type": "hnsw", "build_s": 1.0})   # one size: no fit

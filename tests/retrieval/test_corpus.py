@@ -77,6 +77,21 @@ def test_failed_conversion_leaves_no_cache_files(tmp_path):
     assert list(cache.iterdir()) == []
 
 
+def test_rows_spread_over_record_batches_come_back_in_the_asked_order(tmp_path, monkeypatch):
+    monkeypatch.setattr(corpus_module, "_BATCH_ROWS", 4)  # 23 passages: 6 record batches, the last of 3
+    rows = [{"id": f"doc-{i}", "title": f"T{i}", "text": f"text {i}"} for i in range(23)]
+    corpus = Corpus.open(write_jsonl(tmp_path / "c.jsonl", rows))
+    assert len(corpus._batches) == 6
+    asked = [22, 0, 7, 7, 3, 4, 19, 8, 0]  # across batches, unsorted, repeated, batch edges
+    assert [p.id for p in corpus.passages_at(asked)] == [f"doc-{i}" for i in asked]
+    assert [p.text for p in corpus.passages_at(asked)] == [f"text {i}" for i in asked]
+    assert corpus.ids_at(asked) == [f"doc-{i}" for i in asked] and corpus.titles_at([5, 1]) == ["T5", "T1"]
+    assert corpus.passages_at([]) == []
+    for bad in (23, -1):
+        with pytest.raises(IndexError, match=f"row {bad} is outside corpus .*c.jsonl \\(23 rows\\)"):
+            corpus.passages_at([1, bad])
+
+
 def test_reopening_uses_the_arrow_cache_without_reconverting(tmp_path, monkeypatch):
     path = write_jsonl(tmp_path / "c.jsonl", [{"id": "0", "title": "t", "text": "x"}])
     first = Corpus.open(path)
