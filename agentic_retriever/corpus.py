@@ -134,7 +134,7 @@ class Corpus:
 
         Taken from the record batches the rows fall in, so the cost follows the rows asked for: Arrow's ``take`` on
         the whole table costs time in proportion to the table (64 random rows of a 1M-passage corpus: 113 ms, about
-        0.1 ms this way; benchmarks/RESULTS.md, "How cost grows with the corpus"), which a retrieval service pays on
+        0.9 ms this way; benchmarks/RESULTS.md, "How cost grows with the corpus"), which a retrieval service pays on
         every request."""
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
         if rows.size and (rows.min() < 0 or rows.max() >= len(self)):
