@@ -36,7 +36,6 @@ from pathlib import Path
 
 from sentence_transformers import SentenceTransformerTrainer
 
-from ..config import resolve_native_precision
 from ..corpus import Corpus
 from ..encoder import Encoder
 from ..jsonl import read_json
@@ -83,8 +82,8 @@ def _fingerprint(config: RetrieverTrainConfig, examples: list[TrainingExample]) 
 def _precision(config: RetrieverTrainConfig, on_gpu: bool) -> dict:
     """The Trainer's mixed-precision flags: fp16 on a GPU for ``auto`` (the paper), fp32 on a CPU; bf16 is autocast on
     either (fp32 master weights: the exported encoder is fp32), worth it on a CPU with AMX tiles, where ``native``
-    picks it (RESULTS: "The demo in bf16 on a CPU with AMX")."""
-    precision = resolve_native_precision(config.precision, "cuda" if on_gpu else "cpu")
+    picks it (RESULTS: "The demo in bf16 on a CPU with AMX"; `RetrieverTrainConfig` has resolved it already)."""
+    precision = config.precision
     if precision == "auto":
         return {"fp16": on_gpu}
     if precision == "fp16" and not on_gpu:
