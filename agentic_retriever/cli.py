@@ -89,7 +89,7 @@ def _index_serve(config) -> None:
           max_batch_queries=config.max_batch_queries, max_wait_ms=config.max_wait_ms,
           max_queries_per_request=config.max_queries_per_request, max_query_chars=config.max_query_chars,
           request_timeout_s=config.request_timeout_s, admin_token=config.admin_token or None,
-          max_request_bytes=config.max_request_bytes, max_batch_ms=config.max_batch_ms)
+          max_request_bytes=config.max_request_bytes, max_batch_ms=config.max_batch_ms, access_log=config.access_log)
 
 
 def _index_swap(config) -> None:

@@ -72,13 +72,34 @@ def same_structure(a: dict, b: dict) -> bool:
     return a.get("type") == b.get("type") and all(a.get(f) == b.get(f) for f in STRUCTURE_FIELDS.get(a.get("type"), ()))
 
 
+#: FAISS 1.15's default ``distance_compute_blas_threshold``: exact search (Flat, IVF's coarse quantizer) takes the
+#: BLAS path from nq x d = 128,000 (334 queries of 768 dimensions), a crossover tuned on many-core servers.
+FAISS_DEFAULT_BLAS_THRESHOLD = 128_000
+#: The crossover per OpenMP thread measured by FAISS's own sweep (facebookresearch/faiss#5109: BLAS wins from
+#: nq x d of about 640-1,280 with one thread, 25-64K with twenty) and here: on 2 cores, BLAS is 0.7x the
+#: sequential kernel at nq x d = 1,536 and 1.4-1.9x at 3,072 (RESULTS.md, "Exact search in batches").
+BLAS_THRESHOLD_PER_THREAD = 800
+
+
 def import_faiss():
+    """The faiss module, with exact search's BLAS crossover scaled to its OpenMP threads (`tune_blas_threshold`)."""
     try:
         import faiss
     except ImportError as error:
         raise ImportError("FAISS is not installed: pip install 'agentic-retriever[faiss-cpu]' "
                           "(or '[faiss-gpu]' on a CUDA machine)") from error
+    tune_blas_threshold(faiss)
     return faiss
+
+
+def tune_blas_threshold(faiss) -> None:
+    """Set ``faiss.cvar.distance_compute_blas_threshold`` (process-wide) to `BLAS_THRESHOLD_PER_THREAD` x FAISS's
+    OpenMP threads when it holds FAISS 1.15's default, which keeps batches of up to 333 queries of 768 dimensions
+    on the sequential kernel: on 2 cores that costs 4.7x at 32 queries over 10k passages and 12x at 64 queries
+    over 1M. Any other value is left as it is: a user's own, or an older FAISS's (which counts queries, not
+    query x dimension, and already takes BLAS from 20 queries)."""
+    if faiss.cvar.distance_compute_blas_threshold == FAISS_DEFAULT_BLAS_THRESHOLD:
+        faiss.cvar.distance_compute_blas_threshold = BLAS_THRESHOLD_PER_THREAD * faiss.omp_get_max_threads()
 
 
 def chunk_rows(params: DenseParams, rows: int) -> int:

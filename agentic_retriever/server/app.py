@@ -232,9 +232,12 @@ def serve(index: SearchIndex, host: str = "127.0.0.1", port: int = 8000, max_bat
           max_queries_per_request: int = DEFAULT_MAX_QUERIES_PER_REQUEST,
           max_query_chars: int = DEFAULT_MAX_QUERY_CHARS,
           request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S, admin_token: str | None = None,
-          max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, max_batch_ms: float = DEFAULT_MAX_BATCH_MS) -> None:
+          max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, max_batch_ms: float = DEFAULT_MAX_BATCH_MS,
+          access_log: bool = False) -> None:
     """Serve `index` with uvicorn until interrupted (one process: the index lives in its memory; an admin
-    token, given or from ``$AGENTIC_RETRIEVER_ADMIN_TOKEN``, turns on ``POST /admin/swap-index``)."""
+    token, given or from ``$AGENTIC_RETRIEVER_ADMIN_TOKEN``, turns on ``POST /admin/swap-index``). `access_log`:
+    uvicorn's line per request (its formatting and write were 2.8% of the server's samples under 64 one-query
+    clients, taken from the encoder on the same cores; benchmarks/RESULTS.md)."""
     import uvicorn
 
     app = create_app(index, max_batch_queries=max_batch_queries, max_wait_ms=max_wait_ms, batching=batching,
@@ -251,7 +254,9 @@ def serve(index: SearchIndex, host: str = "127.0.0.1", port: int = 8000, max_bat
              f"{request_timeout_s:g} s" if request_timeout_s else "no time limit")
     log.info("admin endpoints (POST /admin/swap-index) %s", "on" if resolve_admin_token(admin_token) else
              "off (set AGENTIC_RETRIEVER_ADMIN_TOKEN to turn them on)")
-    uvicorn.run(app, host=host, port=port, log_level=log_level, workers=1)
+    log.info("access log %s", "on: a line per request" if access_log else
+             "off (--access-log turns it on; GET /health counts the requests)")
+    uvicorn.run(app, host=host, port=port, log_level=log_level, workers=1, access_log=access_log)
 
 
 class ServerThread:

@@ -47,6 +47,9 @@ class ServeConfig:
                 "the environment variable AGENTIC_RETRIEVER_ADMIN_TOKEN, and when that is empty too, admin endpoints "
                 "are off (prefer the variable: a flag shows in the process list)"})
     gpu: Literal["auto", "on", "off"] = field(default="auto", metadata={"help": "FAISS on GPUs (dense indexes)"})
+    access_log: bool = field(default=False, metadata={
+        "help": "log a line per request (uvicorn's access log); off by default: RL rollouts send hundreds of "
+                "requests a second, and GET /health counts them"})
 
 
 @dataclass

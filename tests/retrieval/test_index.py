@@ -435,3 +435,41 @@ def test_passages_encoded_in_bf16_never_share_the_fp32_embeddings_cache_and_chan
     assert "encoder_dtype" not in index_identity(fp32)
     a, b = (np.load(shared / name) for name in files)
     assert not np.array_equal(a, b) and np.all(np.sum(a * b, axis=1) > 0.98)
+
+
+@pytest.fixture
+def faiss_blas_threshold():
+    """FAISS's process-wide BLAS threshold, put back as it was after the test."""
+    faiss = dense_module.import_faiss()
+    before = faiss.cvar.distance_compute_blas_threshold
+    yield faiss
+    faiss.cvar.distance_compute_blas_threshold = before
+
+
+def test_the_blas_threshold_is_scaled_to_the_threads_only_from_faiss_own_default(faiss_blas_threshold):
+    faiss = faiss_blas_threshold
+    faiss.cvar.distance_compute_blas_threshold = dense_module.FAISS_DEFAULT_BLAS_THRESHOLD
+    dense_module.import_faiss()
+    assert faiss.cvar.distance_compute_blas_threshold == 800 * faiss.omp_get_max_threads()
+    faiss.cvar.distance_compute_blas_threshold = 5_000  # a user's own value
+    dense_module.import_faiss()
+    assert faiss.cvar.distance_compute_blas_threshold == 5_000
+
+
+def test_a_batch_past_the_blas_threshold_finds_what_each_query_alone_finds(faiss_blas_threshold):
+    """The batch goes through BLAS (nq x d over the tuned threshold), a lone query through the sequential kernel:
+    the same passages in the same order, scores equal to float32 rounding."""
+    faiss = faiss_blas_threshold
+    faiss.cvar.distance_compute_blas_threshold = dense_module.FAISS_DEFAULT_BLAS_THRESHOLD
+    dim = 96
+    nq = dense_module.import_faiss().cvar.distance_compute_blas_threshold // dim + 1
+    rng = np.random.default_rng(0)
+    passages = rng.standard_normal((3000, dim)).astype(np.float32)
+    queries = rng.standard_normal((nq, dim)).astype(np.float32)
+    index = faiss.IndexFlatIP(dim)
+    index.add(passages)
+    scores, rows = index.search(queries, 5)
+    alone = [index.search(queries[i:i + 1], 5) for i in range(nq)]
+    assert rows.tolist() == [r[0].tolist() for _, r in alone]
+    np.testing.assert_allclose(scores, np.concatenate([s for s, _ in alone]), rtol=1e-5, atol=1e-5)
+    assert rows.tolist() == np.argsort(-(queries @ passages.T), axis=1)[:, :5].tolist()

@@ -3,6 +3,8 @@ batch-mates: test_server_fairness.py; its clients: test_client.py; the shared in
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import httpx
@@ -11,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from agentic_retriever.encoder import SEPARATOR
 from agentic_retriever.server import ServerThread, create_app
-from tests.fakes import CountingRetrieve, post_in_thread, result_ids, result_scores, wait_until
+from tests.fakes import CountingRetrieve, import_benchmark, post_in_thread, result_ids, result_scores, wait_until
 from tests.retrieval.topics import CONTENTS, PASSAGES, QUERIES
 
 
@@ -340,3 +342,27 @@ def test_retrieve_is_found_under_a_root_path_as_fastapis_routes_are(bm25):
         health = client.get("/api/health")
     assert response.status_code == 200 and response.json()["result"][0][0]["id"] == "15"
     assert health.status_code == 200
+
+
+
+@pytest.mark.parametrize("flags, logged", [([], False), (["--access-log"], True)])
+def test_index_serve_writes_an_access_line_per_request_only_when_asked(bm25, tmp_path, flags, logged):
+    """``agentic-retriever index serve`` as users run it, in a process of its own: uvicorn's line per request is off
+    by default (a rollout's hundreds of requests a second) and on with ``--access-log``."""
+    port = import_benchmark("_common").free_port()
+    output = tmp_path / "serve.log"
+    with output.open("w") as sink:
+        process = subprocess.Popen([sys.executable, "-m", "agentic_retriever.cli", "index", "serve", "--index",
+                                    bm25.index_dir, "--port", str(port), *flags], stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: "Uvicorn running" in output.read_text() or process.poll() is not None, "the server")
+        answer = httpx.post(f"http://127.0.0.1:{port}/retrieve", json={"queries": [QUERIES[0]], "topk": 2}, timeout=60)
+        assert answer.status_code == 200
+        if logged:
+            wait_until(lambda: '"POST /retrieve HTTP/1.1" 200' in output.read_text(), "the access line")
+    finally:
+        process.terminate()
+        process.wait(30)
+    text = output.read_text()
+    assert ("access log on" in text) == logged and ("access log off" in text) != logged
+    assert ('"POST /retrieve HTTP/1.1" 200' in text) == logged
