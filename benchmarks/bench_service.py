@@ -244,28 +244,60 @@ def run_throughput(index: SearchIndex, index_dir: str, rng: random.Random, args)
                     results[clients][name].append(r)
                     _print_round(f"{clients:>3} client(s)", round_no, name, r, process)
         limit = _batched_limit(started, queries, args) if args.limit_queries_per_request > 1 else None
-    return _throughput_report(counts, results, limit)
+    report = _throughput_report(counts, results, limit)
+    if limit and "queries_per_index_call" in report["medians"][max(counts)]["ours"]:
+        sizes = sorted({max(1, round(report["medians"][max(counts)]["ours"]["queries_per_index_call"])),
+                        max(1, round(report["batched_limit"]["ours"]["queries_per_index_call"]))})
+        report["index_alone_ms_per_query"] = index_alone(index, queries, sizes, args.topk)
+        print("  the index alone in this process (no server, no clients), ms a query at the batch sizes those loads "
+              "formed: " + ", ".join(f"{ms:.2f} at {n}" for n, ms in report["index_alone_ms_per_query"].items()))
+    return report
+
+
+def index_alone(index: SearchIndex, queries: list[str], sizes: list[int], topk: int, rounds: int = 3) -> dict[int, float]:
+    """Milliseconds a query of ``index.retrieve`` on `queries` in batches of each size, in this process with nothing
+    else running: the encoder's and the search's own batch effect, without a server. Sizes alternate for `rounds`
+    rounds of about 512 queries each; medians."""
+    per_size: dict[int, list[float]] = {n: [] for n in sizes}
+    for n in sizes:  # warm-up: the first call of a new shape pays for kernel selection
+        index.retrieve(queries[:n], topk)
+    for _ in range(rounds):
+        for n in sizes:
+            total = max(n, 512 - 512 % n)
+            pool = [queries[i % len(queries)] for i in range(total)]
+            batches = [pool[i:i + n] for i in range(0, total, n)]
+            started = time.perf_counter()
+            for batch in batches:
+                index.retrieve(batch, topk)
+            per_size[n].append((time.perf_counter() - started) * 1000 / sum(map(len, batches)))
+    return {n: round(statistics.median(ms), 3) for n, ms in per_size.items()}
 
 
 def _measured_round(url: str, process, queries: list[str], clients: int, per_client: int, topk: int,
                     queries_per_request: int = 1) -> dict:
     """One closed-loop round (`closed_loop`) with, for a server in a process of its own, its CPU time per request,
-    and, for ours (its ``GET /health`` carries ``stats``), the queries per index call: how full its batches were."""
+    and, for ours (its ``GET /health`` carries ``stats``), the queries per index call (how full its batches were),
+    the index's milliseconds per query (encoder and search, in the index thread) and its busy share of the round
+    (the rest of the round the index waited for requests)."""
     cpu = process.cpu_seconds() if process else None
     stats = _batch_stats(url)
     r = asyncio.run(closed_loop(url, queries, clients, per_client, topk, queries_per_request=queries_per_request))
     if process:
         r["server_cpu_ms_per_request"] = round((process.cpu_seconds() - cpu) * 1000 / r["requests"], 3)
     if stats is not None and (after := _batch_stats(url)) is not None and after[1] > stats[1]:
-        r["queries_per_index_call"] = round((after[0] - stats[0]) / (after[1] - stats[1]), 2)
+        queries_, calls, seconds = (b - a for a, b in zip(stats, after))
+        r["queries_per_index_call"] = round(queries_ / calls, 2)
+        r["index_ms_per_query"] = round(seconds * 1000 / queries_, 3)
+        r["index_busy_share"] = round(seconds / r["wall_s"], 3)
     return r
 
 
-def _batch_stats(url: str) -> tuple[int, int] | None:
-    """(queries, index calls) so far from our service's ``/health``; None from a server without them."""
+def _batch_stats(url: str) -> tuple[int, int, float] | None:
+    """(queries, index calls, index seconds) so far from our service's ``/health``; None from a server without
+    them."""
     with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, TypeError):
         stats = httpx.get(f"{url}/health", timeout=10).json()["stats"]
-        return stats["queries"], stats["index_calls"]
+        return stats["queries"], stats["index_calls"], stats["index_seconds"]
     return None
 
 
@@ -273,7 +305,8 @@ def _print_round(load: str, round_no: int, name: str, r: dict, process) -> None:
     print(f"  {load} round {round_no}  {name:<19} {r['requests_per_s']:>8.1f} req/s  {r['queries_per_s']:>8.1f} q/s  "
           f"p50 {r['p50_ms']:>7.1f} ms  p95 {r['p95_ms']:>7.1f} ms  p99 {r['p99_ms']:>7.1f} ms  "
           + (f"server CPU {r['server_cpu_ms_per_request']:.2f} ms/request  " if process else "")
-          + (f"{r['queries_per_index_call']:.1f} queries/index call  " if "queries_per_index_call" in r else "")
+          + (f"{r['queries_per_index_call']:.1f} queries/index call, index {r['index_ms_per_query']:.2f} ms/query, "
+             f"busy {r['index_busy_share']:.0%}  " if "queries_per_index_call" in r else "")
           + f"errors {r['errors']}", flush=True)
 
 
@@ -300,7 +333,7 @@ def _without_answers(by_name: dict) -> dict:
 
 def _medians(by_name: dict[str, list[dict]]) -> dict[str, dict]:
     keys = ("requests_per_s", "queries_per_s", "p50_ms", "p95_ms", "p99_ms", "mean_ms", "server_cpu_ms_per_request",
-            "queries_per_index_call")
+            "queries_per_index_call", "index_ms_per_query", "index_busy_share")
     return {name: {k: round(statistics.median(r[k] for r in runs), 3) for k in keys if k in runs[0]}
             for name, runs in by_name.items()}
 
@@ -321,7 +354,8 @@ def _throughput_report(counts: list[int], results: dict[int, dict[str, list[dict
             if "server_cpu_ms_per_request" in r:
                 line += f"  CPU {r['server_cpu_ms_per_request']:>6.2f} ms/request"
             if "queries_per_index_call" in r:
-                line += f"  {r['queries_per_index_call']:>5.1f} queries/index call"
+                line += (f"  {r['queries_per_index_call']:>5.1f} queries/index call, index {r['index_ms_per_query']:.2f} "
+                         f"ms/query, busy {r['index_busy_share']:.0%}")
             if name in ratios[n]:
                 x = ratios[n][name]
                 line += f"   x{x['throughput']:.2f} throughput, x{x['p50_latency']:.2f} p50, x{x['p95_latency']:.2f} p95"
@@ -341,6 +375,13 @@ def _throughput_report(counts: list[int], results: dict[int, dict[str, list[dict
             print(f"  batched limit, {name:<6} {r['queries_per_s']:>8.1f} queries/s with "
                   f"{limit[name][0]['requests']} requests of several queries; one-query requests at {busiest} clients "
                   f"reach {share_of_limit[name]:.0%} of it")
+        one, full = medians[busiest]["ours"], limit_medians["ours"]
+        if "index_ms_per_query" in one and "index_ms_per_query" in full:
+            print(f"  where ours loses it: the index took {one['index_ms_per_query']:.2f} ms a query at {busiest} clients "
+                  f"({one['queries_per_index_call']:.0f} queries a call) against {full['index_ms_per_query']:.2f} with "
+                  f"batched requests ({full['queries_per_index_call']:.0f} a call), x"
+                  f"{one['index_ms_per_query'] / full['index_ms_per_query']:.2f}; it was busy {one['index_busy_share']:.0%} "
+                  f"and {full['index_busy_share']:.0%} of those rounds (the rest: waiting for requests)")
         targets[f"{busiest} clients, one-query requests: >= 90% of ours with batched requests"] = share_of_limit["ours"] >= 0.9
     for target, met in targets.items():
         print(f"  target {target}: {'met' if met else 'NOT MET'}")

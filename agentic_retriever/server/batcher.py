@@ -94,6 +94,7 @@ class _Stats:
     requests: int = 0
     queries: int = 0
     index_calls: int = 0
+    index_seconds: float = 0.0
     batches: int = 0
     failed_requests: int = 0
     rejected_requests: int = 0
@@ -106,6 +107,7 @@ class _Stats:
     def as_dict(self) -> dict:
         return {
             "requests": self.requests, "queries": self.queries, "index_calls": self.index_calls,
+            "index_seconds": round(self.index_seconds, 6),
             "batches": self.batches, "failed_requests": self.failed_requests,
             "rejected_requests": self.rejected_requests, "timed_out_requests": self.timed_out_requests,
             "abandoned_requests": self.abandoned_requests,
@@ -411,7 +413,9 @@ class _Batcher:
         started = time.perf_counter()
         results = await asyncio.get_running_loop().run_in_executor(
             self._executor, index.retrieve, queries, topk, questions, histories)
-        self.call_times.add(len(queries), time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        self.call_times.add(len(queries), seconds)
+        self.stats.index_seconds += seconds
         if len(results) != len(queries):
             raise RuntimeError(f"the index returned {len(results)} result lists for {len(queries)} queries")
         return results

@@ -100,6 +100,13 @@ def test_the_peer_script_runs_unmodified_on_the_cpu_and_the_batched_limit_is_rep
     # how full our batches were, from our /health (the peer has none): 4 one-query requests at 4 clients at most
     assert all(1 <= r["queries_per_index_call"] <= 4 for r in figures["rounds"][4]["ours"])
     assert 1 <= runs[0]["queries_per_index_call"] <= 8 and "queries_per_index_call" not in figures["rounds"][4]["peer"][0]
+    # the index's time per query and busy share of each round of ours, from /health's index_seconds
+    assert all(r["index_ms_per_query"] > 0 and 0 < r["index_busy_share"] <= 1 for r in figures["rounds"][4]["ours"])
+    # and the index alone in the benchmark's process at the batch sizes those loads formed
+    alone = figures["index_alone_ms_per_query"]
+    assert set(alone) == {max(1, round(figures["medians"][4]["ours"]["queries_per_index_call"])),
+                          max(1, round(limit["ours"]["queries_per_index_call"]))}
+    assert all(ms > 0 for ms in alone.values())
 
 
 def test_two_peers_are_refused(dense, bench_service):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 
 import httpx
 import pytest
@@ -252,6 +253,24 @@ def test_concurrent_requests_are_gathered_into_fewer_index_calls_with_the_same_a
     assert max(len(c) for c in counter.calls) > 1
     assert counter.max_active == 1, "index calls never overlap"
     assert stats["requests"] == len(bodies) and stats["index_calls"] == len(counter.calls)
+
+
+def test_health_counts_the_seconds_spent_in_index_calls(bm25, monkeypatch):
+    """``stats.index_seconds``: the index thread's busy time (a benchmark divides it by a round's wall time)."""
+    original = bm25.retrieve
+
+    def slow_retrieve(*args, **kwargs):
+        time.sleep(0.05)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(bm25, "retrieve", slow_retrieve)
+    with TestClient(create_app(bm25, batching=False)) as client:
+        started = time.perf_counter()
+        for query in QUERIES[:4]:
+            assert client.post("/retrieve", json={"queries": [query]}).status_code == 200
+        wall = time.perf_counter() - started
+        stats = client.get("/health").json()["stats"]
+    assert stats["index_calls"] == 4 and 4 * 0.05 <= stats["index_seconds"] <= wall
 
 
 def test_max_batch_queries_caps_the_gathered_batch(bm25, monkeypatch):
