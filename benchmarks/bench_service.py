@@ -26,7 +26,9 @@ turn, which fills the encoder's batches whatever the server does. Prints request
 latency per contender and load, the ratios ours/peer (targets: at 1 client throughput >= 1.0x and p50 latency <=
 1.0x the peer's; at every larger count throughput >= 4x), the share of its batched limit each server reaches with
 one-query requests at the largest count (target for ours: >= 90%), how often ours and the peer return the same
-top-k ids, and the device and load average.
+top-k ids, and the device and load average. For ours it also prints, from its ``/health`` counters, the queries per
+index call, the index's milliseconds a query (encoder and search) and its busy share of each round, and at the end
+the index alone in this process at the batch sizes the two loads formed: where a share below the limit goes.
 
     python benchmarks/bench_service.py                                   # builds a small MiniLM index itself
     python benchmarks/bench_service.py --index runs/quickstart/index/minilm-flat --json bench_service.json
