@@ -278,20 +278,31 @@ class _Batcher:
 
     async def _answer(self, pending: _Pending) -> tuple[list[list[ScoredPassage]], int]:
         """The request's result rows and the generation of the index that answered all of them (the one current
-        when it arrived); raises `RequestTimeout` after ``timeout_s``. Either way out early, a timeout or the
-        cancellation of the task awaiting this (the client hung up), drops the rest of the request from the queue."""
+        when it arrived); raises `RequestTimeout` after ``timeout_s`` (`_expire`, a timer of the event loop: one
+        handle a request, where ``asyncio.wait_for`` added a waiter future and two callbacks to every one of
+        them). Either way out early, a timeout or the cancellation of the task awaiting this (the client hung
+        up), drops the rest of the request from the queue."""
+        expiry = asyncio.get_running_loop().call_later(self.timeout_s, self._expire, pending) if self.timeout_s else None
         try:
-            return await asyncio.wait_for(pending.future, self.timeout_s), pending.served.generation
-        except TimeoutError:  # wait_for cancelled the future: the worker skips what is left of it
-            self._forget(pending)
-            self.stats.timed_out_requests += 1
-            raise RequestTimeout(f"{pending.searched} of {len(pending.queries)} queries searched") from None
+            return await pending.future, pending.served.generation
         except asyncio.CancelledError:  # the future is cancelled with the awaiting task
             self._forget(pending)
             self.stats.abandoned_requests += 1
             log.info("a request was abandoned after %d of its %d queries were searched; the rest is not searched",
                      pending.searched, len(pending.queries))
             raise
+        finally:
+            if expiry is not None:
+                expiry.cancel()
+
+    def _expire(self, pending: _Pending) -> None:
+        """A request's time limit is up: unless answered, it fails with `RequestTimeout` and what is left of it
+        leaves the queue (the chunk being searched finishes; the worker skips a request whose future is done)."""
+        if pending.future.done():
+            return
+        self._forget(pending)
+        self.stats.timed_out_requests += 1
+        pending.future.set_exception(RequestTimeout(f"{pending.searched} of {len(pending.queries)} queries searched"))
 
     def _enqueue(self, pending: _Pending) -> None:
         self._waiting.append(pending)
