@@ -363,7 +363,6 @@ def test_retrieve_is_found_under_a_root_path_as_fastapis_routes_are(bm25):
     assert health.status_code == 200
 
 
-
 @pytest.mark.parametrize("flags, logged", [([], False), (["--access-log"], True)])
 def test_index_serve_writes_an_access_line_per_request_only_when_asked(bm25, tmp_path, flags, logged):
     """``agentic-retriever index serve`` as users run it, in a process of its own: uvicorn's line per request is off
