@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART_CORPUS = REPO_ROOT / "runs" / "quickstart" / "data" / "corpus.jsonl"
 
@@ -119,6 +121,13 @@ _WORDS = (
     "book work used time would most against many final river island king house built named founded original "
     "championship president french german english british general local published people began following"
 ).split()
+
+
+def random_unit_vectors(rows: int, dim: int, rng: np.random.Generator) -> np.ndarray:
+    """`rows` random float32 vectors of unit length: embeddings without structure (the hard case for HNSW)."""
+    vectors = rng.standard_normal((rows, dim), dtype=np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    return vectors
 
 
 def synthetic_passages(count: int, words: int = 100, seed: int = 0) -> list[str]:

@@ -19,7 +19,7 @@ import statistics
 
 import numpy as np
 
-from _common import alternate, base_parser, describe_device, device_line, write_json
+from _common import alternate, base_parser, describe_device, device_line, random_unit_vectors, write_json
 from agentic_retriever.index.dense import FAISS_DEFAULT_BLAS_THRESHOLD, import_faiss
 
 NEVER = 2**31 - 1  # a threshold no batch reaches (FAISS holds it in an int): the sequential kernel always
@@ -33,9 +33,8 @@ def shape(text: str) -> tuple[int, int]:
 
 def sweep(faiss, dim: int, rows: int, batches: list[int], repeats: int, tuned: int, seed: int) -> list[dict]:
     rng = np.random.default_rng(seed)
-    database = rng.standard_normal((rows, dim), dtype=np.float32)
-    database /= np.linalg.norm(database, axis=1, keepdims=True)
-    queries = rng.standard_normal((max(batches), dim), dtype=np.float32)
+    database = random_unit_vectors(rows, dim, rng)
+    queries = random_unit_vectors(max(batches), dim, rng)
     index = faiss.IndexFlatIP(dim)
     index.add(database)
     lines = []

@@ -54,8 +54,8 @@ from pathlib import Path
 import numpy as np
 
 from _common import (
-    PeakSampler, base_parser, describe_device, device_line, finish_worker, fmt_bytes, serve_worker, start_worker,
-    usable_cores,
+    PeakSampler, base_parser, describe_device, device_line, finish_worker, fmt_bytes, random_unit_vectors, serve_worker,
+    start_worker, usable_cores,
 )
 
 from agentic_retriever.index.dense import DenseParams, fill_faiss_index, set_search_knobs
@@ -223,8 +223,7 @@ def build_and_search(args: dict) -> dict:
     result = {"build_s": build_s, "index_bytes": serialized_bytes(index),
               "build_peak_rss_above_start": max(0, peak - before), "rss_after_build": _rss()}
     rng = np.random.default_rng(7)
-    queries = rng.standard_normal((max(args["queries"], 64), index.d), dtype=np.float32)
-    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    queries = random_unit_vectors(max(args["queries"], 64), index.d, rng)
     index.search(queries[:1], args["topk"])  # first touch
     one = [_timed(lambda q=q: index.search(q[None], args["topk"])) for q in queries[:args["queries"]]]
     batch = [_timed(lambda: index.search(queries[:64], args["topk"])) for _ in range(max(1, args["queries"] // 16))]

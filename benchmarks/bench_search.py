@@ -14,13 +14,7 @@ import time
 
 import numpy as np
 
-from _common import alternate, base_parser, describe_device, device_line, summarize, write_json
-
-
-def random_unit_vectors(rows: int, dim: int, rng: np.random.Generator) -> np.ndarray:
-    vectors = rng.standard_normal((rows, dim), dtype=np.float32)
-    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-    return vectors
+from _common import alternate, base_parser, describe_device, device_line, random_unit_vectors, summarize, write_json
 
 
 def real_vectors(args, faiss) -> tuple[np.ndarray, str]:

@@ -79,7 +79,7 @@ from pathlib import Path
 
 import httpx
 
-from _common import base_parser, describe_device, device_line, free_port, load_passages, write_json
+from _common import alternate, base_parser, describe_device, device_line, free_port, load_passages, write_json
 from _reference_server import create_reference_app
 from _service_load import RawConnection, closed_loop, host_port, load_average, percentile
 
@@ -258,21 +258,20 @@ def run_throughput(index: SearchIndex, index_dir: str, rng: random.Random, args)
 
 def index_alone(index: SearchIndex, queries: list[str], sizes: list[int], topk: int, rounds: int = 3) -> dict[int, float]:
     """Milliseconds a query of ``index.retrieve`` on `queries` in batches of each size, in this process with nothing
-    else running: the encoder's and the search's own batch effect, without a server. Sizes alternate for `rounds`
-    rounds of about 512 queries each; medians."""
-    per_size: dict[int, list[float]] = {n: [] for n in sizes}
-    for n in sizes:  # warm-up: the first call of a new shape pays for kernel selection
-        index.retrieve(queries[:n], topk)
-    for _ in range(rounds):
-        for n in sizes:
-            total = max(n, 512 - 512 % n)
-            pool = [queries[i % len(queries)] for i in range(total)]
-            batches = [pool[i:i + n] for i in range(0, total, n)]
-            started = time.perf_counter()
-            for batch in batches:
-                index.retrieve(batch, topk)
-            per_size[n].append((time.perf_counter() - started) * 1000 / sum(map(len, batches)))
-    return {n: round(statistics.median(ms), 3) for n, ms in per_size.items()}
+    else running: the encoder's and the search's own batch effect, without a server. About 512 queries a size, once
+    untimed (the first call of a new shape pays for kernel selection), then the sizes alternate for `rounds` rounds
+    (`_common.alternate`); medians."""
+    def batches_of(n: int) -> list[list[str]]:
+        total = max(n, 512 - 512 % n)
+        pool = [queries[i % len(queries)] for i in range(total)]
+        return [pool[i:i + n] for i in range(0, total, n)]
+
+    def search_all(batches: list[list[str]]):
+        return lambda: [index.retrieve(batch, topk) for batch in batches]
+
+    work = {n: batches_of(n) for n in sizes}
+    seconds = alternate({n: search_all(batches) for n, batches in work.items()}, rounds)
+    return {n: round(statistics.median(seconds[n]) * 1000 / sum(map(len, work[n])), 3) for n in sizes}
 
 
 def _measured_round(url: str, process, queries: list[str], clients: int, per_client: int, topk: int,
