@@ -21,13 +21,13 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Coroutine, Iterator
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
-from starlette.types import Receive
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..index.base import SearchIndex
 from .auth import admin_refusal, resolve_admin_token
@@ -62,23 +62,39 @@ async def _until_disconnect(receive: Receive) -> None:
         pass
 
 
-async def unless_disconnected(work: Coroutine[Any, Any, T], receive: Receive) -> T:
-    """`work`'s result, or `ClientDisconnected` as soon as the client goes away first; the loser is cancelled
-    (`work` is cancelled on a hang-up: the batcher then drops the rest of the request). `work` starts before the
-    wait for a hang-up does, so its cancellation always reaches its own clean-up."""
-    task = asyncio.ensure_future(work)
+async def unless_disconnected(answer: asyncio.Future[T], receive: Receive) -> T:
+    """`answer`'s result, or `ClientDisconnected` as soon as the client goes away first; `answer` is then cancelled
+    (the batcher drops the rest of the request before this returns). One task watches for the hang-up while this
+    awaits the future itself, where a task for each and ``asyncio.wait`` over both cost every request a task, a
+    waiter future and four callbacks more (benchmarks/RESULTS.md, "Retrieval service: its own CPU per request")."""
     hangup = asyncio.ensure_future(_until_disconnect(receive))
+    hangup.add_done_callback(lambda _: answer.cancel())  # a no-op once `answer` is done
     try:
-        done, _ = await asyncio.wait((task, hangup), return_when=asyncio.FIRST_COMPLETED)
+        return await answer
+    except asyncio.CancelledError:
+        if not hangup.done() or hangup.cancelled():
+            raise  # this task itself was cancelled (the server is stopping), not by a hang-up
+        hangup.result()  # a failure of the server's receive is raised, not taken for a hang-up
+        raise ClientDisconnected from None
     finally:
         hangup.cancel()
-        task.cancel()  # a no-op when it is done
-    if task in done:
-        return task.result()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task  # its cancellation runs (the batcher forgets the request) before the handler answers
-    hangup.result()  # a failure of the server's receive is raised, not taken for a hang-up
-    raise ClientDisconnected
+
+
+class ServiceApp(FastAPI):
+    """A FastAPI application with `front`, ASGI middleware wrapped around FastAPI's own handling, in front of
+    everything FastAPI does. The service puts its body-size limit and ``POST /retrieve`` there (`body_limit`,
+    `endpoint`), ahead of the layers FastAPI puts before an app's own middleware (Starlette's server-error page,
+    FastAPI's OpenTelemetry and body-limit layers): /retrieve uses none of them, and they cost each of its requests
+    CPU taken from the encoder (benchmarks/RESULTS.md, "Retrieval service: its own CPU per request"). An exception
+    escaping /retrieve still gets a 500 and a log line, from uvicorn; a FastAPI configured for OpenTelemetry traces
+    the other paths only."""
+
+    def __init__(self, front: Callable[[ASGIApp], ASGIApp], **fastapi_options):
+        super().__init__(**fastapi_options)
+        self._front = front(super().__call__)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._front(scope, receive, send)
 
 
 def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: float = DEFAULT_MAX_WAIT_MS,
@@ -88,7 +104,7 @@ def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: fl
                request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S,
                admin_token: str | None = None,
                max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-               max_batch_ms: float = DEFAULT_MAX_BATCH_MS) -> FastAPI:
+               max_batch_ms: float = DEFAULT_MAX_BATCH_MS) -> ServiceApp:
     """The FastAPI application serving `index` (see the `agentic_retriever.server` docstring for the API).
 
     `max_batch_queries` bounds one batch, and so the chunks a big request is searched in; `max_batch_ms` > 0 bounds
@@ -130,11 +146,6 @@ def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: fl
         finally:
             await batcher.stop()
 
-    app = FastAPI(title="agentic-retriever retrieval service", version="1",
-                  description="Search-R1 compatible POST /retrieve, plus GET /health and POST /admin/swap-index",
-                  lifespan=lifespan)
-    app.state.batcher = batcher
-    app.state.slot = slot
 
     def count_refusal() -> None:
         batcher.stats.rejected_requests += 1
@@ -174,9 +185,14 @@ def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: fl
             return Reply(200, render_answer(results, request.return_scores), headers)
         return Reply(200, {"result": [_render(rows, request.return_scores) for rows in results]}, headers)
 
-    # the middleware added last runs first: the body's size is checked before anything reads it, /retrieve's too
-    app.add_middleware(RetrieveEndpoint, answer=answer_retrieve)
-    app.add_middleware(BodySizeLimit, max_bytes=max_request_bytes, on_refused=count_refusal)
+    # the body's size is checked before anything reads it, /retrieve's too; then /retrieve, then FastAPI
+    app = ServiceApp(lambda fastapi: BodySizeLimit(RetrieveEndpoint(fastapi, answer=answer_retrieve),
+                                                   max_bytes=max_request_bytes, on_refused=count_refusal),
+                     title="agentic-retriever retrieval service", version="1",
+                     description="Search-R1 compatible POST /retrieve, plus GET /health and POST /admin/swap-index",
+                     lifespan=lifespan)
+    app.state.batcher = batcher
+    app.state.slot = slot
 
     @app.post("/admin/swap-index")
     async def swap_index(request: Request) -> JSONResponse:

@@ -29,7 +29,7 @@ one index call never mixes indexes and a request's results never depend on its b
 top-k tie-breaking can depend on k).
 The calls run one at a time in a single worker thread; a failed call is retried chunk by chunk, so one bad
 request fails only itself. A request whose caller gave up is dropped from the queue: one past its time limit
-(`RequestTimeout`), or one whose awaiting task was cancelled (its client hung up, `app`); the chunk being searched
+(`RequestTimeout`), or one whose answer the caller cancelled (its client hung up, `app`); the chunk being searched
 finishes, the rest of the request is never searched.
 """
 
@@ -38,13 +38,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
 import statistics
 import time
-from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..corpus import ScoredPassage
 from .schema import RetrieveRequest
@@ -71,6 +70,7 @@ class _Pending:
     served: ServedIndex
     searched: int = 0
     rows: list[list[ScoredPassage]] = field(default_factory=list)
+    expiry: asyncio.TimerHandle | None = None
 
     @property
     def remaining(self) -> int:
@@ -266,34 +266,33 @@ class _Batcher:
 
     # requests ----------------------------------------------------------------------------------
 
-    def submit(self, request: RetrieveRequest) -> Coroutine[Any, Any, tuple[list[list[ScoredPassage]], int]]:
-        """Queue the request now, with the current index pinned, and return the coroutine awaiting its answer
-        (`_answer`): queued when this returns, it is in the next batch whenever its coroutine starts running."""
+    def submit(self, request: RetrieveRequest) -> asyncio.Future:
+        """Queue the request now, with the current index pinned, and return the future of its answer: its result
+        rows and the generation of the index that answered all of them (the one current when it arrived). The
+        future fails with `RequestTimeout` after ``timeout_s`` (`_expire`, a timer of the event loop); cancelling it
+        (its client hung up) drops the rest of the request from the queue (`_closed`, which runs before whoever
+        awaits the future resumes). A future and a callback, not a coroutine: the caller awaits it without a task
+        of its own."""
         self.start()
         loop = asyncio.get_running_loop()
         pending = _Pending(request.queries, request.topk, request.questions, request.histories,
                            loop.create_future(), loop.time(), self.slot.current)
+        if self.timeout_s:
+            pending.expiry = loop.call_later(self.timeout_s, self._expire, pending)
+        pending.future.add_done_callback(functools.partial(self._closed, pending))
         self._enqueue(pending)
-        return self._answer(pending)
+        return pending.future
 
-    async def _answer(self, pending: _Pending) -> tuple[list[list[ScoredPassage]], int]:
-        """The request's result rows and the generation of the index that answered all of them (the one current
-        when it arrived); raises `RequestTimeout` after ``timeout_s`` (`_expire`, a timer of the event loop: one
-        handle a request, where ``asyncio.wait_for`` added a waiter future and two callbacks to every one of
-        them). Either way out early, a timeout or the cancellation of the task awaiting this (the client hung
-        up), drops the rest of the request from the queue."""
-        expiry = asyncio.get_running_loop().call_later(self.timeout_s, self._expire, pending) if self.timeout_s else None
-        try:
-            return await pending.future, pending.served.generation
-        except asyncio.CancelledError:  # the future is cancelled with the awaiting task
+    def _closed(self, pending: _Pending, future: asyncio.Future) -> None:
+        """The request's answer is settled, whichever way: its timer goes; if its caller gave up (the future
+        cancelled), what is left of it leaves the queue (the chunk being searched finishes)."""
+        if pending.expiry is not None:
+            pending.expiry.cancel()
+        if future.cancelled():
             self._forget(pending)
             self.stats.abandoned_requests += 1
             log.info("a request was abandoned after %d of its %d queries were searched; the rest is not searched",
                      pending.searched, len(pending.queries))
-            raise
-        finally:
-            if expiry is not None:
-                expiry.cancel()
 
     def _expire(self, pending: _Pending) -> None:
         """A request's time limit is up: unless answered, it fails with `RequestTimeout` and what is left of it
@@ -374,7 +373,7 @@ class _Batcher:
             if pending.remaining:
                 self._enqueue(pending)
             else:
-                pending.future.set_result(pending.rows)
+                pending.future.set_result((pending.rows, pending.served.generation))
 
     async def _run_batch(self, batch: list[_Chunk]) -> None:
         self.stats.batches += 1

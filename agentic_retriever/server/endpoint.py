@@ -1,4 +1,4 @@
-"""``POST /retrieve`` as a pure ASGI middleware in front of FastAPI's router.
+"""``POST /retrieve`` as a pure ASGI middleware in front of FastAPI (`app.ServiceApp`).
 
 RL rollouts send the service one small request per search, hundreds a second, and every millisecond of CPU a
 request costs is taken from the encoder on the same cores. Profiled under 64 one-query clients with an index that
@@ -7,7 +7,7 @@ dependency solving and request and response objects were about 60% of the servic
 endpoint does that request's work directly: the body (already checked against ``max_request_bytes`` by `body_limit` in front of it), pydantic's
 own JSON validation of `RetrieveRequest`, the answer `create_app` computes, and the JSON bytes of Starlette's
 ``JSONResponse`` (compact, non-ASCII kept), or a chunked stream for a big answer. Every other path goes on to
-FastAPI (``/health``, ``/admin/swap-index``), and a failure here is FastAPI's 500 as before.
+FastAPI (``/health``, ``/admin/swap-index``); an exception escaping here gets uvicorn's 500 and log line.
 """
 
 from __future__ import annotations

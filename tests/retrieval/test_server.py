@@ -179,6 +179,25 @@ def test_index_failure_fails_only_its_own_request_with_a_500_and_message(bm25, m
     assert ["boom", "chess"] in counter.calls or ["chess", "boom"] in counter.calls, "both went out as one batch"
 
 
+def test_an_exception_escaping_retrieve_gets_a_500_and_the_server_keeps_answering(bm25, monkeypatch):
+    """/retrieve is answered in front of FastAPI's error page (`ServiceApp`): a bug there is uvicorn's 500."""
+    from agentic_retriever.server import app as app_module
+
+    render, calls = app_module._render, []
+
+    def render_failing_once(rows, with_scores):
+        calls.append(len(rows))
+        if len(calls) == 1:
+            raise RuntimeError("a rendering bug")
+        return render(rows, with_scores)
+    monkeypatch.setattr(app_module, "_render", render_failing_once)
+    with ServerThread(create_app(bm25)) as url:
+        failed = httpx.post(f"{url}/retrieve", json={"queries": ["chess"], "topk": 1}, timeout=30)
+        after = httpx.post(f"{url}/retrieve", json={"queries": ["chess"], "topk": 1}, timeout=30)
+    assert (failed.status_code, failed.text) == (500, "Internal Server Error") and calls == [1, 1]
+    assert after.status_code == 200 and after.json()["result"][0][0]["id"] == "15"
+
+
 # ---------------------------------------------------------------------------------------------- health
 
 

@@ -1,21 +1,28 @@
 """The retrieval service's guards that act outside the parsed request: the byte limit on a request body, enforced
 before FastAPI parses it (a Content-Length over it, a chunked body passing it), and a client that hangs up while
 its request waits or is searched (the rest of it is dropped). Requests go over raw sockets where the test needs
-control over what is sent and when the connection closes."""
+control over what is sent and when the connection closes; the hang-up watcher and the batcher's answer future are
+also driven on an event loop directly."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
 from urllib.parse import urlsplit
 
 import httpx
+import pytest
 from fastapi.testclient import TestClient
 
 from agentic_retriever.server import (
     DEFAULT_MAX_QUERIES_PER_REQUEST, DEFAULT_MAX_QUERY_CHARS, DEFAULT_MAX_REQUEST_BYTES, ServerThread, create_app,
 )
+from agentic_retriever.server.app import ClientDisconnected, unless_disconnected
+from agentic_retriever.server.batcher import _Batcher
+from agentic_retriever.server.schema import RetrieveRequest
+from agentic_retriever.server.slot import IndexSlot
 from tests.fakes import CountingRetrieve, wait_until
 from tests.retrieval.topics import QUERIES
 
@@ -140,3 +147,74 @@ def test_a_client_that_hangs_up_has_the_rest_of_its_request_dropped(bm25, monkey
     assert after.status_code == 200 and after.json()["result"][0][0]["id"] == "15"
     assert counter.calls == [queries[:2], ["chess"]]
     assert (health["abandoned_requests"], health["requests"], health["failed_requests"]) == (1, 2, 0)
+
+
+def _receive_then(message_or_error, delivered: asyncio.Event):
+    """An ASGI ``receive`` after the body: it waits for `delivered`, then gives `message_or_error` (raises it when
+    it is an exception)."""
+    async def receive():
+        await delivered.wait()
+        if isinstance(message_or_error, BaseException):
+            raise message_or_error
+        return message_or_error
+    return receive
+
+
+def test_unless_disconnected_gives_the_answer_and_stops_watching_for_a_hang_up():
+    async def run():
+        answer = asyncio.get_running_loop().create_future()
+        answer.get_loop().call_soon(answer.set_result, "rows")
+        before = asyncio.all_tasks()
+        result = await unless_disconnected(answer, _receive_then({"type": "http.disconnect"}, asyncio.Event()))
+        await asyncio.sleep(0)  # the watcher's cancellation runs
+        return result, asyncio.all_tasks() - before
+    assert asyncio.run(run()) == ("rows", set())
+
+
+def test_unless_disconnected_cancels_the_answer_when_the_client_hangs_up_or_receive_fails():
+    async def run(message_or_error):
+        answer, hung_up = asyncio.get_running_loop().create_future(), asyncio.Event()
+        hung_up.set()
+        with pytest.raises(Exception) as raised:
+            await unless_disconnected(answer, _receive_then(message_or_error, hung_up))
+        return raised.type, answer.cancelled()
+    assert asyncio.run(run({"type": "http.disconnect"})) == (ClientDisconnected, True)
+    assert asyncio.run(run(OSError("the server's receive broke"))) == (OSError, True)
+
+
+def test_unless_disconnected_passes_on_the_cancellation_of_its_own_task():
+    """The server stopping cancels the handler's task: that is a cancellation, not a hang-up, and the answer goes too."""
+    async def run():
+        answer = asyncio.get_running_loop().create_future()
+        handler = asyncio.ensure_future(unless_disconnected(answer, _receive_then({"type": "http.disconnect"},
+                                                                                   asyncio.Event())))
+        await asyncio.sleep(0)
+        handler.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await handler
+        return answer.cancelled()
+    assert asyncio.run(run())
+
+
+def test_a_request_answered_or_abandoned_leaves_no_timer_and_an_abandoned_one_is_never_searched(bm25, monkeypatch):
+    """`_Batcher.submit`'s future: the timer of its time limit is cancelled with the answer (the event loop holds
+    none until it expires), and cancelling the future (a hang-up) counts the request abandoned at the next step
+    of the loop and never searches it."""
+    counter = CountingRetrieve(bm25)
+    monkeypatch.setattr(bm25, "retrieve", counter)
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        timers, call_later = [], loop.call_later
+        monkeypatch.setattr(loop, "call_later", lambda *args: timers.append(call_later(*args)) or timers[-1])
+        requests = _Batcher(IndexSlot(bm25), max_batch_queries=8, max_wait_s=0.0, batching=True, timeout_s=600.0)
+        first = await requests.submit(RetrieveRequest(queries=["chess"], topk=1))
+        requests.submit(RetrieveRequest(queries=["tea"], topk=1)).cancel()
+        await asyncio.sleep(0)
+        abandoned = requests.stats.abandoned_requests
+        third = await requests.submit(RetrieveRequest(queries=["chess"], topk=1))
+        await requests.stop()
+        return first, abandoned, third, [timer.cancelled() for timer in timers]
+    first, abandoned, third, timers = asyncio.run(run())
+    assert [first[0][0][0].id, first[1], third[0][0][0].id] == ["15", 0, "15"]
+    assert abandoned == 1 and counter.calls == [["chess"], ["chess"]] and timers == [True, True, True]
