@@ -66,7 +66,7 @@ async def unless_disconnected(answer: asyncio.Future[T], receive: Receive) -> T:
     """`answer`'s result, or `ClientDisconnected` as soon as the client goes away first; `answer` is then cancelled
     (the batcher drops the rest of the request before this returns). One task watches for the hang-up while this
     awaits the future itself, where a task for each and ``asyncio.wait`` over both cost every request a task, a
-    waiter future and four callbacks more (benchmarks/RESULTS.md, "Retrieval service: its own CPU per request")."""
+    waiter future and four callbacks more (benchmarks/RESULTS.md, "the request path at its floor")."""
     hangup = asyncio.ensure_future(_until_disconnect(receive))
     hangup.add_done_callback(lambda _: answer.cancel())  # a no-op once `answer` is done
     try:
@@ -85,7 +85,7 @@ class ServiceApp(FastAPI):
     everything FastAPI does. The service puts its body-size limit and ``POST /retrieve`` there (`body_limit`,
     `endpoint`), ahead of the layers FastAPI puts before an app's own middleware (Starlette's server-error page,
     FastAPI's OpenTelemetry and body-limit layers): /retrieve uses none of them, and they cost each of its requests
-    CPU taken from the encoder (benchmarks/RESULTS.md, "Retrieval service: its own CPU per request"). An exception
+    CPU taken from the encoder (benchmarks/RESULTS.md, "the request path at its floor": 1.7x less). An exception
     escaping /retrieve still gets a 500 and a log line, from uvicorn; a FastAPI configured for OpenTelemetry traces
     the other paths only."""
 
@@ -145,7 +145,6 @@ def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: fl
             yield
         finally:
             await batcher.stop()
-
 
     def count_refusal() -> None:
         batcher.stats.rejected_requests += 1

@@ -266,7 +266,7 @@ class _Batcher:
 
     # requests ----------------------------------------------------------------------------------
 
-    def submit(self, request: RetrieveRequest) -> asyncio.Future:
+    def submit(self, request: RetrieveRequest) -> asyncio.Future[tuple[list[list[ScoredPassage]], int]]:
         """Queue the request now, with the current index pinned, and return the future of its answer: its result
         rows and the generation of the index that answered all of them (the one current when it arrived). The
         future fails with `RequestTimeout` after ``timeout_s`` (`_expire`, a timer of the event loop); cancelling it
