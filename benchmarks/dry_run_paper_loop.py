@@ -4,6 +4,12 @@ Agentic Search", arXiv 2601.11888) on this machine: the config with the override
 the same command a user with 8 GPUs runs (`agentic-retriever loop --config ...`).
 
     python benchmarks/dry_run_paper_loop.py --out runs/dry_run_paper_loop      # make dry-run-paper
+    python benchmarks/dry_run_paper_loop.py --verl --out runs/dry_run_paper_loop_verl   # make dry-run-paper-verl
+
+With ``--verl`` (in ``.venv-verl``: verl 0.9.1 and vLLM's CPU build, `make verl-setup`) the agent step of both
+iterations is verl's own trainer instead of the embedded stand-in (`VERL_ON_CPU`: ``stand_in`` off, the run launched
+by the loop on the CPU platform of `agentic_retriever.loop.verl.cpu`, one FSDP rank); the second iteration's verl run
+starts from the first one's checkpoint (the paper config's ``agent_init: previous``).
 
 What it makes first, in the paper's formats and at the paths the config names (relative to ``--out``):
 - ``data/wiki-18.jsonl``: a few hundred passages of the embedded corpus in Search-R1's wiki-18 form
@@ -38,6 +44,10 @@ from _common import cpu_model, free_port, usable_cores
 ROOT = Path(__file__).resolve().parents[1]
 OVERRIDES = ROOT / "benchmarks" / "dry_run_paper_loop.yaml"
 PAPER_CONFIG = ROOT / "configs" / "agentic_r_loop.yaml"
+#: The loop's verl section with ``--verl``: verl's own trainer on the CPU in place of the stand-in, one Ray GPU label
+#: (one FSDP rank and one vLLM CPU server: a second rank would double the run's memory on a 2-core machine).
+VERL_ON_CPU = {"loop": {"verl": {"stand_in": False, "launch": True, "device": "cpu", "n_gpus_per_node": 1,
+                                 "launcher": "{python}", "poll_seconds": 10, "timeout_seconds": 5400}}}
 #: Questions per role and passages in the corpus.
 TRAIN_QUESTIONS, DEV_QUESTIONS, WARM_QUESTIONS, CORPUS_PASSAGES = 32, 16, 96, 400
 
@@ -130,13 +140,15 @@ def warm_started_agent(out: Path) -> str:
     return str(warm_start_agent(config))
 
 
-def write_config(out: Path, agent_model: str) -> Path:
-    """The paper config with the override set merged in and its placeholders filled: ``agentic_r_loop.dry_run.yaml``."""
+def write_config(out: Path, agent_model: str, verl: bool = False) -> Path:
+    """The paper config with the override set (and with `verl`, `VERL_ON_CPU`) merged in and its placeholders filled:
+    ``agentic_r_loop.dry_run.yaml``."""
     from agentic_retriever.defaults import smollm2_hf_dir
 
     names = {"agent_model": agent_model, "scorer_model": str(smollm2_hf_dir()), "python": sys.executable,
              "root": str(ROOT), "port": str(free_port())}
-    config = merge(yaml.safe_load(PAPER_CONFIG.read_text()), fill(yaml.safe_load(OVERRIDES.read_text()), names))
+    overrides = merge(yaml.safe_load(OVERRIDES.read_text()), VERL_ON_CPU) if verl else yaml.safe_load(OVERRIDES.read_text())
+    config = merge(yaml.safe_load(PAPER_CONFIG.read_text()), fill(overrides, names))
     path = out / "agentic_r_loop.dry_run.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     return path
@@ -145,6 +157,7 @@ def write_config(out: Path, agent_model: str) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/dry_run_paper_loop", help="the dry run's folder (its cwd)")
+    parser.add_argument("--verl", action="store_true", help="verl's own trainer in the agent step (VERL_ON_CPU)")
     args = parser.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -154,7 +167,7 @@ def main() -> None:
     agent = warm_started_agent(out)
     setup_s = time.perf_counter() - started
     print(f"the stand-in agent: {agent} (set-up {setup_s:.0f} s)", flush=True)
-    config = write_config(out, agent)
+    config = write_config(out, agent, args.verl)
     command = [sys.executable, "-m", "agentic_retriever.cli", "loop", "--config", config.name]
     print(f"running in {out}: {' '.join(command)}", flush=True)
     loop_started = time.perf_counter()
@@ -167,7 +180,8 @@ def main() -> None:
               "data": data, "machine": f"{cpu_model()}, {usable_cores()} CPU cores",
               "steps": {name: {"status": r["status"], "seconds": round(r["seconds"], 1)}
                         for name, r in manifest["steps"].items()},
-              "agent_step": (manifest["steps"].get("1/agent") or {}).get("summary", {}).get("verl_validated"),
+              "agent_steps": {name: {key: r.get("summary", {}).get(key) for key in ("trainer", "model", "verl_validated")}
+                              for name, r in manifest["steps"].items() if name.endswith("/agent")},
               "report": json.loads(report_path.read_text())["rows"] if report_path.is_file() else None}
     (out / "dry_run.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
     print(json.dumps({k: v for k, v in result.items() if k != "report"}, indent=2))

@@ -59,8 +59,8 @@ def _transformers_llm():
     return load_llm(LLMConfig(backend="transformers", model=_model(), precision="fp32", device="cpu"))
 
 
-def prepare(out: Path) -> dict:
-    """The questions (answerable leaf train questions) and a MiniLM index of a few hundred passages holding them."""
+def prepare(out: Path, questions: int = QUESTIONS) -> dict:
+    """`questions` answerable leaf train questions and a MiniLM index of a few hundred passages holding them."""
     from agentic_retriever.corpus import split_contents
     from agentic_retriever.data.prepare import PrepareConfig, prepare_defaults
     from agentic_retriever.encoder import EncoderConfig
@@ -68,7 +68,7 @@ def prepare(out: Path) -> dict:
     from agentic_retriever.jsonl import iter_jsonl, write_jsonl
 
     prepare_defaults(PrepareConfig(out=str(out / "data")))
-    rows = [row for _, row in iter_jsonl(out / "data" / "fanoutqa_leaf_train_answerable.jsonl")][:QUESTIONS]
+    rows = [row for _, row in iter_jsonl(out / "data" / "fanoutqa_leaf_train_answerable.jsonl")][:questions]
     titles = {t for row in rows for t in row["supporting_titles"]}
     corpus = [row for _, row in iter_jsonl(out / "data" / "corpus.jsonl")]
     keep = [p for p in corpus if split_contents(p["contents"])[0] in titles] + corpus[:300]

@@ -9,6 +9,9 @@ the final step and for the folder to hold a config and weights.
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -16,12 +19,52 @@ from pathlib import Path
 from ..processes import log_tail
 from .settings import VerlRun, VerlSettings
 
+log = logging.getLogger(__name__)
+
+#: Seconds verl gets to exit on its own after its final checkpoint (Ray, vLLM and the workers shut down), and to
+#: stop after a SIGTERM before every process of the run is killed.
+EXIT_GRACE_SECONDS = 300.0
+TIMED_OUT = 124  # coreutils timeout's status: launch.sh's wall-clock limit stopped verl
+#: Seconds verl gets between the wall-clock limit's SIGTERM and launch.sh's SIGKILL (coreutils timeout's -k).
+KILL_GRACE_SECONDS = 120
+
 
 def start_verl_run(run: VerlRun) -> subprocess.Popen:
     """Start ``run.launch_script`` in its own process group, stdout and stderr appended to ``run.log_path``."""
     with open(run.log_path, "ab") as log:
         return subprocess.Popen(["bash", str(run.launch_script)], cwd=run.out_dir, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _session_members(session: int) -> list[int]:
+    """The processes of `session` (what `start_verl_run` started, with everything it started that stayed)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.getsid(int(entry)) == session:
+                    members.append(int(entry))
+            except OSError:
+                continue
+    return members
+
+
+def stop_verl_run(process: subprocess.Popen, grace_s: float = EXIT_GRACE_SECONDS) -> None:
+    """Stop a run of `start_verl_run`: SIGTERM to ``launch.sh`` (it passes it on to verl, whose shutdown removes its
+    Ray workers), then, after `grace_s` or at once when it has exited, SIGKILL to every process left in its
+    session. Nothing the run started outlives this call, whichever way the run ended."""
+    if process.poll() is None:
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=grace_s)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+    for pid in _session_members(process.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+    process.wait()
 
 
 def finished_checkpoint(run: VerlRun) -> Path | None:
@@ -43,19 +86,39 @@ def wait_for_checkpoint(run: VerlRun, settings: VerlSettings, process: subproces
 
     Complete: ``checkpoints/latest_checkpointed_iteration.txt`` names a step >= ``run.final_step`` (verl writes it
     after the save) and ``global_step_N/actor/huggingface`` holds ``config.json`` and weights (``hf_model`` is in
-    ``checkpoint.save_contents``), which `agentic_retriever.llm` loads as ``LLMConfig(model=folder)``. With the
-    `process` of `start_verl_run`, a non-zero exit fails at once with the log's tail; an exit 0 without the
-    checkpoint fails too. Polls every ``settings.poll_seconds``; TimeoutError after ``settings.timeout_seconds``.
+    ``checkpoint.save_contents``), which `agentic_retriever.llm` loads as ``LLMConfig(model=folder)``. Polls every
+    ``settings.poll_seconds``; TimeoutError after ``settings.timeout_seconds``.
+
+    With the `process` of `start_verl_run`: a non-zero exit fails at once with the log's tail (status 124: the
+    launch's wall-clock limit stopped it); an exit 0 without the checkpoint fails too; after the checkpoint, verl
+    gets `EXIT_GRACE_SECONDS` to exit (the next step needs its devices); and however the wait ends (an error, an
+    interrupt), `stop_verl_run` leaves no process of the run behind.
     """
-    deadline = time.monotonic() + settings.timeout_seconds
-    while (folder := finished_checkpoint(run)) is None:
-        if process is not None and process.poll() is not None:
-            raise RuntimeError(f"verl exited with status {process.returncode} before writing the final checkpoint "
-                               f"(step {run.final_step}) under {run.checkpoint_root}; last lines of "
-                               f"{run.log_path}:\n{log_tail(run.log_path, 40)}")
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"no complete verl checkpoint of step {run.final_step} under {run.checkpoint_root} "
-                               f"after {settings.timeout_seconds:g} s (expected global_step_{run.final_step}/actor/"
-                               f"huggingface and latest_checkpointed_iteration.txt); run: bash {run.launch_script}")
-        time.sleep(min(settings.poll_seconds, max(deadline - time.monotonic(), 0.0)))
+    # a launched run stops itself at its limit (launch.sh): its exit, with the log, is the better error to give
+    deadline = time.monotonic() + settings.timeout_seconds + (KILL_GRACE_SECONDS + 60 if process is not None else 0)
+    try:
+        while (folder := finished_checkpoint(run)) is None:
+            if process is not None and process.poll() is not None:
+                reason = (f"reached its wall-clock limit of {settings.timeout_seconds:g} s (VerlSettings."
+                          "timeout_seconds) and was stopped" if process.returncode == TIMED_OUT
+                          else f"exited with status {process.returncode}")
+                raise RuntimeError(f"verl {reason} before writing the final checkpoint (step {run.final_step}) under "
+                                   f"{run.checkpoint_root}; last lines of {run.log_path}:\n{log_tail(run.log_path, 40)}")
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"no complete verl checkpoint of step {run.final_step} under {run.checkpoint_root} "
+                                   f"after {settings.timeout_seconds:g} s (expected global_step_{run.final_step}/actor/"
+                                   f"huggingface and latest_checkpointed_iteration.txt); run: bash {run.launch_script}")
+            time.sleep(min(settings.poll_seconds, max(deadline - time.monotonic(), 0.0)))
+        if process is not None:
+            try:
+                process.wait(timeout=EXIT_GRACE_SECONDS)
+            except subprocess.TimeoutExpired:
+                log.warning("verl wrote its final checkpoint but had not exited %g s later: stopping it",
+                            EXIT_GRACE_SECONDS)
+            if process.returncode:
+                log.warning("verl exited with status %s after writing its final checkpoint %s (log: %s)",
+                            process.returncode, folder, run.log_path)
+    finally:
+        if process is not None:
+            stop_verl_run(process)
     return folder

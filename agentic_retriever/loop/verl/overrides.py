@@ -44,6 +44,7 @@ import agent.rewards.verl as verl_rewards
 from agent.rewards import REWARDS
 from agent.rl.config import RLConfig
 
+from .cpu import cpu_overrides
 from .settings import VerlSettings
 
 CHARS_PER_TOKEN = 4  # verl cuts tool responses by characters; our observation cut is in tokens
@@ -261,13 +262,16 @@ _PLAIN = re.compile(r"[A-Za-z0-9_./:~@%+-]+")
 
 
 def _hydra_value(value: Any) -> str:
-    """A value in Hydra's override grammar: lists as [a,b], booleans as true/false, odd strings single-quoted."""
+    """A value in Hydra's override grammar: lists as [a,b], dicts as {k:v}, booleans as true/false, odd strings
+    single-quoted."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if value is None:
         return "null"
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(_hydra_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{key}:{_hydra_value(v)}" for key, v in value.items()) + "}"
     if isinstance(value, (int, float)):
         return repr(value)
     text = str(value)
@@ -278,9 +282,10 @@ def _hydra_value(value: Any) -> str:
 
 def verl_overrides(settings: VerlSettings, rl: RLConfig, out_dir: str | os.PathLike, init_model: str,
                    train_rows: int) -> list[str]:
-    """verl's Hydra overrides for the run in `out_dir` on `train_rows` training questions: ours, then
-    ``settings.overrides`` (last wins)."""
+    """verl's Hydra overrides for the run in `out_dir` on `train_rows` training questions: ours, those of a CPU
+    run (`cpu.cpu_overrides`, ``settings.device`` cpu), then ``settings.overrides`` (last wins)."""
     check_mappable(settings, rl)
     merged = {**_rl_overrides(rl), **_size_overrides(settings, rl),
-              **_run_overrides(settings, rl, Path(out_dir).resolve(), init_model, train_rows)}
+              **_run_overrides(settings, rl, Path(out_dir).resolve(), init_model, train_rows),
+              **(cpu_overrides(settings, rl.uses_critic) if settings.device == "cpu" else {})}
     return [f"{key}={_hydra_value(value)}" for key, value in merged.items()] + list(settings.overrides)

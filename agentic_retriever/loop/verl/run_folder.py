@@ -35,6 +35,8 @@ from agentic_retriever.jsonl import atomic_write
 from .overrides import (AGENT_LOOP_FILE, AGENT_LOOP_NAME, TOOL_FILE, check_mappable, epochs_for_steps,
                         final_step, verl_overrides)
 from .search_tool import TOOL_NAME, search_tool_config
+from .checkpoint import KILL_GRACE_SECONDS
+from .cpu import cpu_environment
 from .settings import VerlRun, VerlSettings
 
 DATA_SOURCE = "agentic_retriever"
@@ -106,10 +108,25 @@ def _write_text(path: Path, text: str, executable: bool = False) -> None:
         path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 
-def _launch_script(command: list[str], out_dir: Path) -> str:
+def launch_script(command: list[str], out_dir: Path, settings: VerlSettings) -> str:
+    """``launch.sh``: the environment of the run (`cpu.cpu_environment` for ``device: cpu``), the command under
+    coreutils' ``timeout`` (``settings.timeout_seconds``; SIGTERM, SIGKILL `KILL_GRACE_SECONDS` later; exit 124
+    when the limit was reached; an INT, TERM or HUP of the script is passed on as TERM), and an EXIT trap removing
+    the shared-memory segments the run left (`leftovers`)."""
+    python = shlex.split(settings.launcher)[0]
+    environment = cpu_environment(settings) if settings.device == "cpu" else {}
+    exports = "".join(f"export {name}={shlex.quote(value)}"  # a list of modules keeps the caller's own after ours
+                      + (f"${{{name}:+,${name}}}" if name == "VERL_USE_EXTERNAL_MODULES" else "") + "\n"
+                      for name, value in environment.items())
     lines = " \\\n    ".join(shlex.quote(part) for part in command)
     return (f"#!/usr/bin/env bash\n# verl run of the co-training loop's agent step (agentic_retriever/loop/verl)\n"
-            f"set -euo pipefail\ncd {shlex.quote(str(out_dir))}\nexec {lines}\n")
+            f"set -uo pipefail\ncd {shlex.quote(str(out_dir))}\n{exports}"
+            f"started=$(date +%s)\n"
+            f"trap '{shlex.quote(python)} -m {__package__}.leftovers --since \"$started\"' EXIT\n"
+            f"timeout --kill-after={KILL_GRACE_SECONDS} {settings.timeout_seconds:.0f} {lines} &\n"
+            # timeout runs verl in a process group of its own, out of reach of a terminal's Ctrl-C: pass signals on
+            f"child=$!\ntrap 'kill -TERM \"$child\" 2>/dev/null' INT TERM HUP\n"
+            f"while wait \"$child\"; status=$?; kill -0 \"$child\" 2>/dev/null; do :; done\nexit \"$status\"\n")
 
 
 def prepare_verl_run(out_dir: str | os.PathLike, settings: VerlSettings, rl: RLConfig, service_url: str,
@@ -139,6 +156,6 @@ def prepare_verl_run(out_dir: str | os.PathLike, settings: VerlSettings, rl: RLC
         _write_text(out / TOOL_FILE, yaml.safe_dump(search_tool_config(service_url, rl.env.topk), sort_keys=False))
     _write_text(out / "overrides.txt", "\n".join(overrides) + "\n")
     command = [*shlex.split(settings.launcher), "-m", "verl.trainer.main_ppo", *overrides]
-    _write_text(out / "launch.sh", _launch_script(command, out), executable=True)
+    _write_text(out / "launch.sh", launch_script(command, out, settings), executable=True)
     return VerlRun(out, command, out / "launch.sh", out / "verl.log", out / "checkpoints", final_step(settings, rl),
                    epochs_for_steps(len(train), rl.prompts_per_step, final_step(settings, rl)))

@@ -19,6 +19,12 @@ class VerlSettings:
     val_questions: int = field(default=64, metadata={
         "help": "questions held out of the training questions for verl's validation (val.parquet); the dev "
                 "questions never go to verl"})
+    device: Literal["cuda", "cpu"] = field(default="cuda", metadata={
+        "help": "cuda: verl's own platforms (GPUs); cpu: verl and vLLM's CPU build on the host's cores, through the "
+                "cpu platform plugin and settings of agentic_retriever/loop/verl/cpu.py (checks and dry runs; "
+                "n_gpus_per_node then counts Ray's GPU labels, one per FSDP rank)"})
+    cpu_kv_cache_gib: int = field(default=1, metadata={
+        "help": "device cpu: GiB of host memory for vLLM's KV cache (VLLM_CPU_KVCACHE_SPACE)"})
     n_gpus_per_node: int = field(default=8, metadata={"help": "GPUs per node (trainer.n_gpus_per_node)"})
     nnodes: int = field(default=1, metadata={"help": "nodes (trainer.nnodes)"})
     rollout_engine: Literal["vllm", "sglang"] = field(default="vllm", metadata={
@@ -67,7 +73,8 @@ class VerlSettings:
                 "agent_train's settings instead of launching verl (needs verl and hydra-core installed)"})
     poll_seconds: float = field(default=30.0, metadata={"help": "seconds between checks for the final checkpoint"})
     timeout_seconds: float = field(default=7 * 24 * 3600.0, metadata={
-        "help": "give up waiting for the final checkpoint after this many seconds"})
+        "help": "wall-clock limit of the run: launch.sh stops verl after this many seconds (a hung weight sync "
+                "never ends on its own), and the loop gives up waiting for the final checkpoint"})
 
     def __post_init__(self):
         if self.agent_loop not in ("dialect", "tool_agent"):
@@ -76,6 +83,13 @@ class VerlSettings:
                      "max_response_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"VerlSettings.{name} must be at least 1, got {getattr(self, name)}")
+        if self.device not in ("cuda", "cpu"):
+            raise ValueError(f"VerlSettings.device must be cuda or cpu, got {self.device!r}")
+        if self.cpu_kv_cache_gib < 1:
+            raise ValueError(f"VerlSettings.cpu_kv_cache_gib must be at least 1, got {self.cpu_kv_cache_gib}")
+        if self.device == "cpu" and (self.rollout_engine != "vllm" or self.tensor_parallel_size != 1):
+            raise ValueError("VerlSettings.device cpu runs vLLM's CPU build with tensor_parallel_size 1 (got "
+                             f"rollout_engine {self.rollout_engine!r}, tensor_parallel_size {self.tensor_parallel_size})")
         if self.rollout_engine not in ("vllm", "sglang"):
             raise ValueError(f"VerlSettings.rollout_engine must be vllm or sglang, got {self.rollout_engine!r}")
         if not 0 < self.gpu_memory_utilization <= 1:

