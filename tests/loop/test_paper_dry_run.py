@@ -95,6 +95,31 @@ def test_the_merged_config_is_read_by_every_section_of_the_loop(tmp_path, monkey
                      set_by_caller=("qa", "out"))
 
 
+def test_with_verl_the_agent_step_is_verls_own_trainer_on_the_cpu_and_its_run_is_valid(tmp_path, monkeypatch,
+                                                                                       tiny_causal_lm_dir):
+    """`--verl`: the stand-in off, the loop launching verl on the cpu platform, GRPO in place of PPO (verl cannot load
+    PPO's critic without flash-attention), and the run the loop writes from it passes verl's own validation."""
+    import pytest
+
+    pytest.importorskip("hydra", reason="hydra-core is not installed (the dev extra has it)")
+    pytest.importorskip("ray", reason="ray is not installed (the dev extra has it)")
+    from agent.rl.config import RLConfig
+    from agentic_retriever.loop.verl import prepare_verl_run
+    from agentic_retriever.loop.verl.validate import validate_verl_run
+
+    script = _script()
+    monkeypatch.setattr("agentic_retriever.defaults.smollm2_hf_dir", lambda: Path("/models/smollm2"))
+    path = script.write_config(tmp_path, "/models/agent", verl=True)
+    loop = build_config(command("loop").config_class(), "loop", None, str(path))
+    rl = build_config(RLConfig, "agent_train", None, str(path))
+    assert not loop.verl.stand_in and loop.verl.launch and loop.verl.device == "cpu"
+    assert loop.verl.launcher == sys.executable and rl.algorithm == "grpo" and rl.samples_per_prompt == 2
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text("".join(f'{{"id": "q{i}", "question": "question {i}?", "golden_answers": ["a"]}}\n' for i in range(12)))
+    run = prepare_verl_run(tmp_path / "verl", loop.verl, rl, "http://127.0.0.1:1", tiny_causal_lm_dir, qa)
+    assert validate_verl_run(run)["gpus"] == 1 and "VERL_PLATFORM=cpu" in run.launch_script.read_text()
+
+
 def test_the_stand_in_files_are_flashrag_rows_without_evidence_labels(tmp_path, monkeypatch):
     """The dry run's QA files carry what FlashRAG's do (so the loop's evaluation must judge by answers), and its
     corpus is wiki-18's form holding every chosen question's evidence page."""
