@@ -207,3 +207,26 @@ def test_leftover_sockets_are_those_no_process_has_bound_any_longer(tmp_path):
         assert list(removed) == [folder / "dead.sock"] and (folder / "live.sock").exists()
     finally:
         bound.close()
+
+
+def test_verl_lingering_after_its_final_checkpoint_is_stopped_with_every_process_it_started(tmp_path):
+    """The next step takes verl's devices: after the checkpoint, verl gets a grace to exit, then it and whatever it
+    started (Ray's processes run in its session, in process groups of their own) are stopped."""
+    pid_file = tmp_path / "child.pid"
+    linger = ("import os, pathlib, subprocess, sys, time; "
+              "child = subprocess.Popen([sys.executable, '-c', 'import os, time; os.setpgid(0, 0); time.sleep(600)']); "
+              f"pathlib.Path({str(pid_file)!r}).write_text(str(child.pid)); "
+              "root = pathlib.Path('checkpoints/global_step_2/actor/huggingface'); root.mkdir(parents=True); "
+              "(root / 'config.json').write_text('{}'); (root / 'model.safetensors').write_bytes(b'w'); "
+              "pathlib.Path('checkpoints/latest_checkpointed_iteration.txt').write_text('2'); time.sleep(600)")
+    settings = _cpu(launcher=f"{sys.executable} -c {shlex.quote(linger)}", poll_seconds=0.1)
+    run = prepare_verl_run(tmp_path / "run", settings, _rl(), URL, "/models/agent", _qa(tmp_path / "qa.jsonl"))
+    process = start_verl_run(run)
+    folder = wait_for_checkpoint(run, settings, process, exit_grace_s=1)
+    assert folder == run.checkpoint_root / "global_step_2" / "actor" / "huggingface"
+    assert process.returncode is not None
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child}").exists() and "Z" not in Path(f"/proc/{child}/stat").read_text().split()[2]:
+        assert time.monotonic() < deadline, "the process verl started outlived the wait"
+        time.sleep(0.1)

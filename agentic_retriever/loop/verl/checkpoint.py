@@ -81,7 +81,8 @@ def finished_checkpoint(run: VerlRun) -> Path | None:
     return folder
 
 
-def wait_for_checkpoint(run: VerlRun, settings: VerlSettings, process: subprocess.Popen | None = None) -> Path:
+def wait_for_checkpoint(run: VerlRun, settings: VerlSettings, process: subprocess.Popen | None = None,
+                        exit_grace_s: float = EXIT_GRACE_SECONDS) -> Path:
     """Wait until verl's final checkpoint is complete and return its Hugging Face model folder.
 
     Complete: ``checkpoints/latest_checkpointed_iteration.txt`` names a step >= ``run.final_step`` (verl writes it
@@ -91,7 +92,7 @@ def wait_for_checkpoint(run: VerlRun, settings: VerlSettings, process: subproces
 
     With the `process` of `start_verl_run`: a non-zero exit fails at once with the log's tail (status 124: the
     launch's wall-clock limit stopped it); an exit 0 without the checkpoint fails too; after the checkpoint, verl
-    gets `EXIT_GRACE_SECONDS` to exit (the next step needs its devices); and however the wait ends (an error, an
+    gets `exit_grace_s` to exit (the next step needs its devices); and however the wait ends (an error, an
     interrupt), `stop_verl_run` leaves no process of the run behind.
     """
     # a launched run stops itself at its limit (launch.sh): its exit, with the log, is the better error to give
@@ -111,14 +112,13 @@ def wait_for_checkpoint(run: VerlRun, settings: VerlSettings, process: subproces
             time.sleep(min(settings.poll_seconds, max(deadline - time.monotonic(), 0.0)))
         if process is not None:
             try:
-                process.wait(timeout=EXIT_GRACE_SECONDS)
+                process.wait(timeout=exit_grace_s)
             except subprocess.TimeoutExpired:
-                log.warning("verl wrote its final checkpoint but had not exited %g s later: stopping it",
-                            EXIT_GRACE_SECONDS)
+                log.warning("verl wrote its final checkpoint but had not exited %g s later: stopping it", exit_grace_s)
             if process.returncode:
                 log.warning("verl exited with status %s after writing its final checkpoint %s (log: %s)",
                             process.returncode, folder, run.log_path)
     finally:
         if process is not None:
-            stop_verl_run(process)
+            stop_verl_run(process, exit_grace_s)
     return folder
