@@ -184,7 +184,7 @@ def main() -> None:
               "data": data, "machine": f"{cpu_model()}, {usable_cores()} CPU cores",
               "steps": {name: {"status": r["status"], "seconds": round(r["seconds"], 1)}
                         for name, r in manifest["steps"].items()},
-              "agent_steps": {name: {key: r.get("summary", {}).get(key) for key in ("trainer", "model", "verl_validated")}
+              "agent_steps": {name: {key: (r.get("summary") or {}).get(key) for key in ("trainer", "model", "verl_validated")}
                               for name, r in manifest["steps"].items() if name.endswith("/agent")},
               "report": json.loads(report_path.read_text())["rows"] if report_path.is_file() else None}
     (out / "dry_run.json").write_text(json.dumps(result, indent=2), encoding="utf-8")

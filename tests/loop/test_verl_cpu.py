@@ -124,6 +124,8 @@ def test_cpu_runs_compose_with_verls_config_and_pass_its_validation(tmp_path, al
     assert config.actor_rollout_ref.model.override_config.attn_implementation == "sdpa"
     assert actor.fsdp_config.mixed_precision.reduce_dtype == "fp32"
     assert (rollout.enable_sleep_mode, rollout.enforce_eager, rollout.dtype) == (False, True, "float16")
+    assert (rollout.agent.num_workers, config.reward.num_workers, config.data.dataloader_num_workers) == (1, 1, 0)
+    assert config.transfer_queue.backend.SimpleStorage.num_data_storage_units == 1
     if algorithm == "ppo":
         assert (config.critic.strategy, config.critic.fsdp.mixed_precision.reduce_dtype) == ("fsdp2", "fp32")
         assert config.critic.model.override_config.attn_implementation == "sdpa"

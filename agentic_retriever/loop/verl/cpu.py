@@ -13,6 +13,8 @@ rollout server, when (verl 0.9.1 paths; docs/verl.md, "verl on CPUs"):
 - attention is torch's sdpa without padding removal (flash-attention is CUDA only);
 - FSDP2 (FSDP1 hard-codes ``sync_module_states=True``, which needs a GPU) in fp32 on CPUs without bf16 hardware
   (bf16 there was over 10x slower: an update did not finish in 13 CPU-minutes);
+- one agent-loop worker, one reward worker, one TransferQueue storage unit and no DataLoader workers, where verl
+  starts eight of each (every one a process importing torch): a host's memory is not a GPU node's;
 - vLLM runs eager, without sleep mode (unsupported on the CPU), its KV cache sized in GiB of host memory by
   ``VLLM_CPU_KVCACHE_SPACE``, in float16 with oneDNN held below AMX (`cpu_platform.PlatformCPU.rollout_env_vars`):
   vLLM's CPU build repacks every linear layer's weight it can hand to oneDNN or its AMX kernels and drops the
@@ -65,6 +67,12 @@ def cpu_overrides(settings: VerlSettings, uses_critic: bool) -> dict[str, Any]:
         f"{rollout}.dtype": "float16",  # with oneDNN below AMX (PlatformCPU.rollout_env_vars): weights stay updatable
         f"+{rollout}.enable_sleep_mode": False,
         f"{rollout}.enforce_eager": True,
+        # one process each where verl starts eight: each imports torch (0.5-0.9 GB); eight of each and eight
+        # DataLoader workers ran a 24 GB host out of memory beside the loop
+        f"{rollout}.agent.num_workers": 1,
+        "reward.num_workers": 1,
+        "data.dataloader_num_workers": 0,
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units": 1,
         **({"critic.strategy": "fsdp2",
             "+critic.model.override_config.attn_implementation": "sdpa",
             "critic.model.use_remove_padding": False,
