@@ -126,3 +126,16 @@ def test_every_section_of_the_shipped_configs_builds_its_command_config(config_f
         if hasattr(config, "validate"):
             config.validate()
     assert not [w for w in recwarn if issubclass(w.category, FutureWarning)], "shipped configs use current names"
+
+
+@pytest.mark.parametrize("config_file", ["configs/agentic_r.yaml", "configs/agentic_r_loop.yaml"])
+def test_the_paper_configs_train_the_retriever_without_weight_decay_as_the_release(config_file):
+    """The release's retriever training sets no weight decay (transformers' TrainingArguments default, 0); the
+    library's own default (0.01) is for the CPU configs."""
+    from pathlib import Path
+
+    from agentic_retriever.commands import command
+
+    path = Path(__file__).resolve().parent.parent / config_file
+    config = build_config(command("retriever_train").config_class(), "retriever_train", None, str(path))
+    assert config.weight_decay == 0.0 and config.learning_rate == 2e-5 and config.temperature == 0.01

@@ -204,3 +204,11 @@ def test_verls_own_entry_point_reads_the_paper_runs_command_as_the_v1_trainer_wi
     assert config["trainer"]["use_v1"] is True and config["trainer"]["v1"]["trainer_mode"] == "sync"
     assert config["trainer"]["total_epochs"] == run.total_epochs == 250  # 1,044 training rows: 2 steps of 512 an epoch
     assert config["actor_rollout_ref"]["actor"]["ppo_micro_batch_size_per_gpu"] == 8
+
+
+def test_every_agent_of_the_paper_loop_starts_from_the_base_model():
+    """Section 5.1: "we initialize the search agent with Qwen2.5-7B-Base"; the release's train_ppo.sh starts actor
+    and critic from BASE_MODEL in every iteration (agent_init initial: Agent_i from the initial agent)."""
+    loop = build_config(LoopConfig, "loop", None, str(CONFIGS / "agentic_r_loop.yaml"))
+    rl = build_config(RLConfig, "agent_train", None, str(CONFIGS / "agentic_r_loop.yaml"))
+    assert loop.agent_init == "initial" and rl.agent.model == "Qwen/Qwen2.5-7B"
