@@ -110,18 +110,6 @@ def _verl_settings(out: Path):
                             "actor_rollout_ref.rollout.calculate_log_probs=true"])
 
 
-def _metrics(log: str) -> list[dict[str, float]]:
-    """verl's console logger lines (``step:N - key:value - ...``, behind Ray's coloured actor prefix) as one dict
-    a step."""
-    steps = []
-    for line in log.splitlines():
-        line = re.sub(r"^\(\w+ pid=\d+\) ", "", re.sub(r"\x1b\[[0-9;]*m", "", line))
-        if line.startswith("step:"):
-            steps.append({key: float(value) for key, value in  # numpy scalars print as np.float64(5.5)
-                          re.findall(r"([\w/@.-]+):(?:np\.\w+\()?([-+0-9.eE]+|nan|inf)\)?(?= - |$)", line)})
-    return steps
-
-
 def _mask_report(record_dir: Path, tokenizer) -> dict:
     """Every recorded batch: the tokens under ``response_mask`` 0 are observations (each ``<information>`` block
     whole), those under 1 the agent's; and the rollout-vs-actor probability gap on the masked-in tokens."""
@@ -229,6 +217,7 @@ def _train(algorithm: str, out: Path) -> dict:
     from transformers import AutoTokenizer
 
     from agentic_retriever.loop.verl import prepare_verl_run, start_verl_run, wait_for_checkpoint
+    from agentic_retriever.loop.verl.console import step_metrics
     from vllm_check import _service, prepare
 
     work = out / algorithm
@@ -258,7 +247,7 @@ def _train(algorithm: str, out: Path) -> dict:
             stop.set()
             sampler.join()
     log = run.log_path.read_text(encoding="utf-8", errors="replace")
-    steps = _metrics(log)
+    steps = step_metrics(log)
     masks = _mask_report(record_dir, AutoTokenizer.from_pretrained(agent))
     dump = _dump_report(work / "rollouts")
     weights = _weights_changed(agent, folder)

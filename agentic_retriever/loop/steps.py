@@ -64,6 +64,7 @@ def train_agent_on_verl(job: LoopJob, init_model: str, service_url: str, out: Pa
     its final checkpoint as a model folder (docs/verl.md). With ``verl.stand_in`` the run is written and validated by
     verl itself, and the embedded trainer trains the step in its place (a dry run of a cluster config)."""
     from .verl import prepare_verl_run, start_verl_run, wait_for_checkpoint
+    from .verl.console import reward_curve as verl_reward_curve
 
     run = prepare_verl_run(out, job.loop.verl, job.agent_train, service_url, init_model, job.agent_train.qa)
     if job.loop.verl.stand_in:
@@ -80,7 +81,7 @@ def train_agent_on_verl(job: LoopJob, init_model: str, service_url: str, out: Pa
         print("waiting for its checkpoint (run the command above; the loop picks the checkpoint up)", flush=True)
     model = wait_for_checkpoint(run, job.loop.verl, process)
     return {"model": str(model), "trainer": "verl", "algorithm": job.agent_train.algorithm,
-            "steps": run.final_step, "rewards": []}
+            "steps": run.final_step, "rewards": verl_reward_curve(run.log_path)}
 
 
 def roll_out(job: LoopJob, agent_model: str, service_url: str, out: Path) -> dict[str, Any]:

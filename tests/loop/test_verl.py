@@ -259,3 +259,22 @@ def test_launch_script_passes_every_override_through_the_shell_unchanged(tmp_pat
     argv = json.loads((fake.out_dir / "argv.json").read_text())
     assert argv == ["-m", "verl.trainer.main_ppo", *(fake.out_dir / "overrides.txt").read_text().splitlines()]
     assert "actor_rollout_ref.model.path='/models/agent 0\\'s copy'" in argv
+
+
+def test_the_verl_steps_reward_curve_is_read_from_verls_console_lines(tmp_path):
+    """verl 0.9.1's trainer logs each step behind Ray's coloured actor prefix, numpy scalars as np.float64(...); a
+    resumed run logs a step again (the later line wins). The loop's report plots this curve for a verl step."""
+    from agentic_retriever.loop.verl.console import reward_curve, step_metrics
+
+    prefix = "\x1b[36m(TaskRunnerV1 pid=17411)\x1b[0m "
+    log = tmp_path / "verl.log"
+    log.write_text(
+        f"{prefix}step:1 - actor/pg_loss:0.039 - critic/score/mean:0.125 - num_turns/mean:np.float64(5.5) - "
+        "timing_s/step:195.1\n"
+        f"{prefix}INFO: saving checkpoint\n"
+        f"{prefix}step:2 - critic/score/mean:0.0 - training/rollout_probs_diff_mean:0.0073\n"
+        f"{prefix}step:2 - critic/score/mean:0.25 - training/rollout_probs_diff_mean:0.0084\n")
+    first = step_metrics(log.read_text())[0]
+    assert first == {"step": 1.0, "actor/pg_loss": 0.039, "critic/score/mean": 0.125, "num_turns/mean": 5.5,
+                     "timing_s/step": 195.1}
+    assert reward_curve(log) == [0.125, 0.25] and reward_curve(tmp_path / "missing.log") == []
