@@ -9,8 +9,8 @@ the same command a user with 8 GPUs runs (`agentic-retriever loop --config ...`)
 With ``--verl`` (in ``.venv-verl``: verl 0.9.1 and vLLM's CPU build, `make verl-setup`) the agent step of both
 iterations is verl's own trainer instead of the embedded stand-in (`VERL_ON_CPU`: ``stand_in`` off, the run launched
 by the loop on the CPU platform of `agentic_retriever.loop.verl.cpu`, one FSDP rank, GRPO in place of PPO, whose
-critic verl cannot load without flash-attention); the second iteration's verl run starts from the first one's
-checkpoint (the paper config's ``agent_init: previous``).
+critic verl cannot load without flash-attention, and ``agent_init: previous`` so that the second iteration's verl
+run starts from the first one's checkpoint).
 
 What it makes first, in the paper's formats and at the paths the config names (relative to ``--out``):
 - ``data/wiki-18.jsonl``: a few hundred passages of the embedded corpus in Search-R1's wiki-18 form
@@ -48,9 +48,12 @@ PAPER_CONFIG = ROOT / "configs" / "agentic_r_loop.yaml"
 #: The loop's verl section with ``--verl``: verl's own trainer on the CPU in place of the stand-in, one Ray GPU label
 #: (one FSDP rank and one vLLM CPU server: a second rank would double the run's memory on a 2-core machine).
 #: The algorithm is GRPO, not the paper's PPO: verl 0.9.1 loads PPO's critic with flash-attention 2 hard-coded, which
-#: has no CPU build (docs/verl.md, "verl on CPUs"); everything else of the agent step is the paper config's.
-VERL_ON_CPU = {"loop": {"verl": {"stand_in": False, "launch": True, "device": "cpu", "n_gpus_per_node": 1,
-                                 "launcher": "{python}", "poll_seconds": 10, "timeout_seconds": 5400}},
+#: has no CPU build (docs/verl.md, "verl on CPUs"). Agent_2 continues Agent_1 (``agent_init: previous``; the paper
+#: config restarts from the base model), so that the second verl run starts from the first one's checkpoint, the
+#: path of every run with ``previous``; everything else of the agent step is the paper config's.
+VERL_ON_CPU = {"loop": {"agent_init": "previous",
+                        "verl": {"stand_in": False, "launch": True, "device": "cpu", "n_gpus_per_node": 1,
+                                 "poll_seconds": 10, "timeout_seconds": 5400}},
                "agent_train": {"algorithm": "grpo", "samples_per_prompt": 2, "mini_batch_size": 8}}
 #: Questions per role and passages in the corpus.
 TRAIN_QUESTIONS, DEV_QUESTIONS, WARM_QUESTIONS, CORPUS_PASSAGES = 32, 16, 96, 400

@@ -27,10 +27,19 @@ import yaml
 
 from ..jsonl import atomic_write
 
-__all__ = ["ServiceSpec", "StepServices", "check_devices", "concatenate", "device_env", "log_tail",
-           "run_on_devices", "service_specs", "write_section"]
+__all__ = ["PYTHON", "ServiceSpec", "StepServices", "check_devices", "command_words", "concatenate", "device_env",
+           "log_tail", "run_on_devices", "service_specs", "write_section"]
 
 _GPU_LIST = re.compile(r"^\d+(,\d+)*$")
+#: The word in a configured command (a service, the retriever launcher, verl's launcher) that stands for the loop's
+#: own interpreter, so that ``{python} -m torch.distributed.run`` runs the torch of the loop's environment whatever
+#: PATH holds (an unactivated venv's ``torchrun`` or ``vllm`` is another interpreter's, or none).
+PYTHON = "{python}"
+
+
+def command_words(command: str) -> list[str]:
+    """`command` split like a shell, each `PYTHON` word replaced by this interpreter (``sys.executable``)."""
+    return [sys.executable if word == PYTHON else word for word in shlex.split(command)]
 #: Lines of a failed process's log quoted in the error.
 _TAIL_LINES = 20
 
@@ -205,7 +214,7 @@ class StepServices:
         log_path = self.log_dir / f"{spec.name}.log"
         print(f"starting service {spec.name} for {', '.join(spec.steps)}: {spec.command} (log {log_path})",
               flush=True)
-        command = [sys.executable if part == "{python}" else part for part in shlex.split(spec.command)]
+        command = command_words(spec.command)
         process = _start(command, spec.devices, log_path)
         self.running[spec.name] = process
         started = time.monotonic()

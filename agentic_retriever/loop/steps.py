@@ -27,7 +27,7 @@ from typing import Any
 from ..client import RetrievalConfig
 from ..jsonl import iter_jsonl, read_json
 from .config import LoopJob
-from .processes import concatenate, run_on_devices, write_section
+from .processes import command_words, concatenate, run_on_devices, write_section
 
 __all__ = ["build_index_step", "evaluate_iteration", "mine_rows", "roll_out", "train_agent", "train_retriever_step"]
 
@@ -169,7 +169,7 @@ def _launch_retriever_training(job: LoopJob, config) -> Path:
     if not job.config_file:
         raise ValueError("loop.retriever_launcher runs `retriever train --config FILE` in new processes: start the "
                          "loop from a config file (agentic-retriever loop --config FILE)")
-    command = [*shlex.split(job.loop.retriever_launcher), "-m", "agentic_retriever.cli", "retriever", "train",
+    command = [*command_words(job.loop.retriever_launcher), "-m", "agentic_retriever.cli", "retriever", "train",
                "--config", job.config_file, "--data", config.data, "--corpus", config.corpus, "--out", config.out,
                "--encoder.model", config.encoder.model]
     print(f"retriever training: {shlex.join(command)}", flush=True)

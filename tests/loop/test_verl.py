@@ -72,7 +72,7 @@ def _compose(overrides: list[str]):
 
 def test_overrides_compose_with_verls_own_ppo_trainer_config(run):
     overrides = (run.out_dir / "overrides.txt").read_text().splitlines()
-    assert run.command[-len(overrides):] == overrides and run.command[:3] == ["python3", "-m", "verl.trainer.main_ppo"]
+    assert run.command[-len(overrides):] == overrides and run.command[:3] == [sys.executable, "-m", "verl.trainer.main_ppo"]
     config = _compose(overrides)
     actor = config.actor_rollout_ref.actor
     assert (actor.optim.lr, config.critic.optim.lr) == (3e-6, 2e-5)

@@ -196,7 +196,7 @@ def test_verls_own_entry_point_reads_the_paper_runs_command_as_the_v1_trainer_wi
     pytest.importorskip("ray", reason="ray is not installed (the dev extra has it: verl's package imports it)")
     run, _ = paper
     python, *command = run.command
-    assert python == "python3" and command[:2] == ["-m", "verl.trainer.main_ppo"]
+    assert python == sys.executable and command[:2] == ["-m", "verl.trainer.main_ppo"]  # {python}: the loop's own
     printed = subprocess.run([sys.executable, *command, "--cfg", "job"], capture_output=True, text=True, timeout=300,
                              cwd=run.out_dir)
     assert printed.returncode == 0, printed.stderr[-2000:]
@@ -212,3 +212,16 @@ def test_every_agent_of_the_paper_loop_starts_from_the_base_model():
     loop = build_config(LoopConfig, "loop", None, str(CONFIGS / "agentic_r_loop.yaml"))
     rl = build_config(RLConfig, "agent_train", None, str(CONFIGS / "agentic_r_loop.yaml"))
     assert loop.agent_init == "initial" and rl.agent.model == "Qwen/Qwen2.5-7B"
+
+
+def test_the_paper_configs_commands_run_with_the_loops_own_interpreter(monkeypatch):
+    """torchrun, the 72B scorer's vLLM server and verl's launcher as `{python} -m ...`: with an unactivated venv, PATH's
+    `torchrun` or `vllm` belongs to another interpreter or to none."""
+    from agentic_retriever.loop.processes import command_words, service_specs
+
+    monkeypatch.setattr(sys, "executable", "/opt/loop-venv/bin/python")
+    loop = build_config(LoopConfig, "loop", None, str(CONFIGS / "agentic_r_loop.yaml"))
+    (scorer,) = service_specs(loop.services, ["mining"])
+    assert command_words(loop.retriever_launcher)[:3] == ["/opt/loop-venv/bin/python", "-m", "torch.distributed.run"]
+    assert command_words(scorer.command)[:3] == ["/opt/loop-venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert command_words(loop.verl.launcher) == ["/opt/loop-venv/bin/python"]

@@ -35,6 +35,7 @@ from agentic_retriever.jsonl import atomic_write
 from .overrides import (AGENT_LOOP_FILE, AGENT_LOOP_NAME, TOOL_FILE, check_mappable, epochs_for_steps,
                         final_step, verl_overrides)
 from .search_tool import TOOL_NAME, search_tool_config
+from ..processes import command_words
 from .checkpoint import KILL_GRACE_SECONDS
 from .cpu import cpu_environment
 from .settings import VerlRun, VerlSettings
@@ -113,7 +114,7 @@ def launch_script(command: list[str], out_dir: Path, settings: VerlSettings) -> 
     coreutils' ``timeout`` (``settings.timeout_seconds``; SIGTERM, SIGKILL `KILL_GRACE_SECONDS` later; exit 124
     when the limit was reached; an INT, TERM or HUP of the script is passed on as TERM), and an EXIT trap removing
     the shared-memory segments the run left (`leftovers`)."""
-    python = shlex.split(settings.launcher)[0]
+    python = command_words(settings.launcher)[0]
     environment = cpu_environment(settings) if settings.device == "cpu" else {}
     exports = "".join(f"export {name}={shlex.quote(value)}"  # a list of modules keeps the caller's own after ours
                       + (f"${{{name}:+,${name}}}" if name == "VERL_USE_EXTERNAL_MODULES" else "") + "\n"
@@ -155,7 +156,7 @@ def prepare_verl_run(out_dir: str | os.PathLike, settings: VerlSettings, rl: RLC
     else:
         _write_text(out / TOOL_FILE, yaml.safe_dump(search_tool_config(service_url, rl.env.topk), sort_keys=False))
     _write_text(out / "overrides.txt", "\n".join(overrides) + "\n")
-    command = [*shlex.split(settings.launcher), "-m", "verl.trainer.main_ppo", *overrides]
+    command = [*command_words(settings.launcher), "-m", "verl.trainer.main_ppo", *overrides]
     _write_text(out / "launch.sh", launch_script(command, out, settings), executable=True)
     return VerlRun(out, command, out / "launch.sh", out / "verl.log", out / "checkpoints", final_step(settings, rl),
                    epochs_for_steps(len(train), rl.prompts_per_step, final_step(settings, rl)))

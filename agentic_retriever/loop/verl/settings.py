@@ -61,8 +61,9 @@ class VerlSettings:
     max_response_length: int = field(default=3072, metadata={
         "help": "token budget of the whole response, every turn and observation included (data.max_response_length; "
                 "per turn: agent_train.env.max_new_tokens_per_turn and observation_max_tokens)"})
-    launcher: str = field(default="python3", metadata={
-        "help": "the python executable or launcher prefix that runs `-m verl.trainer.main_ppo` (split like a shell)"})
+    launcher: str = field(default="{python}", metadata={
+        "help": "the python executable or launcher prefix that runs `-m verl.trainer.main_ppo` (split like a shell; "
+                "{python}: the loop's own interpreter)"})
     overrides: list[str] = field(default_factory=list, metadata={
         "help": "extra Hydra overrides, appended last (they win over the generated ones)"})
     launch: bool = field(default=False, metadata={
