@@ -59,6 +59,18 @@ def train_agent(job: LoopJob, init_model: str, service_url: str, out: Path) -> d
             "rewards": reward_curve(out / "metrics.jsonl")}
 
 
+def _checkpoint_disk(job: LoopJob, init_model: str, final_step: int) -> int | None:
+    """The most disk the verl run's checkpoints hold at once (`checkpoint_disk_bytes`), when the initial model is
+    a local folder."""
+    from .verl.checkpoint import checkpoint_disk_bytes, parameter_count, save_count
+
+    parameters, verl = parameter_count(init_model), job.loop.verl
+    if parameters is None:
+        return None
+    saves = save_count(final_step, verl.save_freq or job.agent_train.save_steps)
+    return checkpoint_disk_bytes(parameters, job.agent_train.uses_critic, saves, verl.keep_checkpoints)
+
+
 def train_agent_on_verl(job: LoopJob, init_model: str, service_url: str, out: Path) -> dict[str, Any]:
     """Step 1 on verl: write the run config and launch command, start it when ``verl.launch`` says so, and wait for
     its final checkpoint as a model folder (docs/verl.md). With ``verl.stand_in`` the run is written and validated by
@@ -76,6 +88,9 @@ def train_agent_on_verl(job: LoopJob, init_model: str, service_url: str, out: Pa
         return train_agent(job, init_model, service_url, out / "embedded") | {"verl_run": str(run.out_dir),
                                                                               "verl_validated": checked}
     print(f"verl run written to {run.out_dir}; launch it with: bash {run.launch_script}", flush=True)
+    disk = _checkpoint_disk(job, init_model, run.final_step)
+    print(f"verl's checkpoints will hold up to {disk / 1e9:,.1f} GB under {run.checkpoint_root} at once"
+          if disk is not None else f"verl's checkpoint size is unknown ({init_model} is not a local folder)", flush=True)
     process = start_verl_run(run) if job.loop.verl.launch else None
     if process is None:
         print("waiting for its checkpoint (run the command above; the loop picks the checkpoint up)", flush=True)

@@ -318,16 +318,15 @@ def test_the_retriever_step_runs_under_a_launcher_from_the_config_file(workdir, 
 
 def test_the_paper_loop_trains_the_retriever_under_torchrun_with_the_papers_4096_passages_a_step():
     """Appendix B: per-device batch 32 x 8 GPUs x 16 passages, in-batch and cross-device negatives."""
-    import shlex
-
     from agentic_retriever.config import build_config
+    from agentic_retriever.loop.processes import command_words
     from agentic_retriever.training.config import RetrieverTrainConfig
 
     path = str(Path(__file__).resolve().parents[2] / "configs" / "agentic_r_loop.yaml")
     loop, train = build_config(LoopConfig, "loop", None, path), build_config(RetrieverTrainConfig, "retriever_train",
                                                                              None, path)
-    launcher = shlex.split(loop.retriever_launcher)
-    assert launcher[0] == "torchrun" and launcher[launcher.index("--nproc_per_node") + 1] == "8"
+    launcher = command_words(loop.retriever_launcher)  # torchrun of the loop's own interpreter
+    assert launcher[1:3] == ["-m", "torch.distributed.run"] and launcher[launcher.index("--nproc_per_node") + 1] == "8"
     assert train.gather_across_devices and train.per_device_batch_size * 8 * (1 + train.num_negatives) == 4096
 
 

@@ -225,3 +225,33 @@ def test_the_paper_configs_commands_run_with_the_loops_own_interpreter(monkeypat
     assert command_words(loop.retriever_launcher)[:3] == ["/opt/loop-venv/bin/python", "-m", "torch.distributed.run"]
     assert command_words(scorer.command)[:3] == ["/opt/loop-venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
     assert command_words(loop.verl.launcher) == ["/opt/loop-venv/bin/python"]
+
+
+def test_the_paper_run_keeps_one_checkpoint_so_an_iteration_fits_on_disk(tmp_path):
+    """verl keeps every save unless told (max_*_ckpt_to_keep null): 10 saves of a 7B actor and critic, about 213 GB
+    each, would need 2.1 TB an iteration; keeping one holds two at most (the old one until the new is written)."""
+    from agentic_retriever.loop.verl.checkpoint import checkpoint_disk_bytes, save_count
+
+    run, config = _config_run(tmp_path, "agentic_r_loop.yaml", 1300)
+    assert config.trainer.max_actor_ckpt_to_keep == config.trainer.max_critic_ckpt_to_keep == 1
+    saves = save_count(run.final_step, config.trainer.save_freq)
+    assert saves == 10  # steps 50, 100, ..., 500
+    qwen_7b = 7_615_616_512
+    assert checkpoint_disk_bytes(qwen_7b, True, saves, keep=None) / 1e12 == pytest.approx(2.13, abs=0.01)
+    assert checkpoint_disk_bytes(qwen_7b, True, saves, keep=1) / 1e9 == pytest.approx(426.5, abs=0.5)
+
+
+def test_save_count_counts_verls_periodic_saves_and_the_last_step():
+    from agentic_retriever.loop.verl.checkpoint import save_count
+
+    assert [save_count(7, 3), save_count(6, 3), save_count(2, 50)] == [3, 2, 1]
+
+
+def test_parameter_count_reads_the_safetensors_headers(tiny_causal_lm_dir):
+    from transformers import AutoModelForCausalLM
+
+    from agentic_retriever.loop.verl.checkpoint import parameter_count
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_causal_lm_dir)
+    assert parameter_count(tiny_causal_lm_dir) == sum(p.numel() for p in model.parameters())
+    assert parameter_count("Qwen/Qwen2.5-7B") is None

@@ -231,6 +231,8 @@ def _run_overrides(settings: VerlSettings, rl: RLConfig, out_dir: Path, init_mod
         "trainer.total_training_steps": final_step(settings, rl),
         "trainer.total_epochs": epochs_for_steps(train_rows, rl.prompts_per_step, final_step(settings, rl)),
         "trainer.save_freq": settings.save_freq or rl.save_steps,
+        "trainer.max_actor_ckpt_to_keep": settings.keep_checkpoints,
+        "trainer.max_critic_ckpt_to_keep": settings.keep_checkpoints,
         "trainer.test_freq": settings.test_freq,
         "trainer.resume_mode": "auto",
         "trainer.project_name": "agentic_retriever",

@@ -37,6 +37,9 @@ class VerlSettings:
         "help": "PPO steps (trainer.total_training_steps; None: the agent step's RLConfig.steps)"})
     save_freq: int | None = field(default=None, metadata={
         "help": "checkpoint every N steps, and always on the last (trainer.save_freq; None: RLConfig.save_steps)"})
+    keep_checkpoints: int | None = field(default=None, metadata={
+        "help": "checkpoints verl keeps of the actor and of the critic (trainer.max_actor_ckpt_to_keep and "
+                "max_critic_ckpt_to_keep; the last one is the one the loop picks up; None: all, verl's default)"})
     test_freq: int = field(default=-1, metadata={"help": "validate every N steps (trainer.test_freq; -1: never)"})
     log_prob_micro_batch_size: int | None = field(default=None, metadata={
         "help": "sequences per log-prob forward pass (the rollout's old log-probs and the reference's), all GPUs "
@@ -101,7 +104,7 @@ class VerlSettings:
         for name in ("actor_warmup_ratio", "critic_warmup_ratio"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"VerlSettings.{name} must be in [0, 1), got {getattr(self, name)}")
-        for name in ("total_training_steps", "save_freq"):
+        for name in ("total_training_steps", "save_freq", "keep_checkpoints"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"VerlSettings.{name} must be None or at least 1 (the loop picks up the final "
                                  f"checkpoint), got {getattr(self, name)}")
