@@ -91,7 +91,7 @@ def train_agent_on_verl(job: LoopJob, init_model: str, service_url: str, out: Pa
     disk = _checkpoint_disk(job, init_model, run.final_step)
     print(f"verl's checkpoints will hold up to {disk / 1e9:,.1f} GB under {run.checkpoint_root} at once"
           if disk is not None else f"verl's checkpoint size is unknown ({init_model} is not a local folder)", flush=True)
-    process = start_verl_run(run) if job.loop.verl.launch else None
+    process = start_verl_run(run, job.loop.verl.replace_running) if job.loop.verl.launch else None
     if process is None:
         print("waiting for its checkpoint (run the command above; the loop picks the checkpoint up)", flush=True)
     model = wait_for_checkpoint(run, job.loop.verl, process)

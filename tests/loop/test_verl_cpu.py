@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from agent.rl.config import RLConfig
-from agentic_retriever.loop.verl import VerlSettings, prepare_verl_run, start_verl_run, wait_for_checkpoint
+from agentic_retriever.loop.verl import (VerlSettings, prepare_verl_run, start_verl_run, stop_verl_run,
+                                         wait_for_checkpoint)
 from agentic_retriever.loop.verl.cpu import PLATFORM_MODULE, cpu_environment
 from agentic_retriever.loop.verl.leftovers import leftovers, remove_leftovers
 
@@ -167,6 +168,13 @@ def test_a_run_past_its_wall_clock_limit_is_stopped_and_fails_the_wait_with_its_
     assert process.returncode == 124 and "weight sync..." in str(error.value)
 
 
+def _wait_for_log(run, text: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in (run.log_path.read_text() if run.log_path.exists() else ""):
+        assert time.monotonic() < deadline, run.log_path.read_text()
+        time.sleep(0.1)
+
+
 def test_an_interrupted_launch_passes_the_signal_on_to_verl(tmp_path):
     marker = tmp_path / "terminated"
     code = (f"import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: (open({str(marker)!r}, 'w'), "
@@ -174,10 +182,7 @@ def test_an_interrupted_launch_passes_the_signal_on_to_verl(tmp_path):
     settings = _cpu(launcher=f"{sys.executable} -c {shlex.quote(code)}")
     run = prepare_verl_run(tmp_path / "run", settings, _rl(), URL, "/models/agent", _qa(tmp_path / "qa.jsonl"))
     process = start_verl_run(run)
-    deadline = time.monotonic() + 60
-    while "training" not in (run.log_path.read_text() if run.log_path.exists() else ""):
-        assert time.monotonic() < deadline, run.log_path.read_text()
-        time.sleep(0.1)
+    _wait_for_log(run, "training")
     process.send_signal(2)  # SIGINT to the script, as a terminal's Ctrl-C
     assert process.wait(timeout=60) != 0 and marker.exists()
 
@@ -232,3 +237,24 @@ def test_verl_lingering_after_its_final_checkpoint_is_stopped_with_every_process
     while Path(f"/proc/{child}").exists() and "Z" not in Path(f"/proc/{child}/stat").read_text().split()[2]:
         assert time.monotonic() < deadline, "the process verl started outlived the wait"
         time.sleep(0.1)
+
+
+def test_a_rerun_refuses_a_verl_still_running_from_before_or_stops_it_on_request(tmp_path):
+    """A loop killed while verl ran leaves verl on its devices (its own session); the rerun must not start a second
+    verl on the same checkpoint folder beside it."""
+    linger = "import time; print('training', flush=True); time.sleep(600)"
+    settings = _cpu(launcher=f"{sys.executable} -c {shlex.quote(linger)}")
+    run = prepare_verl_run(tmp_path / "run", settings, _rl(), URL, "/models/agent", _qa(tmp_path / "qa.jsonl"))
+    started = [start_verl_run(run)]
+    try:
+        _wait_for_log(run, "training")  # verl is running (its launch just started, /proc shows it in mid-exec)
+        with pytest.raises(RuntimeError, match=f"still running this run from before \\(session {started[0].pid}"):
+            start_verl_run(run)
+        started.append(start_verl_run(run, replace_running=True))
+        assert started[0].wait(timeout=30) != 0 and started[1].poll() is None
+        stop_verl_run(started[1], grace_s=5)
+        started.append(start_verl_run(run))  # nothing of the run left running: starts
+        assert started[2].poll() is None
+    finally:
+        for process in started:
+            stop_verl_run(process, grace_s=1)

@@ -67,24 +67,68 @@ def save_count(final_step: int, save_freq: int) -> int:
     return len(set(range(save_freq, final_step + 1, save_freq)) | {final_step})
 
 
-def start_verl_run(run: VerlRun) -> subprocess.Popen:
-    """Start ``run.launch_script`` in its own process group, stdout and stderr appended to ``run.log_path``."""
-    with open(run.log_path, "ab") as log:
-        return subprocess.Popen(["bash", str(run.launch_script)], cwd=run.out_dir, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+PID_FILE = "verl.pid"  # the session of the run's launch.sh, written by start_verl_run
+
+
+def running_launch(run: VerlRun) -> int | None:
+    """The session id of a ``launch.sh`` of this run folder still running (from an earlier `start_verl_run`, e.g. of
+    a loop that was killed), else None."""
+    try:
+        session = int((run.out_dir / PID_FILE).read_text().strip())
+        command = Path(f"/proc/{session}/cmdline").read_bytes().split(b"\0")
+    except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
+        return None
+    return session if str(run.launch_script).encode() in command and _session_members(session) else None
+
+
+def start_verl_run(run: VerlRun, replace_running: bool = False) -> subprocess.Popen:
+    """Start ``run.launch_script`` in a session of its own, stdout and stderr appended to ``run.log_path``, its
+    session id in ``verl.pid``. A launch of this run still running from before is refused (two verls on one
+    checkpoint folder and on the same GPUs), or with `replace_running` stopped first."""
+    session = running_launch(run)
+    if session is not None and not replace_running:
+        raise RuntimeError(f"verl is still running this run from before (session {session}, {run.launch_script}); "
+                           f"stop it (kill -TERM -- -{session}) or set loop.verl.replace_running: true")
+    if session is not None:
+        log.warning("stopping the verl still running this run from before (session %s)", session)
+        _kill_session(session, EXIT_GRACE_SECONDS)
+    with open(run.log_path, "ab") as log_file:
+        process = subprocess.Popen(["bash", str(run.launch_script)], cwd=run.out_dir, stdout=log_file,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    (run.out_dir / PID_FILE).write_text(f"{process.pid}\n")
+    return process
 
 
 def _session_members(session: int) -> list[int]:
-    """The processes of `session` (what `start_verl_run` started, with everything it started that stayed)."""
+    """The live processes of `session` (what `start_verl_run` started, with everything it started that stayed);
+    zombies, which hold nothing and wait for their parent, are not counted."""
     members = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                if os.getsid(int(entry)) == session:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                if os.getsid(int(entry)) == session and stat[stat.rindex(")") + 2] != "Z":
                     members.append(int(entry))
-            except OSError:
+            except (OSError, ValueError):
                 continue
     return members
+
+
+def _kill_session(session: int, grace_s: float) -> None:
+    """SIGTERM to the session leader's group (``launch.sh`` passes it on to verl), then SIGKILL to every process
+    left in the session once the leader is gone or after `grace_s`."""
+    try:
+        os.killpg(session, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + grace_s
+    while session in _session_members(session) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in _session_members(session):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
 
 
 def stop_verl_run(process: subprocess.Popen, grace_s: float = EXIT_GRACE_SECONDS) -> None:
@@ -97,11 +141,7 @@ def stop_verl_run(process: subprocess.Popen, grace_s: float = EXIT_GRACE_SECONDS
             process.wait(timeout=grace_s)
         except (ProcessLookupError, subprocess.TimeoutExpired):
             pass
-    for pid in _session_members(process.pid):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            continue
+    _kill_session(process.pid, 0.0)
     process.wait()
 
 

@@ -71,6 +71,9 @@ class VerlSettings:
         "help": "extra Hydra overrides, appended last (they win over the generated ones)"})
     launch: bool = field(default=False, metadata={
         "help": "start launch.sh from the loop (log in verl.log); false: write it and wait for the user to run it"})
+    replace_running: bool = field(default=False, metadata={
+        "help": "a verl still running this run's launch.sh from before (a loop that was killed): false refuses to "
+                "start another, true stops it first"})
     stand_in: bool = field(default=False, metadata={
         "help": "a dry run of a cluster config on one machine: write the run and have verl compose and validate it "
                 "(validate_config at n_gpus_per_node x nnodes), then train this step with the embedded trainer on "
