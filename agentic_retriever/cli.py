@@ -376,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.captureWarnings(True)
     from .client import RetrievalServiceError
+    from .loop.processes import LoopSignal
 
     args = build_parser().parse_args(modernize(list(sys.argv[1:] if argv is None else argv)))
     command: Command = args.command_spec
@@ -387,6 +388,9 @@ def main(argv: list[str] | None = None) -> int:
         # network failures, a service's refusal
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except LoopSignal as stopped:  # the loop stopped every process it started; exit as the signal would have
+        print(f"{command.name}: {stopped}; every process it started was stopped", file=sys.stderr)
+        return stopped.exit_status
     return 0
 
 

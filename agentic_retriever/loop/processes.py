@@ -16,8 +16,10 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterable, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -27,8 +29,9 @@ import yaml
 
 from ..jsonl import atomic_write
 
-__all__ = ["PYTHON", "ServiceSpec", "StepServices", "check_devices", "command_words", "concatenate", "device_env",
-           "log_tail", "run_on_devices", "service_specs", "write_section"]
+__all__ = ["PYTHON", "LoopSignal", "ServiceSpec", "StepServices", "check_devices", "command_words", "concatenate",
+           "device_env", "kill_session", "log_tail", "run_on_devices", "service_specs", "session_members",
+           "signals_stop_children", "start_session", "stop_all", "stop_session", "write_section"]
 
 _GPU_LIST = re.compile(r"^\d+(,\d+)*$")
 #: The word in a configured command (a service, the retriever launcher, verl's launcher) that stands for the loop's
@@ -74,29 +77,101 @@ def log_tail(path: Path, lines: int = _TAIL_LINES) -> str:
     return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
 
 
-def _stop(process: subprocess.Popen, grace_s: float = 30.0) -> None:
-    """SIGTERM to the process's group (an engine's workers with it), SIGKILL after `grace_s`."""
-    if process.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+def session_members(session: int) -> list[int]:
+    """The live processes of `session` (a child started by `start_session`, with everything it started that stayed
+    in its session, whatever process group they moved to); zombies, which hold nothing, are not counted."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                if os.getsid(int(entry)) == session and stat[stat.rindex(")") + 2] != "Z":
+                    members.append(int(entry))
+            except (OSError, ValueError):
+                continue
+    return members
+
+
+def kill_session(session: int, grace_s: float) -> None:
+    """SIGTERM to the session leader's process group, then, once the leader is gone or after `grace_s`, SIGKILL to
+    every process left in the session: a leader that exited first, or workers in process groups of their own
+    (Ray's, vLLM's), are stopped all the same."""
+    try:
+        os.killpg(session, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + grace_s
+    while session in session_members(session) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in session_members(session):
         try:
-            os.killpg(process.pid, sig)
+            os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
             continue
 
 
-def _start(command: Sequence[str], device: str, log_path: Path) -> subprocess.Popen:
-    """`command` in its own process group (so stopping it stops its workers), on `device` ("": this process's
-    devices), appending to `log_path`."""
+#: Every child the loop started with `start_session` and has not stopped: what `stop_all` stops on a signal.
+_CHILDREN: set[subprocess.Popen] = set()
+
+
+def start_session(command: Sequence[str], log_path: Path, env: dict[str, str] | None = None,
+                  cwd: Path | None = None) -> subprocess.Popen:
+    """`command` in a session of its own (so that stopping it stops everything it starts), stdout and stderr
+    appended to `log_path`, registered until `stop_session`."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as handle:  # the child keeps its own descriptor
-        return subprocess.Popen(list(command), env=device_env(device) if device else None, stdout=handle,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(list(command), env=env, cwd=cwd, stdout=handle, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+    _CHILDREN.add(process)
+    return process
+
+
+def stop_session(process: subprocess.Popen, grace_s: float = 30.0) -> None:
+    """Stop a child of `start_session` and everything in its session (`kill_session`), even when the child itself
+    has already exited; reaps it."""
+    kill_session(process.pid, grace_s if process.poll() is None else 0.0)
+    process.wait()
+    _CHILDREN.discard(process)
+
+
+def stop_all(grace_s: float = 30.0) -> None:
+    """Stop every child the loop started and has not stopped (`stop_session`)."""
+    for process in list(_CHILDREN):
+        stop_session(process, grace_s)
+
+
+class LoopSignal(BaseException):
+    """SIGTERM, SIGINT or SIGHUP received by the loop, raised where it ran so that every step's cleanup runs (a
+    BaseException, as KeyboardInterrupt, so that no ``except Exception`` swallows it)."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"received {signal.Signals(signum).name}")
+        self.signum = signum
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + self.signum
+
+
+@contextmanager
+def signals_stop_children():
+    """While inside: SIGTERM, SIGINT and SIGHUP raise `LoopSignal` (the steps' ``finally`` blocks stop their
+    children); on the way out by a signal, every child still registered is stopped too. The handlers before are
+    restored. In a thread other than the main one (no signal handlers there) it only does the last part."""
+    def raise_signal(signum: int, frame: Any) -> None:
+        raise LoopSignal(signum)
+
+    names = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    main = threading.current_thread() is threading.main_thread()
+    before = {sig: signal.signal(sig, raise_signal) for sig in names} if main else {}
+    try:
+        yield
+    except LoopSignal:
+        stop_all()
+        raise
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 def run_on_devices(commands: Sequence[Sequence[str]], devices: Sequence[str], log_dir: Path, what: str,
@@ -114,13 +189,12 @@ def run_on_devices(commands: Sequence[Sequence[str]], devices: Sequence[str], lo
               f"(log {path})", flush=True)
     processes: list[subprocess.Popen] = []
     try:
-        for command, device, path in zip(commands, devices, logs):
-            processes.append(_start(command, device, path))  # one by one: a failed start stops those started
+        for command, device, path in zip(commands, devices, logs):  # one by one: a failed start stops those started
+            processes.append(start_session(command, path, device_env(device) if device else None))
         codes = [process.wait() for process in processes]
-    except BaseException:
-        for process in processes:
-            _stop(process)
-        raise
+    finally:
+        for process in processes:  # what each left in its session (or all of it, on an error or a signal)
+            stop_session(process)
     failed = [k for k, code in enumerate(codes) if code != 0]
     if failed:
         detail = "\n".join(f"--- {what} {numbers[k]} exited with status {codes[k]} ({logs[k]}):\n"
@@ -215,12 +289,12 @@ class StepServices:
         print(f"starting service {spec.name} for {', '.join(spec.steps)}: {spec.command} (log {log_path})",
               flush=True)
         command = command_words(spec.command)
-        process = _start(command, spec.devices, log_path)
+        process = start_session(command, log_path, device_env(spec.devices) if spec.devices else None)
         self.running[spec.name] = process
         started = time.monotonic()
         while True:
             if process.poll() is not None:
-                del self.running[spec.name]
+                self._stop(spec.name)  # its workers may live on in their own groups
                 raise RuntimeError(f"service {spec.name} exited with status {process.returncode} before "
                                    f"{spec.health_url} answered ({log_path}):\n{log_tail(log_path)}")
             try:
@@ -237,6 +311,6 @@ class StepServices:
 
     def _stop(self, name: str) -> None:
         process = self.running.pop(name)
-        _stop(process)
+        stop_session(process)
         print(f"stopped service {name} (status {process.returncode})", flush=True)
 

@@ -26,7 +26,7 @@ from ..qa_sources import qa_set_sha256
 from . import steps
 from .config import STEPS, LoopJob
 from .manifest import LoopManifest, LoopManifestError, StepRecord
-from .processes import StepServices, service_specs
+from .processes import StepServices, service_specs, signals_stop_children
 from .report import write_report
 from .service import LoopService
 from .splits import check_splits
@@ -231,7 +231,9 @@ def run_loop(job: LoopJob, from_iteration: int | None = None, from_step: str | N
     state = _Loop(job)
     if from_step is not None:
         state.manifest.force(from_iteration, from_step)
-    with StepServices(service_specs(loop.services, STEPS), state.folder / "services") as services:
+    # a scheduler's SIGTERM, a hang-up or Ctrl-C stops every process the loop started (servers, shards, verl)
+    specs = service_specs(loop.services, STEPS)
+    with signals_stop_children(), StepServices(specs, state.folder / "services") as services:
         state.services = services
         state.inputs()
         with LoopService(loop.service, loop.base_index) as service:

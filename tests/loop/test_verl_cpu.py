@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from agent.rl.config import RLConfig
-from agentic_retriever.loop.verl import (VerlSettings, prepare_verl_run, start_verl_run, stop_verl_run,
-                                         wait_for_checkpoint)
+from agentic_retriever.loop.processes import stop_session
+from agentic_retriever.loop.verl import VerlSettings, prepare_verl_run, start_verl_run, wait_for_checkpoint
 from agentic_retriever.loop.verl.cpu import PLATFORM_MODULE, cpu_environment
 from agentic_retriever.loop.verl.leftovers import leftovers, remove_leftovers
 
@@ -252,9 +252,9 @@ def test_a_rerun_refuses_a_verl_still_running_from_before_or_stops_it_on_request
             start_verl_run(run)
         started.append(start_verl_run(run, replace_running=True))
         assert started[0].wait(timeout=30) != 0 and started[1].poll() is None
-        stop_verl_run(started[1], grace_s=5)
+        stop_session(started[1], grace_s=5)
         started.append(start_verl_run(run))  # nothing of the run left running: starts
         assert started[2].poll() is None
     finally:
         for process in started:
-            stop_verl_run(process, grace_s=1)
+            stop_session(process, grace_s=1)

@@ -22,14 +22,14 @@ tool-calling models, ``agent_loop: tool_agent`` runs verl's hermes tool loop wit
 * `agent_loop`: `DialectAgentLoop`, verl's ``AgentLoopBase`` over our environment (imports verl: not imported here);
 * `search_tool`: `SearchTool`, the native verl tool of the ``tool_agent`` loop, and its config;
 * `checkpoint`: starting a run (`start_verl_run`), picking up its final checkpoint (`wait_for_checkpoint`) and
-  stopping every process of it (`stop_verl_run`);
+  stopping every process of it (`agentic_retriever.loop.processes.stop_session`);
 * `cpu`, `cpu_platform`: verl on CPUs (``device: cpu``): the environment and overrides a CPU run's ``launch.sh``
   carries, and the ``cpu`` platform plugin verl loads through them (imports verl: not imported here);
 * `leftovers`: the shared-memory segments a run leaves, removed by its ``launch.sh`` on exit;
 * `console`: verl's console metrics read back from a run's log (the step's reward curve in the loop's report).
 """
 
-from .checkpoint import finished_checkpoint, start_verl_run, stop_verl_run, wait_for_checkpoint
+from .checkpoint import finished_checkpoint, start_verl_run, wait_for_checkpoint
 from .overrides import AGENT_LOOP_NAME, REWARD_FILE, epochs_for_steps, per_gpu_micro_batches, verl_overrides
 from .run_folder import agent_loop_config, prepare_verl_run, split_heldout, write_verl_parquet
 from .search_tool import SearchTool, search_tool_config
@@ -37,5 +37,5 @@ from .settings import VerlRun, VerlSettings
 
 __all__ = ["AGENT_LOOP_NAME", "REWARD_FILE", "SearchTool", "VerlRun", "VerlSettings", "agent_loop_config",
            "epochs_for_steps", "finished_checkpoint", "per_gpu_micro_batches", "prepare_verl_run",
-           "search_tool_config", "split_heldout", "start_verl_run", "stop_verl_run", "verl_overrides", "write_verl_parquet",
+           "search_tool_config", "split_heldout", "start_verl_run", "verl_overrides", "write_verl_parquet",
            "wait_for_checkpoint"]

@@ -10,13 +10,11 @@ the final step and for the folder to hold a config and weights.
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import subprocess
 import time
 from pathlib import Path
 
-from ..processes import log_tail
+from ..processes import kill_session, log_tail, session_members, start_session, stop_session
 from .settings import VerlRun, VerlSettings
 
 log = logging.getLogger(__name__)
@@ -78,7 +76,7 @@ def running_launch(run: VerlRun) -> int | None:
         command = Path(f"/proc/{session}/cmdline").read_bytes().split(b"\0")
     except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
         return None
-    return session if str(run.launch_script).encode() in command and _session_members(session) else None
+    return session if str(run.launch_script).encode() in command and session_members(session) else None
 
 
 def start_verl_run(run: VerlRun, replace_running: bool = False) -> subprocess.Popen:
@@ -91,58 +89,10 @@ def start_verl_run(run: VerlRun, replace_running: bool = False) -> subprocess.Po
                            f"stop it (kill -TERM -- -{session}) or set loop.verl.replace_running: true")
     if session is not None:
         log.warning("stopping the verl still running this run from before (session %s)", session)
-        _kill_session(session, EXIT_GRACE_SECONDS)
-    with open(run.log_path, "ab") as log_file:
-        process = subprocess.Popen(["bash", str(run.launch_script)], cwd=run.out_dir, stdout=log_file,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
+        kill_session(session, EXIT_GRACE_SECONDS)
+    process = start_session(["bash", str(run.launch_script)], run.log_path, cwd=run.out_dir)
     (run.out_dir / PID_FILE).write_text(f"{process.pid}\n")
     return process
-
-
-def _session_members(session: int) -> list[int]:
-    """The live processes of `session` (what `start_verl_run` started, with everything it started that stayed);
-    zombies, which hold nothing and wait for their parent, are not counted."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-                if os.getsid(int(entry)) == session and stat[stat.rindex(")") + 2] != "Z":
-                    members.append(int(entry))
-            except (OSError, ValueError):
-                continue
-    return members
-
-
-def _kill_session(session: int, grace_s: float) -> None:
-    """SIGTERM to the session leader's group (``launch.sh`` passes it on to verl), then SIGKILL to every process
-    left in the session once the leader is gone or after `grace_s`."""
-    try:
-        os.killpg(session, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    deadline = time.monotonic() + grace_s
-    while session in _session_members(session) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    for pid in _session_members(session):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            continue
-
-
-def stop_verl_run(process: subprocess.Popen, grace_s: float = EXIT_GRACE_SECONDS) -> None:
-    """Stop a run of `start_verl_run`: SIGTERM to ``launch.sh`` (it passes it on to verl, whose shutdown removes its
-    Ray workers), then, after `grace_s` or at once when it has exited, SIGKILL to every process left in its
-    session. Nothing the run started outlives this call, whichever way the run ended."""
-    if process.poll() is None:
-        try:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(timeout=grace_s)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            pass
-    _kill_session(process.pid, 0.0)
-    process.wait()
 
 
 def finished_checkpoint(run: VerlRun) -> Path | None:
@@ -171,7 +121,7 @@ def wait_for_checkpoint(run: VerlRun, settings: VerlSettings, process: subproces
     With the `process` of `start_verl_run`: a non-zero exit fails at once with the log's tail (status 124: the
     launch's wall-clock limit stopped it); an exit 0 without the checkpoint fails too; after the checkpoint, verl
     gets `exit_grace_s` to exit (the next step needs its devices); and however the wait ends (an error, an
-    interrupt), `stop_verl_run` leaves no process of the run behind.
+    interrupt), `stop_session` leaves no process of the run behind (its session: Ray, vLLM and the workers).
     """
     # a launched run stops itself at its limit (launch.sh): its exit, with the log, is the better error to give
     deadline = time.monotonic() + settings.timeout_seconds + (KILL_GRACE_SECONDS + 60 if process is not None else 0)
@@ -198,5 +148,5 @@ def wait_for_checkpoint(run: VerlRun, settings: VerlSettings, process: subproces
                             process.returncode, folder, run.log_path)
     finally:
         if process is not None:
-            stop_verl_run(process, exit_grace_s)
+            stop_session(process, exit_grace_s)
     return folder
