@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -221,6 +222,7 @@ def _train(algorithm: str, out: Path) -> dict:
     from vllm_check import _service, prepare
 
     work = out / algorithm
+    shutil.rmtree(work, ignore_errors=True)  # verl resumes from a checkpoint it finds: each check starts afresh
     record_dir = work / "recorded"
     os.environ.update({"VERL_CHECK_RECORD_DIR": str(record_dir), "VERL_USE_EXTERNAL_MODULES": "verl_check_recorder",
                        "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))})
@@ -280,6 +282,7 @@ def step_pickup(out: Path) -> dict:
 
     runs = [json.loads(path.read_text()) for path in (out / "step_ppo.json", out / "step_grpo.json") if path.is_file()]
     folder = next(run["checkpoint"] for run in runs if run.get("checkpoint"))
+    (out / "pickup.jsonl").unlink(missing_ok=True)  # agent rollout completes a file it finds: start afresh
     with _service(out / "data") as url:
         done = subprocess.run([sys.executable, "-m", "agentic_retriever.cli", "agent", "rollout",
                                "--qa", str(out / "data" / "qa.jsonl"), "--agent.model", folder,
