@@ -62,7 +62,7 @@ def train_agent(job: LoopJob, init_model: str, service_url: str, out: Path) -> d
 def _checkpoint_disk(job: LoopJob, init_model: str, final_step: int) -> int | None:
     """The most disk the verl run's checkpoints hold at once (`checkpoint_disk_bytes`), when the initial model is
     a local folder."""
-    from .verl.checkpoint import checkpoint_disk_bytes, parameter_count, save_count
+    from .verl.disk import checkpoint_disk_bytes, parameter_count, save_count
 
     parameters, verl = parameter_count(init_model), job.loop.verl
     if parameters is None:

@@ -230,7 +230,7 @@ def test_the_paper_configs_commands_run_with_the_loops_own_interpreter(monkeypat
 def test_the_paper_run_keeps_one_checkpoint_so_an_iteration_fits_on_disk(tmp_path):
     """verl keeps every save unless told (max_*_ckpt_to_keep null): 10 saves of a 7B actor and critic, about 213 GB
     each, would need 2.1 TB an iteration; keeping one holds two at most (the old one until the new is written)."""
-    from agentic_retriever.loop.verl.checkpoint import checkpoint_disk_bytes, save_count
+    from agentic_retriever.loop.verl.disk import checkpoint_disk_bytes, save_count
 
     run, config = _config_run(tmp_path, "agentic_r_loop.yaml", 1300)
     assert config.trainer.max_actor_ckpt_to_keep == config.trainer.max_critic_ckpt_to_keep == 1
@@ -242,7 +242,7 @@ def test_the_paper_run_keeps_one_checkpoint_so_an_iteration_fits_on_disk(tmp_pat
 
 
 def test_save_count_counts_verls_periodic_saves_and_the_last_step():
-    from agentic_retriever.loop.verl.checkpoint import save_count
+    from agentic_retriever.loop.verl.disk import save_count
 
     assert [save_count(7, 3), save_count(6, 3), save_count(2, 50)] == [3, 2, 1]
 
@@ -250,7 +250,7 @@ def test_save_count_counts_verls_periodic_saves_and_the_last_step():
 def test_parameter_count_reads_the_safetensors_headers(tiny_causal_lm_dir):
     from transformers import AutoModelForCausalLM
 
-    from agentic_retriever.loop.verl.checkpoint import parameter_count
+    from agentic_retriever.loop.verl.disk import parameter_count
 
     model = AutoModelForCausalLM.from_pretrained(tiny_causal_lm_dir)
     assert parameter_count(tiny_causal_lm_dir) == sum(p.numel() for p in model.parameters())

@@ -26,6 +26,7 @@ tool-calling models, ``agent_loop: tool_agent`` runs verl's hermes tool loop wit
 * `cpu`, `cpu_platform`: verl on CPUs (``device: cpu``): the environment and overrides a CPU run's ``launch.sh``
   carries, and the ``cpu`` platform plugin verl loads through them (imports verl: not imported here);
 * `leftovers`: the shared-memory segments a run leaves, removed by its ``launch.sh`` on exit;
+* `disk`: the disk a run's checkpoints take, printed before launch;
 * `console`: verl's console metrics read back from a run's log (the step's reward curve in the loop's report).
 """
 

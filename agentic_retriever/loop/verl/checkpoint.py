@@ -14,6 +14,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from ...jsonl import atomic_write
 from ..processes import kill_session, log_tail, session_members, start_session, stop_session
 from .settings import VerlRun, VerlSettings
 
@@ -25,44 +26,6 @@ EXIT_GRACE_SECONDS = 300.0
 TIMED_OUT = 124  # coreutils timeout's status: launch.sh's wall-clock limit stopped verl
 #: Seconds verl gets between the wall-clock limit's SIGTERM and launch.sh's SIGKILL (coreutils timeout's -k).
 KILL_GRACE_SECONDS = 120
-
-
-#: Bytes a parameter takes in one verl save (FSDP, full precision): the model's shards (fp32, 4), AdamW's two
-#: moments (8) and, for the actor, the Hugging Face export (fp32, 4). Measured by `make verl-check`: 134.5M
-#: parameters saved 538 MB + 1,076 MB + 542 MB (benchmarks/RESULTS.md, "verl for real on the CPU").
-ACTOR_SAVE_BYTES_PER_PARAMETER = 16
-CRITIC_SAVE_BYTES_PER_PARAMETER = 12
-
-
-def parameter_count(model: str) -> int | None:
-    """The parameters of a local model folder, from its safetensors headers (no weights read); None for a hub name
-    or a folder without safetensors."""
-    files = sorted(Path(model).glob("*.safetensors")) if Path(model).is_dir() else []
-    if not files:
-        return None
-    from safetensors import safe_open
-
-    total = 0
-    for file in files:
-        with safe_open(str(file), "pt") as handle:
-            for name in handle.keys():
-                count = 1
-                for size in handle.get_slice(name).get_shape():
-                    count *= size
-                total += count
-    return total
-
-
-def checkpoint_disk_bytes(parameters: int, uses_critic: bool, saves: int, keep: int | None) -> int:
-    """The most disk verl's checkpoints of one run hold at once: `saves` saves of the actor (and the critic), of
-    which verl keeps `keep` (None: all) and holds one more while a new save is written."""
-    per_save = parameters * (ACTOR_SAVE_BYTES_PER_PARAMETER + (CRITIC_SAVE_BYTES_PER_PARAMETER if uses_critic else 0))
-    return per_save * (saves if keep is None else min(saves, keep + 1))
-
-
-def save_count(final_step: int, save_freq: int) -> int:
-    """How many times verl saves in a run: every `save_freq` steps and at the last step."""
-    return len(set(range(save_freq, final_step + 1, save_freq)) | {final_step})
 
 
 PID_FILE = "verl.pid"  # the session of the run's launch.sh, written by start_verl_run
@@ -91,7 +54,8 @@ def start_verl_run(run: VerlRun, replace_running: bool = False) -> subprocess.Po
         log.warning("stopping the verl still running this run from before (session %s)", session)
         kill_session(session, EXIT_GRACE_SECONDS)
     process = start_session(["bash", str(run.launch_script)], run.log_path, cwd=run.out_dir)
-    (run.out_dir / PID_FILE).write_text(f"{process.pid}\n")
+    with atomic_write(run.out_dir / PID_FILE) as handle:
+        handle.write(f"{process.pid}\n")
     return process
 
 
