@@ -354,3 +354,24 @@ def add_rl_bench_arguments(parser: argparse.ArgumentParser, *, name: str, config
     parser.add_argument("--threads", type=int, help="torch threads per run (default: the cores shared among the runs)")
     parser.add_argument("--work", default=str(REPO_ROOT / "runs" / "quickstart" / name))
     parser.add_argument("--figures", default=str(REPO_ROOT / "benchmarks" / "figures"))
+
+
+def run_check_step(script: str, name: str, out: Path, timeout_s: float) -> dict:
+    """Step `name` of a check script (`vllm_check.py`, `verl_check.py`) in its own process, run as
+    ``python SCRIPT --out OUT --step NAME``, which writes ``OUT/step_NAME.json``; a hung step is killed at
+    `timeout_s`. Its output goes to ``OUT/step_NAME.log``; a failure comes back as ``{"ok": False, "error": ...}``
+    with the last lines, and every result with its ``seconds``."""
+    started = time.perf_counter()
+    try:
+        done = subprocess.run([sys.executable, script, "--out", str(out), "--step", name], capture_output=True,
+                              text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "error": f"timed out after {timeout_s} s", "seconds": timeout_s}
+    (out / f"step_{name}.log").write_text(done.stdout + done.stderr, encoding="utf-8")
+    seconds = round(time.perf_counter() - started, 1)
+    result_file = out / f"step_{name}.json"
+    if done.returncode != 0 or not result_file.is_file():
+        tail = "\n".join((done.stdout + done.stderr).splitlines()[-15:])
+        return {"ok": False, "error": f"exit {done.returncode}: {tail}", "seconds": seconds}
+    return json.loads(result_file.read_text()) | {"seconds": seconds}
+

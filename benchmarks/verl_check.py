@@ -38,7 +38,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import cpu_model, usable_cores
+from _common import cpu_model, run_check_step, usable_cores
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -297,23 +297,6 @@ def step_pickup(out: Path) -> dict:
             "first": "".join(turn["text"] for turn in rows[0]["turns"])[:300] if rows else ""}
 
 
-def run_step(name: str, out: Path) -> dict:
-    """Step `name` in its own process; a hung step is killed at its timeout."""
-    started = time.perf_counter()
-    try:
-        done = subprocess.run([sys.executable, __file__, "--out", str(out), "--step", name], capture_output=True,
-                              text=True, timeout=STEPS[name])
-    except subprocess.TimeoutExpired:
-        return {"ok": False, "error": f"timed out after {STEPS[name]} s", "seconds": STEPS[name]}
-    (out / f"step_{name}.log").write_text(done.stdout + done.stderr, encoding="utf-8")
-    seconds = round(time.perf_counter() - started, 1)
-    result_file = out / f"step_{name}.json"
-    if done.returncode != 0 or not result_file.is_file():
-        tail = "\n".join((done.stdout + done.stderr).splitlines()[-15:])
-        return {"ok": False, "error": f"exit {done.returncode}: {tail}", "seconds": seconds}
-    return json.loads(result_file.read_text()) | {"seconds": seconds}
-
-
 def markdown(results: dict) -> str:
     lines = [f"verl {results['verl']} with vLLM {results['vllm']} on {results['machine']}; agent {results['agent']}",
              "", "| step | ok | seconds | figures |", "|---|---|---|---|"]
@@ -354,7 +337,7 @@ def main() -> None:
         if name == "agent" and args.agent:
             continue
         print(f"step {name} ...", flush=True)
-        results["steps"][name] = run_step(name, out)
+        results["steps"][name] = run_check_step(__file__, name, out, STEPS[name])
         print(json.dumps(results["steps"][name]), flush=True)
     (out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
     (out / "results.md").write_text(markdown(results), encoding="utf-8")

@@ -23,12 +23,11 @@ import json
 import os
 import re
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from _common import cpu_model, free_port, usable_cores
+from _common import cpu_model, free_port, run_check_step, usable_cores
 
 STEPS = {"a": 900, "b": 900, "c": 900, "d": 1200}  # seconds each step may take
 QUESTIONS = 6
@@ -217,23 +216,6 @@ def step_d(out: Path) -> dict:
             "top_k_applied": sorted(set(re.findall(r"top_k=(-?[0-9]+)", logged))), "rows": result.stats["rows"]}
 
 
-def run_step(name: str, out: Path) -> dict:
-    """Step `name` in its own process (vLLM's engine core spawns; a hung step is killed at its timeout)."""
-    started = time.perf_counter()
-    try:
-        done = subprocess.run([sys.executable, __file__, "--out", str(out), "--step", name], capture_output=True,
-                              text=True, timeout=STEPS[name])
-    except subprocess.TimeoutExpired:
-        return {"ok": False, "error": f"timed out after {STEPS[name]} s", "seconds": STEPS[name]}
-    (out / f"step_{name}.log").write_text(done.stdout + done.stderr, encoding="utf-8")
-    seconds = round(time.perf_counter() - started, 1)
-    result_file = out / f"step_{name}.json"
-    if done.returncode != 0 or not result_file.is_file():
-        tail = "\n".join((done.stdout + done.stderr).splitlines()[-15:])
-        return {"ok": False, "error": f"exit {done.returncode}: {tail}", "seconds": seconds}
-    return json.loads(result_file.read_text()) | {"seconds": seconds}
-
-
 def markdown(results: dict) -> str:
     lines = [f"vLLM {results['vllm']} on {results['machine']}, SmolLM2-135M-Instruct (fp32 on both backends in a, bf16 "
              "on vLLM elsewhere)", "", "| step | ok | figures | seconds |", "|---|---|---|---|"]
@@ -266,7 +248,7 @@ def main() -> None:
                "steps": json.loads(earlier.read_text())["steps"] if earlier.is_file() else {}}  # --steps redoes some
     for name in args.steps:
         print(f"step {name} ...", flush=True)
-        results["steps"][name] = run_step(name, out)
+        results["steps"][name] = run_check_step(__file__, name, out, STEPS[name])
         print(json.dumps(results["steps"][name]), flush=True)
     (out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
     (out / "results.md").write_text(markdown(results), encoding="utf-8")
