@@ -43,6 +43,8 @@ PYTHON = "{python}"
 def command_words(command: str) -> list[str]:
     """`command` split like a shell, each `PYTHON` word replaced by this interpreter (``sys.executable``)."""
     return [sys.executable if word == PYTHON else word for word in shlex.split(command)]
+
+
 #: Lines of a failed process's log quoted in the error.
 _TAIL_LINES = 20
 

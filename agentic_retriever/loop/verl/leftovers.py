@@ -47,8 +47,8 @@ def files_in_use(proc: Path = Path("/proc")) -> set[str]:
                 except OSError:
                     continue
             with open(pid / "maps", encoding="utf-8", errors="replace") as maps:
-                used.update(line.split(maxsplit=5)[5].strip() for line in maps if line.count(" ") >= 5
-                            and len(line.split(maxsplit=5)) == 6)
+                fields = (line.split(maxsplit=5) for line in maps)  # the sixth field, when there is one, is the path
+                used.update(field[5].strip() for field in fields if len(field) == 6)
         except OSError:  # the process ended, or is not ours to read
             continue
     return {path.removesuffix(" (deleted)") for path in used}
