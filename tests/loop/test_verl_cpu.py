@@ -70,11 +70,13 @@ tensor = torch.ones(4)
 print(json.dumps({"registered": PlatformRegistry.get("cpu").__module__, "platform": type(get_platform()).__name__,
                   "device": get_device_name(), "backend": get_nccl_backend(),
                   "group": torch.distributed.get_backend(), "world": torch.distributed.get_world_size(),
-                  "memory": 0 < free <= total, "pinned_is_itself": tensor.pin_memory() is tensor}))
+                  "memory": 0 < free <= total,
+                  # host memory is the only memory without an accelerator; with one, torch pins as always
+                  "pin_memory": (tensor.pin_memory() is tensor) == (not torch.accelerator.is_available())}))
 """
     found = _in_verl_process(code, **cpu_environment(_cpu()))
     assert found == {"registered": PLATFORM_MODULE, "platform": "PlatformCPU", "device": "cpu", "backend": "gloo",
-                     "group": "cpu:gloo", "world": 1, "memory": True, "pinned_is_itself": True}
+                     "group": "cpu:gloo", "world": 1, "memory": True, "pin_memory": True}
 
 
 def test_a_process_without_the_cpu_environment_never_registers_the_cpu_platform():
