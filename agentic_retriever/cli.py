@@ -84,8 +84,9 @@ def _index_search(config) -> None:
 def _index_serve(config) -> None:
     from .server import serve
 
-    index = _open_index(config.retrieval, "index serve", **({"gpu": config.gpu} if config.gpu != "auto" else {}))
-    serve(index, host=config.host, port=config.port, batching=config.batching,
+    index_gpu = config.gpu if config.gpu != "auto" else None
+    index = _open_index(config.retrieval, "index serve", gpu=index_gpu)
+    serve(index, index_gpu=index_gpu, host=config.host, port=config.port, batching=config.batching,
           max_batch_queries=config.max_batch_queries, max_wait_ms=config.max_wait_ms,
           max_queries_per_request=config.max_queries_per_request, max_query_chars=config.max_query_chars,
           request_timeout_s=config.request_timeout_s, admin_token=config.admin_token or None,

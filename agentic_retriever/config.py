@@ -211,7 +211,22 @@ def _apply(obj, values: dict, where: str) -> None:
         elif key == "precision" and isinstance(value, str):
             setattr(obj, key, normalize_precision(value, f"{where}.{key}"))
         else:
-            setattr(obj, key, value)
+            setattr(obj, key, _checked_choice(type(obj), key, value, f"{where}.{key}"))
+
+
+def _checked_choice(cls: type, name: str, value, where: str):
+    """`value` for a field of `cls`, checked against the choices of a ``Literal`` field: YAML 1.1 reads a bare
+    ``on`` / ``off`` as a boolean, which becomes the word again where the choices have it; any other value outside
+    the choices is an error naming the field."""
+    hint, optional = _unwrap_optional(typing.get_type_hints(cls)[name])
+    if typing.get_origin(hint) is not Literal or (optional and value is None):
+        return value
+    choices = typing.get_args(hint)
+    if isinstance(value, bool) and {"on", "off"} <= set(choices):
+        value = "on" if value else "off"
+    if value not in choices:
+        raise ValueError(f"{where}: {value!r} is not one of {', '.join(map(str, choices))}")
+    return value
 
 
 def load_config_file(path: str | Path, extra_sections: tuple[str, ...] = ()) -> dict:

@@ -130,11 +130,12 @@ def _complete_manifest(index_dir: str) -> IndexManifest | None:
 
 
 def open_index(index_dir: str | Path, encoder: EncoderConfig | Encoder | None = None, corpus: str | None = None,
-               corpus_cache: str | None = None, **overrides) -> SearchIndex:
+               corpus_cache: str | None = None, gpu: str | None = None, **overrides) -> SearchIndex:
     """Open a built index, from any working directory. The encoder and corpus default to the ones in its
     manifest (found relative to the index folder; see `IndexManifest`); passing others that differ from the
-    build's raises IndexMismatchError. `overrides` change search-time parameters (ef_search, nprobe, gpu, mmap
-    for dense; threads for bm25)."""
+    build's raises IndexMismatchError. `gpu` (auto, on, off; None: as the build's manifest says) places a dense
+    index in host memory or sharded over the visible GPUs; a BM25 index is searched on the host whatever it says.
+    `overrides` change other search-time parameters (ef_search, nprobe, mmap for dense; threads for bm25)."""
     manifest = IndexManifest.load(index_dir)
     corpus_file = corpus or manifest.require_path("corpus_path", index_dir, (
         "Put the corpus file back at one of those paths, open the index with its corpus given "
@@ -147,7 +148,7 @@ def open_index(index_dir: str | Path, encoder: EncoderConfig | Encoder | None = 
         return BM25Index(index_dir, manifest, corpus_obj, overrides)
     if not isinstance(encoder, Encoder):
         encoder = Encoder(encoder) if encoder is not None else _manifest_encoder(manifest, index_dir)
-    return DenseIndex(index_dir, manifest, corpus_obj, encoder, overrides)
+    return DenseIndex(index_dir, manifest, corpus_obj, encoder, {**overrides, **({"gpu": gpu} if gpu else {})})
 
 
 def _manifest_encoder(manifest: IndexManifest, index_dir: str | Path) -> Encoder:

@@ -34,6 +34,11 @@ class SearchResult:
 class SearchIndex(abc.ABC):
     """Base of the dense and sparse indexes. Subclasses implement `search_rows` only."""
 
+    #: where the index is searched: ``cpu`` (host memory), or the GPUs a dense index was sharded over
+    device: str = "cpu"
+    #: where queries are encoded (a dense index's encoder device); None for an index without an encoder
+    query_device: str | None = None
+
     def __init__(self, manifest: IndexManifest, corpus: Corpus, index_dir: str | Path | None = None,
                  positions_are_rows: bool = False):
         """`index_dir`'s data folder (`IndexManifest.data_folder`) holds ``rows.npy`` when passages were left out of

@@ -263,6 +263,7 @@ class DenseIndex(SearchIndex):
         faiss = import_faiss()
         manifest.check_encoder(encoder.settings.fingerprint, encoder.settings.model)
         self.encoder = encoder
+        self.query_device = str(encoder.model.device)
         self.params = DenseParams(**{**manifest.params, **(overrides or {})})
         flags = faiss.IO_FLAG_MMAP if self.params.mmap else 0
         self.index = faiss.read_index(str(manifest.data_folder(index_dir) / FAISS_FILE), flags)

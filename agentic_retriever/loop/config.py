@@ -34,6 +34,18 @@ class LoopServiceConfig:
                 "fresh random token)"})
     host: str = field(default="127.0.0.1", metadata={"help": "address of a served-here service"})
     port: int = field(default=0, metadata={"help": "port of a served-here service (0: a free one)"})
+    index_gpu: Literal["auto", "on", "off"] = field(default="auto", metadata={
+        "help": "where the loop's process searches each iteration's dense index (a served-here service, for the "
+                "whole loop, and step 6's retrieval metrics): off: host memory (every step's GPUs stay free of "
+                "it); on: sharded in fp16 over every visible GPU (faiss-gpu; "
+                "an error without it); auto: as each index's build recorded (index_build.dense.gpu). The query "
+                "encoder stays on the index's encoder device (cuda:0 when a GPU is visible). docs/loop.md, "
+                "\"The GPU plan\""})
+
+    @property
+    def open_gpu(self) -> str | None:
+        """`open_index`'s ``gpu`` for every index the loop opens in its own process (None: as built)."""
+        return None if self.index_gpu == "auto" else self.index_gpu
 
 
 @dataclass

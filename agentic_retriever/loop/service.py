@@ -8,7 +8,6 @@ iteration's index with ``POST /admin/swap-index`` instead of a restart.
 
 from __future__ import annotations
 
-import logging
 import os
 import secrets
 from pathlib import Path
@@ -19,8 +18,6 @@ from ..client import RetrievalServiceError
 from .config import LoopServiceConfig
 
 __all__ = ["LoopService"]
-
-log = logging.getLogger(__name__)
 
 
 class LoopService:
@@ -44,10 +41,13 @@ class LoopService:
         from ..index import open_index
         from ..server import ServerThread, create_app
 
-        app = create_app(open_index(self.first_index), admin_token=self.token)
+        index = open_index(self.first_index, gpu=self.settings.open_gpu)
+        app = create_app(index, admin_token=self.token, index_gpu=self.settings.open_gpu)
         self._thread = ServerThread(app, host=self.settings.host, port=self.settings.port)
         self.url = self._thread.start()
-        log.info("retrieval service for the loop on %s/retrieve, serving %s", self.url, self.first_index)
+        print(f"retrieval service for the loop on {self.url}/retrieve, serving {self.first_index}: index searched on "
+              f"{index.device}, queries encoded on {index.query_device or 'no encoder'} (loop.service.index_gpu "
+              f"{self.settings.index_gpu})", flush=True)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -79,5 +79,6 @@ class LoopService:
         answer = swap_index(self.url, wanted, self.token)
         self.swaps.append({"index": wanted, "generation": answer.get("generation"), "load_s": answer.get("load_s")})
         print(f"retrieval service now serves {wanted} (generation {answer.get('generation')}, "
-              f"loaded in {answer.get('load_s', 0):.1f} s)", flush=True)
+              f"loaded in {answer.get('load_s', 0):.1f} s, searched on {answer['new'].get('search_device')})",
+              flush=True)
         return answer

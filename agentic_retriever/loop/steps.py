@@ -220,7 +220,7 @@ def _retrieval(job: LoopJob, index_dir: str) -> dict[str, Any]:
     from ..index import open_index
 
     settings = job.loop.eval
-    index = open_index(index_dir)
+    index = open_index(index_dir, gpu=job.loop.service.open_gpu)  # placed as the service places its own
     leaf, leaf_by = _judged(settings.leaf_qa)
     composed = (composition_questions(leaf, "parent_or_self", settings.multihop_qa)
                 if index.composition != "query" else None)

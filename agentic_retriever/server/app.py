@@ -104,7 +104,7 @@ def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: fl
                request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S,
                admin_token: str | None = None,
                max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-               max_batch_ms: float = DEFAULT_MAX_BATCH_MS) -> ServiceApp:
+               max_batch_ms: float = DEFAULT_MAX_BATCH_MS, index_gpu: str | None = None) -> ServiceApp:
     """The FastAPI application serving `index` (see the `agentic_retriever.server` docstring for the API).
 
     `max_batch_queries` bounds one batch, and so the chunks a big request is searched in; `max_batch_ms` > 0 bounds
@@ -121,7 +121,8 @@ def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: fl
     `admin_token` (None or empty: ``$AGENTIC_RETRIEVER_ADMIN_TOKEN``; that empty too: admin endpoints off, 403)
     guards ``POST /admin/swap-index`` (`auth`). A swap opens the new folder in a worker thread while `index`
     keeps serving, then serves it to the requests arriving from then on; a second swap while one is loading gets
-    a 409 (`slot`).
+    a 409 (`slot`); it places the new index as `index_gpu` says (auto, on, off; None: as the folder's build
+    recorded), so give the placement `index` was opened with.
     """
     for name, value in (("max_batch_queries", max_batch_queries), ("max_queries_per_request", max_queries_per_request),
                         ("max_query_chars", max_query_chars), ("max_request_bytes", max_request_bytes)):
@@ -133,7 +134,7 @@ def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: fl
     if request_timeout_s is not None and request_timeout_s < 0:
         raise ValueError(f"request_timeout_s must be >= 0 (0: no limit), got {request_timeout_s}")
     timeout_s = request_timeout_s or None
-    slot = IndexSlot(index)
+    slot = IndexSlot(index, index_gpu)
     batcher = _Batcher(slot, max_batch_queries, max_wait_ms / 1000.0, batching, timeout_s, max_batch_ms / 1000.0)
     token = resolve_admin_token(admin_token)
     started = time.time()
@@ -239,7 +240,9 @@ def _describe(index: SearchIndex) -> str:
     model = (m.encoder or {}).get("model")
     where = getattr(index, "index_dir", None)
     return (f"{m.backend}/{m.index_type} index{f' at {where}' if where else ''}: {len(index)} passages from "
-            f"{m.corpus_path}" + (f", encoder {model!r} (dim {m.dim}, composition {index.composition})" if model else ""))
+            f"{m.corpus_path}, searched on {index.device}"
+            + (f", encoder {model!r} on {index.query_device} (dim {m.dim}, composition {index.composition})"
+               if model else ""))
 
 
 def serve(index: SearchIndex, host: str = "127.0.0.1", port: int = 8000, max_batch_queries: int = 256,
@@ -248,7 +251,7 @@ def serve(index: SearchIndex, host: str = "127.0.0.1", port: int = 8000, max_bat
           max_query_chars: int = DEFAULT_MAX_QUERY_CHARS,
           request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S, admin_token: str | None = None,
           max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, max_batch_ms: float = DEFAULT_MAX_BATCH_MS,
-          access_log: bool = False) -> None:
+          access_log: bool = False, index_gpu: str | None = None) -> None:
     """Serve `index` with uvicorn until interrupted (one process: the index lives in its memory; an admin
     token, given or from ``$AGENTIC_RETRIEVER_ADMIN_TOKEN``, turns on ``POST /admin/swap-index``). `access_log`:
     uvicorn's line per request (its formatting and write were 2.8% of the server's samples under 64 one-query
@@ -258,7 +261,7 @@ def serve(index: SearchIndex, host: str = "127.0.0.1", port: int = 8000, max_bat
     app = create_app(index, max_batch_queries=max_batch_queries, max_wait_ms=max_wait_ms, batching=batching,
                      max_queries_per_request=max_queries_per_request, max_query_chars=max_query_chars,
                      request_timeout_s=request_timeout_s, admin_token=admin_token,
-                     max_request_bytes=max_request_bytes, max_batch_ms=max_batch_ms)
+                     max_request_bytes=max_request_bytes, max_batch_ms=max_batch_ms, index_gpu=index_gpu)
     log.info("serving %s", _describe(index))
     log.info("retrieval service on http://%s:%d/retrieve (health: /health); micro-batching %s; limits: %d bytes "
              "per request body, %d queries per request, %d characters per query, %s per request", host, port,

@@ -1,7 +1,8 @@
 """The index a running service searches, and swapping it for another folder without a restart.
 
 `IndexSlot.current` is the `ServedIndex` that new requests pin when they arrive (the batcher keeps that pin for
-every chunk of the request). `IndexSlot.swap` opens the new folder with `open_index` in a worker thread while
+every chunk of the request). `IndexSlot.swap` opens the new folder with `open_index` in a worker thread (with the
+service's own index placement, `index_gpu`, not the one the new folder's build recorded) while
 the current index keeps serving, then replaces the reference in one assignment on the event loop: requests that
 arrived before it finish on the old index, later ones use the new one, and the old index is freed when the last
 request pinning it is answered. A second swap while one is loading is refused (409), not queued: the caller
@@ -47,6 +48,8 @@ class ServedIndex:
             "composition": self.index.composition,
             "index_size": len(self.index),
             "dim": m.dim,
+            "search_device": self.index.device,        # host memory, or the GPUs the vectors are sharded over
+            "query_device": self.index.query_device,   # where queries are encoded (None: no encoder)
         }
 
 
@@ -59,10 +62,13 @@ class SwapRefused(Exception):
 
 
 class IndexSlot:
-    """Holds the served index; `swap` replaces it atomically (see the module docstring)."""
+    """Holds the served index; `swap` replaces it atomically (see the module docstring). `index_gpu` (auto, on,
+    off; None: as each folder's build recorded) is where every index a swap opens is searched (`open_index`'s
+    `gpu`), so a service started with its index in host memory keeps it there across swaps."""
 
-    def __init__(self, index: SearchIndex):
+    def __init__(self, index: SearchIndex, index_gpu: str | None = None):
         self.current = ServedIndex(index, 0, index.index_dir)
+        self.index_gpu = index_gpu
         self._loading: str | None = None
 
     @property
@@ -84,7 +90,7 @@ class IndexSlot:
         self._loading = folder
         started = time.perf_counter()
         try:
-            index = await asyncio.to_thread(open_index, folder)
+            index = await asyncio.to_thread(open_index, folder, gpu=self.index_gpu)
         except Exception as error:
             raise SwapRefused(422, f"index folder {folder} could not be opened ({type(error).__name__}: {error}); "
                                    f"the service keeps serving generation {self.current.generation} "

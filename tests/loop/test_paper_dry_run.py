@@ -57,7 +57,7 @@ SIZES = {"loop.eval.agent_questions", "index_build.encoder.batch_size", "agent_t
          "retriever_train.save_steps", "loop.verl.log_prob_micro_batch_size", "loop.verl.critic_micro_batch_size",
          "loop.verl.val_questions"}
 DEVICES = {"loop.rollout_devices", "loop.mining_devices", "loop.retriever_launcher", "index_build.encoder.devices",
-           "loop.verl.n_gpus_per_node", "loop.verl.stand_in"}
+           "loop.verl.n_gpus_per_node", "loop.verl.stand_in", "loop.service.index_gpu"}
 
 
 def test_the_override_set_swaps_models_sizes_and_devices_only():
@@ -86,6 +86,7 @@ def test_the_merged_config_is_read_by_every_section_of_the_loop(tmp_path, monkey
     assert "{" + "python}" not in text and sys.executable in text and "/models/smollm2" in text
     loop = build_config(command("loop").config_class(), "loop", None, str(path))
     assert loop.mining_devices == loop.rollout_devices == ["cpu", "cpu"] and loop.verl.stand_in
+    assert loop.service.index_gpu == "off"  # the paper config's "on" needs faiss-gpu and GPUs
     (scorer,) = loop.services.values()
     mine = build_config(command("mine_run").config_class(), "mine_run", None, str(path))
     assert scorer["steps"] == ["mining"] and mine.scorer.base_url.startswith(scorer["health_url"].removesuffix("/health"))

@@ -16,7 +16,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from agentic_retriever.client import RetrievalServiceError
+from agentic_retriever.encoder import EncoderConfig
 from agentic_retriever.index import IndexBuildConfig, build_index, open_index
+from agentic_retriever.index.dense import DenseParams
 from agentic_retriever.server import (
     ADMIN_TOKEN_ENV, GENERATION_HEADER, ServerThread, create_app, swap_index,
 )
@@ -225,10 +227,10 @@ def test_a_second_swap_while_one_is_loading_gets_409_and_the_old_index_serves_me
                                                                                         monkeypatch):
     loading, release = threading.Event(), threading.Event()
 
-    def slow_open(folder):
+    def slow_open(folder, **placement):
         loading.set()
         assert release.wait(60), "the test never released the load"
-        return open_index(folder)
+        return open_index(folder, **placement)
 
     monkeypatch.setattr(slot_module, "open_index", slow_open)
     result = {}
@@ -292,3 +294,44 @@ def test_swap_index_raises_the_servers_message_on_refusal(folders, tmp_path):
     assert answer["generation"] == 1 and answer["new"]["index_size"] == 14
     with pytest.raises(RetrievalServiceError, match="could not be reached"):
         swap_index(url, folders["B"], TOKEN, timeout_s=5)
+
+
+# ------------------------------------------------------------------------------------------- placement
+
+
+@pytest.fixture(scope="module")
+def recorded_on_gpus(dense, tmp_path_factory) -> str:
+    """A dense index whose build recorded ``dense.gpu: on`` (sharded over the GPUs when opened as built)."""
+    out = tmp_path_factory.mktemp("placement") / "on-gpus"
+    build_index(IndexBuildConfig(corpus=dense.manifest.corpus_path, out=str(out),
+                                 encoder=EncoderConfig(precision="fp32"), dense=DenseParams(gpu="on")))
+    return str(out)
+
+
+def test_a_swap_places_the_new_index_where_the_service_keeps_its_index_not_where_its_build_said(folders,
+                                                                                                   recorded_on_gpus):
+    """A service started with its index in host memory (``index_gpu="off"``) keeps every swapped-in index there,
+    whatever the folder's build recorded; /health says where the index is searched and queries are encoded."""
+    with TestClient(create_app(open_index(folders["A"], gpu="off"), admin_token=TOKEN, index_gpu="off")) as client:
+        before = client.get("/health").json()
+        response = _swap(client, recorded_on_gpus)
+        after = client.get("/health").json()
+    assert before["search_device"] == "cpu" and before["query_device"] is None  # BM25: no encoder
+    assert response.status_code == 200, response.text
+    assert after["search_device"] == "cpu" and after["query_device"] == str(open_index(recorded_on_gpus, gpu="off")
+                                                                            .encoder.model.device)
+
+
+def test_without_a_service_placement_a_swap_opens_the_index_as_its_build_recorded(folders, recorded_on_gpus):
+    """``index_gpu`` None: the folder's own ``gpu: on`` holds, so FAISS without GPUs refuses the swap by name (and
+    with faiss-gpu on a GPU host, the index is sharded over the GPUs)."""
+    import faiss
+
+    with TestClient(create_app(open_index(folders["A"]), admin_token=TOKEN)) as client:
+        response = _swap(client, recorded_on_gpus)
+        health = client.get("/health").json()
+    if getattr(faiss, "get_num_gpus", lambda: 0)() == 0:
+        assert response.status_code == 422 and "gpu=on but FAISS sees no GPU" in response.json()["detail"]
+        assert health["generation"] == 0 and health["index_dir"] == folders["A"]
+    else:
+        assert response.status_code == 200 and "GPU" in health["search_device"]
