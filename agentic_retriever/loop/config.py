@@ -32,7 +32,9 @@ class LoopServiceConfig:
     admin_token_env: str = field(default="AGENTIC_RETRIEVER_ADMIN_TOKEN", metadata={
         "help": "environment variable holding the admin token of the service at url (a served-here service gets a "
                 "fresh random token)"})
-    host: str = field(default="127.0.0.1", metadata={"help": "address of a served-here service"})
+    host: str = field(default="127.0.0.1", metadata={
+        "help": "address a served-here service binds; under loop.placement ray one the other nodes reach (0.0.0.0: "
+                "every interface, the URL handed out being this node's address)"})
     port: int = field(default=0, metadata={"help": "port of a served-here service (0: a free one)"})
     index_gpu: Literal["auto", "on", "off"] = field(default="auto", metadata={
         "help": "where the loop's process searches each iteration's dense index (a served-here service, for the "
@@ -46,6 +48,29 @@ class LoopServiceConfig:
     def open_gpu(self) -> str | None:
         """`open_index`'s ``gpu`` for every index the loop opens in its own process (None: as built)."""
         return None if self.index_gpu == "auto" else self.index_gpu
+
+
+@dataclass
+class LoopRayConfig:
+    """``loop.placement: ray``: the shards of steps 2, 3 and 6 and the step servers as Ray actors over a running
+    cluster (docs/loop.md, "The GPU plan", N nodes)."""
+
+    address: str = field(default="auto", metadata={
+        "help": "the Ray cluster to join (ray.init's address): auto: the one this node belongs to (`ray start` here, "
+                "or $RAY_ADDRESS); or HOST:PORT of its head"})
+    rollout_shards: int = field(default=0, metadata={
+        "help": "agent rollout processes of steps 2 and 6 (0: the cluster's free GPUs // gpus_per_shard when the "
+                "step starts)"})
+    mining_shards: int = field(default=0, metadata={
+        "help": "mine run processes of step 3 (0: the free GPUs // gpus_per_shard once the step's servers are up)"})
+    gpus_per_shard: float = field(default=1.0, metadata={
+        "help": "GPUs each rollout or mining shard asks Ray for (its vLLM engine's; 0: CPU shards, counts given)"})
+    cpus_per_process: float = field(default=1.0, metadata={"help": "CPUs each shard or server asks Ray for"})
+
+    def __post_init__(self):
+        for name in ("rollout_shards", "mining_shards", "gpus_per_shard", "cpus_per_process"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"loop.ray.{name} must be >= 0, got {getattr(self, name)}")
 
 
 @dataclass
@@ -101,6 +126,11 @@ class LoopConfig:
     mining_devices: list[str] = field(default_factory=list, metadata={
         "help": "step 3 as one `mine run --shard i/n` process per entry (as rollout_devices), all searching the "
                 "loop's service, merged into the step's folder (mine merge); empty: in this process"})
+    placement: Literal["local", "ray"] = field(default="local", metadata={
+        "help": "local: shards and servers on this node, on the devices rollout_devices, mining_devices and each "
+                "service's devices name; ray: as Ray actors anywhere in the cluster of loop.ray, each asking for "
+                "its GPUs (a service: as many as its devices list)"})
+    ray: LoopRayConfig = field(default_factory=LoopRayConfig)
     services: dict[str, Any] = field(default_factory=dict, metadata={
         "help": "servers some steps need, NAME -> {command, health_url, steps, devices, start_timeout_s}: started "
                 "(and awaited on health_url) before the first of their steps, stopped before any other step, so "
@@ -117,6 +147,10 @@ class LoopConfig:
         check_devices(self.rollout_devices, "loop.rollout_devices")
         check_devices(self.mining_devices, "loop.mining_devices")
         service_specs(self.services, STEPS)
+        if self.placement == "ray" and (self.rollout_devices or self.mining_devices):
+            raise ValueError("loop.placement ray: Ray places the shards, so loop.rollout_devices and "
+                             "loop.mining_devices stay empty; give their counts as loop.ray.rollout_shards and "
+                             "loop.ray.mining_shards (0: from the cluster's free GPUs)")
 
 
 @dataclass

@@ -260,14 +260,34 @@ def service_specs(services: dict[str, Any], steps: Sequence[str]) -> list[Servic
     return [ServiceSpec.from_mapping(name, value, steps) for name, value in services.items()]
 
 
+class _LocalServer:
+    """A step server started on this node (`start_session`) with the devices its spec names."""
+
+    address = None  # its URLs are reachable as configured
+
+    def __init__(self, spec: ServiceSpec, log_path: Path):
+        self.process = start_session(command_words(spec.command), log_path,
+                                     device_env(spec.devices) if spec.devices else None)
+
+    def poll(self) -> int | None:
+        return self.process.poll()
+
+    def stop(self) -> int | None:
+        stop_session(self.process)
+        return self.process.returncode
+
+
 class StepServices:
     """The servers of ``loop.services`` brought up and down around the steps: `before(step)` stops every running
     server that `step` does not name and starts (and waits for the health URL of) every one it does; leaving the
-    context stops them all. Each server logs to ``log_dir/NAME.log``."""
+    context stops them all. Each server logs to ``log_dir/NAME.log``. With `ray` (``loop.ray`` under
+    ``loop.placement: ray``) each runs as a Ray actor asking for as many GPUs as its ``devices`` list names, on
+    whichever node has them free (`ray_placement.RayServer`), and its loopback URLs point at that node
+    (`reachable`)."""
 
-    def __init__(self, specs: Sequence[ServiceSpec], log_dir: Path):
-        self.specs, self.log_dir = list(specs), Path(log_dir)
-        self.running: dict[str, subprocess.Popen] = {}
+    def __init__(self, specs: Sequence[ServiceSpec], log_dir: Path, ray: Any = None):
+        self.specs, self.log_dir, self.ray = list(specs), Path(log_dir), ray
+        self.running: dict[str, Any] = {}
 
     def __enter__(self) -> StepServices:
         return self
@@ -283,6 +303,18 @@ class StepServices:
             if step in spec.steps and spec.name not in self.running:
                 self._start(spec)
 
+    def reachable(self, url: str) -> str:
+        """`url` as the loop's processes reach it: a loopback URL on the port of a server Ray placed on another
+        node points at that node; any other URL as it is."""
+        from urllib.parse import urlsplit
+
+        for name, server in self.running.items():
+            if server.address and urlsplit(url).port == urlsplit(self._spec(name).health_url).port:
+                from .ray_placement import reachable_url
+
+                return reachable_url(url, server.address)
+        return url
+
     def _spec(self, name: str) -> ServiceSpec:
         return next(spec for spec in self.specs if spec.name == name)
 
@@ -290,29 +322,36 @@ class StepServices:
         log_path = self.log_dir / f"{spec.name}.log"
         print(f"starting service {spec.name} for {', '.join(spec.steps)}: {spec.command} (log {log_path})",
               flush=True)
-        command = command_words(spec.command)
-        process = start_session(command, log_path, device_env(spec.devices) if spec.devices else None)
-        self.running[spec.name] = process
         started = time.monotonic()
+        if self.ray is None:
+            server = _LocalServer(spec, log_path)
+        else:
+            from .ray_placement import RayServer
+
+            gpus = 0 if spec.devices in ("", "cpu") else len(spec.devices.split(","))
+            server = RayServer.start(command_words(spec.command), log_path, gpus, self.ray.cpus_per_process,
+                                     spec.start_timeout_s, f"service {spec.name}")
+            print(f"service {spec.name} placed by Ray on node {server.address}, GPUs {server.place['gpus'] or 'none'}",
+                  flush=True)
+        self.running[spec.name] = server
+        health_url = self.reachable(spec.health_url)
         while True:
-            if process.poll() is not None:
+            if (status := server.poll()) is not None:
                 self._stop(spec.name)  # its workers may live on in their own groups
-                raise RuntimeError(f"service {spec.name} exited with status {process.returncode} before "
-                                   f"{spec.health_url} answered ({log_path}):\n{log_tail(log_path)}")
+                raise RuntimeError(f"service {spec.name} exited with status {status} before "
+                                   f"{health_url} answered ({log_path}):\n{log_tail(log_path)}")
             try:
-                if httpx.get(spec.health_url, timeout=5.0).status_code == 200:
+                if httpx.get(health_url, timeout=5.0).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
             if time.monotonic() - started > spec.start_timeout_s:
                 self._stop(spec.name)
-                raise TimeoutError(f"service {spec.name}: {spec.health_url} did not answer 200 within "
+                raise TimeoutError(f"service {spec.name}: {health_url} did not answer 200 within "
                                    f"{spec.start_timeout_s:.0f} s ({log_path}):\n{log_tail(log_path)}")
             time.sleep(1.0)
-        print(f"service {spec.name} is up ({spec.health_url}, {time.monotonic() - started:.0f} s)", flush=True)
+        print(f"service {spec.name} is up ({health_url}, {time.monotonic() - started:.0f} s)", flush=True)
 
     def _stop(self, name: str) -> None:
-        process = self.running.pop(name)
-        stop_session(process)
-        print(f"stopped service {name} (status {process.returncode})", flush=True)
-
+        status = self.running.pop(name).stop()
+        print(f"stopped service {name} (status {status})", flush=True)

@@ -26,6 +26,7 @@ from ..qa_sources import qa_set_sha256
 from . import steps
 from .config import STEPS, LoopJob
 from .manifest import LoopManifest, LoopManifestError, StepRecord
+from .placement import connect_cluster
 from .processes import StepServices, service_specs, signals_stop_children
 from .report import write_report
 from .service import LoopService
@@ -184,7 +185,8 @@ class _Loop:
         mining = self.step(i, "mining", {
             "mine": _settings(job.mine, ("trajectories", "out", "retrieval", "agent.model")),
             "trajectories": rollouts.identity, "agent": agent.identity, "retriever": retriever_id},
-            lambda out: steps.mine_rows(job, rollouts.summary["trajectories"], model, url, out))
+            lambda out: steps.mine_rows(job, rollouts.summary["trajectories"], model, url, out,
+                                        reach=self.services.reachable if self.services else None))
         if i == 1 or loop.retriever_init == "initial":
             init_encoder, init_id = job.train.encoder.model, job.train.encoder.model
         else:
@@ -233,10 +235,12 @@ def run_loop(job: LoopJob, from_iteration: int | None = None, from_step: str | N
         state.manifest.force(from_iteration, from_step)
     # a scheduler's SIGTERM, a hang-up or Ctrl-C stops every process the loop started (servers, shards, verl)
     specs = service_specs(loop.services, STEPS)
-    with signals_stop_children(), StepServices(specs, state.folder / "services") as services:
+    connect_cluster(loop)
+    ray = loop.ray if loop.placement == "ray" else None
+    with signals_stop_children(), StepServices(specs, state.folder / "services", ray) as services:
         state.services = services
         state.inputs()
-        with LoopService(loop.service, loop.base_index) as service:
+        with LoopService(loop.service, loop.base_index, for_cluster=ray is not None) as service:
             for i in range(1, loop.iterations + 1):
                 state.iteration(i, service)
             swaps = service.swaps

@@ -19,13 +19,17 @@ from .config import LoopServiceConfig
 
 __all__ = ["LoopService"]
 
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
 
 class LoopService:
     """A served-here service (uvicorn thread on a loopback port, a fresh random admin token) when ``url`` is
     empty, else the service at ``url`` with the token in ``admin_token_env``."""
 
-    def __init__(self, settings: LoopServiceConfig, first_index: str):
-        self.settings, self.first_index = settings, first_index
+    def __init__(self, settings: LoopServiceConfig, first_index: str, for_cluster: bool = False):
+        """`for_cluster`: shards on other nodes search it (``loop.placement: ray``), so a served-here service binds
+        an address they reach and hands out this node's address, never a loopback one."""
+        self.settings, self.first_index, self.for_cluster = settings, first_index, for_cluster
         self.url = settings.url.rstrip("/").removesuffix("/retrieve")
         self._thread = None
         self.token = os.environ.get(settings.admin_token_env, "") if settings.url else secrets.token_urlsafe(32)
@@ -41,10 +45,18 @@ class LoopService:
         from ..index import open_index
         from ..server import ServerThread, create_app
 
+        if self.for_cluster and self.settings.host in _LOOPBACK:
+            raise ValueError(f"loop.placement ray: shards on other nodes cannot reach the loop's service at "
+                             f"loop.service.host {self.settings.host}; set it to 0.0.0.0 (every interface, the "
+                             "URL handed out is this node's address) or to an address of this node they reach")
         index = open_index(self.first_index, gpu=self.settings.open_gpu)
         app = create_app(index, admin_token=self.token, index_gpu=self.settings.open_gpu)
         self._thread = ServerThread(app, host=self.settings.host, port=self.settings.port)
         self.url = self._thread.start()
+        if self.for_cluster and self.settings.host == "0.0.0.0":
+            from .ray_placement import node_address
+
+            self.url = f"http://{node_address()}:{self._thread.port}"
         print(f"retrieval service for the loop on {self.url}/retrieve, serving {self.first_index}: index searched on "
               f"{index.device}, queries encoded on {index.query_device or 'no encoder'} (loop.service.index_gpu "
               f"{self.settings.index_gpu})", flush=True)

@@ -27,7 +27,8 @@ from typing import Any
 from ..client import RetrievalConfig
 from ..jsonl import iter_jsonl, read_json
 from .config import LoopJob
-from .processes import command_words, concatenate, run_on_devices, write_section
+from .placement import run_shards, shard_count
+from .processes import command_words, concatenate, write_section
 
 __all__ = ["build_index_step", "evaluate_iteration", "mine_rows", "roll_out", "train_agent", "train_retriever_step"]
 
@@ -104,31 +105,29 @@ def roll_out(job: LoopJob, agent_model: str, service_url: str, out: Path) -> dic
     config = dataclasses.replace(job.rollout, qa=job.loop.mining_qa, out=str(out / "trajectories.jsonl"),
                                  retrieval=RetrievalConfig(url=service_url), limit=None,
                                  agent=with_model(job.rollout.agent, agent_model))
-    questions = _run_rollouts(job, config, out, "rollout")
-    return {"trajectories": config.out, "questions": questions} | (
-        {"processes": len(job.loop.rollout_devices)} if job.loop.rollout_devices else {})
+    questions, processes = _run_rollouts(job, config, out, "rollout")
+    return {"trajectories": config.out, "questions": questions} | ({"processes": processes} if processes else {})
 
 
-def _run_rollouts(job: LoopJob, config, folder: Path, label: str) -> int:
-    """`agent rollout` with `config` in this process, or as one ``--shard i/n`` process per entry of
-    ``loop.rollout_devices`` (each on its devices, searching the service of ``config.retrieval.url``) joined into
-    ``config.out`` in question order; the number of questions."""
+def _run_rollouts(job: LoopJob, config, folder: Path, label: str) -> tuple[int, int]:
+    """`agent rollout` with `config` in this process, or as ``--shard i/n`` processes (one per entry of
+    ``loop.rollout_devices``, or placed by Ray: `placement`), each searching the service of ``config.retrieval.url``,
+    joined into ``config.out`` in question order; the number of questions and of processes (0: this one)."""
     from agent.qa_data import read_qa_rows
     from agent.rollouts import run_rollout_job
 
-    devices = job.loop.rollout_devices
-    if not devices:
-        return run_rollout_job(config).questions
+    n = shard_count(job.loop, "rollout", folder, label)
+    if not n:
+        return run_rollout_job(config).questions, 0
     if not config.retrieval.url:
-        raise ValueError("loop.rollout_devices: the rollout processes search a retrieval service (each opening the "
-                         f"index {config.retrieval.index} would hold its own copy); give the step a service URL")
-    n = len(devices)
+        raise ValueError("rollout shards search a retrieval service (each opening the index "
+                         f"{config.retrieval.index} would hold its own copy); give the step a service URL")
     parts = [folder / "shards" / f"{label}.{i}-of-{n}.jsonl" for i in range(n)]
     settings = write_section(folder / f"{label}.agent_rollout.yaml", "agent_rollout", config)
-    run_on_devices([_cli("agent", "rollout", "--config", settings, "--shard", f"{i}/{n}", "--out", parts[i])
-                    for i in range(n)], devices, folder / "logs", label)
+    run_shards(job.loop, "rollout", [_cli("agent", "rollout", "--config", settings, "--shard", f"{i}/{n}", "--out",
+                                          parts[i]) for i in range(n)], range(n), folder / "logs", label)
     concatenate(parts, Path(config.out))
-    return len(read_qa_rows(config.qa)[: config.limit])
+    return len(read_qa_rows(config.qa)[: config.limit]), n
 
 
 def _cli(*args: Any) -> list[str]:
@@ -136,29 +135,34 @@ def _cli(*args: Any) -> list[str]:
     return [sys.executable, "-m", "agentic_retriever.cli", *map(str, args)]
 
 
-def mine_rows(job: LoopJob, trajectories: str, agent_model: str, service_url: str, out: Path) -> dict[str, Any]:
+def mine_rows(job: LoopJob, trajectories: str, agent_model: str, service_url: str, out: Path,
+              reach: Callable[[str], str] | None = None) -> dict[str, Any]:
     """Step 3: utility mining of Agent_i's trajectories; candidates and later GAC turns from the service. In this
-    process, or as one `mine run --shard i/n` process per entry of ``loop.mining_devices`` (each with its own agent
-    engine, all searching the one service), merged into `out` as `mine merge` does; a finished shard is kept."""
+    process, or as `mine run --shard i/n` processes (one per entry of ``loop.mining_devices``, or placed by Ray:
+    `placement`), each with its own agent engine, all searching the one service, merged into `out` as `mine merge`
+    does; a finished shard is kept. `reach` (the runner's `StepServices.reachable`) points the scorer's URL at the
+    node a step server runs on."""
     from ..mining.job import run_mine_job
     from ..mining.outputs import ROWS_FILE, STATS_FILE
     from ..mining.shards import merge_shards, shard_dir
 
-    config = dataclasses.replace(job.mine, trajectories=trajectories, out=str(out),
+    scorer = job.mine.scorer
+    if reach is not None and scorer.base_url:  # a scorer server Ray placed on another node
+        scorer = dataclasses.replace(scorer, base_url=reach(scorer.base_url))
+    config = dataclasses.replace(job.mine, trajectories=trajectories, out=str(out), scorer=scorer,
                                  retrieval=RetrievalConfig(url=service_url),
                                  agent=with_model(job.mine.agent, agent_model))
-    devices = job.loop.mining_devices
-    if not devices:
+    n = shard_count(job.loop, "mining", out)
+    if not n:
         result = run_mine_job(config)
     else:
-        n = len(devices)
         settings = write_section(out / "mine_run.yaml", "mine_run", config)
         todo = [i for i in range(n) if not all((shard_dir(out, (i, n)) / name).is_file()
                                                for name in (ROWS_FILE, STATS_FILE))]
         if len(todo) < n:
             print(f"mining: {n - len(todo)} of {n} shards finished earlier", flush=True)
-        run_on_devices([_cli("mine", "run", "--config", settings, "--shard", f"{i}/{n}") for i in todo],
-                       [devices[i] for i in todo], out / "logs", "mining", numbers=todo)
+        run_shards(job.loop, "mining", [_cli("mine", "run", "--config", settings, "--shard", f"{i}/{n}")
+                                        for i in todo], todo, out / "logs", "mining")
         result = merge_shards(out, n, plot=config.mining.plot)
     if not result.rows:
         raise RuntimeError(f"mining produced no training row (see {result.stats_path}); Agentic-R_i cannot be "
