@@ -27,7 +27,7 @@ PIP   := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test bench clean gpu-bundle gpu-check gpu-resolve dry-run-paper vllm-check verl-setup verl-check \
-	dry-run-paper-verl
+	dry-run-paper-verl dry-run-paper-ray
 
 setup: $(STAMP)
 
@@ -69,6 +69,11 @@ gpu-resolve: setup
 # about half an hour on 2 CPU cores.
 dry-run-paper: setup
 	$(PY) benchmarks/dry_run_paper_loop.py --out runs/dry_run_paper_loop
+
+# The same with loop.placement ray: shards and the scorer placed by Ray over a local cluster of two nodes (docs/loop.md,
+# "The GPU plan"); its report is compared with the one above.
+dry-run-paper-ray: setup
+	$(PY) benchmarks/dry_run_paper_loop.py --ray --out runs/dry_run_paper_loop_ray
 
 # The LLM backends against the real vLLM engine and server on the CPU (docs/development.md, "The vLLM check"):
 # opt-in, never part of `make test`. vLLM's wheel also pulls torchvision, torchaudio and torchcodec built for another

@@ -5,6 +5,7 @@ the same command a user with 8 GPUs runs (`agentic-retriever loop --config ...`)
 
     python benchmarks/dry_run_paper_loop.py --out runs/dry_run_paper_loop      # make dry-run-paper
     python benchmarks/dry_run_paper_loop.py --verl --out runs/dry_run_paper_loop_verl   # make dry-run-paper-verl
+    python benchmarks/dry_run_paper_loop.py --ray --out runs/dry_run_paper_loop_ray     # make dry-run-paper-ray
 
 With ``--verl`` (in ``.venv-verl``: verl 0.9.1 and vLLM's CPU build, `make verl-setup`) the agent step of both
 iterations is verl's own trainer instead of the embedded stand-in (`VERL_ON_CPU`: ``stand_in`` off, the run launched
@@ -31,11 +32,14 @@ figures go to benchmarks/RESULTS.md, "The paper config's dry run".
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -55,6 +59,18 @@ VERL_ON_CPU = {"loop": {"agent_init": "previous",
                         "verl": {"stand_in": False, "launch": True, "device": "cpu", "n_gpus_per_node": 1,
                                  "poll_seconds": 10, "timeout_seconds": 5400}},
                "agent_train": {"algorithm": "grpo", "samples_per_prompt": 2, "mini_batch_size": 8}}
+#: The loop's placement with ``--ray``: the shards and the scorer's server as Ray actors over a local cluster of two
+#: nodes declaring one GPU label each (`ray_cluster`), two shards a step as with the local placement, so that the
+#: report can be compared figure for figure; the loop's service binds every interface and hands out the node's
+#: address, and the scorer binds every interface too (Ray may place it on either node).
+RAY_PLACEMENT = {"loop": {"placement": "ray", "rollout_devices": [], "mining_devices": [],
+                          "ray": {"rollout_shards": 2, "mining_shards": 2, "gpus_per_shard": 1,
+                                  "cpus_per_process": 0.5},
+                          "service": {"host": "0.0.0.0"},
+                          "services": {"lr_scorer": {
+                              "command": "{python} {root}/benchmarks/_scripted_scorer.py --host 0.0.0.0 --port {port}"}}}}
+#: Nodes of the ``--ray`` cluster and the GPU labels each declares (resources only: nothing runs on a GPU).
+RAY_NODES, RAY_GPUS_PER_NODE = 2, 1
 #: Questions per role and passages in the corpus.
 TRAIN_QUESTIONS, DEV_QUESTIONS, WARM_QUESTIONS, CORPUS_PASSAGES = 32, 16, 96, 400
 
@@ -147,24 +163,46 @@ def warm_started_agent(out: Path) -> str:
     return str(warm_start_agent(config))
 
 
-def write_config(out: Path, agent_model: str, verl: bool = False) -> Path:
-    """The paper config with the override set (and with `verl`, `VERL_ON_CPU`) merged in and its placeholders filled:
-    ``agentic_r_loop.dry_run.yaml``."""
+def write_config(out: Path, agent_model: str, verl: bool = False, ray: bool = False) -> Path:
+    """The paper config with the override set (and with `verl`, `VERL_ON_CPU`; with `ray`, `RAY_PLACEMENT`) merged in
+    and its placeholders filled: ``agentic_r_loop.dry_run.yaml``."""
     from agentic_retriever.defaults import smollm2_hf_dir
 
     names = {"agent_model": agent_model, "scorer_model": str(smollm2_hf_dir()), "python": sys.executable,
              "root": str(ROOT), "port": str(free_port())}
-    overrides = merge(yaml.safe_load(OVERRIDES.read_text()), VERL_ON_CPU) if verl else yaml.safe_load(OVERRIDES.read_text())
+    overrides = yaml.safe_load(OVERRIDES.read_text())
+    for wanted, extra in ((verl, VERL_ON_CPU), (ray, RAY_PLACEMENT)):
+        overrides = merge(overrides, extra) if wanted else overrides
     config = merge(yaml.safe_load(PAPER_CONFIG.read_text()), fill(overrides, names))
     path = out / "agentic_r_loop.dry_run.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     return path
 
 
+@contextlib.contextmanager
+def ray_cluster():
+    """A Ray cluster of `RAY_NODES` nodes on this machine (`ray.cluster_utils.Cluster`), each declaring
+    `RAY_GPUS_PER_NODE` GPU labels; yields its address (the loop joins it through ``RAY_ADDRESS``)."""
+    from ray.cluster_utils import Cluster
+
+    temp = tempfile.mkdtemp(prefix="ray-")  # short: Ray's socket paths must fit 107 characters
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 2, "num_gpus": RAY_GPUS_PER_NODE, "object_store_memory": 100 * 2**20, "temp_dir": temp})
+    for _ in range(RAY_NODES - 1):
+        cluster.add_node(num_cpus=2, num_gpus=RAY_GPUS_PER_NODE, object_store_memory=100 * 2**20)
+    try:
+        yield cluster.address
+    finally:
+        cluster.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/dry_run_paper_loop", help="the dry run's folder (its cwd)")
     parser.add_argument("--verl", action="store_true", help="verl's own trainer in the agent step (VERL_ON_CPU)")
+    parser.add_argument("--ray", action="store_true",
+                        help=f"shards and servers placed by Ray over a local {RAY_NODES}-node cluster (RAY_PLACEMENT)")
     args = parser.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -174,12 +212,14 @@ def main() -> None:
     agent = warm_started_agent(out)
     setup_s = time.perf_counter() - started
     print(f"the stand-in agent: {agent} (set-up {setup_s:.0f} s)", flush=True)
-    config = write_config(out, agent, args.verl)
+    config = write_config(out, agent, args.verl, args.ray)
     command = [sys.executable, "-m", "agentic_retriever.cli", "loop", "--config", config.name]
     print(f"running in {out}: {' '.join(command)}", flush=True)
     loop_started = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    finished = subprocess.run(command, cwd=out, env=env, check=False)
+    with ray_cluster() if args.ray else contextlib.nullcontext() as address:
+        finished = subprocess.run(command, cwd=out, env=env | ({"RAY_ADDRESS": address} if address else {}),
+                                  check=False)
     loop_s = time.perf_counter() - loop_started
     manifest = json.loads((out / "runs" / "agentic_r_loop" / "loop" / "loop.json").read_text())
     report_path = out / "runs" / "agentic_r_loop" / "loop" / "loop_report.json"

@@ -164,3 +164,20 @@ def test_the_scorers_stand_in_answers_the_mining_prompts_in_their_formats():
         assert parse_scores(reply, 3).scores == [75, 0, 25]
     reply = scripted.answer(sub_answer_prompt("Where was it published?", ["France"], "<search> x </search>"))
     assert parse_sub_answers(reply, 1).answers == [None]
+
+
+def test_with_ray_the_merged_config_places_the_same_shards_by_ray(tmp_path, monkeypatch):
+    """`--ray`: the loop's own shards and scorer placed by Ray, as many as the local placement's (two a step), the
+    service and the scorer bound where the cluster's nodes reach them; nothing else of the local dry run changes."""
+    script = _script()
+    monkeypatch.setattr("agentic_retriever.defaults.smollm2_hf_dir", lambda: Path("/models/smollm2"))
+    local = build_config(command("loop").config_class(), "loop", None, str(script.write_config(tmp_path, "/m")))
+    placed = build_config(command("loop").config_class(), "loop", None,
+                          str(script.write_config(tmp_path, "/m", ray=True)))
+    assert placed.placement == "ray" and placed.rollout_devices == placed.mining_devices == []
+    assert (placed.ray.rollout_shards, placed.ray.mining_shards) == (len(local.rollout_devices),
+                                                                     len(local.mining_devices))
+    assert placed.service.host == "0.0.0.0" and "--host 0.0.0.0" in placed.services["lr_scorer"]["command"]
+    same = {"placement", "ray", "rollout_devices", "mining_devices", "service", "services"}
+    assert {f: getattr(placed, f) for f in vars(local) if f not in same} == \
+        {f: getattr(local, f) for f in vars(local) if f not in same}
