@@ -1,8 +1,8 @@
 """The processes the loop starts on named devices: a step's shards (`run_on_devices`) and the services some steps
 need (`StepServices`), such as the listwise LR scorer as a vLLM OpenAI server beside the mining shards.
 
-Placement is the user's: every process gets the ``CUDA_VISIBLE_DEVICES`` its setting names (``"0"``, ``"4,5,6,7"``,
-or ``"cpu"`` for none), nothing more. Engines that place work themselves (torchrun, verl's Ray cluster, vLLM's tensor
+With ``loop.placement: local`` placement is the user's: every process gets the ``CUDA_VISIBLE_DEVICES`` its setting
+names (``"0"``, ``"4,5,6,7"``, or ``"cpu"`` for none), nothing more; with ``ray``, Ray places them (`ray_placement`). Engines that place work themselves (torchrun, verl's Ray cluster, vLLM's tensor
 parallelism inside the devices it sees) do the rest; docs/loop.md, "The GPU plan", gives the plan of the paper
 config on one 8-GPU node.
 """
