@@ -282,6 +282,18 @@ def _loop(config, args: argparse.Namespace) -> None:
                   prepare=step("data_prepare", True), config_file=args.config or "")
     if "algorithm" not in ((load_config_file(args.config) if args.config else {}).get("agent_train") or {}):
         job.agent_train.algorithm = "ppo"   # the loop's agent is trained with PPO, as the paper's, unless the file says
+    if getattr(args, "_loop_verb", None) == "plan":
+        from .loop.plan import plan_loop, plan_table
+
+        overrides = {}
+        for given in args._throughputs:
+            key, sep, value = given.partition("=")
+            if not sep:
+                raise ValueError(f"--throughput {given!r}: write KEY=VALUE")
+            overrides[key] = float(value)
+        print(plan_table(plan_loop(job, args._gpus, args._gpu_type, args._gpus_per_node, args._questions,
+                                   args._corpus_passages, overrides)), end="")
+        return
     run_loop(job, args._from_iteration, args._from_step)
 
 
@@ -337,9 +349,21 @@ def _add_loop_options(parser: argparse.ArgumentParser) -> None:
                         help="force a redo from this iteration's --from-step onwards (new artifact folders)")
     parser.add_argument("--from-step", dest="_from_step", choices=STEPS, default=None,
                         help="the step of --from-iteration to redo from")
-    verbs = parser.add_subparsers(dest="_loop_verb", metavar="status DIR")
+    verbs = parser.add_subparsers(dest="_loop_verb", metavar="{status DIR, plan}")
     verbs.add_parser("status", help="print a loop folder's record (loop.json) as a table").add_argument(
         "_status_dir", metavar="DIR", help="the loop folder (loop.out, e.g. runs/quickstart/loop)")
+    plan = verbs.add_parser("plan", help="print the hours and GPU-hours of each step of an iteration, before a run "
+                                         "(docs/loop.md, \"The plan of an iteration\")")
+    plan.add_argument("--gpus", dest="_gpus", type=int, required=True, help="GPUs of the cluster")
+    plan.add_argument("--gpu-type", dest="_gpu_type", default="H100", help="the GPUs' type (throughputs: A100, H100)")
+    plan.add_argument("--gpus-per-node", dest="_gpus_per_node", type=int, default=8,
+                      help="GPUs a node (retriever training and encoding run on the loop's node)")
+    plan.add_argument("--questions", dest="_questions", type=int, default=0,
+                      help="mining questions, when loop.mining_qa is not here yet")
+    plan.add_argument("--corpus-passages", dest="_corpus_passages", type=int, default=0,
+                      help="passages of the corpus, when index_build.corpus is not here yet")
+    plan.add_argument("--throughput", dest="_throughputs", action="append", default=[], metavar="KEY=VALUE",
+                      help="replace a per-GPU throughput of the table (repeatable)")
 
 
 def _deprecated(old: str, new: str) -> None:
