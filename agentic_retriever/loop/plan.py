@@ -129,6 +129,10 @@ def _trajectory_tokens(job: LoopJob) -> tuple[float, float]:
     return _INSTRUCTION_TOKENS + generated + searches * job.rollout.env.topk * plan.passage_tokens, generated
 
 
+def _millions(tokens: float) -> str:
+    return f"{tokens / 1e6:,.0f}M" if tokens >= 1e7 else f"{tokens / 1e6:,.2f}M"
+
+
 def _llm_seconds(prompt: float, generated: float, rates: dict[str, Rate], size: str) -> float:
     return prompt / rates[f"llm_{size}_prefill"].value + generated / rates[f"llm_{size}_decode"].value
 
@@ -182,14 +186,17 @@ def plan_loop(job: LoopJob, gpus: int, gpu_type: str = "H100", gpus_per_node: in
     if scorer_gpus and scorer_gpus >= gpus:
         raise ValueError(f"loop plan: the mining servers take {scorer_gpus} GPUs, leaving none of {gpus} for shards")
     shards = gpus - scorer_gpus
-    add("3 mining", f"{mining['rounds']:,} rounds: {scorer_tokens[0] / 1e6:,.0f}M prompt + "
-        f"{scorer_tokens[1] / 1e6:,.1f}M generated tokens to the scorer on {scorer_gpus} GPUs, "
-        f"{gac.get('prompt_tokens', 0) / 1e6:,.0f}M + {gac.get('completion_tokens', 0) / 1e6:,.0f}M to GAC "
-        f"engines on {shards}", scorer_s + gac_s, gpus,
+    # a scorer server on GPUs of its own runs beside the shards; without one (no mining server with GPUs), the
+    # scorer's work is counted on the shards' GPUs
+    scorer_where = f"on {scorer_gpus} GPUs" if scorer_gpus else "on the shards' GPUs"
+    add("3 mining", f"{mining['rounds']:,} rounds: {_millions(scorer_tokens[0])} prompt + "
+        f"{_millions(scorer_tokens[1])} generated tokens to the scorer {scorer_where}, "
+        f"{_millions(gac.get('prompt_tokens', 0))} + {_millions(gac.get('completion_tokens', 0))} to GAC engines "
+        f"on {shards}", scorer_s + gac_s, gpus,
         ["llm_72b_prefill", "llm_72b_decode", "llm_7b_prefill", "llm_7b_decode"],
-        hours=max(scorer_s / scorer_gpus if scorer_gpus else 0.0, gac_s / shards) / 3600)
-    steps[-1]["bound_by"] = ("the scorer" if scorer_gpus and scorer_s / scorer_gpus > gac_s / shards
-                             else "the GAC shards")
+        hours=(max(scorer_s / scorer_gpus, gac_s / shards) if scorer_gpus else (scorer_s + gac_s) / shards) / 3600)
+    if scorer_gpus:
+        steps[-1]["bound_by"] = "the scorer" if scorer_s / scorer_gpus > gac_s / shards else "the GAC shards"
 
     train = job.train
     passages = mining["rounds"] * (1 + train.num_negatives) * train.epochs

@@ -50,9 +50,9 @@ def test_each_step_is_its_work_over_the_throughput_on_the_gpus_it_holds(job):
 
 
 def test_mining_takes_the_longer_of_the_scorer_on_its_gpus_and_the_gac_shards_on_the_rest(job):
-    rlhf = dataclasses.replace(job, mine=dataclasses.replace(job.mine, mining=dataclasses.replace(
+    listwise = dataclasses.replace(job, mine=dataclasses.replace(job.mine, mining=dataclasses.replace(
         job.mine.mining, lr_scorer="listwise", use_sub_answers=True, gac_mode="rollout")))
-    eight, thirty_two = plan_loop(rlhf, gpus=8), plan_loop(rlhf, gpus=32)
+    eight, thirty_two = plan_loop(listwise, gpus=8), plan_loop(listwise, gpus=32)
     stages = eight["mining_plan"]["stages"]
     rates = {k: r.value for k, r in RATES["H100"].items()}
     scorer_s = sum(stages[s]["prompt_tokens"] for s in ("sub_answers", "local_relevance")) / rates["llm_72b_prefill"] \
@@ -102,3 +102,18 @@ def test_loop_plan_prints_the_paper_configs_iteration(capsys):
     assert out.startswith("One iteration on 32 x H100 (4 node(s) of 8), 169,232 mining questions")
     assert "| 3 mining | 338,464 rounds" in out and "GAC engines on 28" in out
     assert "| 5 index | 21,015,324 passages | 8 |" in out and "2 iterations:" in out
+
+
+def test_without_a_mining_server_on_gpus_the_scorers_work_is_counted_on_the_shards(job):
+    listwise = dataclasses.replace(job, loop=dataclasses.replace(job.loop, services={}), mine=dataclasses.replace(
+        job.mine, mining=dataclasses.replace(job.mine.mining, lr_scorer="listwise", use_sub_answers=True,
+                                             gac_mode="rollout")))
+    plan = plan_loop(listwise, gpus=8)
+    stages, rates = plan["mining_plan"]["stages"], {k: r.value for k, r in RATES["H100"].items()}
+    scorer_s = sum(stages[s]["prompt_tokens"] / rates["llm_72b_prefill"]
+                   + stages[s]["completion_tokens"] / rates["llm_72b_decode"] for s in ("sub_answers", "local_relevance"))
+    gac_s = stages["gac"]["prompt_tokens"] / rates["llm_7b_prefill"] + \
+        stages["gac"]["completion_tokens"] / rates["llm_7b_decode"]
+    step = _step(plan, "3 mining")
+    assert scorer_s > 0 and step["hours"] == pytest.approx((scorer_s + gac_s) / 8 / 3600)
+    assert "to the scorer on the shards' GPUs" in step["work"] and "bound_by" not in step
