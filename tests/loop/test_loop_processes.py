@@ -158,3 +158,13 @@ def _searched(j: int) -> dict:
     hit = ScoredPassage(id=str(j), title=f"City {j}", text=f"About city {j}.", score=1.0)
     turns = [search_turn(f"city {j}", [hit]), answer_turn(f"city {j}")]
     return make_trajectory(f"q{j}", f"Which city is number {j}?", [f"city {j}"], turns, f"city {j}").to_json()
+
+
+def test_ray_placement_without_ray_names_the_extra(monkeypatch):
+    """``loop.placement: ray`` imports Ray only then; without it, the error says which extra brings it."""
+    import importlib
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed
+    monkeypatch.delitem(sys.modules, "agentic_retriever.loop.ray_placement", raising=False)
+    with pytest.raises(ImportError, match=r"pip install 'agentic-retriever\[ray\]'"):
+        importlib.import_module("agentic_retriever.loop.ray_placement")
