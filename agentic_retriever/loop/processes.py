@@ -56,11 +56,22 @@ def check_devices(devices: Sequence[str], where: str) -> None:
             raise ValueError(f"{where}: device {device!r} is neither 'cpu' nor GPU numbers such as '0' or '4,5,6,7'")
 
 
-def device_env(device: str) -> dict[str, str]:
+def device_env(device: str, threads: int | None = None) -> dict[str, str]:
     """The environment of a process placed on `device`: this one's, with ``CUDA_VISIBLE_DEVICES`` set (empty for
-    ``cpu``, so CUDA sees no GPU)."""
+    ``cpu``, so CUDA sees no GPU) and, given `threads`, ``OMP_NUM_THREADS`` (unless the user set it)."""
     check_devices([device], "device")
-    return {**os.environ, "CUDA_VISIBLE_DEVICES": "" if device == "cpu" else device}
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "" if device == "cpu" else device}
+    if threads is not None and "OMP_NUM_THREADS" not in os.environ:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+def threads_each(processes: int) -> int:
+    """CPU threads for each of `processes` processes running at once on this machine's usable cores (at least 1):
+    torch starts a thread per core in every process, so n processes on c cores would run n x c threads, which
+    measured 4-5x slower for the dry run's CPU shards than one thread each on 2 cores (benchmarks/RESULTS.md,
+    "The paper config's dry run"). Ray gives its actors the same cap (``OMP_NUM_THREADS`` = their CPUs)."""
+    return max(1, len(os.sched_getaffinity(0)) // max(1, processes))
 
 
 def write_section(path: Path, section: str, config: Any) -> Path:
@@ -190,9 +201,10 @@ def run_on_devices(commands: Sequence[Sequence[str]], devices: Sequence[str], lo
         print(f"{what} {number} on {'the CPU' if device == 'cpu' else 'GPU ' + device}: {shlex.join(command)} "
               f"(log {path})", flush=True)
     processes: list[subprocess.Popen] = []
+    threads = threads_each(len(commands))
     try:
         for command, device, path in zip(commands, devices, logs):  # one by one: a failed start stops those started
-            processes.append(start_session(command, path, device_env(device) if device else None))
+            processes.append(start_session(command, path, device_env(device, threads) if device else None))
         codes = [process.wait() for process in processes]
     finally:
         for process in processes:  # what each left in its session (or all of it, on an error or a signal)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -44,6 +45,23 @@ def test_each_process_sees_the_devices_its_entry_names_and_a_failure_names_its_l
     assert "probe 7 exited with status 3" in str(error.value) and "shard broke here" in str(error.value)
     assert str(tmp_path / "logs" / "probe-7.log") in str(error.value)
     assert (tmp_path / "late").read_text() == "''"  # the other shard ran to its end
+
+
+PRINT_THREADS = "import os, sys; open(sys.argv[1], 'w').write(os.environ.get('OMP_NUM_THREADS', 'unset'))"
+
+
+def test_processes_run_at_once_share_the_cores_and_a_users_thread_count_stands(tmp_path, monkeypatch):
+    """n shards on c cores get c // n threads each (at least 1), not c each; OMP_NUM_THREADS set by the user wins."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    cores = len(os.sched_getaffinity(0))
+    for n in (1, 2, 3):
+        outs = [tmp_path / f"threads-{n}-{i}" for i in range(n)]
+        run_on_devices([[sys.executable, "-c", PRINT_THREADS, str(out)] for out in outs], ["cpu"] * n,
+                       tmp_path / "logs", f"threads{n}")
+        assert [out.read_text() for out in outs] == [str(max(1, cores // n))] * n
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    run_on_devices([[sys.executable, "-c", PRINT_THREADS, str(tmp_path / "mine")]], ["0"], tmp_path / "logs", "own")
+    assert (tmp_path / "mine").read_text() == "7"
 
 
 def test_device_entries_are_checked_where_they_are_set():
