@@ -101,7 +101,7 @@ def test_a_bare_on_or_off_in_yaml_is_the_word_and_other_values_are_refused_by_na
 def _plan_table() -> dict[str, dict[str, str]]:
     """docs/loop.md's GPU plan, by step (the scorer's row, which has no step of its own, as ``scorer``)."""
     text = (ROOT / "docs" / "loop.md").read_text()
-    section = text[text.index("## The GPU plan"):]
+    section = text[text.index("## The GPU plan"):].split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| ")]
     header, *body = [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
     assert header == ["step", "processes", "GPUs", "per GPU"]
