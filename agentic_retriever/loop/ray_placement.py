@@ -8,10 +8,10 @@ to the path the loop names (the loop's folder must be on a file system every nod
 must), and stops the whole session on request; the loop stops every actor of a step when the step ends, fails or
 is interrupted. No scheduler of our own: Ray's placement, with its resource requests.
 
-    connect(settings)                          # ray.init(address=...) once
+    connect("auto")                            # ray.init(address=...) once
     n = shard_count(0, 1.0, "mining")          # free GPUs // GPUs a shard needs
     places = run_on_ray(commands, 1.0, 1.0, log_dir, "mining")
-    server = RayServer.start(command, log_path, gpus=4, cpus=1.0)   # waits for a node with 4 free GPUs
+    server = RayServer.start(command, log_path, 4, 1.0, 3600, "service lr_scorer")  # waits for 4 free GPUs
 """
 
 from __future__ import annotations
