@@ -49,7 +49,8 @@ _S3 = ("s3 (arXiv 2505.14146), Table 4: Search-R1 PPO of a 7B model at 1.8 min a
        "A100-80G: 1.8 x 60 x 5 / 120 = 4.5 GPU-s a sequence (rollout with search, reference, critic and update)")
 _DECODE_A100 = ("published: DeepSeek-R1-Distill-Qwen-7B (Qwen2.5-7B's architecture) on one A100-80G with vLLM's "
                 "default configuration, 3,363 generated tokens/s (collected at morphllm.com/vllm-benchmarks)")
-_OURS_H200 = ("ours: MiniLM-L6 fp16 on one H200 (benchmarks/RESULTS.md, \"The GPU check on one H200\", `make gpu-check`)")
+_OURS_H200 = ("ours: MiniLM-L6 fp16 on one H200 (benchmarks/RESULTS.md, \"The GPU check on one H200\", "
+              "`make gpu-check`)")
 #: e5-base-v2 on an H100 (derivations in `_rates_h100`): MiniLM-L6 (6 layers of 384) against e5-base-v2 (12 of
 #: 768) is 8x the FLOPs a token, and the H200 has the H100's chip (GH100, 989 dense bf16 TFLOPS).
 _ENCODE_H100 = 4124.0 / 8

@@ -2,9 +2,9 @@
 need (`StepServices`), such as the listwise LR scorer as a vLLM OpenAI server beside the mining shards.
 
 With ``loop.placement: local`` placement is the user's: every process gets the ``CUDA_VISIBLE_DEVICES`` its setting
-names (``"0"``, ``"4,5,6,7"``, or ``"cpu"`` for none), nothing more; with ``ray``, Ray places them (`ray_placement`). Engines that place work themselves (torchrun, verl's Ray cluster, vLLM's tensor
-parallelism inside the devices it sees) do the rest; docs/loop.md, "The GPU plan", gives the plan of the paper
-config on one 8-GPU node.
+names (``"0"``, ``"4,5,6,7"``, or ``"cpu"`` for none), nothing more; with ``ray``, Ray places them (`ray_placement`).
+Engines that place work themselves (torchrun, verl's Ray cluster, vLLM's tensor parallelism inside the devices it
+sees) do the rest; docs/loop.md, "The GPU plan", gives the plan of the paper config on one 8-GPU node.
 """
 
 from __future__ import annotations
@@ -70,7 +70,8 @@ def threads_each(processes: int) -> int:
     """CPU threads for each of `processes` processes running at once on this machine's usable cores (at least 1):
     torch starts a thread per core in every process, so n processes on c cores would run n x c threads, which
     measured 4-5x slower for the dry run's CPU shards than one thread each on 2 cores (benchmarks/RESULTS.md,
-    "The paper config's dry run"). Ray gives its actors the same cap (``OMP_NUM_THREADS`` = their CPUs)."""
+    "With its shards and scorer placed by Ray over two nodes"). Ray gives its actors the same cap
+    (``OMP_NUM_THREADS`` = their CPUs)."""
     return max(1, len(os.sched_getaffinity(0)) // max(1, processes))
 
 

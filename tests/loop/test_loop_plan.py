@@ -111,7 +111,8 @@ def test_without_a_mining_server_on_gpus_the_scorers_work_is_counted_on_the_shar
     plan = plan_loop(listwise, gpus=8)
     stages, rates = plan["mining_plan"]["stages"], {k: r.value for k, r in RATES["H100"].items()}
     scorer_s = sum(stages[s]["prompt_tokens"] / rates["llm_72b_prefill"]
-                   + stages[s]["completion_tokens"] / rates["llm_72b_decode"] for s in ("sub_answers", "local_relevance"))
+                   + stages[s]["completion_tokens"] / rates["llm_72b_decode"]
+                   for s in ("sub_answers", "local_relevance"))
     gac_s = stages["gac"]["prompt_tokens"] / rates["llm_7b_prefill"] + \
         stages["gac"]["completion_tokens"] / rates["llm_7b_decode"]
     step = _step(plan, "3 mining")
