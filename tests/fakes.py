@@ -15,13 +15,16 @@ that they fit the protocols they stand in for.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import json
 import math
 import re
+import shutil
 import socket
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -441,3 +444,24 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+#: What Ray appends to its temp folder for a Unix socket (``/session_<date>_<time>_<pid>/sockets/plasma_store.N``),
+#: and the longest path a Unix socket may have.
+_RAY_SOCKET_SUFFIX, _UNIX_SOCKET_PATH_MAX = 72, 107
+
+
+@contextlib.contextmanager
+def ray_temp_dir(tmp_path_factory):
+    """A folder for a test's Ray session: under the test's temporary folder when Ray's socket paths fit there, else
+    (a pytest-xdist worker's folder is longer by ``popen-gwN``) a short one in the system's temporary folder,
+    removed afterwards: Ray refuses a socket path over 107 bytes."""
+    folder = tmp_path_factory.mktemp("ray")
+    if len(str(folder)) + _RAY_SOCKET_SUFFIX <= _UNIX_SOCKET_PATH_MAX:
+        yield str(folder)
+        return
+    short = tempfile.mkdtemp(prefix="ray")
+    try:
+        yield short
+    finally:
+        shutil.rmtree(short, ignore_errors=True)

@@ -27,6 +27,7 @@ from agentic_retriever.loop.processes import (  # noqa: E402
 )
 from agentic_retriever.loop.ray_placement import RayServer, reachable_url, run_on_ray  # noqa: E402
 from agentic_retriever.loop.service import LoopService  # noqa: E402
+from tests.fakes import ray_temp_dir  # noqa: E402
 from tests.loop.test_loop import make_job, workdir  # noqa: E402,F401  (the fixture)
 
 HEAD_GPUS, SECOND_GPUS = 2, 4
@@ -42,15 +43,17 @@ def cluster(tmp_path_factory):
     """Two Ray nodes on this machine: the head with 2 GPUs, a second node with 4 (declared resources)."""
     from ray.cluster_utils import Cluster
 
-    temp = tmp_path_factory.mktemp("ray")
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 4, "num_gpus": HEAD_GPUS, "object_store_memory": 80 * 2**20, "temp_dir": str(temp)})
-    cluster.add_node(num_cpus=4, num_gpus=SECOND_GPUS, object_store_memory=80 * 2**20)
-    ray.init(address=cluster.address, log_to_driver=False)
-    nodes = {n["NodeID"]: int(n["Resources"].get("GPU", 0)) for n in ray.nodes() if n["Alive"]}
-    yield nodes
-    ray.shutdown()
-    cluster.shutdown()
+    with ray_temp_dir(tmp_path_factory) as temp, pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_AUTH_MODE", "disabled")  # no token written to ~/.ray
+        cluster = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 4, "num_gpus": HEAD_GPUS, "object_store_memory": 80 * 2**20, "temp_dir": temp})
+        cluster.add_node(num_cpus=4, num_gpus=SECOND_GPUS, object_store_memory=80 * 2**20)
+        ray.init(address=cluster.address, log_to_driver=False)
+        try:
+            yield {n["NodeID"]: int(n["Resources"].get("GPU", 0)) for n in ray.nodes() if n["Alive"]}
+        finally:
+            ray.shutdown()
+            cluster.shutdown()
 
 
 def _wait_all_gpus_free(timeout_s: float = 60.0) -> None:

@@ -33,7 +33,7 @@ from agentic_retriever.encoder import EncoderConfig
 from agentic_retriever.index import IndexBuildConfig, build_index, open_index
 from agentic_retriever.loop.verl import AGENT_LOOP_NAME, VerlSettings, prepare_verl_run
 from agentic_retriever.server import ServerThread, create_app
-from tests.fakes import synthetic_rows, write_jsonl
+from tests.fakes import ray_temp_dir, synthetic_rows, write_jsonl
 
 hydra = pytest.importorskip("hydra", reason="hydra-core is not installed (the dev extra has it)")
 pytest.importorskip("ray", reason="ray is not installed (the dev extra has it: verl's agent loop imports it)")
@@ -122,15 +122,14 @@ def _rl(**env) -> RLConfig:
 def transfer_queue(tmp_path_factory):
     """verl's V1 trainer hands trajectories over through TransferQueue: its controller and storage units are Ray
     actors of a local Ray (4 logical CPUs: the controller and two storage units take one each), whose session
-    files stay under the test's temporary folder (and no token is written to ~/.ray)."""
+    files stay under the test's temporary folder (`ray_temp_dir`; and no token is written to ~/.ray)."""
     tq = pytest.importorskip("transfer_queue", reason="TransferQueue is not installed (the dev extra has it: verl's "
                                                      "V1 trainer imports it)")
     import ray
 
-    with pytest.MonkeyPatch.context() as patch:
+    with pytest.MonkeyPatch.context() as patch, ray_temp_dir(tmp_path_factory) as temp:
         patch.setenv("RAY_AUTH_MODE", "disabled")
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
-                 _temp_dir=str(tmp_path_factory.mktemp("ray")))
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, _temp_dir=temp)
         try:
             tq.init()
             yield tq
