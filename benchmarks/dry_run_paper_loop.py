@@ -186,6 +186,9 @@ def ray_cluster():
     from ray.cluster_utils import Cluster
 
     temp = tempfile.mkdtemp(prefix="ray-")  # short: Ray's socket paths must fit 107 characters
+    # Ray's default temporary folder too: `Cluster` writes the head's address to <it>/ray/ray_current_cluster
+    os.makedirs(os.path.join(temp, "ray"))
+    os.environ["RAY_TMPDIR"] = temp
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 2, "num_gpus": RAY_GPUS_PER_NODE, "object_store_memory": 100 * 2**20, "temp_dir": temp})
     for _ in range(RAY_NODES - 1):

@@ -20,6 +20,7 @@ import functools
 import importlib
 import json
 import math
+import os
 import re
 import shutil
 import socket
@@ -453,15 +454,24 @@ _RAY_SOCKET_SUFFIX, _UNIX_SOCKET_PATH_MAX = 72, 107
 
 @contextlib.contextmanager
 def ray_temp_dir(tmp_path_factory):
-    """A folder for a test's Ray session: under the test's temporary folder when Ray's socket paths fit there, else
-    (a pytest-xdist worker's folder is longer by ``popen-gwN``) a short one in the system's temporary folder,
+    """A folder for a test's Ray session, and Ray's default temporary folder while inside (``RAY_TMPDIR``: Ray's
+    `Cluster` writes the head's address to ``<default>/ray/ray_current_cluster`` whatever folder it is given, and
+    fails where that folder does not exist). Under the test's temporary folder when Ray's socket paths fit there,
+    else (a pytest-xdist worker's folder is longer by ``popen-gwN``) a short one in the system's temporary folder,
     removed afterwards: Ray refuses a socket path over 107 bytes."""
-    folder = tmp_path_factory.mktemp("ray")
-    if len(str(folder)) + _RAY_SOCKET_SUFFIX <= _UNIX_SOCKET_PATH_MAX:
-        yield str(folder)
-        return
-    short = tempfile.mkdtemp(prefix="ray")
+    folder = str(tmp_path_factory.mktemp("ray"))
+    short = None
+    if len(folder) + _RAY_SOCKET_SUFFIX > _UNIX_SOCKET_PATH_MAX:
+        folder = short = tempfile.mkdtemp(prefix="ray")
+    (Path(folder) / "ray").mkdir()
+    before = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = folder
     try:
-        yield short
+        yield folder
     finally:
-        shutil.rmtree(short, ignore_errors=True)
+        if before is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = before
+        if short is not None:
+            shutil.rmtree(short, ignore_errors=True)
