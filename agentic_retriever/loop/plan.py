@@ -102,14 +102,17 @@ RATES: dict[str, dict[str, Rate]] = {"A100": _rates_a100(), "H100": _rates_h100(
 _INSTRUCTION_TOKENS = 250
 
 
-def _questions(path: str, given: int) -> int:
-    """The questions of a QA set (several files joined by ","), or `given` when the files are not here yet."""
+def _questions(spec: str, given: int) -> int:
+    """The questions of the QA set `spec` (read as `mine run --plan.qa` reads it), or `given` when it is not here."""
+    from ..qa_sources import read_qa_source_rows
+
     if given:
         return given
-    files = [p for p in path.split(",") if p]
-    if files and all(Path(p).is_file() for p in files):
-        return sum(sum(1 for line in open(p, encoding="utf-8") if line.strip()) for p in files)
-    raise ValueError(f"loop plan: the questions {path or '(loop.mining_qa)'} are not here; give their number "
+    try:
+        return len(read_qa_source_rows(spec)) if spec else 0
+    except FileNotFoundError:
+        pass
+    raise ValueError(f"loop plan: the questions {spec or '(loop.mining_qa)'} are not here; give their number "
                      "(--questions N)")
 
 
@@ -117,7 +120,8 @@ def _passages(corpus: str, given: int) -> int:
     if given:
         return given
     if corpus and Path(corpus).is_file():
-        return sum(1 for line in open(corpus, encoding="utf-8") if line.strip())
+        with open(corpus, encoding="utf-8") as rows:
+            return sum(1 for line in rows if line.strip())
     raise ValueError(f"loop plan: the corpus {corpus or '(index_build.corpus)'} is not here; give its passages "
                      "(--corpus-passages N)")
 
@@ -182,8 +186,7 @@ def plan_loop(job: LoopJob, gpus: int, gpu_type: str = "H100", gpus_per_node: in
     gac = stages.get("gac", {})
     scorer_s = _llm_seconds(*scorer_tokens, rates, "72b")
     gac_s = _llm_seconds(gac.get("prompt_tokens", 0), gac.get("completion_tokens", 0), rates, "7b")
-    scorer_gpus = sum(0 if spec.devices in ("", "cpu") else len(spec.devices.split(","))
-                      for spec in service_specs(job.loop.services, STEPS) if "mining" in spec.steps)
+    scorer_gpus = sum(spec.gpu_count for spec in service_specs(job.loop.services, STEPS) if "mining" in spec.steps)
     if scorer_gpus and scorer_gpus >= gpus:
         raise ValueError(f"loop plan: the mining servers take {scorer_gpus} GPUs, leaving none of {gpus} for shards")
     shards = gpus - scorer_gpus

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import yaml
@@ -243,6 +244,11 @@ class ServiceSpec:
     devices: str = ""           # CUDA_VISIBLE_DEVICES of the server: GPU numbers, "cpu", or "" to inherit
     start_timeout_s: float = 1800.0
 
+    @property
+    def gpu_count(self) -> int:
+        """The GPUs its ``devices`` name (0 for ``cpu`` or none)."""
+        return 0 if self.devices in ("", "cpu") else len(self.devices.split(","))
+
     @classmethod
     def from_mapping(cls, name: str, value: Any, steps: Sequence[str]) -> ServiceSpec:
         where = f"loop.services.{name}"
@@ -319,8 +325,6 @@ class StepServices:
     def reachable(self, url: str) -> str:
         """`url` as the loop's processes reach it: a loopback URL on the port of a server Ray placed on another
         node points at that node; any other URL as it is."""
-        from urllib.parse import urlsplit
-
         for name, server in self.running.items():
             if server.address and urlsplit(url).port == urlsplit(self._spec(name).health_url).port:
                 from .ray_placement import reachable_url
@@ -341,8 +345,7 @@ class StepServices:
         else:
             from .ray_placement import RayServer
 
-            gpus = 0 if spec.devices in ("", "cpu") else len(spec.devices.split(","))
-            server = RayServer.start(command_words(spec.command), log_path, gpus, self.ray.cpus_per_process,
+            server = RayServer.start(command_words(spec.command), log_path, spec.gpu_count, self.ray.cpus_per_process,
                                      spec.start_timeout_s, f"service {spec.name}")
             print(f"service {spec.name} placed by Ray on node {server.address}, GPUs {server.place['gpus'] or 'none'}",
                   flush=True)
