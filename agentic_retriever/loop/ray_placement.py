@@ -21,6 +21,7 @@ import os
 import shlex
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,16 +46,24 @@ _STOP_GRACE_S = 30.0
 
 @ray.remote
 class ProcessActor:
-    """One process of the loop on a Ray node: started in its own session with the GPUs Ray gave this actor."""
+    """One process of the loop on a Ray node: started in its own session with the GPUs Ray gave this actor. Its
+    methods run in threads of their own (the loop stops a process while another thread waits for it), so `start`
+    and `stop` take one lock: a stop that comes first makes a later start refuse, and a start that comes first is
+    stopped, never left running behind a stop that found nothing yet."""
 
     def __init__(self):
         self.process: subprocess.Popen | None = None
+        self.stopped = False
+        self.lock = threading.Lock()
 
     def start(self, command: list[str], log_path: str, cwd: str) -> dict:
         """Start `command`; returns where it runs (node id and address, the GPU ids it sees, its pid)."""
         gpus = ",".join(str(g) for g in ray.get_gpu_ids())
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus}
-        self.process = start_session(command, Path(log_path), env, cwd=Path(cwd))
+        with self.lock:
+            if self.stopped:
+                raise RuntimeError(f"stopped before it started: {shlex.join(command)}")
+            self.process = start_session(command, Path(log_path), env, cwd=Path(cwd))
         return {"node": ray.get_runtime_context().get_node_id(), "address": ray.util.get_node_ip_address(),
                 "gpus": gpus, "pid": self.process.pid}
 
@@ -65,11 +74,14 @@ class ProcessActor:
         return self.process.poll()
 
     def stop(self, grace_s: float) -> int | None:
-        """Stop the process and everything in its session; its exit status."""
-        if self.process is not None:
-            stop_session(self.process, grace_s)
-            return self.process.returncode
-        return None
+        """Stop the process and everything in its session (and any later `start`); its exit status."""
+        with self.lock:
+            self.stopped = True
+            process = self.process
+        if process is None:
+            return None
+        stop_session(process, grace_s)
+        return process.returncode
 
 
 def connect(address: str) -> None:

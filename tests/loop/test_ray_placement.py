@@ -232,3 +232,17 @@ def test_rollouts_and_mining_placed_by_ray_give_the_rows_of_one_process(cluster,
     rows = [Path(s["rows_path"]).read_text().splitlines() for s in (one, two)]
     assert rows[0] and rows[0] == rows[1] and one["rounds"] == two["rounds"]
     assert (workdir / "two" / "shards" / "1-of-2").is_dir() and (workdir / "two" / "mining.shards.json").is_file()
+
+
+def test_a_process_stopped_before_its_start_never_runs(cluster, tmp_path):
+    """The loop stops a step's actors while their starts may still be on the way (an interrupt right after the
+    step began): a start that comes after the stop refuses, so no process is left behind the actor."""
+    from agentic_retriever.loop.ray_placement import ProcessActor
+
+    actor = ProcessActor.options(num_cpus=0).remote()
+    assert ray.get(actor.stop.remote(1.0)) is None
+    with pytest.raises(ray.exceptions.RayTaskError, match="stopped before it started"):
+        ray.get(actor.start.remote([sys.executable, "-c", "import time; time.sleep(600)"], str(tmp_path / "late.log"),
+                                   str(tmp_path)))
+    assert not (tmp_path / "late.log").exists()
+    ray.kill(actor)
