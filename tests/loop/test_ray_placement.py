@@ -46,7 +46,8 @@ def cluster(tmp_path_factory):
     with ray_temp_dir(tmp_path_factory) as temp, pytest.MonkeyPatch.context() as patch:
         patch.setenv("RAY_AUTH_MODE", "disabled")  # no token written to ~/.ray
         cluster = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": 4, "num_gpus": HEAD_GPUS, "object_store_memory": 80 * 2**20, "temp_dir": temp})
+            "num_cpus": 4, "num_gpus": HEAD_GPUS, "object_store_memory": 80 * 2**20, "temp_dir": temp,
+            "include_dashboard": False})  # its metrics agent writes into temp after the shutdown
         cluster.add_node(num_cpus=4, num_gpus=SECOND_GPUS, object_store_memory=80 * 2**20)
         ray.init(address=cluster.address, log_to_driver=False)
         try:
