@@ -184,9 +184,43 @@ def test_an_interrupted_launch_passes_the_signal_on_to_verl(tmp_path):
     settings = _cpu(launcher=f"{sys.executable} -c {shlex.quote(code)}")
     run = prepare_verl_run(tmp_path / "run", settings, _rl(), URL, "/models/agent", _qa(tmp_path / "qa.jsonl"))
     process = start_verl_run(run)
-    _wait_for_log(run, "training")
-    process.send_signal(2)  # SIGINT to the script, as a terminal's Ctrl-C
-    assert process.wait(timeout=60) != 0 and marker.exists()
+    try:
+        _wait_for_log(run, "training")
+        process.send_signal(2)  # SIGINT to the script, as a terminal's Ctrl-C
+        assert process.wait(timeout=60) != 0 and marker.exists()
+    finally:
+        stop_session(process, 5)
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.05])
+def test_a_signal_in_the_first_moments_of_a_launch_leaves_no_verl_running(tmp_path, delay_s):
+    """However early the script is stopped (before its traps, before verl starts, before it knows verl's pid), it
+    exits and verl, if started, gets the signal."""
+    started = tmp_path / "verl.pid"
+    code = (f"import os, time; open({str(started)!r}, 'w').write(str(os.getpid())); time.sleep(600)")
+    settings = _cpu(launcher=f"{sys.executable} -c {shlex.quote(code)}")
+    run = prepare_verl_run(tmp_path / "run", settings, _rl(), URL, "/models/agent", _qa(tmp_path / "qa.jsonl"))
+    process = start_verl_run(run)
+    try:
+        time.sleep(delay_s)
+        process.send_signal(2)
+        assert process.wait(timeout=60) != 0
+        deadline = time.monotonic() + 30
+        while started.exists() and _alive(int(started.read_text() or 0)):
+            assert time.monotonic() < deadline, "verl outlived its interrupted launch"
+            time.sleep(0.1)
+    finally:
+        stop_session(process, 5)
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return True  # the file is created, its pid not yet written
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1] != "Z"
 
 
 def test_leftovers_are_the_new_segments_no_process_holds(tmp_path):

@@ -124,9 +124,11 @@ def launch_script(command: list[str], out_dir: Path, settings: VerlSettings) -> 
             f"set -uo pipefail\ncd {shlex.quote(str(out_dir))}\n{exports}"
             f"started=$(date +%s)\n"
             f"trap '{shlex.quote(python)} -m {__package__}.leftovers --since \"$started\"' EXIT\n"
+            # timeout runs verl in a process group of its own, out of reach of a terminal's Ctrl-C: pass signals on.
+            # The trap is set before verl starts, so a signal that arrives before `child` is known is passed on after
+            f"child=\nstop=\ntrap 'stop=1; [ -z \"$child\" ] || kill -TERM \"$child\" 2>/dev/null' INT TERM HUP\n"
             f"timeout --kill-after={KILL_GRACE_SECONDS} {settings.timeout_seconds:.0f} {lines} &\n"
-            # timeout runs verl in a process group of its own, out of reach of a terminal's Ctrl-C: pass signals on
-            f"child=$!\ntrap 'kill -TERM \"$child\" 2>/dev/null' INT TERM HUP\n"
+            f"child=$!\n[ -z \"$stop\" ] || kill -TERM \"$child\" 2>/dev/null\n"
             f"while wait \"$child\"; status=$?; kill -0 \"$child\" 2>/dev/null; do :; done\nexit \"$status\"\n")
 
 
