@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import json
 import types
 import typing
@@ -33,42 +32,13 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
+from .precision import PRECISION_ALIASES
+
 T = TypeVar("T")
 
-#: Numeric precision, spelled one way everywhere (weights for inference, mixed precision for training). ``native``:
-#: what the device computes natively and fastest (`resolve_native_precision`).
-Precision = Literal["auto", "native", "fp32", "fp16", "bf16"]
-#: Spellings of the previous release, read with a deprecation warning.
-PRECISION_ALIASES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 #: Settings at the top of a config file that every command reads.
 SHARED_SETTINGS = ("workdir", "retrieval", "agent")
 DEFAULT_WORKDIR = "runs/quickstart"
-
-
-@functools.cache
-def cpu_computes_bf16_natively() -> bool:
-    """Whether this CPU multiplies bf16 matrices in hardware (Intel AMX tiles, Sapphire Rapids and later), as torch
-    reports it; elsewhere torch emulates bf16 and it runs slower than fp32."""
-    import torch
-
-    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    return bool(probe()) if probe is not None else False
-
-
-def resolve_native_precision(precision: str, device: str | None) -> str:
-    """``native`` made concrete for `device` (None or ``auto``: the first GPU if any, else the CPU): on a GPU what
-    ``auto`` gives; on a CPU bf16 where it computes bf16 natively (`cpu_computes_bf16_natively`), else fp32. Any
-    other precision is returned as it is. bf16 changes results within a tolerance measured in benchmarks/RESULTS.md
-    ("The demo in bf16 on a CPU with AMX"); ``native`` is for runs where speed matters more than bit-identical
-    figures across machines."""
-    if precision != "native":
-        return precision
-    import torch
-
-    wants_gpu = str(device).startswith("cuda") or (device in (None, "auto") and torch.cuda.is_available())
-    if wants_gpu:
-        return "auto"
-    return "bf16" if cpu_computes_bf16_natively() else "fp32"
 
 
 def _unwrap_optional(hint) -> tuple[Any, bool]:

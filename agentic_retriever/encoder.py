@@ -26,7 +26,7 @@ from typing import ClassVar, Literal
 
 import numpy as np
 
-from .config import PRECISION_ALIASES, Precision, resolve_native_precision
+from .precision import PRECISION_ALIASES, Precision, resolve, resolve_native, torch_dtype
 from .defaults import resolve_model_name
 
 CompositionMode = Literal["query", "question_sep_query", "history"]
@@ -66,7 +66,7 @@ class EncoderConfig:
     MACHINE_FIELDS: ClassVar[tuple[str, ...]] = ("device", "devices", "precision", "batch_size")
 
     def __post_init__(self):
-        self.precision = resolve_native_precision(self.precision, self.device)
+        self.precision = resolve_native(self.precision, self.device)
 
     def for_model(self, model: str) -> EncoderConfig:
         """Another model on this machine: `model` with this config's `MACHINE_FIELDS` and the model's own
@@ -157,11 +157,7 @@ class Encoder:
         if config.max_length:
             self.model.max_seq_length = config.max_length
         fingerprint = self._weights_fingerprint()
-        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}.get(config.precision)
-        if dtype is None and device.startswith("cuda"):
-            dtype = torch.float16
-        if dtype is not None:
-            self.model.to(dtype)
+        self.model.to(torch_dtype(resolve(config.precision, device, "encoder")))
         self.model.eval()
         #: What the weights compute in ("float32", "bfloat16", "float16"): embeddings differ with it.
         self.weights_dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")

@@ -11,32 +11,33 @@ import yaml
 from agent.rollouts import RolloutConfig
 from agent.sft import WarmStartConfig
 from agent.sft.warm_start import _cache_key
-from agentic_retriever import config as config_module
-from agentic_retriever.config import build_config, resolve_native_precision
+from agentic_retriever import precision as precision_module
+from agentic_retriever.config import build_config
 from agentic_retriever.encoder import Encoder, EncoderConfig
 from agentic_retriever.index import IndexBuildConfig
 from agentic_retriever.llm import LLMConfig
 from agentic_retriever.mining.job import MineJobConfig
+from agentic_retriever.precision import ROLES, resolve, resolve_native
 from agentic_retriever.training.config import RetrieverTrainConfig
 from agentic_retriever.training.trainer import _precision
 
 
 @pytest.fixture(params=[True, False], ids=["amx", "no-amx"])
 def amx(request, monkeypatch):
-    monkeypatch.setattr(config_module, "cpu_computes_bf16_natively", lambda: request.param)
+    monkeypatch.setattr(precision_module, "cpu_computes_bf16_natively", lambda: request.param)
     return request.param
 
 
 def test_native_is_bf16_on_a_cpu_with_amx_fp32_on_others_and_auto_on_a_gpu(amx, monkeypatch):
-    assert resolve_native_precision("native", "cpu") == ("bf16" if amx else "fp32")
-    assert resolve_native_precision("native", "cuda:1") == "auto"
+    assert resolve_native("native", "cpu") == ("bf16" if amx else "fp32")
+    assert resolve_native("native", "cuda:1") == "auto"
     for device in (None, "auto"):
         monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-        assert resolve_native_precision("native", device) == ("bf16" if amx else "fp32")
+        assert resolve_native("native", device) == ("bf16" if amx else "fp32")
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-        assert resolve_native_precision("native", device) == "auto"
+        assert resolve_native("native", device) == "auto"
     for other in ("auto", "fp32", "fp16", "bf16"):
-        assert resolve_native_precision(other, "cpu") == other
+        assert resolve_native(other, "cpu") == other
 
 
 def test_native_in_a_config_file_reaches_the_agent_the_scorer_and_the_encoder(amx, tmp_path, monkeypatch):
@@ -61,13 +62,13 @@ def test_native_in_a_config_file_reaches_the_agent_the_scorer_and_the_encoder(am
     train = build_config(RetrieverTrainConfig, "retriever_train", None, str(path))
     assert train.precision == wanted
     assert _precision(train, on_gpu=False) == {"fp16": False, "bf16": amx}
-    assert _precision(RetrieverTrainConfig(precision="auto"), on_gpu=True) == {"fp16": True}
+    assert _precision(RetrieverTrainConfig(precision="auto"), on_gpu=True) == {"fp16": True, "bf16": False}
     with pytest.raises(ValueError, match="fp16 needs a GPU"):
         _precision(RetrieverTrainConfig(precision="fp16"), on_gpu=False)
 
 
 def test_the_warm_start_cache_tells_a_bf16_agent_from_an_fp32_one(monkeypatch):
-    monkeypatch.setattr(config_module, "cpu_computes_bf16_natively", lambda: True)
+    monkeypatch.setattr(precision_module, "cpu_computes_bf16_natively", lambda: True)
     train = WarmStartConfig().train
     native, fp32 = LLMConfig(precision="native", device="cpu"), LLMConfig(precision="fp32", device="cpu")
     assert _cache_key("examples", "weights", train, native) != _cache_key("examples", "weights", train, fp32)
@@ -76,7 +77,7 @@ def test_the_warm_start_cache_tells_a_bf16_agent_from_an_fp32_one(monkeypatch):
 
 
 def test_a_native_encoder_on_an_amx_cpu_holds_bf16_weights_and_embeds_close_to_fp32(tiny_model_dir, monkeypatch):
-    monkeypatch.setattr(config_module, "cpu_computes_bf16_natively", lambda: True)
+    monkeypatch.setattr(precision_module, "cpu_computes_bf16_natively", lambda: True)
     texts = ["the capital of france", "a chess opening", "who wrote hamlet", "rainfall in the amazon basin"]
     native = Encoder(EncoderConfig(model=tiny_model_dir, precision="native", device="cpu"))
     fp32 = Encoder(EncoderConfig(model=tiny_model_dir, precision="fp32", device="cpu"))
@@ -96,3 +97,38 @@ def test_a_trained_model_is_indexed_with_the_base_encoders_machine_settings_and_
     assert (trained.model, trained.precision, trained.device, trained.batch_size, trained.devices) == (
         "runs/x/retriever/model", "bf16" if amx else "fp32", "cpu", 32, ["cpu", "cpu"])
     assert trained.query_prefix is None and trained.composition is None
+
+
+def _documented_roles() -> dict[str, tuple[str, str]]:
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
+    table = text[text.index("| role | where |"):].split("\n\n")[0].splitlines()[2:]
+    cells = [[cell.strip().strip("`") for cell in line.strip("|").split("|")] for line in table]
+    return {row[0]: (row[2], row[3]) for row in cells}
+
+
+@pytest.mark.parametrize("bf16_gpu", [True, False], ids=["gpu-with-bf16", "gpu-without-bf16"])
+def test_auto_is_fp32_on_a_cpu_and_by_role_on_a_gpu_as_docs_configuration_says(bf16_gpu, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: bf16_gpu)
+    documented = _documented_roles()
+    assert documented.keys() == ROLES.keys()
+    for role, (with_bf16, without) in documented.items():
+        assert resolve("auto", "cpu", role) == "fp32"
+        assert resolve("auto", "cuda:0", role) == (with_bf16 if bf16_gpu else without)
+        assert resolve("bfloat16", "cuda", role) == "bf16"  # the previous release's spelling
+        assert resolve("fp32", "cuda", role) == "fp32"
+
+
+def test_explicit_precisions_pass_and_what_cannot_run_is_refused_by_name(amx):
+    assert resolve("native", "cpu", "encoder") == ("bf16" if amx else "fp32")
+    assert resolve("fp16", "cpu", "llm") == "fp16" and resolve("fp16", "cuda", "sft") == "fp16"
+    for role in ("retriever_training", "sft"):
+        with pytest.raises(ValueError, match=f"fp16 needs a GPU for {role.replace('_', ' ')}"):
+            resolve("fp16", "cpu", role)
+    with pytest.raises(ValueError, match="RL trainer scales no loss"):
+        resolve("fp16", "cuda", "rl")
+    with pytest.raises(ValueError, match="unknown precision role 'reranker'"):
+        resolve("auto", "cpu", "reranker")
+    with pytest.raises(ValueError, match="unknown precision 'int8'"):
+        resolve("int8", "cpu", "llm")

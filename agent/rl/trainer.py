@@ -52,6 +52,7 @@ from agentic_retriever.jsonl import replace_folder
 from agentic_retriever.llm import LLM
 from agentic_retriever.llm.device import resolve_device
 from agentic_retriever.llm.transformers import TransformersLLM
+from agentic_retriever.precision import resolve
 
 from ..env import Rollout
 from ..qa_data import QARow
@@ -122,8 +123,7 @@ class RLTrainer:
                                               else (None, None))
         self.state = TrainerState(history=[])
         self._on_policy: bool | None = None  # the last step's on-policy decision, logged when it changes
-        self.bf16 = config.agent.precision == "bf16" or (config.agent.precision == "auto" and self.device.type == "cuda"
-                                                    and torch.cuda.is_bf16_supported())
+        self.bf16 = resolve(config.agent.precision, str(self.device), "rl") == "bf16"
 
     # ------------------------------------------------------------------------------------------ run
     def _autocast(self):

@@ -30,6 +30,7 @@ from pathlib import Path
 from agentic_retriever.curves import hf_reporting, resolve_report_to, train_resuming, write_training_curves
 from agentic_retriever.jsonl import DataFormatError, atomic_write, iter_jsonl, replace_folder, require_field
 from agentic_retriever.llm import LLMConfig
+from agentic_retriever.precision import resolve
 
 __all__ = ["IGNORE_INDEX", "SFTConfig", "SFTExample", "data_fingerprint", "read_sft_examples", "tokenize_example",
            "train_sft", "write_sft_examples"]
@@ -163,7 +164,7 @@ def _resolve_model(name: str) -> str:
 def train_sft(config: SFTConfig, agent: LLMConfig, examples: Sequence[SFTExample], out: str | Path,
               extra_manifest: dict | None = None) -> Path:
     """Fine-tune ``agent.model`` on `examples` and save the result as an HF model folder at `out`; ``agent.precision``
-    is the mixed precision of training (auto: bf16 on a GPU that has it, else fp32).
+    is the mixed precision of training (`precision.resolve`, role ``sft``: auto is bf16 on a GPU that has it, else fp32).
 
     Resumable: checkpoints go to ``OUT.checkpoints/`` every `save_steps` updates and a rerun continues from
     the last one. The finished folder is written to a temporary sibling and renamed, so `out` either holds a
@@ -198,7 +199,7 @@ def train_sft(config: SFTConfig, agent: LLMConfig, examples: Sequence[SFTExample
         log.warning("dropped %d of %d examples longer than %d tokens", dropped, len(examples), config.max_length)
 
     on_gpu = torch.cuda.is_available()
-    bf16 = agent.precision == "bf16" or (agent.precision == "auto" and on_gpu and torch.cuda.is_bf16_supported())
+    precision = resolve(agent.precision, "cuda" if on_gpu else "cpu", "sft")
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     if config.lora:
         from peft import LoraConfig, get_peft_model
@@ -211,7 +212,7 @@ def train_sft(config: SFTConfig, agent: LLMConfig, examples: Sequence[SFTExample
         per_device_train_batch_size=config.batch_size, gradient_accumulation_steps=config.gradient_accumulation,
         warmup_steps=config.warmup_ratio, weight_decay=config.weight_decay, lr_scheduler_type="linear",
         logging_steps=config.logging_steps, save_steps=config.save_steps, save_total_limit=2, seed=config.seed,
-        data_seed=config.seed, bf16=bf16, fp16=agent.precision == "fp16", use_cpu=not on_gpu,
+        data_seed=config.seed, bf16=precision == "bf16", fp16=precision == "fp16", use_cpu=not on_gpu,
         gradient_checkpointing=config.gradient_checkpointing,
         remove_unused_columns=False, dataloader_num_workers=0, disable_tqdm=False,
         **hf_reporting(TrainingArguments, report_to, logs, run_name=f"agent sft {out.name}"))

@@ -27,6 +27,7 @@ from agentic_retriever.client import RetrievalConfig, open_client
 from agentic_retriever.defaults import cache_root, resolve_llm_name
 from agentic_retriever.fingerprint import model_fingerprint
 from agentic_retriever.llm import LLMConfig
+from agentic_retriever.precision import TORCH_NAMES
 
 from ..qa_data import read_qa_rows
 from .data import SynthesisConfig, synthesize_sft_examples
@@ -61,8 +62,6 @@ class WarmStartConfig:
     train: SFTConfig = field(default_factory=SFTConfig)
 
 
-#: The precision as earlier releases spelled it in the cache key.
-_KEY_DTYPE = {"auto": "auto", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 #: Bumped when what the cache key hashes changes.
 _KEY_VERSION = 2
 #: Training settings that do not change the trained weights (where logs go, how often): not in the key.
@@ -73,11 +72,17 @@ _LEGACY_SETTINGS = ("epochs", "learning_rate", "batch_size", "gradient_accumulat
                     "save_steps", "logging_steps", "seed")
 
 
+def _key_dtype(precision: str) -> str:
+    """The precision as the cache key has spelled it since before `Precision`'s names (torch's dtype names), so
+    caches made then stay valid."""
+    return TORCH_NAMES.get(precision, precision)
+
+
 def _cache_key(examples_sha256: str, base_fingerprint: str, config: SFTConfig, agent: LLMConfig) -> str:
     """The cache folder's key: contents only (the examples, the base model's fingerprint, the settings that change
     the weights, the precision)."""
     settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in _NOT_IN_KEY}
-    text = json.dumps(settings | {"dtype": _KEY_DTYPE[agent.precision]}, sort_keys=True)
+    text = json.dumps(settings | {"dtype": _key_dtype(agent.precision)}, sort_keys=True)
     return hashlib.sha256(f"v{_KEY_VERSION}|{examples_sha256}|{base_fingerprint}|{text}".encode()).hexdigest()[:16]
 
 
@@ -89,7 +94,7 @@ def _legacy_cache_key(examples_sha256: str, model_path: str, config: SFTConfig, 
     if any(settings[k] != defaults[k] for k in settings if k not in _LEGACY_SETTINGS and k not in _NOT_IN_KEY):
         return None
     text = json.dumps({k: settings[k] for k in _LEGACY_SETTINGS}
-                      | {"model": agent.model, "dtype": _KEY_DTYPE[agent.precision]}, sort_keys=True)
+                      | {"model": agent.model, "dtype": _key_dtype(agent.precision)}, sort_keys=True)
     return hashlib.sha256(f"{examples_sha256}|{model_path}|{text}".encode()).hexdigest()[:16]
 
 

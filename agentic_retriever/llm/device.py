@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from ..precision import TORCH_NAMES, resolve, torch_dtype
+
 
 def resolve_device(device: str) -> torch.device:
     """``auto`` is the first GPU when there is one, else the CPU; anything else is a torch device name."""
@@ -18,12 +20,10 @@ def resolve_device(device: str) -> torch.device:
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """``auto`` is float32 on CPU and bfloat16 on a GPU that supports it (float16 otherwise)."""
-    if dtype == "auto":
-        if device.type != "cuda":
-            return torch.float32
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    choices = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if dtype not in choices:
+    """A torch dtype name (float32, bfloat16, float16) or ``auto``, as LLM inference computes in on `device`
+    (`agentic_retriever.precision`, role ``llm``: auto is float32 on a CPU, bfloat16 on a GPU that supports it,
+    float16 on others)."""
+    choices = {name: precision for precision, name in TORCH_NAMES.items()}
+    if dtype != "auto" and dtype not in choices:
         raise ValueError(f"unknown dtype '{dtype}' (use auto, {', '.join(choices)})")
-    return choices[dtype]
+    return torch_dtype(resolve(choices.get(dtype, dtype), str(device), "llm"))

@@ -6,12 +6,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from ..config import Precision, resolve_native_precision
+from ..precision import TORCH_NAMES, Precision, resolve_native
 from .base import LLM
 from .prefix_cache import DEFAULT_PREFIX_CACHE_TOKENS
-
-#: The torch dtype name of each precision, as the backends take it.
-_DTYPES = {"auto": "auto", "fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
 @dataclass
@@ -63,7 +60,7 @@ class LLMConfig:
                 "CPU build crashes rewinding a seeded request's generator after a chunked prefill)"})
 
     def __post_init__(self):
-        self.precision = resolve_native_precision(self.precision, self.device)
+        self.precision = resolve_native(self.precision, self.device)
 
 
 def load_llm(config: LLMConfig) -> LLM:
@@ -71,13 +68,13 @@ def load_llm(config: LLMConfig) -> LLM:
     if config.backend == "transformers":
         from .transformers import TransformersLLM
 
-        return TransformersLLM.load(config.model, dtype=_DTYPES[config.precision], device=config.device,
+        return TransformersLLM.load(config.model, dtype=TORCH_NAMES.get(config.precision, config.precision), device=config.device,
                                     max_batch_size=config.max_batch_size, progress=config.progress,
                                     prefix_cache_tokens=config.prefix_cache_tokens if config.enable_prefix_caching else 0)
     if config.backend == "vllm":
         from .vllm import VLLMLLM
 
-        return VLLMLLM(config.model, dtype=_DTYPES[config.precision], gpu_memory_utilization=config.gpu_memory_utilization,
+        return VLLMLLM(config.model, dtype=TORCH_NAMES.get(config.precision, config.precision), gpu_memory_utilization=config.gpu_memory_utilization,
                        tensor_parallel_size=config.tensor_parallel_size,
                        enable_prefix_caching=config.enable_prefix_caching, max_model_len=config.max_model_len,
                        progress=config.progress, engine_args=config.engine_args)

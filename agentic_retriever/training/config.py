@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..config import Precision, resolve_native_precision
+from ..precision import Precision, resolve_native
 from ..curves import validate_report_to
 from ..encoder import COMPOSE_WITH, EncoderConfig
 
@@ -98,7 +98,7 @@ class RetrieverTrainConfig:
 
     def __post_init__(self):
         # training runs on the first GPU when there is one (or under torchrun, each process's), else on the CPU
-        self.precision = resolve_native_precision(self.precision, None)
+        self.precision = resolve_native(self.precision, None)
 
     def validate(self) -> None:
         for name in ("data", "out"):

@@ -39,6 +39,7 @@ from sentence_transformers import SentenceTransformerTrainer
 from ..corpus import Corpus
 from ..encoder import Encoder
 from ..jsonl import read_json
+from ..precision import resolve
 from .config import RetrieverTrainConfig
 from ..curves import hf_reporting, resolve_report_to, train_resuming, write_training_curves
 from .data import TrainingExample, read_training_examples
@@ -80,14 +81,10 @@ def _fingerprint(config: RetrieverTrainConfig, examples: list[TrainingExample]) 
 
 
 def _precision(config: RetrieverTrainConfig, on_gpu: bool) -> dict:
-    """The Trainer's mixed-precision flags: fp16 on a GPU for ``auto`` (the paper), fp32 on a CPU; bf16 is autocast on
+    """The Trainer's mixed-precision flags (`precision.resolve`, role ``retriever_training``): fp16 on a GPU for ``auto`` (the paper), fp32 on a CPU; bf16 is autocast on
     either (fp32 master weights: the exported encoder is fp32), worth it on a CPU with AMX tiles, where ``native``
     picks it (RESULTS: "The demo in bf16 on a CPU with AMX"; `RetrieverTrainConfig` has resolved it already)."""
-    precision = config.precision
-    if precision == "auto":
-        return {"fp16": on_gpu}
-    if precision == "fp16" and not on_gpu:
-        raise ValueError("precision fp16 needs a GPU; use bf16, fp32 or auto on a CPU")
+    precision = resolve(config.precision, "cuda" if on_gpu else "cpu", "retriever_training")
     return {"fp16": precision == "fp16", "bf16": precision == "bf16"}
 
 

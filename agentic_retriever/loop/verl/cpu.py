@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentic_retriever.config import cpu_computes_bf16_natively
+from agentic_retriever.precision import resolve
 
 from .settings import VerlSettings
 
@@ -47,8 +47,8 @@ def cpu_environment(settings: VerlSettings) -> dict[str, str]:
 
 
 def cpu_precision() -> str:
-    """fp32 on CPUs without bf16 hardware, bf16 with it (Intel AMX; `cpu_computes_bf16_natively`)."""
-    return "bf16" if cpu_computes_bf16_natively() else "fp32"
+    """fp32 on CPUs without bf16 hardware, bf16 with it (Intel AMX): ``native`` for the agent's RL."""
+    return resolve("native", "cpu", "rl")
 
 
 def cpu_overrides(settings: VerlSettings, uses_critic: bool) -> dict[str, Any]:
