@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable
 
 from .commands import COMMANDS, DEPRECATED_COMMANDS, Command
-from .config import add_dataclass_arguments, build_config, has_section, load_config_file, renamed_flags
+from .config import add_dataclass_arguments, build_config, has_section, load_config_file, moved_flags, renamed_flags
 
 
 def _settings(command: Command, args: argparse.Namespace):
@@ -384,10 +384,12 @@ def modernize(argv: list[str]) -> list[str]:
     spec = next((c for c in COMMANDS if argv[:len(c.name.split())] == c.name.split()), None)
     if spec is None:
         return argv
-    renamed = renamed_flags(spec.config_class())
+    renamed, moved = renamed_flags(spec.config_class()), moved_flags(spec.config_class())
     modern = []
     for token in argv:
         flag, sep, value = token.partition("=")
+        if flag in moved:
+            raise SystemExit(f"agentic-retriever {spec.name}: {flag} is no longer set here: {moved[flag]}")
         head, dot, tail = flag.partition(".")
         new = renamed.get(flag) or (renamed[head] + dot + tail if dot and head in renamed else None)
         if flag.startswith("--") and new:

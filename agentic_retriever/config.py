@@ -16,7 +16,8 @@ Field metadata: ``help``; ``required`` (an empty value is an error naming the se
 
 Unknown sections and keys are errors naming the file and the valid names. Names of the previous release (a
 section ``mine``, a key ``llm``, ``dtype: float32``) are still read, with a deprecation warning: a class lists
-its renamed keys in a ``RENAMED`` class attribute (old key -> new dotted key).
+its renamed keys in a ``RENAMED`` class attribute (old key -> new dotted key). A key that moved to another command's
+section is refused, naming where it lives now: a class lists it in ``MOVED`` (old key -> the new place, in words).
 """
 
 from __future__ import annotations
@@ -142,6 +143,17 @@ def renamed_flags(cls: type, prefix: str = "") -> dict[str, str]:
     return flags
 
 
+def moved_flags(cls: type, prefix: str = "") -> dict[str, str]:
+    """Flags of keys that moved to another section (``MOVED`` of `cls` and its parts) -> where they live now."""
+    flags = {f"--{prefix}{old}".replace("_", "-"): where for old, where in getattr(cls, "MOVED", {}).items()}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        hint, _ = _unwrap_optional(hints[f.name])
+        if dataclasses.is_dataclass(hint):
+            flags |= moved_flags(hint, f"{prefix}{f.name}.")
+    return flags
+
+
 def _alias_of(cls: type, dotted: str) -> str | None:
     """The second flag (``alias``) of the field at `dotted` in `cls`, if it has one."""
     *parents, leaf = dotted.split(".")
@@ -167,6 +179,8 @@ def _apply(obj, values: dict, where: str) -> None:
     renamed = getattr(type(obj), "RENAMED", {})
     values = _move_renamed_nested(values, renamed)
     for key, value in values.items():
+        if key not in known and key in getattr(type(obj), "MOVED", {}):
+            raise ValueError(f"{where}: '{key}' is no longer set here: {type(obj).MOVED[key]}")
         if key not in known and key in renamed:
             warnings.warn(f"{where}: '{key}' is deprecated, write '{renamed[key]}'", FutureWarning, stacklevel=2)
             _set_dotted(obj, renamed[key], value, where)

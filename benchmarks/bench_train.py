@@ -61,7 +61,7 @@ def _worker(kind: str, data: str, batch: int, steps: int, negatives: int, max_le
             out = train_retriever(RetrieverTrainConfig(
                 data=data, out=f"{tmp}/model",
                 encoder=EncoderConfig(model=model_dir, max_length=max_length, composition="query"),
-                per_device_batch_size=batch, max_steps=steps, num_negatives=negatives, cached=cached,
+                per_device_batch_size=batch, max_steps=steps, cached=cached,
                 mini_batch_size=8, save_steps=10_000, logging_steps=1, progress=False))
             history = [json.loads(line) for line in (out / "metrics.jsonl").open()]
         else:
@@ -74,7 +74,7 @@ def _worker(kind: str, data: str, batch: int, steps: int, negatives: int, max_le
 
             model = SentenceTransformer(model_dir, device="cpu" if not torch.cuda.is_available() else None)
             model.max_seq_length = max_length
-            examples, _ = read_training_examples(data, None, lambda q, *_: q, lambda t: t, negatives)
+            examples, _ = read_training_examples(data, None, lambda q, *_: q, lambda t: t)
             args = SentenceTransformerTrainingArguments(
                 output_dir=f"{tmp}/ckpt", per_device_train_batch_size=batch, max_steps=steps, learning_rate=2e-5,
                 warmup_steps=0.1, weight_decay=0.01, logging_steps=1, save_steps=10_000, report_to=[],

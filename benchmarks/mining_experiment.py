@@ -376,7 +376,7 @@ def choose_gac_target(job: MineJobConfig, rollout: RolloutConfig, config: Experi
     return target, criterion, threshold, report
 
 
-def reference_rows(mining_dir: Path, qa_path: Path, corpus: Corpus, out: Path, num_negatives: int = 15,
+def reference_rows(mining_dir: Path, qa_path: Path, corpus: Corpus, out: Path, num_negatives: int,
                    seed: int = 0) -> Path:
     """DIAGNOSTIC (reads train evidence titles; never shipped): every mined round with its evidence page as the
     positive and negatives sampled from its candidates that are neither evidence nor contain a gold answer."""
@@ -710,7 +710,8 @@ def main() -> None:
     corpus = Corpus.open(corpus_path)
     if config.reference:
         rows["reference: evidence positives (diagnostic)"] = steps.run("reference rows", lambda: reference_rows(
-            work / "mining" / "full", data / config.mining_qa, corpus, work / "mining" / "reference_rows.jsonl"))
+            work / "mining" / "full", data / config.mining_qa, corpus, work / "mining" / "reference_rows.jsonl",
+            job.mining.selection.num_negatives))
 
     train = dataclasses.replace(train, corpus=corpus_path, select_on=str(data / config.heldout_qa),
                                 select_parents=str(data / config.heldout_parents), select_index=config.base_index)

@@ -139,3 +139,17 @@ def test_the_paper_configs_train_the_retriever_without_weight_decay_as_the_relea
     path = Path(__file__).resolve().parent.parent / config_file
     config = build_config(command("retriever_train").config_class(), "retriever_train", None, str(path))
     assert config.weight_decay == 0.0 and config.learning_rate == 2e-5 and config.temperature == 0.01
+
+
+def test_a_key_that_moved_to_another_section_is_refused_naming_where_it_lives_now(tmp_path):
+    """The negatives per row are mining's: `retriever_train.num_negatives` (file or flag) names that place."""
+    from agentic_retriever.training.config import RetrieverTrainConfig
+
+    config = tmp_path / "train.yaml"
+    config.write_text("retriever_train:\n  data: rows.jsonl\n  num_negatives: 7\n")
+    with pytest.raises(ValueError, match=r"retriever_train: 'num_negatives' is no longer set here: .*"
+                                         r"mine_run\.mining\.selection\.num_negatives"):
+        build_config(RetrieverTrainConfig, "retriever_train", None, str(config))
+    with pytest.raises(SystemExit, match=r"retriever train: --num-negatives is no longer set here: .*"
+                                         r"mine_run\.mining\.selection\.num_negatives"):
+        main(["retriever", "train", "--data", "rows.jsonl", "--num-negatives", "7"])

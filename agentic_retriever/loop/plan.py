@@ -202,9 +202,9 @@ def plan_loop(job: LoopJob, gpus: int, gpu_type: str = "H100", gpus_per_node: in
     if scorer_gpus:
         steps[-1]["bound_by"] = "the scorer" if scorer_s / scorer_gpus > gac_s / shards else "the GAC shards"
 
-    train = job.train
-    passages = mining["rounds"] * (1 + train.num_negatives) * train.epochs
-    add("4 retriever", f"at most {mining['rounds']:,} rows x {1 + train.num_negatives} passages x {train.epochs:g} "
+    train, negatives = job.train, job.mine.mining.selection.num_negatives
+    passages = mining["rounds"] * (1 + negatives) * train.epochs
+    add("4 retriever", f"at most {mining['rounds']:,} rows x {1 + negatives} passages x {train.epochs:g} "
         f"epochs = {passages / 1e6:,.1f}M passages", passages / rates["train"].value, node, ["train"])
 
     corpus = _passages(job.index.corpus, corpus_passages)

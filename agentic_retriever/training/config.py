@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
-from ..precision import Precision, resolve_native
 from ..curves import validate_report_to
 from ..encoder import COMPOSE_WITH, EncoderConfig
+from ..precision import Precision, resolve_native
 
 __all__ = ["LOSSES", "SELECT_METRIC_PATTERN", "SOFT_LABEL_KEYS", "RetrieverTrainConfig"]
 
@@ -33,6 +33,11 @@ class RetrieverTrainConfig:
     KL term alone (see `losses`). Model selection (``select_on``) keeps the base or the epoch that scores best
     on held-out training questions (see `selection`)."""
 
+    #: Keys that moved to another section (refused, naming where they live now).
+    MOVED: ClassVar[dict[str, str]] = {"num_negatives": (
+        "the negatives per row are mining's, mine_run.mining.selection.num_negatives; training takes every row's "
+        "negatives and refuses a file whose rows differ")}
+
     data: str = field(default="", metadata={"help": "training rows: Agentic-R (mine run output) or FlagEmbedding JSONL",
                                             "derive": "{workdir}/mining/retriever_train.jsonl"})
     corpus: str = field(default="", metadata={"help": "corpus the rows' passage ids refer to",
@@ -54,7 +59,6 @@ class RetrieverTrainConfig:
     epochs: float = field(default=2.0, metadata={"help": "passes over the examples"})
     max_steps: int = field(default=-1, metadata={"help": "stop after this many updates (-1: epochs decide)"})
     per_device_batch_size: int = field(default=32, metadata={"help": "queries per device and step (B)"})
-    num_negatives: int | None = field(default=15, metadata={"help": "sampled negatives per query (N - 1); none: the data's"})
     warmup_ratio: float = field(default=0.1, metadata={
         "help": "linear warm-up over ceil(ratio x updates) updates, the first one already at a non-zero rate"})
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
@@ -108,8 +112,6 @@ class RetrieverTrainConfig:
             raise ValueError(f"temperature must be positive, got {self.temperature}")
         if self.per_device_batch_size < 1 or self.mini_batch_size < 1:
             raise ValueError("per_device_batch_size and mini_batch_size must be at least 1")
-        if self.num_negatives is not None and self.num_negatives < 1:
-            raise ValueError(f"num_negatives must be at least 1, got {self.num_negatives}")
         if self.precision not in ("auto", "native", "fp32", "fp16", "bf16"):
             raise ValueError(f"precision must be auto, native, fp32, fp16 or bf16, got {self.precision!r}")
         if self.batch_sampler not in ("default", "no_duplicates"):

@@ -13,9 +13,10 @@ Two row formats are read, told apart by their fields:
   with passage texts inline; one example per positive; the query is used as given (plus the prefix). It has
   no per-passage scores, so it cannot feed the soft-label loss.
 
-Every example has 1 positive and ``num_negatives`` negatives (N = 1 + num_negatives passages; the paper's
-N = 16). Rows with more negatives keep their first ``num_negatives`` (mined rows are already a seeded sample);
-rows with fewer are an error, as is a passage id missing from the corpus; both name the file, line and field.
+Every example has 1 positive and the negatives of its row; every row of a file has as many as its first (N = 1 +
+that count; the paper's N = 16). The count is mining's (``mine_run.mining.selection.num_negatives``, which samples
+them) or the file's author's: training takes it from the rows and sets none of its own. A row with another count is
+an error, as is a passage id missing from the corpus; both name the file, line and field.
 With ``skip_bad_rows`` such rows are skipped and counted instead. Exact duplicates (the same query input,
 positive and negatives; e.g. a round mined twice) are kept once and counted as ``duplicates_removed``: a
 duplicate would be its twin's false in-batch negative and would count twice in the loss.
@@ -76,19 +77,19 @@ def passage_utility(score: dict, key: str) -> float:
 
 
 def read_training_examples(path: str | os.PathLike, corpus: Corpus | None, query_input: QueryInput,
-                           passage_input: Callable[[str], str], num_negatives: int | None = None,
-                           skip_bad_rows: bool = False,
+                           passage_input: Callable[[str], str], skip_bad_rows: bool = False,
                            soft_label_key: str | None = None) -> tuple[list[TrainingExample], dict[str, int]]:
     """Read the examples of `path`; return them with counts (rows, examples, duplicates_removed, skipped per
     reason).
 
-    `num_negatives` None takes the first row's count. `corpus` is needed for rows with passage ids. With
+    Every row has as many negatives as the first. `corpus` is needed for rows with passage ids. With
     `soft_label_key` (one of ``gac``, ``local_utility``, ``gac+lr``) every example carries the utilities of
     its N passages (`passage_utility`); a row without per-passage ``scores`` is then an error.
     """
     examples: list[TrainingExample] = []
     seen: set[tuple] = set()
     counts: Counter[str] = Counter(duplicates_removed=0)
+    num_negatives: int | None = None
     for line, row in iter_jsonl(path):
         counts["rows"] += 1
         try:
@@ -112,16 +113,18 @@ def read_training_examples(path: str | os.PathLike, corpus: Corpus | None, query
                 num_negatives = len(negatives)
                 if num_negatives < 1:
                     raise DataFormatError(path, line, "the first row has no negative passage", field="neg")
-            if len(negatives) < num_negatives:
-                raise DataFormatError(path, line, f"{len(negatives)} negatives, {num_negatives} needed",
+            if len(negatives) != num_negatives:
+                raise DataFormatError(path, line, f"{len(negatives)} negatives where the first row has "
+                                                  f"{num_negatives}: every row has as many (mining's "
+                                                  "mine_run.mining.selection.num_negatives sets it)",
                                       field="passage_ids" if "passage_ids" in row else "neg")
         except DataFormatError as error:
             if not skip_bad_rows:
                 raise
             counts[f"skipped_{_reason(error)}"] += 1
             continue
-        negative_inputs = tuple(passage_input(text) for text in negatives[:num_negatives])
-        kept_utilities = tuple(utilities[:1 + num_negatives]) if utilities is not None else None
+        negative_inputs = tuple(passage_input(text) for text in negatives)
+        kept_utilities = tuple(utilities) if utilities is not None else None
         for positive in positives:
             example = TrainingExample(query, passage_input(positive), negative_inputs, kept_utilities)
             key = (example.query, example.positive, example.negatives)
@@ -202,6 +205,6 @@ def _in_corpus(corpus: Corpus, passage_id: str) -> bool:
 def _reason(error: DataFormatError) -> str:
     if "not in the corpus" in error.problem:
         return "missing_passage"
-    if "negatives," in error.problem:
-        return "too_few_negatives"
+    if "negatives where the first row has" in error.problem:
+        return "other_negatives_count"
     return "malformed"

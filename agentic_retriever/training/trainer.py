@@ -123,7 +123,7 @@ def train_retriever(config: RetrieverTrainConfig) -> Path:
     corpus = Corpus.open(config.corpus) if config.corpus else None
     examples, counts = read_training_examples(
         config.data, corpus, lambda q, question, history: encoder.compose([q], [question], [list(history)])[0],
-        lambda text: settings.passage_prefix + text, config.num_negatives, config.skip_bad_rows,
+        lambda text: settings.passage_prefix + text, config.skip_bad_rows,
         soft_label_key=config.soft_label_key if config.uses_soft_labels else None)
     if not examples:
         raise ValueError(f"no training example in {config.data} ({counts})")

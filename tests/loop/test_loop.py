@@ -72,7 +72,7 @@ def make_job(tiny_model_dir: str, tiny_causal_lm_dir: str, **loop) -> LoopJob:
             num_candidates=20, lr_scorer="pointwise", use_sub_answers=False, gac_mode="answer_likelihood",
             progress=False, plot=False, selection=SelectionConfig(num_negatives=3, gac_threshold=0.1))),
         train=RetrieverTrainConfig(encoder=dataclasses.replace(encoder, composition="question_sep_query"),
-                                   epochs=1, per_device_batch_size=2, num_negatives=3, progress=False,
+                                   epochs=1, per_device_batch_size=2, progress=False,
                                    report_to=["none"], temperature=0.05),
         index=IndexBuildConfig(corpus="data/corpus.jsonl", encoder=encoder, dense=DenseParams(type="flat")),
     )
@@ -300,7 +300,7 @@ def test_the_retriever_step_runs_under_a_launcher_from_the_config_file(workdir, 
          "scores": [{"em": 1, "local_utility": 0.9}] + [{"em": 0, "local_utility": 0.1}] * 3} for q in range(6)])
     config = workdir / "loop.yaml"
     config.write_text("retriever_train:\n  encoder:\n    composition: question_sep_query\n    max_length: 32\n"
-                      "  epochs: 1\n  per_device_batch_size: 2\n  num_negatives: 3\n  report_to: [none]\n"
+                      "  epochs: 1\n  per_device_batch_size: 2\n  report_to: [none]\n"
                       "  progress: false\n")
     job = dataclasses.replace(make_job(tiny_model_dir, tiny_causal_lm_dir, retriever_launcher=sys.executable),
                               config_file=str(config))
@@ -327,7 +327,8 @@ def test_the_paper_loop_trains_the_retriever_under_torchrun_with_the_papers_4096
                                                                              None, path)
     launcher = command_words(loop.retriever_launcher)  # torchrun of the loop's own interpreter
     assert launcher[1:3] == ["-m", "torch.distributed.run"] and launcher[launcher.index("--nproc_per_node") + 1] == "8"
-    assert train.gather_across_devices and train.per_device_batch_size * 8 * (1 + train.num_negatives) == 4096
+    negatives = build_config(MineJobConfig, "mine_run", None, path).mining.selection.num_negatives  # mining's count
+    assert train.gather_across_devices and train.per_device_batch_size * 8 * (1 + negatives) == 4096
 
 
 def test_a_verl_stand_in_writes_and_validates_the_run_then_trains_embedded(workdir, tiny_model_dir,

@@ -44,7 +44,7 @@ def test_each_step_is_its_work_over_the_throughput_on_the_gpus_it_holds(job):
     mining = plan["mining_plan"]
     assert mining["trajectories"] == plan["questions"] == 100
     train = _step(plan, "4 retriever")
-    assert train["hours"] == pytest.approx(mining["rounds"] * (1 + job.train.num_negatives) * job.train.epochs
+    assert train["hours"] == pytest.approx(mining["rounds"] * (1 + job.mine.mining.selection.num_negatives) * job.train.epochs
                                            / rates["train"] / 8 / 3600)
     assert plan["hours"] == pytest.approx(sum(s["hours"] for s in plan["steps"]))
 

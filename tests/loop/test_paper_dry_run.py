@@ -53,7 +53,7 @@ SIZES = {"loop.eval.agent_questions", "index_build.encoder.batch_size", "agent_t
          "agent_rollout.env.max_new_tokens_per_turn", "mine_run.scorer.max_concurrency", "mine_run.mining.num_candidates",
          "mine_run.mining.lr_window", "mine_run.mining.lr_max_new_tokens", "mine_run.mining.sub_answer_max_new_tokens",
          "mine_run.mining.env.max_new_tokens_per_turn", "mine_run.mining.selection.num_negatives",
-         "retriever_train.encoder.max_length", "retriever_train.per_device_batch_size", "retriever_train.num_negatives",
+         "retriever_train.encoder.max_length", "retriever_train.per_device_batch_size",
          "retriever_train.save_steps", "loop.verl.log_prob_micro_batch_size", "loop.verl.critic_micro_batch_size",
          "loop.verl.val_questions"}
 DEVICES = {"loop.rollout_devices", "loop.mining_devices", "loop.retriever_launcher", "index_build.encoder.devices",

@@ -117,7 +117,7 @@ def test_two_gloo_processes_train_every_row_each_epoch_without_a_shared_text_in_
         {"id": f"h{i}", "question": f"What is about topic {i % 7}?", "golden_answers": [str(i)],
          "supporting_titles": [f"Title {i}"]} for i in (1, 9, 17)])
     config = _config(tiny_model_dir, write_rows(tmp_path / "rows.jsonl", rows), corpus, tmp_path / "r",
-                     per_device_batch_size=2, num_negatives=1, epochs=2, save_steps=1000, select_on=str(heldout),
+                     per_device_batch_size=2, epochs=2, save_steps=1000, select_on=str(heldout),
                      select_index=str(tmp_path / "index"), select_pool=30)
     mp.start_processes(_train_as_rank, args=(2, free_port(), config, str(tmp_path)), nprocs=2, start_method="spawn")
     records = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]

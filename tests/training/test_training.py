@@ -43,12 +43,12 @@ def compose(q, question, history):
 
 
 def test_agentic_r_rows_become_composed_examples(tmp_path, corpus_path):
-    data = write_rows(tmp_path / "rows.jsonl", [agentic_row(1, 3, [4, 5, 6]), agentic_row(2, 7, [8, 9, 10, 11])])
+    data = write_rows(tmp_path / "rows.jsonl", [agentic_row(1, 3, [4, 5, 6]), agentic_row(2, 7, [8, 9, 10])])
     examples, counts = read_training_examples(data, Corpus.open(corpus_path), compose, lambda t: "passage: " + t)
     assert counts["rows"] == 2 and counts["examples"] == 2
     assert examples[0].query == "query: Q? [SEP] topic 3 words"
     assert examples[0].positive == f'passage: "Title 3"\n{PASSAGES[3]}'
-    assert len(examples[0].negatives) == 3 and len(examples[1].negatives) == 3  # the first row's count, first ones
+    assert len(examples[0].negatives) == 3 and len(examples[1].negatives) == 3  # every one of the row's negatives
     assert examples[1].negatives[-1].endswith(PASSAGES[10])
 
 
@@ -61,11 +61,17 @@ def test_an_unknown_passage_id_names_file_line_and_id_or_is_skipped(tmp_path, co
     assert len(examples) == 1 and counts["skipped_missing_passage"] == 1
 
 
-def test_too_few_negatives_and_malformed_rows_are_errors(tmp_path, corpus_path):
+def test_another_number_of_negatives_and_malformed_rows_are_errors(tmp_path, corpus_path):
     corpus = Corpus.open(corpus_path)
     data = write_rows(tmp_path / "few.jsonl", [agentic_row(1, 3, [4, 5, 6]), agentic_row(2, 7, [8])])
-    with pytest.raises(DataFormatError, match=r"few.jsonl:2: .*1 negatives, 3 needed"):
+    with pytest.raises(DataFormatError, match=r"few.jsonl:2: field 'passage_ids': 1 negatives where the first row "
+                                              r"has 3: .*mine_run.mining.selection.num_negatives"):
         read_training_examples(data, corpus, compose, str)
+    more = write_rows(tmp_path / "more.jsonl", [agentic_row(1, 3, [4, 5]), agentic_row(2, 7, [8, 9, 10])])
+    with pytest.raises(DataFormatError, match=r"more.jsonl:2: .*3 negatives where the first row has 2"):
+        read_training_examples(more, corpus, compose, str)  # extra negatives are refused, not dropped
+    examples, counts = read_training_examples(more, corpus, compose, str, skip_bad_rows=True)
+    assert len(examples) == 1 and counts["skipped_other_negatives_count"] == 1
     bad = write_rows(tmp_path / "bad.jsonl", [{"query_text": "x"}])
     with pytest.raises(DataFormatError, match=r"bad.jsonl:1: .*neither an Agentic-R row"):
         read_training_examples(bad, corpus, compose, str)
@@ -75,9 +81,9 @@ def test_too_few_negatives_and_malformed_rows_are_errors(tmp_path, corpus_path):
 
 def test_flag_embedding_rows_give_one_example_per_positive(tmp_path):
     data = write_rows(tmp_path / "fe.jsonl", [{"query": "who", "pos": ["a", "b"], "neg": ["n1", "n2", "n3"]}])
-    examples, counts = read_training_examples(data, None, compose, lambda t: "p: " + t, num_negatives=2)
+    examples, counts = read_training_examples(data, None, compose, lambda t: "p: " + t)
     assert [e.positive for e in examples] == ["p: a", "p: b"]
-    assert examples[0].query == "query: who" and examples[0].negatives == ("p: n1", "p: n2")
+    assert examples[0].query == "query: who" and examples[0].negatives == ("p: n1", "p: n2", "p: n3")
     assert counts["format_flag_embedding"] == 1
 
 
@@ -105,9 +111,8 @@ def test_utilities_come_from_gac_with_em_fallback_local_utility_or_their_sum(tmp
                      {"em": 0, "local_utility": 0.1, "gac": 0.3}, {"em": 1, "local_utility": 0.0, "gac": None},
                      {"em": 0, "local_utility": 0.7, "gac": 0.9}]
     data = write_rows(tmp_path / "rows.jsonl", [row])
-    examples, _ = read_training_examples(data, Corpus.open(corpus_path), compose, str, num_negatives=3,
-                                         soft_label_key="gac+lr")
-    assert examples[0].utilities == pytest.approx((1.7, 0.5, 0.4, 1.0))  # positive first; the 4th negative cut
+    examples, _ = read_training_examples(data, Corpus.open(corpus_path), compose, str, soft_label_key="gac+lr")
+    assert examples[0].utilities == pytest.approx((1.7, 0.5, 0.4, 1.0, 1.6))  # positive first
     examples, _ = read_training_examples(data, Corpus.open(corpus_path), compose, str)
     assert examples[0].utilities is None  # read only for the soft-label loss
 
@@ -147,7 +152,7 @@ def train_rows(tmp_path, corpus_path):
 def _config(tiny_model_dir, data, corpus, out, **overrides):
     from agentic_retriever.training.config import RetrieverTrainConfig
 
-    settings = dict(data=str(data), corpus=str(corpus), out=str(out), per_device_batch_size=4, num_negatives=3,
+    settings = dict(data=str(data), corpus=str(corpus), out=str(out), per_device_batch_size=4,
                     learning_rate=5e-4, epochs=2, temperature=0.05, warmup_ratio=0.0, save_steps=3, logging_steps=1,
                     progress=False, encoder=EncoderConfig(model=tiny_model_dir, composition="question_sep_query",
                                                           query_prefix="query: ", passage_prefix="passage: "))
@@ -321,7 +326,7 @@ def test_rows_sharing_a_passage_never_share_a_batch_and_every_row_trains_each_ep
             yield batch
 
     monkeypatch.setattr(NoDuplicatesBatchSampler, "__iter__", recording)
-    out = train_retriever(_config(tiny_model_dir, data, corpus_path, tmp_path / "r", num_negatives=1, epochs=2))
+    out = train_retriever(_config(tiny_model_dir, data, corpus_path, tmp_path / "r", epochs=2))
     updates_per_epoch = json.loads((out / "train_manifest.json").read_text())["updates"] // 2
     assert updates_per_epoch >= 4
     for _, _, texts in batches:
