@@ -68,7 +68,7 @@ from agentic_retriever.qa_sources import qa_set_name
 
 from .dialects.s3 import NAIVE_RAG_TOPK
 from .naive_rag import NaiveRagCache, retriever_identity
-from .qa_data import QARow, as_qa_rows
+from agentic_retriever.qa_sources import QARow, as_qa_rows
 from .rewards.answer_judge import judge_answers
 from .rewards.gbr import gain_beyond_rag, gain_beyond_rag_paper
 from .rewards.generation import generate_answers, generation_accuracy

@@ -40,7 +40,7 @@ from agentic_retriever.jsonl import DataFormatError, iter_jsonl, read_json, writ
 from agentic_retriever.qa_sources import iter_search_r1_file, question_after_marker, search_r1_qa_row
 
 from .dialects.search_r1 import INVALID_ACTION_MESSAGE, SearchR1Dialect
-from .qa_data import read_qa_rows
+from agentic_retriever.qa_sources import read_qa_rows
 from .trajectory import Retrieved, Trajectory, Turn
 
 __all__ = ["ImportConfig", "ImportStats", "import_summary", "import_trajectories", "split_response"]

@@ -41,7 +41,7 @@ from agentic_retriever.eval.qa import YES_NO, is_yes_no  # re-exported: s3 drops
 from agentic_retriever.jsonl import DataFormatError, json_error_text, write_json
 from agentic_retriever.llm.base import LLM
 
-from .qa_data import QARow
+from agentic_retriever.qa_sources import QARow
 from .rewards.generation import GENERATOR_PROMPT, GENERATOR_SAMPLING, JUDGE_PROMPT, JUDGE_SAMPLING, generation_accuracy
 
 __all__ = ["YES_NO", "NaiveRagCache", "is_yes_no", "retriever_identity",
@@ -193,7 +193,7 @@ def _unique_keys(rows: Sequence[QARow]) -> list[str]:
     keys, by_id = [], {}
     for row in rows:
         if not isinstance(row, QARow):
-            raise TypeError(f"rows must be QARow (agent.qa_data), got {type(row).__name__}")
+            raise TypeError(f"rows must be QARow (agentic_retriever.qa_sources), got {type(row).__name__}")
         key = _question_key(row)
         if by_id.setdefault(row.id, key) != key:
             raise ValueError(f"question id {row.id!r} is given twice with different questions or golden answers")

@@ -21,7 +21,7 @@ from agentic_retriever.llm import LLMConfig
 from agentic_retriever.llm.base import LLM, derived_seed
 
 from .env import EnvConfig, Rollout, rollout
-from .qa_data import QARow, as_qa_rows, read_qa_rows
+from agentic_retriever.qa_sources import QARow, as_qa_rows, read_qa_rows
 from .trajectory import Trajectory, TrajectoryWriter, trajectory_id
 
 __all__ = ["RolloutConfig", "RolloutRunSummary", "RolloutSettingsMismatch", "make_trajectory", "rollout_settings_path",

@@ -27,7 +27,7 @@ from agentic_retriever.llm.base import LLM
 
 from .env import EnvConfig
 from .evaluate import evaluate_trajectories
-from .qa_data import QARow, read_qa_rows
+from agentic_retriever.qa_sources import QARow, read_qa_rows
 from .rollouts import run_rollouts
 from .trajectory import read_trajectories
 

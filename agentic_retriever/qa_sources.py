@@ -20,6 +20,9 @@ per-dataset tables): the name given, else the row's own ``dataset``, the parquet
 config, the folder of FlashRAG's ``DATASET/SPLIT.jsonl`` layout, or the file's stem. FlashRAG numbers rows
 per split (``train_0``, ...), so when a set holds more than one dataset every id becomes ``DATASET/ID``; ids
 that still repeat are an error naming both places. A single JSONL source without a name is read as it is.
+
+The rows as the agent reads them are `QARow`s (`read_qa_rows`): ``id``, ``question``, ``golden_answers`` flattened
+to strings, and the optional ``supporting_titles`` and ``dataset`` (docs/data-formats.md, "QA rows").
 """
 
 from __future__ import annotations
@@ -27,15 +30,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from .eval.qa import golden_strings
 from .jsonl import DataFormatError, iter_jsonl
 
-__all__ = ["QASource", "QASourceRow", "iter_search_r1_file", "parse_qa_sources", "qa_set_name", "qa_set_sha256",
-           "question_after_marker", "read_qa_source_rows", "search_r1_qa_row"]
+__all__ = ["QARow", "QASource", "QASourceRow", "as_qa_rows", "iter_search_r1_file", "parse_qa_sources", "qa_set_name",
+           "qa_set_sha256", "question_after_marker", "read_qa_rows", "read_qa_source_rows", "search_r1_qa_row"]
 
 #: File stems that name a split, not a dataset (FlashRAG's ``nq/train.jsonl`` layout).
 SPLIT_STEMS = frozenset({"train", "dev", "test", "val", "validation"})
@@ -243,3 +247,50 @@ def _hub_rows(source: QASource) -> Iterator[tuple[str, int, dict[str, Any]]]:
                                 f"{source.config!r}, split={source.split!r}) failed: {error}") from error
     for number, row in enumerate(rows, start=1):
         yield where, number, dict(row)
+
+
+@dataclass(frozen=True)
+class QARow:
+    """One question with its golden answers (flattened to strings) and, when known, its evidence titles and the
+    dataset it comes from (a merged evaluation set reports per dataset, as the paper's tables)."""
+
+    id: str
+    question: str
+    golden_answers: tuple[str, ...]
+    supporting_titles: tuple[str, ...] | None = None
+    dataset: str | None = None
+
+    @classmethod
+    def from_json(cls, row: dict[str, Any], path: str | os.PathLike = "<qa rows>", line: int | None = None) -> QARow:
+        """Parse one row; a missing or mistyped field raises DataFormatError naming file, line and field."""
+        for name in ("id", "question", "golden_answers"):
+            if name not in row:
+                raise DataFormatError(path, line, "missing", field=name)
+        if not isinstance(row["id"], (str, int)) or isinstance(row["id"], bool):
+            raise DataFormatError(path, line, f"expected str/int, got {type(row['id']).__name__}", field="id")
+        if not isinstance(row["question"], str) or not row["question"].strip():
+            raise DataFormatError(path, line, "expected a non-empty string", field="question")
+        try:
+            golden = tuple(golden_strings(row["golden_answers"]))
+        except TypeError as error:
+            raise DataFormatError(path, line, str(error), field="golden_answers") from None
+        titles = row.get("supporting_titles")
+        if titles is not None and (not isinstance(titles, list) or not all(isinstance(t, str) for t in titles)):
+            raise DataFormatError(path, line, "expected a list of strings", field="supporting_titles")
+        dataset = row.get("dataset")
+        if dataset is not None and (not isinstance(dataset, str) or not dataset.strip()):
+            raise DataFormatError(path, line, "expected a non-empty string", field="dataset")
+        return cls(str(row["id"]), row["question"], golden, tuple(titles) if titles is not None else None, dataset)
+
+
+def read_qa_rows(path: str | os.PathLike) -> list[QARow]:
+    """All rows of a QA set (a JSONL file, or any spec of `agentic_retriever.qa_sources`); bad rows raise
+    DataFormatError naming file, line and field."""
+    return [QARow.from_json(r.row, r.where, r.line) for r in read_qa_source_rows(path)]
+
+
+def as_qa_rows(rows: Sequence[QARow | dict[str, Any]] | str | os.PathLike) -> list[QARow]:
+    """QA rows from a QA set spec (a JSONL path, ...), `QARow`s, or dicts (a bad dict is named by its 1-based position)."""
+    if isinstance(rows, (str, os.PathLike)):
+        return read_qa_rows(rows)
+    return [r if isinstance(r, QARow) else QARow.from_json(r, "<qa rows>", i) for i, r in enumerate(rows, start=1)]

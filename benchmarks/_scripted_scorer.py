@@ -27,7 +27,7 @@ _PASSAGE = re.compile(r"Passage \[\d+\] ")
 _WORD = re.compile(r"[a-z0-9]{3,}")
 
 
-def _words(text: str) -> set[str]:
+def _keywords(text: str) -> set[str]:
     return set(_WORD.findall(text.lower()))
 
 
@@ -36,9 +36,9 @@ def answer(prompt: str) -> str:
     window = _WINDOW.search(prompt)
     if window is None:
         return "<sub-answer> Not Sure </sub-answer>"
-    query = _words(window.group(1)) or {""}
+    query = _keywords(window.group(1)) or {""}
     passages = [p for p in _PASSAGE.split(window.group(2)) if p.strip()]
-    return " ".join(str(round(100 * len(query & _words(p)) / len(query))) for p in passages)
+    return " ".join(str(round(100 * len(query & _keywords(p)) / len(query))) for p in passages)
 
 
 def make_app() -> FastAPI:

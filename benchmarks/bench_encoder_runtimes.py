@@ -180,7 +180,7 @@ def main() -> None:
     reference = embeddings["torch-fp32"]
     baseline = min(seconds["torch-fp32"])
     results = {}
-    print(f"\n| runtime | passages/s | vs torch-fp32 | cosine min | cosine mean | Recall@1 | MRR@10 |\n|---|---:|---:|---:|---:|---:|---:|")
+    print("\n| runtime | passages/s | vs torch-fp32 | cosine min | cosine mean | Recall@1 | MRR@10 |\n|---|---:|---:|---:|---:|---:|---:|")
     for name, encoder in encoders.items():
         ours = embeddings[name] / np.linalg.norm(embeddings[name], axis=1, keepdims=True)
         cosine = np.sum(ours * reference / np.linalg.norm(reference, axis=1, keepdims=True), axis=1)

@@ -38,7 +38,7 @@ RUNS = {  # name -> overrides of the config
 
 
 def _worker(name: str, args: dict) -> dict:
-    from agent.qa_data import read_qa_rows
+    from agentic_retriever.qa_sources import read_qa_rows
     from agent.rl import RLConfig, RLTrainer
     from agentic_retriever.client import RetrievalConfig, open_client
     from agentic_retriever.config import build_config

@@ -136,7 +136,7 @@ def main() -> None:
     import statistics
 
     from agent.env import EnvConfig, rollout
-    from agent.qa_data import read_qa_rows
+    from agentic_retriever.qa_sources import read_qa_rows
     from agentic_retriever.client import LocalRetrievalClient
     from agentic_retriever.llm import LLMConfig, load_llm
     from agentic_retriever.llm.prefix_cache import DEFAULT_PREFIX_CACHE_TOKENS

@@ -61,7 +61,7 @@ def answer_rank(hits, golden) -> int | None:
 def select_questions(path: str, client, topk: int) -> tuple[list, Counter]:
     """The non-yes/no rows of `path` whose answer is in their question's top-`topk` but not its top-1."""
     from agent.naive_rag import is_yes_no
-    from agent.qa_data import read_qa_rows
+    from agentic_retriever.qa_sources import read_qa_rows
 
     rows = [row for row in read_qa_rows(path) if not is_yes_no(row.golden_answers)]
     hits = client.retrieve([row.question for row in rows], topk=topk)  # naive RAG's search, the searcher's D_0
@@ -74,7 +74,7 @@ def warm_start(args, client) -> str:
     from transformers import AutoTokenizer
 
     from agent.dialects.s3 import S3Dialect, S3Selection, S3Settings
-    from agent.qa_data import read_qa_rows
+    from agentic_retriever.qa_sources import read_qa_rows
     from agent.sft import SFTConfig, SFTExample, data_fingerprint, train_sft
     from agentic_retriever.defaults import resolve_llm_name
     from agentic_retriever.llm import LLMConfig
@@ -109,7 +109,7 @@ def _worker(name: str, args: dict) -> dict:
     import torch
 
     from agent.dialects.s3 import parse_turn
-    from agent.qa_data import QARow
+    from agentic_retriever.qa_sources import QARow
     from agent.rewards.generation import FirstDocumentsReader
     from agent.rl import RLConfig, RLTrainer
     from agentic_retriever.client import RetrievalConfig, open_client

@@ -77,7 +77,7 @@ def _worker(name: str, args: dict) -> dict:
     """One run: evaluate on the held-out questions, train ``args["steps"]`` steps, evaluate again."""
     import torch
 
-    from agent.qa_data import read_qa_rows
+    from agentic_retriever.qa_sources import read_qa_rows
     from agent.rl import RLConfig, RLTrainer
     from agent.rl.batch_reward import prepare_reward
     from agentic_retriever.client import RetrievalConfig, open_client

@@ -77,7 +77,7 @@ def rl_step(model: str, corpus: str, questions: int, max_new_tokens: int | None,
     import torch
     from bench_rollout import FixedPassages
 
-    from agent.qa_data import QARow
+    from agentic_retriever.qa_sources import QARow
     from agent.rl.config import RLConfig
     from agent.rl.trainer import RLTrainer
     from agentic_retriever.config import build_config

@@ -81,7 +81,7 @@ def prepare(out: Path, questions: int = QUESTIONS) -> dict:
 
 def _prompts(llm, out: Path) -> list[list[int]]:
     from agent.env import EnvConfig, Environment
-    from agent.qa_data import read_qa_rows
+    from agentic_retriever.qa_sources import read_qa_rows
 
     env = Environment(llm.tokenizer, EnvConfig(), llm.chat_prompt)
     return [env.start(row.question).context_ids() for row in read_qa_rows(out / "qa.jsonl")]

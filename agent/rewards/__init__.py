@@ -49,7 +49,7 @@ from .format_reward import (
     shaped_reward,
 )
 from .outcome import constant_reward, em_reward, extract_answer
-from .qagent import hit_reward, stage1_reward
+from .qagent import hit_reward, qagent_stage1_reward
 from .qagent_format import FormatCheck, check_format
 from .registry import REWARDS, get_reward, register, reward_options
 from .retrieval import gold_in_information, information_blocks, retrieval_hit_reward
@@ -57,13 +57,13 @@ from .sequence import (
     QWEN_ASSISTANT_MARKER,
     SequenceCheck,
     is_valid_sequence,
-    valid_format_reward,
+    search_r1_valid_format_reward,
 )
 from .when_to_search import format_reward as when_to_search_format_reward
 
 __all__ = ["QWEN_ASSISTANT_MARKER", "REWARDS", "FormatCheck", "Response", "SearchR1Judgement", "SequenceCheck",
-           "check_format", "constant_reward", "em_reward", "hit_reward", "stage1_reward",
+           "check_format", "constant_reward", "em_reward", "hit_reward", "qagent_stage1_reward",
            "extract_answer", "format_reward", "format_reward_paper", "get_reward", "gold_in_information",
            "information_blocks", "is_valid_sequence", "judge", "register", "response_text", "retrieval_hit_reward",
-           "retrieval_reward", "retrieval_reward_paper", "reward_options", "shaped_reward", "valid_format_reward",
+           "retrieval_reward", "retrieval_reward_paper", "reward_options", "shaped_reward", "search_r1_valid_format_reward",
            "when_to_search_format_reward"]

@@ -44,8 +44,8 @@ from .qagent_format import check_format
 from .registry import bind, keyword_options, register, register_in
 
 __all__ = ["DEFAULT_HIT_WEIGHT", "QAGENT_GENERATOR", "QAGENT_GENERATOR_PROMPT", "SUBMODULE_REWARDS", "as_sentence",
-           "SubmoduleRewardFn", "format_passages", "get_submodule_reward", "hit", "hit_reward", "stage1_reward",
-           "stage2_reward", "submodule_reward_options"]
+           "SubmoduleRewardFn", "format_passages", "get_submodule_reward", "hit", "hit_reward", "qagent_stage1_reward",
+           "qagent_stage2_reward", "submodule_reward_options"]
 
 #: The release's frozen-generator prompt [R], ``{passage}`` written ``{context}``; its "Question: {question}." ends
 #: the question with a period, which `as_sentence` writes only where the question has no final punctuation (a
@@ -91,7 +91,7 @@ def hit_reward(response: Response, golden: Golden) -> float:
 
 
 @register("qagent_stage1")
-def stage1_reward(response: Response, golden: Golden) -> float:
+def qagent_stage1_reward(response: Response, golden: Golden) -> float:
     """Eq. 7: strict EM of the last ``<answer>`` when the response has QAgent's format, else 0.0."""
     if not check_format(response).valid:
         return 0.0
@@ -99,7 +99,7 @@ def stage1_reward(response: Response, golden: Golden) -> float:
 
 
 @register_in(SUBMODULE_REWARDS, "submodule reward", "qagent_stage2")
-def stage2_reward(answer: str | None, response: Response, golden: Golden, *,
+def qagent_stage2_reward(answer: str | None, response: Response, golden: Golden, *,
                   hit_weight: float = DEFAULT_HIT_WEIGHT) -> float:
     """Eq. 10: EM_contains of the frozen generator's `answer` plus `hit_weight` (0.5) x Hit of the response; no
     format gate. In [0, 1 + hit_weight]."""

@@ -32,7 +32,7 @@ from ..dialects.qagent import ANSWER_OPEN, SEARCH_OPEN
 from .base import Response, response_text
 from .registry import register
 
-__all__ = ["FormatCheck", "check_format", "valid_format_reward"]
+__all__ = ["FormatCheck", "check_format", "qagent_valid_format_reward"]
 
 _SEARCH = re.compile(SEARCH_OPEN)
 _PLAN_THEN_SEARCH = re.compile(rf"<plan>(?:(?!</?plan>).)*</plan>\s*{SEARCH_OPEN}", re.DOTALL)
@@ -65,7 +65,7 @@ def check_format(response: Response) -> FormatCheck:
 
 
 @register("qagent_valid_format")
-def valid_format_reward(response: Response, golden: Golden) -> float:
+def qagent_valid_format_reward(response: Response, golden: Golden) -> float:
     """r_fmt as a number: 1.0 when the response has QAgent's format (plan before every search, reflection after
     every information block, an answer), else 0.0; `golden` is not read."""
     return float(check_format(response).valid)

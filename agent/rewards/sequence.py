@@ -32,7 +32,7 @@ from typing import NamedTuple
 from .base import Response, response_text
 from .registry import register
 
-__all__ = ["QWEN_ASSISTANT_MARKER", "SEARCH_R1_TAGS", "SequenceCheck", "is_valid_sequence", "valid_format_reward"]
+__all__ = ["QWEN_ASSISTANT_MARKER", "SEARCH_R1_TAGS", "SequenceCheck", "is_valid_sequence", "search_r1_valid_format_reward"]
 
 SEARCH_R1_TAGS = ("think", "search", "information", "answer")
 QWEN_ASSISTANT_MARKER = r"<\|im_start\|>assistant\s*"
@@ -96,6 +96,6 @@ def is_valid_sequence(response: Response, *, assistant_marker: str | None = None
 
 
 @register("search_r1_valid_format")
-def valid_format_reward(response: Response, golden: object = None) -> float:
+def search_r1_valid_format_reward(response: Response, golden: object = None) -> float:
     """1.0 when the response passes `is_valid_sequence` (f_format of Eq. 3), else 0.0; `golden` is unused."""
     return float(is_valid_sequence(response).valid)

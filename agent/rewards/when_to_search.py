@@ -49,7 +49,7 @@ from .registry import bind, register, register_in
 
 __all__ = ["DEFAULT_BETA", "DEFAULT_MAX_QUERY_WORDS", "WHEN_TO_SEARCH_REWARDS", "RewardTerms", "answer_reward",
            "format_reward", "get_when_to_search_reward", "is_concise", "mean_pairwise_cosine", "retrieval_count",
-           "search_reward", "stage1_reward", "stage2_reward"]
+           "search_reward", "when_to_search_stage1_reward", "when_to_search_stage2_reward"]
 
 DEFAULT_BETA = 0.3
 DEFAULT_MAX_QUERY_WORDS = 10
@@ -145,14 +145,14 @@ def _terms(correct: bool, response: Response, query_embeddings: np.ndarray | Non
 
 
 @register_in(WHEN_TO_SEARCH_REWARDS, "when-to-search reward", "when_to_search_stage1")
-def stage1_reward(correct: bool, response: Response, query_embeddings: np.ndarray | None = None, *,
+def when_to_search_stage1_reward(correct: bool, response: Response, query_embeddings: np.ndarray | None = None, *,
                   beta: float = DEFAULT_BETA, max_query_words: int = DEFAULT_MAX_QUERY_WORDS) -> RewardTerms:
     """Eq. 12 with Eq. 10's answer term: r_a (1.0, or -1.0 + beta x RC when wrong) + r_s + r_f."""
     return _terms(correct, response, query_embeddings, stage=1, beta=beta, max_query_words=max_query_words)
 
 
 @register_in(WHEN_TO_SEARCH_REWARDS, "when-to-search reward", "when_to_search_stage2")
-def stage2_reward(correct: bool, response: Response, query_embeddings: np.ndarray | None = None, *,
+def when_to_search_stage2_reward(correct: bool, response: Response, query_embeddings: np.ndarray | None = None, *,
                   beta: float = DEFAULT_BETA, max_query_words: int = DEFAULT_MAX_QUERY_WORDS) -> RewardTerms:
     """Eq. 12 with Eq. 11's answer term: r_a (1.0 - beta x RC when correct, else -1.0) + r_s + r_f."""
     return _terms(correct, response, query_embeddings, stage=2, beta=beta, max_query_words=max_query_words)

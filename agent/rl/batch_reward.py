@@ -57,7 +57,7 @@ from ..dialects.reflect import search_queries
 from ..dialects.s3 import NAIVE_RAG_TOPK
 from ..env import Rollout
 from ..naive_rag import NaiveRagCache, retriever_identity, training_filter_counts, training_rows
-from ..qa_data import QARow
+from agentic_retriever.qa_sources import QARow
 from ..rewards import get_reward
 from ..rewards.answer_judge import judge_answers
 from ..rewards.gbr import GAINS, gain_beyond_rag_paper, get_gain

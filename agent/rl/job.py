@@ -6,7 +6,7 @@ from pathlib import Path
 
 from agentic_retriever.client import open_client
 
-from ..qa_data import read_qa_rows
+from agentic_retriever.qa_sources import read_qa_rows
 from .config import RLConfig
 from .trainer import RLTrainer
 

@@ -10,7 +10,7 @@ The stage is a function of the number of finished steps alone, and a checkpoint 
 (`agent.rl.checkpoint`), so a run resumed from any checkpoint (one written in stage 1 included) scores each later
 step with the reward the uninterrupted run would have used.
 
-    schedule = RewardSchedule(stage1_reward, stage2_reward, after_step=1120)
+    schedule = RewardSchedule(first_reward, second_reward, after_step=1120)
     schedule.stage(1119), schedule.stage(1120)   # (1, 2): step 1120 is the last of stage 1, step 1121 the first of 2
 """
 

@@ -35,7 +35,7 @@ from agentic_retriever.llm import LLM
 
 from ..dialects.reflect import check_shape
 from ..env import Rollout, rollout
-from ..qa_data import QARow
+from agentic_retriever.qa_sources import QARow
 from ..rewards import check_format, gold_in_information, is_valid_sequence
 from ..rewards.qagent import hit
 from .batch import Sample

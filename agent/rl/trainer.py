@@ -55,7 +55,7 @@ from agentic_retriever.llm.transformers import TransformersLLM
 from agentic_retriever.precision import resolve
 
 from ..env import Rollout
-from ..qa_data import QARow
+from agentic_retriever.qa_sources import QARow
 from .batch import Collated, Sample, collate, token_logprobs, token_values
 from .batch_reward import prepare_reward
 from .checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint

@@ -44,7 +44,7 @@ from agentic_retriever.llm.text import render_chat_prompt
 
 from ..dialects import get_dialect
 from ..env import cut_to_tokens
-from ..qa_data import QARow
+from agentic_retriever.qa_sources import QARow
 from .train import SFTExample
 
 __all__ = ["VOICES", "SynthesisConfig", "Voice", "query_phrasings", "synthesize_sft_examples"]

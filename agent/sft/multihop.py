@@ -41,7 +41,7 @@ from agentic_retriever.eval.qa import part_answers
 from agentic_retriever.jsonl import DataFormatError, iter_jsonl
 
 from .data import SynthesisConfig, _Builder, _evidence_hit, content_words, query_phrasings
-from ..qa_data import QARow
+from agentic_retriever.qa_sources import QARow
 from .train import SFTExample
 
 __all__ = ["MULTIHOP_VOICE", "MultiHopRow", "read_multihop_rows", "synthesize_multihop_examples"]
@@ -115,7 +115,7 @@ def _candidate_queries(leaf: QARow) -> list[str]:
     return [first, *(q for q in query_phrasings(leaf) if q != first)]
 
 
-def _words(text: str) -> set[str]:
+def _lowercase_words(text: str) -> set[str]:
     """The lower-cased words of `text`."""
     return {w.lower() for w in re.findall(r"[\w'-]+", text)}
 
@@ -192,7 +192,7 @@ def synthesize_multihop_examples(rows: Sequence[MultiHopRow], client: RetrievalC
         raise ValueError(f"multi-search warm-start trajectories are written in the search_r1 dialect, not "
                          f"{config.dialect!r}")
     builder = _Builder(tokenizer, config)
-    trajectories = [_Trajectory(row, _words(row.question) if config.grounded_steps else None, list(row.leaves))
+    trajectories = [_Trajectory(row, _lowercase_words(row.question) if config.grounded_steps else None, list(row.leaves))
                     for row in rows if len(row.leaves) >= 2 and row.golden_answers]
     counts = Counter(rows=len(rows), rows_used=len(trajectories), searches=0, leaves_found=0, leaves_skipped=0,
                      leaves_with_unread_names=0)
@@ -214,7 +214,7 @@ def synthesize_multihop_examples(rows: Sequence[MultiHopRow], client: RetrievalC
             trajectory.queries.append(query)
             if trajectory.read is not None:
                 counts["leaves_with_unread_names"] += step != _step(leaf.question)
-                trajectory.read |= _words(observation)
+                trajectory.read |= _lowercase_words(observation)
             counts["leaves_found"] += found is not None
             trajectory.reading = (MULTIHOP_VOICE.found.format(title=found[0].title, sentence=found[2]) if found
                                   else MULTIHOP_VOICE.missed.format(step=step))

@@ -45,7 +45,7 @@ class SubQuestion:
     golden_answers: tuple[str, ...]
 
 
-def _words(text: str) -> set[str]:
+def _content_words(text: str) -> set[str]:
     return set(normalize_answer(text).split()) - _QUESTION_WORDS
 
 
@@ -65,12 +65,12 @@ def read_sub_questions(path: str | os.PathLike) -> dict[str, list[SubQuestion]]:
 def pursued_sub_question(query: str, leaves: Sequence[SubQuestion]) -> SubQuestion | None:
     """The leaf whose question shares the most distinctive words with `query` (module docstring); None when it
     shares none; ties go to the first leaf."""
-    words = [_words(leaf.question) for leaf in leaves]
+    words = [_content_words(leaf.question) for leaf in leaves]
     df: dict[str, int] = defaultdict(int)
     for leaf_words in words:
         for word in leaf_words:
             df[word] += 1
-    wanted = _words(query)
+    wanted = _content_words(query)
     scores = [sum(1.0 / df[w] for w in leaf_words & wanted) for leaf_words in words]
     best = max(range(len(leaves)), key=lambda i: (scores[i], -i), default=None)
     return leaves[best] if best is not None and scores[best] > 0 else None

@@ -8,7 +8,7 @@ import pytest
 
 from agent.dialects import DIALECTS, SearchR1Dialect
 from agent.env import EnvConfig, Prefix, Rollout, rollout
-from agent.qa_data import QARow
+from agentic_retriever.qa_sources import QARow
 from agent.rollouts import make_trajectory
 from agentic_retriever.client import RetrievalClient
 from agentic_retriever.corpus import ScoredPassage

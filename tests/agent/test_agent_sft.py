@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from agent.dialects import SearchR1Dialect
-from agent.qa_data import QARow
+from agentic_retriever.qa_sources import QARow
 from agent.sft import IGNORE_INDEX, SFTConfig, SFTExample, read_sft_examples, tokenize_example, train_sft, write_sft_examples
 from agent.sft import SynthesisConfig, query_phrasings, synthesize_sft_examples
 from agentic_retriever.client import RetrievalConfig
@@ -89,7 +89,7 @@ def test_a_missing_phrasing_followed_by_a_finding_one_becomes_a_two_search_chain
 
 def test_qagent_trajectories_plan_before_every_search_and_reflect_after_every_observation(tokenizer):
     from agent.dialects import QAgentDialect
-    from agent.rewards.qagent import stage1_reward
+    from agent.rewards.qagent import qagent_stage1_reward
     from agent.rewards.qagent_format import check_format
 
     client = TableClient({"Islamabad capital Pakistan": [EVIDENCE]})
@@ -102,7 +102,7 @@ def test_qagent_trajectories_plan_before_every_search_and_reflect_after_every_ob
         assert first.startswith("<plan> I need to find what is the capital of pakistan. </plan>")
         assert dialect.parse_action(first).queries == (example.meta["queries"][0],)
         assert check_format(example.response).valid, check_format(example.response)
-        assert stage1_reward(example.response, ROW.golden_answers) == 1.0
+        assert qagent_stage1_reward(example.response, ROW.golden_answers) == 1.0
         assert example.segments[1][0] == dialect.format_observation([client.retrieve([example.meta["queries"][0]], 1)[0]])
     with pytest.raises(ValueError, match="written for the dialects qagent, reflect, search_r1; got 's3'"):
         synthesize_sft_examples([ROW], client, tokenizer, SynthesisConfig(dialect="s3"))
@@ -110,7 +110,7 @@ def test_qagent_trajectories_plan_before_every_search_and_reflect_after_every_ob
 
 def test_qagent_searches_several_phrasings_at_once_with_every_querys_results_in_one_observation(tokenizer):
     from agent.dialects import QAgentDialect
-    from agent.rewards.qagent import stage1_reward
+    from agent.rewards.qagent import qagent_stage1_reward
     from agent.rewards.qagent_format import check_format
 
     client = TableClient({"Islamabad capital Pakistan": [EVIDENCE]})
@@ -124,7 +124,7 @@ def test_qagent_searches_several_phrasings_at_once_with_every_querys_results_in_
     assert dialect.parse_action(first_search).queries == ("What is the capital of Pakistan?", "capital Pakistan")
     assert "<query>What is the capital of Pakistan?</query>\n<query>capital Pakistan</query>\n</search>" in first_search
     assert retry.segments[1][0] == dialect.format_observation([[OTHER], [OTHER]])
-    assert check_format(retry.response).valid and stage1_reward(retry.response, ROW.golden_answers) == 1.0
+    assert check_format(retry.response).valid and qagent_stage1_reward(retry.response, ROW.golden_answers) == 1.0
     assert counts["phrasings_finding_evidence_with_answer"] == 1 and counts["searches"] == 3
 
     # all three at once: one search, found by its third query; the answer is read from that query's passage

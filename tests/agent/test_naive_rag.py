@@ -10,7 +10,7 @@ import re
 import pytest
 
 from agent.naive_rag import NaiveRagCache, is_yes_no, retriever_identity, training_filter_counts, training_rows
-from agent.qa_data import QARow
+from agentic_retriever.qa_sources import QARow
 from agentic_retriever.corpus import ScoredPassage
 from agentic_retriever.jsonl import DataFormatError
 from agentic_retriever.llm.base import Generation, SamplingParams

@@ -12,7 +12,7 @@ import pytest
 from agent.dialects import QAgentDialect, SelectedDocuments
 from agent.env import Rollout, Segment
 from agent.evaluate import AgentEvalConfig, evaluate_agent, evaluate_submodule, generator_protocol
-from agent.qa_data import QARow
+from agentic_retriever.qa_sources import QARow
 from agent.rewards import REWARDS, check_format, get_reward
 from agent.rewards import verl as verl_rewards
 from agent.rewards.generation import S3_GENERATOR, generate_answers

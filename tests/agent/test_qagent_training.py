@@ -10,7 +10,7 @@ import json
 import pytest
 
 from agent.env import EnvConfig
-from agent.qa_data import QARow
+from agentic_retriever.qa_sources import QARow
 from agent.rl import RLConfig, RLTrainer
 from agent.rl.batch_reward import ResponseReward, SubmoduleReward, prepare_reward
 from agent.rl.config import SecondStage

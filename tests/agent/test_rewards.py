@@ -27,7 +27,7 @@ from agent.rewards import (
     retrieval_reward_paper,
     reward_options,
     shaped_reward,
-    valid_format_reward,
+    search_r1_valid_format_reward,
 )
 from agent.rewards import verl as verl_rewards
 from agent.trajectory import Retrieved, Trajectory, Turn
@@ -152,14 +152,14 @@ REJECTED = {
 @pytest.mark.parametrize("response", list(ACCEPTED.values()), ids=list(ACCEPTED))
 def test_state_machine_accepts_think_search_information_answer_sequences(response):
     assert is_valid_sequence(response) == (True, "Valid sequence format")
-    assert valid_format_reward(response) == 1.0
+    assert search_r1_valid_format_reward(response) == 1.0
 
 
 @pytest.mark.parametrize("response, reason", list(REJECTED.values()), ids=list(REJECTED))
 def test_state_machine_rejects_malformed_sequences_with_listing_1_reasons(response, reason):
     valid, why = is_valid_sequence(response)
     assert not valid and reason in why
-    assert valid_format_reward(response) == 0.0
+    assert search_r1_valid_format_reward(response) == 0.0
 
 
 def test_state_machine_with_the_assistant_marker_checks_only_the_text_after_it():

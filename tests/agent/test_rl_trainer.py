@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from agent.env import EnvConfig
-from agent.qa_data import QARow
+from agentic_retriever.qa_sources import QARow
 from agent.rl import RLConfig, RLTrainer
 from agent.rl.batch import Sample, collate, token_logprobs
 from agent.rl.core import group_advantages

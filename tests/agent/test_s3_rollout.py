@@ -16,7 +16,7 @@ import pytest
 from agent.dialects import S3Dialect, SelectedDocuments
 from agent.dialects.s3 import SEARCHER_PROMPT, S3Settings, format_documents
 from agent.env import EnvConfig, Rollout, rollout
-from agent.qa_data import QARow
+from agentic_retriever.qa_sources import QARow
 from agent.rollouts import make_trajectory
 from agent.trajectory import TrajectoryWriter, read_trajectories
 from agentic_retriever.corpus import Passage, ScoredPassage

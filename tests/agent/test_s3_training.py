@@ -12,7 +12,7 @@ import pytest
 
 from agent.dialects import SelectedDocuments
 from agent.env import EnvConfig, Rollout
-from agent.qa_data import QARow
+from agentic_retriever.qa_sources import QARow
 from agent.rewards.gbr import get_gain
 from agent.rl import RLConfig, RLTrainer
 from agent.rl.batch_reward import GainBeyondRagReward, prepare_reward

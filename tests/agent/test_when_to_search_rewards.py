@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from agent.env import EnvConfig
-from agent.qa_data import QARow
+from agentic_retriever.qa_sources import QARow
 from agent.rewards import REWARDS
 from agent.rewards import verl as verl_rewards
 from agent.rewards.answer_judge import JUDGE_PROMPT, judge_answers, judge_prompt

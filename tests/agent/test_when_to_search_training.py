@@ -9,7 +9,7 @@ import json
 import pytest
 
 from agent.env import EnvConfig
-from agent.qa_data import QARow
+from agentic_retriever.qa_sources import QARow
 from agent.rl import RLConfig, RLTrainer
 from agent.rl.config import SecondStage
 from agentic_retriever.encoder import EncoderConfig

@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from agent.qa_data import read_qa_rows
+from agentic_retriever.qa_sources import read_qa_rows
 from agentic_retriever.cli import main
 from agentic_retriever.jsonl import DataFormatError
 from agentic_retriever.qa_sources import parse_qa_sources, read_qa_source_rows

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from agent.qa_data import read_qa_rows
+from agentic_retriever.qa_sources import read_qa_rows
 from agentic_retriever.commands import command
 from agentic_retriever.config import build_config
 

@@ -27,7 +27,7 @@ import yaml
 
 from agent.dialects import get_dialect
 from agent.env import EnvConfig
-from agent.qa_data import QARow, read_qa_rows
+from agentic_retriever.qa_sources import QARow, read_qa_rows
 from agent.rl.config import RLConfig
 from agentic_retriever.eval.qa import normalize_answer
 from agentic_retriever.jsonl import atomic_write
