@@ -24,7 +24,7 @@ and section 4.1 Eq. 3), averaged over trajectories:
 * ``gen_acc``: Generation Accuracy (span check OR judge; span check only without a judge) of the generator's
   answer from each trajectory's documents (`trajectory_documents`);
 * ``naive_rag_gen_acc``: the same generator's accuracy from the top-``naive_rag_topk`` passages that
-  ``retrieval`` returns for the question itself (`agent.naive_rag.NaiveRagCache`, cached on disk);
+  ``retrieval`` returns for the question itself (`agent.s3_rag_baseline.NaiveRagCache`, cached on disk);
 * ``gbr`` and ``gbr_paper``: Gain Beyond RAG per question, in the release's and the paper's variants
   (`agent.rewards.gbr`);
 * ``documents_per_question``: documents given to the generator (``avg_searches`` is the searches per question);
@@ -67,7 +67,7 @@ from agentic_retriever.llm.base import LLM
 from agentic_retriever.qa_sources import qa_set_name
 
 from .dialects.s3 import NAIVE_RAG_TOPK
-from .naive_rag import NaiveRagCache, retriever_identity
+from .s3_rag_baseline import NaiveRagCache, retriever_identity
 from agentic_retriever.qa_sources import QARow, as_qa_rows
 from .rewards.answer_judge import judge_answers
 from .rewards.gbr import gain_beyond_rag, gain_beyond_rag_paper

@@ -172,7 +172,7 @@ def _eval_agent(config) -> None:
 
 
 def _eval_suite(config) -> None:
-    from agent.suite import run_suite, suite_table
+    from agent.evaluation_suite import run_suite, suite_table
 
     print(suite_table(run_suite(config)), end="")
     print(f"wrote suite.md, suite.json and trajectories.jsonl to {config.out}")
@@ -191,7 +191,7 @@ def _agent_rollout(config) -> None:
 
 
 def _agent_import(config) -> None:
-    from agent.imports import import_summary, import_trajectories
+    from agent.trajectory_import import import_summary, import_trajectories
 
     stats = import_trajectories(config)
     print(import_summary(stats))
@@ -225,7 +225,7 @@ def _mine_merge(config) -> None:
 
 
 def _mine_audit(config) -> None:
-    from .mining.audit import audit_mining, render_markdown
+    from .eval.mining_audit import audit_mining, render_markdown
 
     report = audit_mining(config.run, config.qa, config.out or None)
     print(render_markdown(report))

@@ -17,7 +17,7 @@ Steps, each reusing its artifact when it is already there (so a second run only 
    the multi-hop dev questions; the agent (EM, F1, searches per question) on the leaf dev questions.
 
 Retriever training keeps the base weights when no epoch beats them on the held-out train slice
-(`training.selection`); the report then says "kept: base".
+(`training.checkpoint_selection`); the report then says "kept: base".
 
 Each step takes its settings from its own command's section of the config file (``agent_sft``,
 ``agent_rollout``, ``mine_run``, ``retriever_train``), with the shared ``workdir``, ``retrieval`` and ``agent``
@@ -42,7 +42,7 @@ from .encoder import EncoderConfig
 from .eval.bootstrap import compare_reports
 from .eval.report import plot_metrics, render_table
 from .eval.retrieval import composition_questions, evaluate_retrieval, load_judged_questions
-from .heap import release_freed_memory
+from .memory_release import release_freed_memory
 from .index import BM25Params, DenseParams, IndexBuildConfig, build_index, open_index
 from .jsonl import read_json, write_json
 from .mining.store import stable_hash

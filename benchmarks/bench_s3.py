@@ -60,7 +60,7 @@ def answer_rank(hits, golden) -> int | None:
 
 def select_questions(path: str, client, topk: int) -> tuple[list, Counter]:
     """The non-yes/no rows of `path` whose answer is in their question's top-`topk` but not its top-1."""
-    from agent.naive_rag import is_yes_no
+    from agent.s3_rag_baseline import is_yes_no
     from agentic_retriever.qa_sources import read_qa_rows
 
     rows = [row for row in read_qa_rows(path) if not is_yes_no(row.golden_answers)]

@@ -68,7 +68,7 @@ from agentic_retriever.eval.retrieval import (composition_questions, evaluate_re
                                               load_judged_questions)
 from agentic_retriever.index import DenseParams, IndexBuildConfig, build_index, open_index  # noqa: E402
 from agentic_retriever.jsonl import atomic_write, iter_jsonl, read_json, write_json, write_jsonl  # noqa: E402
-from agentic_retriever.mining.audit import audit_mining  # noqa: E402
+from agentic_retriever.eval.mining_audit import audit_mining  # noqa: E402
 from agentic_retriever.mining.config import MiningConfig  # noqa: E402
 from agentic_retriever.mining.gac import GAC_CRITERIA  # noqa: E402
 from agentic_retriever.mining.job import MineJobConfig, run_mine_job  # noqa: E402

@@ -32,7 +32,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from agent.dialects.search_r1 import search_r1_question
-    from agent.naive_rag import is_yes_no
+    from agent.s3_rag_baseline import is_yes_no
     from agentic_retriever.qa_sources import read_qa_rows
     from agentic_retriever.client import LocalRetrievalClient
     from agentic_retriever.index import open_index

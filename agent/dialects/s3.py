@@ -207,7 +207,7 @@ class S3Dialect(Dialect):
 
     def initial_queries(self, question: str) -> tuple[str, ...]:
         """q_0 = Q ("Begin with Search", section 3.1): the question exactly as naive RAG searches it
-        (`agent.naive_rag`), its top-`NAIVE_RAG_TOPK` the prompt's documents."""
+        (`agent.s3_rag_baseline`), its top-`NAIVE_RAG_TOPK` the prompt's documents."""
         return (question,)
 
     def build_prompt(self, question: str, initial_passages: Sequence[Sequence[ScoredPassage]] = ()) -> str:

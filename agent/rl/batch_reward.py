@@ -11,7 +11,7 @@ returns a score and the reward's own logged components per rollout. The trainer 
   from the documents its searcher selected (D_s3, `agent.env.Rollout.selection`) in ONE batched call, the
   span failures go to the judge in at most ONE batched call (Generation Accuracy, section 4.1 Eq. 3,
   `agent.rewards.generation`), and the accuracy is compared with the naive-RAG accuracy of the same question
-  (the generator on the question's own top-3 passages, cached once per question: `agent.naive_rag`).
+  (the generator on the question's own top-3 passages, cached once per question: `agent.s3_rag_baseline`).
 
 A gain is not a function of (response, golden): it needs the generator, so it has no verl wrapper in
 `agent.rewards.verl` (verl's reward manager calls ``compute_score`` once per decoded response, with no handle
@@ -56,7 +56,7 @@ from agentic_retriever.llm import LLM, load_llm
 from ..dialects.reflect import search_queries
 from ..dialects.s3 import NAIVE_RAG_TOPK
 from ..env import Rollout
-from ..naive_rag import NaiveRagCache, retriever_identity, training_filter_counts, training_rows
+from ..s3_rag_baseline import NaiveRagCache, retriever_identity, training_filter_counts, training_rows
 from agentic_retriever.qa_sources import QARow
 from ..rewards import get_reward
 from ..rewards.answer_judge import judge_answers
@@ -113,8 +113,8 @@ class GainBeyondRagReward:
 
     For every rollout, Acc_s3 = GenAcc(G(Q, D_s3), A): `generator` answers with the Figure 12 prompt from the
     rollout's selected documents, all rollouts in one call; the span check decides, and `judge` (Figure 13; None:
-    span check only) is asked about the span failures, all in one call. Acc_RAG comes from `naive_rag`
-    (question id -> naive-RAG accuracy, `agent.naive_rag.NaiveRagCache.accuracies` bound to the retriever and the
+    span check only) is asked about the span failures, all in one call. Acc_RAG comes from `naive_rag` (`agent.s3_rag_baseline`)
+    (question id -> naive-RAG accuracy, `agent.s3_rag_baseline.NaiveRagCache.accuracies` bound to the retriever and the
     same generator and judge). The score is ``gain(acc_s3, acc_rag)``: the release's (Acc_s3 - Acc_RAG) + Acc_s3
     for ``s3_gbr``, Eq. 1's Acc_s3 - Acc_RAG for ``s3_gbr_paper``.
 
@@ -252,7 +252,7 @@ def query_encoder(config: RLConfig, client: RetrievalClient) -> QueryEncoder:
 class PreparedReward(NamedTuple):
     """What `prepare_reward` hands the trainer: the reward (of stage 1 when there are two), the questions to train
     on, for rewards that filter them the counts (``questions``, ``dropped_yes_no``, ``dropped_naive_rag_solved``,
-    ``kept``: `agent.naive_rag.training_filter_counts`), and the reward of stage 2 (None: one stage)."""
+    ``kept``: `agent.s3_rag_baseline.training_filter_counts`), and the reward of stage 2 (None: one stage)."""
 
     reward: BatchReward
     rows: list[QARow]
@@ -269,7 +269,7 @@ def prepare_reward(config: RLConfig, client: RetrievalClient, rows: Sequence[QAR
     policy; `generator`, an already loaded `LLM`, is used instead of loading ``config.generator``), and both stages
     share it. A gain also loads the judge, opens the naive-RAG cache (keyed by the retriever's, generator's and
     judge's content identities; the retrieval client must have an ``identity()``, as index folders and services
-    do) and runs the question filters (`agent.naive_rag.training_rows`), logging what each dropped; filters that
+    do) and runs the question filters (`agent.s3_rag_baseline.training_rows`), logging what each dropped; filters that
     leave no question raise ValueError with the counts. A when-to-search reward (`RLConfig.uses_query_encoder`)
     gets the query encoder (`query_encoder`) and the judge (``config.judge``; none: exact match), both shared by
     the two stages, and logs which decides correctness.

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..heap import release_freed_memory
+from ..memory_release import release_freed_memory
 from ..mining.store import stable_hash
 from ..qa_sources import qa_set_sha256
 from . import steps

@@ -5,7 +5,8 @@ trajectories -> rounds -> candidates -> sub-answers -> local relevance -> global
 selection -> ``retriever_train.jsonl`` (+ ``rounds.jsonl``, ``mining_stats.json`` / ``.png``). `mine`
 (`pipeline`) runs it all, resumably, under a `MiningConfig` (`config`); `outputs` writes the results and
 `shards` splits a run and merges the shards. Each stage is a module usable on its own (prompts, parse, rounds,
-candidates, sub_answers, local_relevance, gac, selection, store, stats, usage). `audit` (evaluation side)
+candidates, sub_answers, local_relevance, gac, selection, store, stats, usage). The audit
+(`agentic_retriever.eval.mining_audit`, evaluation side)
 joins a run with evidence labels; `job` is the CLI's entry point. `environment` is the seam to the agent: the
 only mining module importing `agent`.
 """

@@ -17,7 +17,7 @@ runs the stages, each a module of this package:
 Its settings are `config.MiningConfig`; what it writes is in `outputs`; `shards` slices the trajectory file
 and merges the shards' outputs. Mining reads the trajectories' questions and gold answers, never evidence
 labels (a QA file's ``supporting_titles``): `tests/mining/test_mining_pipeline.py` mines rows whose evidence fields
-are absent. The audit (`audit`, evaluation side) joins its ``rounds.jsonl`` with evidence labels.
+are absent. The audit (`agentic_retriever.eval.mining_audit`, evaluation side) joins its ``rounds.jsonl`` with evidence labels.
 
 Stages 2-5 keep their per-item results in `store.StageStore` files under ``<out>/stages/``, keyed by a hash of
 each item's inputs and of the settings that change it. A run computes only what is missing: a killed run

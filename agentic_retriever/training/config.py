@@ -31,7 +31,7 @@ class RetrieverTrainConfig:
     The objective: ``loss`` infonce is Eq. 5 ("Agentic-R: Learning to Retrieve for Agentic Search", section 4.1.2),
     plus ``soft_label_weight`` x the REPLUG KL term when that weight is positive; ``loss`` soft_label is the
     KL term alone (see `losses`). Model selection (``select_on``) keeps the base or the epoch that scores best
-    on held-out training questions (see `selection`)."""
+    on held-out training questions (see `checkpoint_selection`)."""
 
     #: Keys that moved to another section (refused, naming where they live now).
     MOVED: ClassVar[dict[str, str]] = {"num_negatives": (

@@ -1,7 +1,7 @@
 """Settings search: train a grid of settings and keep the one that scores best on held-out training questions.
 
 Each combination of the grid (e.g. learning rate x temperature x epochs) is trained by `train_retriever`
-into its own subfolder, with held-out model selection on (`selection`), and scored by what its manifest
+into its own subfolder, with held-out model selection on (`checkpoint_selection`), and scored by what its manifest
 says: the held-out metric of the checkpoint it kept (the base's score when no epoch beat the base). The
 search reads evidence labels of the held-out slice only, never the dev set, like the selection it builds on.
 A finished subfolder with the same data and settings is reused (`train_retriever`'s fingerprint cache), so a

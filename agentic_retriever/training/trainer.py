@@ -9,7 +9,7 @@ the encoder's query composition and prefixes, without exact duplicates (`data`);
 appears twice (the default; `sampler`: two rounds of one question share passages, which would otherwise be
 each other's false in-batch negatives); a warm-up whose first
 update already learns (`schedule`); model selection on held-out training questions that exports the base
-unchanged when training does not help (`selection`); the in-batch accuracy and KL in the logs, the metrics
+unchanged when training does not help (`checkpoint_selection`); the in-batch accuracy and KL in the logs, the metrics
 file and curves PNG (`agentic_retriever.curves`), and the logs to TensorBoard or W&B (``report_to``, files in
 ``OUT.logs/``); the exported folder with its settings and model card (`export`); and a
 result cache keyed by data and settings.
@@ -106,7 +106,7 @@ def train_retriever(config: RetrieverTrainConfig) -> Path:
     A finished folder for the same data and settings is reused as is. Otherwise checkpoints go to
     ``OUT.checkpoints/`` every `save_steps` updates and a rerun after a kill resumes from the last one, on the
     same schedule. With `select_on`, the base and every epoch are scored on the held-out questions and the
-    best is exported (the base weights unchanged when it wins; `selection`). The export is written to a
+    best is exported (the base weights unchanged when it wins; `checkpoint_selection`). The export is written to a
     temporary sibling and renamed (only by the main process).
     """
     import torch
@@ -193,7 +193,7 @@ def _held_out_selection(config: RetrieverTrainConfig, encoder: Encoder, checkpoi
     if not config.select_on:
         return None, []
     main = int(os.environ.get("RANK", "0")) == 0
-    from .selection import SelectionRecord, build_heldout_pool, evaluate_on_pool, heldout_callback
+    from .checkpoint_selection import SelectionRecord, build_heldout_pool, evaluate_on_pool, heldout_callback
 
     # the slice has no agent query: the inputs of select_compose_with (module docstring of selection)
     pool = build_heldout_pool(config.select_on, config.select_index, config.select_pool,

@@ -17,11 +17,11 @@ from agent.evaluate import (
     evaluate_trajectories,
     trajectory_documents,
 )
-from agent.naive_rag import NaiveRagCache
+from agent.s3_rag_baseline import NaiveRagCache
 from agent.trajectory import TrajectoryWriter
 from agentic_retriever.config import build_config
 from agentic_retriever.corpus import Passage, ScoredPassage
-from tests.agent.test_naive_rag import AnsweringLLM, QuestionClient
+from tests.agent.test_s3_rag_baseline import AnsweringLLM, QuestionClient
 from tests.fakes import answer_turn, make_trajectory, search_turn
 
 

@@ -242,7 +242,7 @@ def test_a_searcher_that_completes_at_once_gains_nothing_beyond_naive_rag(tmp_pa
     hands the generator D_0, naive RAG's own documents, so its gain is 0 whatever env.topk is."""
     from agent.dialects.s3 import NAIVE_RAG_TOPK
     from agent.env import rollout
-    from agent.naive_rag import NaiveRagCache, retriever_identity
+    from agent.s3_rag_baseline import NaiveRagCache, retriever_identity
     from tests.fakes import CharScriptedLLM
 
     client, generator = RankedClient(), DocumentReader()

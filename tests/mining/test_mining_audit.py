@@ -6,7 +6,7 @@ import pytest
 
 from agentic_retriever.cli import build_parser, main, modernize
 from agentic_retriever.jsonl import DataFormatError
-from agentic_retriever.mining.audit import audit_mining, mann_whitney_auc
+from agentic_retriever.eval.mining_audit import audit_mining, mann_whitney_auc
 
 
 def _cand(pid, title, rank, score, lr, gac, contains=False, role=None):

@@ -354,7 +354,7 @@ def test_round_posterior_lr_is_p_passage_given_query_over_the_round(trajectory_f
 def test_sampled_trajectories_give_rounds_of_their_own_and_a_repeated_search_is_mined_once(tmp_path):
     from dataclasses import replace
 
-    from agentic_retriever.mining.audit import audit_mining
+    from agentic_retriever.eval.mining_audit import audit_mining
 
     def hits(topic):
         return [WORLD.corpus[i] for i in WORLD.topics[topic][:3]]

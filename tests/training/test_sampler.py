@@ -65,11 +65,11 @@ def _train_as_rank(rank: int, world: int, port: int, config, out: str) -> None:
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                       CUDA_VISIBLE_DEVICES="")  # two CPU processes with gloo, on a GPU host too (not two on one card)
     from agentic_retriever.training import sampler as sampler_module
-    from agentic_retriever.training import selection
+    from agentic_retriever.training import checkpoint_selection
     from agentic_retriever.training.trainer import train_retriever
 
     seen, scored, original, evaluate = [], [], sampler_module.StepNoDuplicatesBatchSampler.__iter__, \
-        selection.evaluate_on_pool
+        checkpoint_selection.evaluate_on_pool
 
     def recording(self):
         for batch in original(self):
@@ -81,7 +81,7 @@ def _train_as_rank(rank: int, world: int, port: int, config, out: str) -> None:
         return evaluate(*args, **kwargs)
 
     sampler_module.StepNoDuplicatesBatchSampler.__iter__ = recording
-    selection.evaluate_on_pool = counted
+    checkpoint_selection.evaluate_on_pool = counted
     train_retriever(config)
     with open(f"{out}/rank{rank}.json", "w") as handle:
         json.dump({"batches": seen, "scored": len(scored)}, handle)

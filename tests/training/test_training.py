@@ -1,5 +1,5 @@
 """Contrastive retriever training: data, the warm-up schedule, no-duplicate batches, resume, export (the losses:
-test_losses.py; held-out selection: test_training_selection.py)."""
+test_losses.py; held-out selection: test_checkpoint_selection.py)."""
 
 import json
 

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from agent.naive_rag import NaiveRagCache, is_yes_no, retriever_identity, training_filter_counts, training_rows
+from agent.s3_rag_baseline import NaiveRagCache, is_yes_no, retriever_identity, training_filter_counts, training_rows
 from agentic_retriever.qa_sources import QARow
 from agentic_retriever.corpus import ScoredPassage
 from agentic_retriever.jsonl import DataFormatError

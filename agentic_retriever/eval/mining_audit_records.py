@@ -1,6 +1,6 @@
 """What the mining audit reads, and the words it reports in.
 
-The audit (`audit`) reads a mining run's ``rounds.jsonl`` (`load_rounds`: one `AuditRound` per line, with an
+The audit (`mining_audit`) reads a mining run's ``rounds.jsonl`` (`load_rounds`: one `AuditRound` per line, with an
 `AuditCandidate` per candidate; the format is in docs/data-formats.md, "Mining rounds"), its
 ``retriever_train.jsonl`` when there is one (`load_rows`) and a QA file's ``supporting_titles``, the evidence
 labels (`load_evidence_titles`). A malformed line raises `DataFormatError` naming file, line and field.

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from agent.dialects.search_r1 import INVALID_ACTION_MESSAGE, PROMPT_TEMPLATE
-from agent.imports import ImportConfig, import_trajectories, split_response
+from agent.trajectory_import import ImportConfig, import_trajectories, split_response
 from agent.trajectory import Trajectory, read_trajectories
 from agentic_retriever.cli import main
 from agentic_retriever.jsonl import DataFormatError, read_json

@@ -43,9 +43,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..jsonl import atomic_write, write_json
-from .audit_records import (CLASSES, FATES, RANK_BUCKETS, ROUNDS_FILE, ROWS_FILE, SIGNALS, AuditCandidate, AuditRound,
+from .mining_audit_records import (CLASSES, FATES, RANK_BUCKETS, ROUNDS_FILE, ROWS_FILE, SIGNALS, AuditCandidate, AuditRound,
                             load_evidence_titles, load_rounds, load_rows)
-from .audit_report import plot_audit, render_markdown
+from .mining_audit_report import plot_audit, render_markdown
 
 __all__ = ["AUDIT_FILES", "CLASSES", "FATES", "SIGNALS", "AuditCandidate", "AuditRound", "MineAuditConfig", "audit_mining",
            "load_evidence_titles", "load_rounds", "mann_whitney_auc", "plot_audit", "render_markdown"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 from ..jsonl import atomic_write
-from .audit_records import CLASSES, FATES, RANK_BUCKETS, SIGNALS
+from .mining_audit_records import CLASSES, FATES, RANK_BUCKETS, SIGNALS
 
 __all__ = ["plot_audit", "render_markdown"]
 

@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from agentic_retriever import demo
-from agentic_retriever.heap import release_freed_memory
+from agentic_retriever.memory_release import release_freed_memory
 
 glibc = pytest.mark.skipif(not ctypes.util.find_library("c") or not hasattr(ctypes.CDLL(ctypes.util.find_library("c")),
                                                                           "malloc_trim"), reason="glibc's malloc_trim")

@@ -9,7 +9,7 @@ import torch
 
 from agentic_retriever.encoder import EncoderConfig
 from agentic_retriever.jsonl import DataFormatError
-from agentic_retriever.training.selection import HeldOutPool, build_heldout_pool, evaluate_on_pool
+from agentic_retriever.training.checkpoint_selection import HeldOutPool, build_heldout_pool, evaluate_on_pool
 from tests.fakes import kill_training_after_first_checkpoint
 from tests.training.test_training import _config  # the trainer tests' settings: one tiny, fast configuration
 
@@ -133,7 +133,7 @@ def test_the_pool_is_the_union_of_the_base_index_top_k(tmp_path, index_dir, held
 def _scripted_scores(monkeypatch, scores: list[float]) -> list[dict]:
     """Replace the held-out evaluation by `scores`, in call order; return the weights each call saw (copied to the
     CPU, where the exported weights are read: tensors on two devices cannot be compared)."""
-    from agentic_retriever.training import selection
+    from agentic_retriever.training import checkpoint_selection
 
     seen = []
 
@@ -141,7 +141,7 @@ def _scripted_scores(monkeypatch, scores: list[float]) -> list[dict]:
         seen.append({k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()} | {"pool": pool})
         return scores[len(seen) - 1]
 
-    monkeypatch.setattr(selection, "evaluate_on_pool", scripted)
+    monkeypatch.setattr(checkpoint_selection, "evaluate_on_pool", scripted)
     return seen
 
 

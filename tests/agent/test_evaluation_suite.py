@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from agent.suite import PAPER_QA, SuiteConfig, run_suite
+from agent.evaluation_suite import PAPER_QA, SuiteConfig, run_suite
 from agentic_retriever.cli import main
 from agentic_retriever.encoder import EncoderConfig
 from agentic_retriever.index import IndexBuildConfig, build_index
