@@ -33,7 +33,7 @@ The response is kept as segments: generated text (mask 1, the model's own token 
 back exactly its text, which is what RL's state masking needs (retrieved tokens masked from the loss).
 
 The rules of all this live in `Environment`, applied to one trajectory (`Episode`) at a time; `rollout` drives it
-in batches, and verl's agent loop (`agentic_retriever.loop.verl.agent_loop`) drives the same class one trajectory
+in batches, and verl's agent loop (`agent.rl.verl.agent_loop`) drives the same class one trajectory
 per coroutine, so an agent trained on verl is the agent our rollouts and mining read.
 
 Resuming (global answer correctness of "Agentic-R: Learning to Retrieve for Agentic Search", section 4.1.1;
@@ -214,7 +214,7 @@ class Environment:
 
     Two drivers share it, so that every trainer sees the same agent: the batched `rollout` below (one generation
     call and one retrieval call per step for the whole batch) and verl's agent loop
-    (`agentic_retriever.loop.verl.agent_loop`, one coroutine per trajectory). A driver calls, per trajectory:
+    (`agent.rl.verl.agent_loop`, one coroutine per trajectory). A driver calls, per trajectory:
     `initial_queries` (and retrieves them), `start`; then, while `can_generate`: generate one turn with
     `sampling_params`, `take_turn`, and when it returns a search action, retrieve its queries (each with
     ``episode.question``) and `observe`; finally `finish`. `chat_prompt` renders the user message as the model

@@ -9,7 +9,7 @@ the same command a user with 8 GPUs runs (`agentic-retriever loop --config ...`)
 
 With ``--verl`` (in ``.venv-verl``: verl 0.9.1 and vLLM's CPU build, `make verl-setup`) the agent step of both
 iterations is verl's own trainer instead of the embedded stand-in (`VERL_ON_CPU`: ``stand_in`` off, the run launched
-by the loop on the CPU platform of `agentic_retriever.loop.verl.cpu`, one FSDP rank, GRPO in place of PPO, whose
+by the loop on the CPU platform of `agent.rl.verl.cpu`, one FSDP rank, GRPO in place of PPO, whose
 critic verl cannot load without flash-attention, and ``agent_init: previous`` so that the second iteration's verl
 run starts from the first one's checkpoint).
 

@@ -1,10 +1,10 @@
 """verl's real trainer on the loop's agent step, on the CPU (`make verl-check`; verl 0.9.1 and vLLM's CPU build in
 ``.venv-verl``).
 
-The loop's verl step (`agentic_retriever.loop.verl`) is otherwise proven by composition: verl's ``validate_config``
+The loop's verl step (`agent.rl.verl`) is otherwise proven by composition: verl's ``validate_config``
 and our agent loop driven through verl's workers with a scripted server. This runs verl itself: the run folder as
 `prepare_verl_run` writes it for ``device: cpu`` (``launch.sh`` with the CPU platform of
-`agentic_retriever.loop.verl.cpu`, ``overrides.txt``, ``agent_loop.yaml``, the parquet files), started by
+`agent.rl.verl.cpu`, ``overrides.txt``, ``agent_loop.yaml``, the parquet files), started by
 `start_verl_run` against our retrieval service, with the warm-started SmolLM2-135M-Instruct of the default stack.
 Each step runs in its own process with a timeout:
 
@@ -101,7 +101,7 @@ def _rl_config(algorithm: str, out: Path):
 
 
 def _verl_settings(out: Path):
-    from agentic_retriever.loop.verl import VerlSettings
+    from agent.rl.verl import VerlSettings
 
     return VerlSettings(device="cpu", n_gpus_per_node=1, val_questions=4, max_prompt_length=512,
                         max_response_length=768, launcher=sys.executable, launch=True, poll_seconds=5,
@@ -148,7 +148,7 @@ def _mask_report(record_dir: Path, tokenizer) -> dict:
 
 def _dump_report(rollouts: Path) -> dict:
     """verl's rollout dump (``trainer.rollout_data_dir``): our turns in its outputs, and its scores against ours."""
-    from agent.rewards.verl import compute_score
+    from agent.rl.verl.reward import compute_score
 
     rows = [json.loads(line) for path in sorted(rollouts.glob("*.jsonl")) for line in path.open(encoding="utf-8")]
     ours = [compute_score("agentic_retriever", row["output"], row["gts"]) for row in rows]
@@ -217,8 +217,8 @@ def _train(algorithm: str, out: Path) -> dict:
 
     from transformers import AutoTokenizer
 
-    from agentic_retriever.loop.verl import prepare_verl_run, start_verl_run, wait_for_checkpoint
-    from agentic_retriever.loop.verl.console import step_metrics
+    from agent.rl.verl import prepare_verl_run, start_verl_run, wait_for_checkpoint
+    from agent.rl.verl.console import step_metrics
     from vllm_check import _service, prepare
 
     work = out / algorithm

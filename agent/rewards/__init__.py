@@ -2,7 +2,7 @@
 
 A response is its text (prompt excluded) or an object carrying it (`agent.trajectory.Trajectory`,
 `agent.env.Rollout`); golden answers are a string or a list of alternatives. `get_reward(name, **options)`
-returns ``reward(response, golden) -> float``; `agent.rewards.verl` exposes each with verl's
+returns ``reward(response, golden) -> float``; `agent.rl.verl.reward` exposes each with verl's
 ``compute_score(data_source, solution_str, ground_truth, extra_info)`` signature.
 
 Registered (the empirical study, "An Empirical Study on Reinforcement Learning for Reasoning-Search

@@ -18,7 +18,7 @@ arXiv 2510.08383, sections 3.3 and 3.4, Eqs. 7-10; docs/rl.md, "QAgent").
   to the generator"); G: a frozen generator asked with `QAGENT_GENERATOR`.
 
 Stage 1 and Hit are pure functions of (response, golden) in the response registry (`agent.rewards.REWARDS`,
-verl wrappers in `agent.rewards.verl`). Stage 2 also needs G's answer, so it is a function of (generated answer,
+verl wrappers in `agent.rl.verl.reward`). Stage 2 also needs G's answer, so it is a function of (generated answer,
 response, golden) in a registry of its own, `SUBMODULE_REWARDS` ("the agent as a submodule": a frozen generator
 reads what it retrieved), scored a step at a time by `agent.rl.batch_reward.SubmoduleReward` with one batched
 generator call; it has no verl wrapper (verl's reward manager gives a reward only the decoded response and

@@ -14,7 +14,7 @@ returns a score and the reward's own logged components per rollout. The trainer 
   (the generator on the question's own top-3 passages, cached once per question: `agent.s3_rag_baseline`).
 
 A gain is not a function of (response, golden): it needs the generator, so it has no verl wrapper in
-`agent.rewards.verl` (verl's reward manager calls ``compute_score`` once per decoded response, with no handle
+`agent.rl.verl.reward` (verl's reward manager calls ``compute_score`` once per decoded response, with no handle
 on our generator, judge or the rollout's selected documents) and lives in its own registry
 (`agent.rewards.gbr.GAINS`) that the config validation and `prepare_reward` read next to `agent.rewards.REWARDS`.
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .verl import VerlSettings
+from agent.rl.verl import VerlSettings
 
 
 __all__ = ["LoopConfig", "LoopEvalConfig", "LoopJob", "LoopServiceConfig", "STEPS"]

@@ -15,7 +15,6 @@ import re
 import shlex
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -29,27 +28,12 @@ import httpx
 import yaml
 
 from ..jsonl import atomic_write
+from ..sessions import command_words, log_tail, start_session, stop_all, stop_session
 
-__all__ = ["PYTHON", "LoopSignal", "ServiceSpec", "StepServices", "check_devices", "command_words", "concatenate",
-           "device_env", "kill_session", "log_tail", "run_on_devices", "service_specs", "session_members",
-           "signals_stop_children", "start_session", "stop_all", "stop_session", "write_section"]
+__all__ = ["LoopSignal", "ServiceSpec", "StepServices", "check_devices", "concatenate", "device_env", "run_on_devices",
+           "service_specs", "signals_stop_children", "threads_each", "write_section"]
 
 _GPU_LIST = re.compile(r"^\d+(,\d+)*$")
-#: The word in a configured command (a service, the retriever launcher, verl's launcher) that stands for the loop's
-#: own interpreter, so that ``{python} -m torch.distributed.run`` runs the torch of the loop's environment whatever
-#: PATH holds (an unactivated venv's ``torchrun`` or ``vllm`` is another interpreter's, or none).
-PYTHON = "{python}"
-
-
-def command_words(command: str) -> list[str]:
-    """`command` split like a shell, each `PYTHON` word replaced by this interpreter (``sys.executable``)."""
-    return [sys.executable if word == PYTHON else word for word in shlex.split(command)]
-
-
-#: Lines of a failed process's log quoted in the error.
-_TAIL_LINES = 20
-
-
 def check_devices(devices: Sequence[str], where: str) -> None:
     """Refuse a device entry that is neither ``cpu`` nor a comma-separated list of GPU numbers."""
     for device in devices:
@@ -83,76 +67,6 @@ def write_section(path: Path, section: str, config: Any) -> Path:
     with atomic_write(path) as handle:
         handle.write(yaml.safe_dump({section: plain}, sort_keys=False))
     return path
-
-
-def log_tail(path: Path, lines: int = _TAIL_LINES) -> str:
-    """The last `lines` lines of a process's log, for an error message."""
-    if not path.exists():
-        return f"(no log at {path})"
-    return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
-
-
-def session_members(session: int) -> list[int]:
-    """The live processes of `session` (a child started by `start_session`, with everything it started that stayed
-    in its session, whatever process group they moved to); zombies, which hold nothing, are not counted."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-                if os.getsid(int(entry)) == session and stat[stat.rindex(")") + 2] != "Z":
-                    members.append(int(entry))
-            except (OSError, ValueError):
-                continue
-    return members
-
-
-def kill_session(session: int, grace_s: float) -> None:
-    """SIGTERM to the session leader's process group, then, once the leader is gone or after `grace_s`, SIGKILL to
-    every process left in the session: a leader that exited first, or workers in process groups of their own
-    (Ray's, vLLM's), are stopped all the same."""
-    try:
-        os.killpg(session, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    deadline = time.monotonic() + grace_s
-    while session in session_members(session) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    for pid in session_members(session):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            continue
-
-
-#: Every child the loop started with `start_session` and has not stopped: what `stop_all` stops on a signal.
-_CHILDREN: set[subprocess.Popen] = set()
-
-
-def start_session(command: Sequence[str], log_path: Path, env: dict[str, str] | None = None,
-                  cwd: Path | None = None) -> subprocess.Popen:
-    """`command` in a session of its own (so that stopping it stops everything it starts), stdout and stderr
-    appended to `log_path`, registered until `stop_session`."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as handle:  # the child keeps its own descriptor
-        process = subprocess.Popen(list(command), env=env, cwd=cwd, stdout=handle, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
-    _CHILDREN.add(process)
-    return process
-
-
-def stop_session(process: subprocess.Popen, grace_s: float = 30.0) -> None:
-    """Stop a child of `start_session` and everything in its session (`kill_session`), even when the child itself
-    has already exited; reaps it."""
-    kill_session(process.pid, grace_s if process.poll() is None else 0.0)
-    process.wait()
-    _CHILDREN.discard(process)
-
-
-def stop_all(grace_s: float = 30.0) -> None:
-    """Stop every child the loop started and has not stopped (`stop_session`)."""
-    for process in list(_CHILDREN):
-        stop_session(process, grace_s)
 
 
 class LoopSignal(BaseException):

@@ -3,7 +3,7 @@ cluster, the one verl's launch uses, instead of on the loop's node alone.
 
 Each process is started by a Ray actor that asks for the process's GPUs (``num_gpus``), so Ray picks a node with
 that many free and the process sees only those (``CUDA_VISIBLE_DEVICES`` from the ids Ray assigned; empty for
-none). The actor runs the command in a session of its own (`processes.start_session`, on the actor's node), logs
+none). The actor runs the command in a session of its own (`sessions.start_session`, on the actor's node), logs
 to the path the loop names (the loop's folder must be on a file system every node shares, as verl's checkpoints
 must), and stops the whole session on request; the loop stops every actor of a step when the step ends, fails or
 is interrupted. No scheduler of our own: Ray's placement, with its resource requests.
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from .processes import log_tail, start_session, stop_session
+from ..sessions import log_tail, start_session, stop_session
 
 try:
     import ray

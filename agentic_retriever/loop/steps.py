@@ -28,7 +28,8 @@ from ..client import RetrievalConfig
 from ..jsonl import iter_jsonl, read_json
 from .config import LoopJob
 from .placement import run_shards, shard_count
-from .processes import command_words, concatenate, write_section
+from .processes import concatenate, write_section
+from ..sessions import command_words
 
 __all__ = ["build_index_step", "evaluate_iteration", "mine_rows", "roll_out", "train_agent", "train_retriever_step"]
 
@@ -60,44 +61,13 @@ def train_agent(job: LoopJob, init_model: str, service_url: str, out: Path) -> d
             "rewards": reward_curve(out / "metrics.jsonl")}
 
 
-def _checkpoint_disk(job: LoopJob, init_model: str, final_step: int) -> int | None:
-    """The most disk the verl run's checkpoints hold at once (`checkpoint_disk_bytes`), when the initial model is
-    a local folder."""
-    from .verl.disk import checkpoint_disk_bytes, parameter_count, save_count
-
-    parameters, verl = parameter_count(init_model), job.loop.verl
-    if parameters is None:
-        return None
-    saves = save_count(final_step, verl.save_freq or job.agent_train.save_steps)
-    return checkpoint_disk_bytes(parameters, job.agent_train.uses_critic, saves, verl.keep_checkpoints)
-
-
 def train_agent_on_verl(job: LoopJob, init_model: str, service_url: str, out: Path) -> dict[str, Any]:
-    """Step 1 on verl: write the run config and launch command, start it when ``verl.launch`` says so, and wait for
-    its final checkpoint as a model folder (docs/verl.md). With ``verl.stand_in`` the run is written and validated by
-    verl itself, and the embedded trainer trains the step in its place (a dry run of a cluster config)."""
-    from .verl import prepare_verl_run, start_verl_run, wait_for_checkpoint
-    from .verl.console import reward_curve as verl_reward_curve
+    """Step 1 on verl (`agent.rl.verl.run_verl_job`; docs/verl.md). With ``verl.stand_in`` the run is written and
+    validated by verl itself, and the embedded trainer trains the step in its place (a dry run of a cluster config)."""
+    from agent.rl.verl import run_verl_job
 
-    run = prepare_verl_run(out, job.loop.verl, job.agent_train, service_url, init_model, job.agent_train.qa)
-    if job.loop.verl.stand_in:
-        from .verl.validate import validate_verl_run
-
-        checked = validate_verl_run(run)
-        print(f"verl run written to {run.out_dir} and validated by verl ({checked}); training with the embedded "
-              "trainer in its place (loop.verl.stand_in)", flush=True)
-        return train_agent(job, init_model, service_url, out / "embedded") | {"verl_run": str(run.out_dir),
-                                                                              "verl_validated": checked}
-    print(f"verl run written to {run.out_dir}; launch it with: bash {run.launch_script}", flush=True)
-    disk = _checkpoint_disk(job, init_model, run.final_step)
-    print(f"verl's checkpoints will hold up to {disk / 1e9:,.1f} GB under {run.checkpoint_root} at once"
-          if disk is not None else f"verl's checkpoint size is unknown ({init_model} is not a local folder)", flush=True)
-    process = start_verl_run(run, job.loop.verl.replace_running) if job.loop.verl.launch else None
-    if process is None:
-        print("waiting for its checkpoint (run the command above; the loop picks the checkpoint up)", flush=True)
-    model = wait_for_checkpoint(run, job.loop.verl, process)
-    return {"model": str(model), "trainer": "verl", "algorithm": job.agent_train.algorithm,
-            "steps": run.final_step, "rewards": verl_reward_curve(run.log_path)}
+    return run_verl_job(job.loop.verl, job.agent_train, init_model, service_url, out,
+                        stand_in=lambda folder: train_agent(job, init_model, service_url, folder))
 
 
 def roll_out(job: LoopJob, agent_model: str, service_url: str, out: Path) -> dict[str, Any]:

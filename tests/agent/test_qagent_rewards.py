@@ -14,7 +14,7 @@ from agent.env import Rollout, Segment
 from agent.evaluate import AgentEvalConfig, evaluate_agent, evaluate_submodule, generator_protocol
 from agentic_retriever.qa_sources import QARow
 from agent.rewards import REWARDS, check_format, get_reward
-from agent.rewards import verl as verl_rewards
+from agent.rl.verl import reward as verl_rewards
 from agent.rewards.generation import S3_GENERATOR, generate_answers
 from agent.rewards.qagent import QAGENT_GENERATOR, SUBMODULE_REWARDS, get_submodule_reward, hit
 from agent.rl.batch_reward import ResponseReward, SubmoduleReward

@@ -29,7 +29,7 @@ from agent.rewards import (
     shaped_reward,
     search_r1_valid_format_reward,
 )
-from agent.rewards import verl as verl_rewards
+from agent.rl.verl import reward as verl_rewards
 from agent.trajectory import Retrieved, Trajectory, Turn
 
 GOLD = ["Eiffel Tower", "Tour Eiffel"]

@@ -14,7 +14,7 @@ import pytest
 from agent.env import EnvConfig
 from agentic_retriever.qa_sources import QARow
 from agent.rewards import REWARDS
-from agent.rewards import verl as verl_rewards
+from agent.rl.verl import reward as verl_rewards
 from agent.rewards.answer_judge import JUDGE_PROMPT, judge_answers, judge_prompt
 from agent.rewards.when_to_search import (
     WHEN_TO_SEARCH_REWARDS,

@@ -19,7 +19,8 @@ from agentic_retriever.index import DenseParams, build_index
 from agentic_retriever.loop import STEPS
 from agentic_retriever.loop import steps as loop_steps
 from agentic_retriever.loop.config import LoopConfig, LoopServiceConfig
-from agentic_retriever.loop.processes import command_words, service_specs
+from agentic_retriever.loop.processes import service_specs
+from agentic_retriever.sessions import command_words
 from agentic_retriever.loop.service import LoopService
 from tests.loop.test_loop import make_job, workdir  # noqa: F401  (the fixture)
 

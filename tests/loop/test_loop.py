@@ -319,7 +319,7 @@ def test_the_retriever_step_runs_under_a_launcher_from_the_config_file(workdir, 
 def test_the_paper_loop_trains_the_retriever_under_torchrun_with_the_papers_4096_passages_a_step():
     """Appendix B: per-device batch 32 x 8 GPUs x 16 passages, in-batch and cross-device negatives."""
     from agentic_retriever.config import build_config
-    from agentic_retriever.loop.processes import command_words
+    from agentic_retriever.sessions import command_words
     from agentic_retriever.training.config import RetrieverTrainConfig
 
     path = str(Path(__file__).resolve().parents[2] / "configs" / "agentic_r_loop.yaml")
@@ -336,7 +336,7 @@ def test_a_verl_stand_in_writes_and_validates_the_run_then_trains_embedded(workd
     """``loop.verl.stand_in``: the verl run folder is written and passes verl's own validation at its GPU count,
     and the step's policy comes from the embedded trainer (a dry run of a cluster config on one machine)."""
     pytest.importorskip("ray", reason="ray is not installed (the dev extra has it: verl's trainer imports it)")
-    from agentic_retriever.loop.verl import VerlSettings
+    from agent.rl.verl import VerlSettings
 
     job = make_job(tiny_model_dir, tiny_causal_lm_dir, agent_trainer="verl",
                    verl=VerlSettings(n_gpus_per_node=2, val_questions=1, stand_in=True))

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from agentic_retriever.loop.processes import (ServiceSpec, StepServices, session_members, signals_stop_children,
-                                              start_session, stop_session)
+from agentic_retriever.loop.processes import ServiceSpec, StepServices, signals_stop_children
+from agentic_retriever.sessions import session_members, start_session, stop_session
 
 
 def _tree(pid_file: Path, then: str) -> list[str]:

@@ -105,8 +105,8 @@ def test_with_verl_the_agent_step_is_verls_own_trainer_on_the_cpu_and_its_run_is
     pytest.importorskip("hydra", reason="hydra-core is not installed (the dev extra has it)")
     pytest.importorskip("ray", reason="ray is not installed (the dev extra has it)")
     from agent.rl.config import RLConfig
-    from agentic_retriever.loop.verl import prepare_verl_run
-    from agentic_retriever.loop.verl.validate import validate_verl_run
+    from agent.rl.verl import prepare_verl_run
+    from agent.rl.verl.validate import validate_verl_run
 
     script = _script()
     monkeypatch.setattr("agentic_retriever.defaults.smollm2_hf_dir", lambda: Path("/models/smollm2"))
@@ -114,7 +114,7 @@ def test_with_verl_the_agent_step_is_verls_own_trainer_on_the_cpu_and_its_run_is
     loop = build_config(command("loop").config_class(), "loop", None, str(path))
     rl = build_config(RLConfig, "agent_train", None, str(path))
     assert not loop.verl.stand_in and loop.verl.launch and loop.verl.device == "cpu"
-    from agentic_retriever.loop.processes import command_words
+    from agentic_retriever.sessions import command_words
 
     assert command_words(loop.verl.launcher) == [sys.executable]  # the loop's own interpreter
     assert rl.algorithm == "grpo" and rl.samples_per_prompt == 2

@@ -1,4 +1,4 @@
-"""The co-training loop's agent step on verl (agentic_retriever/loop/verl/): the run folder, its overrides, the
+"""The co-training loop's agent step on verl (agent/rl/verl/): the run folder, its overrides, the
 validation slice, the paper's budgets, the hermes tool path, the reward file and the checkpoint pickup.
 
 The overrides are checked against verl 0.9.1's own config: Hydra's compose API composes ``ppo_trainer`` from the
@@ -32,8 +32,8 @@ from agent.dialects import SearchR1Dialect
 from agent.env import EnvConfig
 from agent.rl.config import RLConfig, SecondStage
 from agentic_retriever.client import HttpRetrievalClient
-from agentic_retriever.loop.verl.validate import compose_verl_config
-from agentic_retriever.loop.verl import (AGENT_LOOP_NAME, REWARD_FILE, SearchTool, VerlRun, VerlSettings,
+from agent.rl.verl.validate import compose_verl_config
+from agent.rl.verl import (AGENT_LOOP_NAME, REWARD_FILE, SearchTool, VerlRun, VerlSettings,
                                          prepare_verl_run, start_verl_run, wait_for_checkpoint)
 
 URL = "http://127.0.0.1:8123"
@@ -104,7 +104,7 @@ def test_parquet_rows_hold_the_fields_verl_reads_and_name_our_agent_loop(run):
     assert hamlet["extra_info"]["question"] == "who wrote Hamlet?" and "tools_kwargs" not in hamlet["extra_info"]
     assert {row["agent_name"] for row in rows} == {AGENT_LOOP_NAME} and all(row["data_source"] for row in rows)
     loop = yaml.safe_load((run.out_dir / "agent_loop.yaml").read_text())
-    assert loop == [{"name": AGENT_LOOP_NAME, "_target_": "agentic_retriever.loop.verl.agent_loop.DialectAgentLoop",
+    assert loop == [{"name": AGENT_LOOP_NAME, "_target_": "agent.rl.verl.agent_loop.DialectAgentLoop",
                      "_convert_": "all", "retrieval_service_url": URL, "timeout": 60.0,
                      "env": {"dialect": "search_r1", "max_turns": 4, "topk": 3, "max_new_tokens_per_turn": 512,
                              "observation_max_tokens": 500, "max_context_tokens": 4096}}]
@@ -264,7 +264,7 @@ def test_launch_script_passes_every_override_through_the_shell_unchanged(tmp_pat
 def test_the_verl_steps_reward_curve_is_read_from_verls_console_lines(tmp_path):
     """verl 0.9.1's trainer logs each step behind Ray's coloured actor prefix, numpy scalars as np.float64(...); a
     resumed run logs a step again (the later line wins). The loop's report plots this curve for a verl step."""
-    from agentic_retriever.loop.verl.console import reward_curve, step_metrics
+    from agent.rl.verl.console import reward_curve, step_metrics
 
     prefix = "\x1b[36m(TaskRunnerV1 pid=17411)\x1b[0m "
     log = tmp_path / "verl.log"

@@ -31,7 +31,7 @@ from agent.rl.config import RLConfig
 from agentic_retriever.client import LocalRetrievalClient
 from agentic_retriever.encoder import EncoderConfig
 from agentic_retriever.index import IndexBuildConfig, build_index, open_index
-from agentic_retriever.loop.verl import AGENT_LOOP_NAME, VerlSettings, prepare_verl_run
+from agent.rl.verl import AGENT_LOOP_NAME, VerlSettings, prepare_verl_run
 from agentic_retriever.server import ServerThread, create_app
 from tests.fakes import ray_temp_dir, synthetic_rows, write_jsonl
 
@@ -212,7 +212,7 @@ def roll_out(request, tmp_path: Path, served, model_dir: str, reply, rl: RLConfi
     tq = request.getfixturevalue("transfer_queue") if config.trainer.use_v1 else None
     worker = _v1_worker(config, server) if tq else agent_loop.AgentLoopWorker(config, llm_client=server)
     if registered_only:  # as in a worker process that imports our module after reading the config file
-        from agentic_retriever.loop.verl.agent_loop import DialectAgentLoop
+        from agent.rl.verl.agent_loop import DialectAgentLoop
 
         agent_loop.register(AGENT_LOOP_NAME)(DialectAgentLoop)
     server.tokenizer = worker.tokenizer
@@ -341,7 +341,7 @@ def test_the_loop_built_from_verls_register_entry_reads_its_settings_from_the_co
     rows, server, run = roll(search_then_answer, _rl(max_new_tokens_per_turn=24),
                              questions=3, registered_only=True)
     entry = agent_loop._agent_loop_registry[AGENT_LOOP_NAME]
-    assert entry == {"_target_": "agentic_retriever.loop.verl.agent_loop.DialectAgentLoop"}  # no settings in it
+    assert entry == {"_target_": "agent.rl.verl.agent_loop.DialectAgentLoop"}  # no settings in it
     assert searched(served) == sorted(("river castle", q) for q in run.questions)
     assert all(params["max_tokens"] == 24 for _, params in server.calls)
     assert [row["searches"] for row in rows] == [1, 1, 1]

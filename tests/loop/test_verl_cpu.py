@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from agent.rl.config import RLConfig
-from agentic_retriever.loop.processes import stop_session
-from agentic_retriever.loop.verl import VerlSettings, prepare_verl_run, start_verl_run, wait_for_checkpoint
-from agentic_retriever.loop.verl.cpu import PLATFORM_MODULE, cpu_environment
-from agentic_retriever.loop.verl.leftovers import leftovers, remove_leftovers
+from agentic_retriever.sessions import stop_session
+from agent.rl.verl import VerlSettings, prepare_verl_run, start_verl_run, wait_for_checkpoint
+from agent.rl.verl.cpu import PLATFORM_MODULE, cpu_environment
+from agent.rl.verl.leftovers import leftovers, remove_leftovers
 
 URL = "http://127.0.0.1:8123"
 QUESTIONS = [("q1", "capital of France", ["Paris"]), ("q2", "who wrote Hamlet?", ["Shakespeare"]),
@@ -96,14 +96,14 @@ print(json.dumps({"cpu": PlatformRegistry.get("cpu") is not None, "loaded": any(
     ("gloo", "gloo"), (None, None)])
 def test_a_backend_list_names_each_device_once(backend, expected):
     pytest.importorskip("verl", reason="verl is not installed")
-    from agentic_retriever.loop.verl.cpu_platform import single_device_backend
+    from agent.rl.verl.cpu_platform import single_device_backend
 
     assert single_device_backend(backend) == expected
 
 
 def test_a_backend_list_giving_one_device_two_backends_is_refused():
     pytest.importorskip("verl", reason="verl is not installed")
-    from agentic_retriever.loop.verl.cpu_platform import single_device_backend
+    from agent.rl.verl.cpu_platform import single_device_backend
 
     with pytest.raises(ValueError, match="two backends"):
         single_device_backend("cpu:gloo,cpu:mpi")
@@ -116,7 +116,7 @@ def test_cpu_runs_compose_with_verls_config_and_pass_its_validation(tmp_path, al
     pytest.importorskip("hydra", reason="hydra-core is not installed (the dev extra has it)")
     pytest.importorskip("verl", reason="verl is not installed")
     pytest.importorskip("ray", reason="ray is not installed (the dev extra has it: verl's trainer imports it)")
-    from agentic_retriever.loop.verl.validate import compose_verl_config, validate_verl_run
+    from agent.rl.verl.validate import compose_verl_config, validate_verl_run
 
     run = prepare_verl_run(tmp_path / "run", _cpu(), _rl(algorithm), URL, str(tiny_causal_lm_dir),
                            _qa(tmp_path / "qa.jsonl"))

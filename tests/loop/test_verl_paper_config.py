@@ -22,10 +22,10 @@ import pytest
 import yaml
 
 from agent.rl.config import RLConfig
-from agentic_retriever.loop.verl.validate import validate_verl_run
+from agent.rl.verl.validate import validate_verl_run
 from agentic_retriever.config import build_config
 from agentic_retriever.loop.config import LoopConfig
-from agentic_retriever.loop.verl import AGENT_LOOP_NAME, VerlSettings, prepare_verl_run
+from agent.rl.verl import AGENT_LOOP_NAME, VerlSettings, prepare_verl_run
 from tests.loop.test_verl import URL, _compose
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -217,7 +217,8 @@ def test_every_agent_of_the_paper_loop_starts_from_the_base_model():
 def test_the_paper_configs_commands_run_with_the_loops_own_interpreter(monkeypatch):
     """torchrun, the 72B scorer's vLLM server and verl's launcher as `{python} -m ...`: with an unactivated venv, PATH's
     `torchrun` or `vllm` belongs to another interpreter or to none."""
-    from agentic_retriever.loop.processes import command_words, service_specs
+    from agentic_retriever.loop.processes import service_specs
+    from agentic_retriever.sessions import command_words
 
     monkeypatch.setattr(sys, "executable", "/opt/loop-venv/bin/python")
     loop = build_config(LoopConfig, "loop", None, str(CONFIGS / "agentic_r_loop.yaml"))
@@ -230,7 +231,7 @@ def test_the_paper_configs_commands_run_with_the_loops_own_interpreter(monkeypat
 def test_the_paper_run_keeps_one_checkpoint_so_an_iteration_fits_on_disk(tmp_path):
     """verl keeps every save unless told (max_*_ckpt_to_keep null): 10 saves of a 7B actor and critic, about 213 GB
     each, would need 2.1 TB an iteration; keeping one holds two at most (the old one until the new is written)."""
-    from agentic_retriever.loop.verl.disk import checkpoint_disk_bytes, save_count
+    from agent.rl.verl.disk import checkpoint_disk_bytes, save_count
 
     run, config = _config_run(tmp_path, "agentic_r_loop.yaml", 1300)
     assert config.trainer.max_actor_ckpt_to_keep == config.trainer.max_critic_ckpt_to_keep == 1
@@ -242,7 +243,7 @@ def test_the_paper_run_keeps_one_checkpoint_so_an_iteration_fits_on_disk(tmp_pat
 
 
 def test_save_count_counts_verls_periodic_saves_and_the_last_step():
-    from agentic_retriever.loop.verl.disk import save_count
+    from agent.rl.verl.disk import save_count
 
     assert [save_count(7, 3), save_count(6, 3), save_count(2, 50)] == [3, 2, 1]
 
@@ -250,7 +251,7 @@ def test_save_count_counts_verls_periodic_saves_and_the_last_step():
 def test_parameter_count_reads_the_safetensors_headers(tiny_causal_lm_dir):
     from transformers import AutoModelForCausalLM
 
-    from agentic_retriever.loop.verl.disk import parameter_count
+    from agent.rl.verl.disk import parameter_count
 
     model = AutoModelForCausalLM.from_pretrained(tiny_causal_lm_dir)
     assert parameter_count(tiny_causal_lm_dir) == sum(p.numel() for p in model.parameters())

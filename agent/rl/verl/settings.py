@@ -21,7 +21,7 @@ class VerlSettings:
                 "questions never go to verl"})
     device: Literal["cuda", "cpu"] = field(default="cuda", metadata={
         "help": "cuda: verl's own platforms (GPUs); cpu: verl and vLLM's CPU build on the host's cores, through the "
-                "cpu platform plugin and settings of agentic_retriever/loop/verl/cpu.py (checks and dry runs; "
+                "cpu platform plugin and settings of agent/rl/verl/cpu.py (checks and dry runs; "
                 "n_gpus_per_node then counts Ray's GPU labels, one per FSDP rank)"})
     cpu_kv_cache_gib: int = field(default=1, metadata={
         "help": "device cpu: GiB of host memory for vLLM's KV cache (VLLM_CPU_KVCACHE_SPACE)"})

@@ -35,7 +35,7 @@ from agentic_retriever.jsonl import atomic_write
 from .overrides import (AGENT_LOOP_FILE, AGENT_LOOP_NAME, TOOL_FILE, check_mappable, epochs_for_steps,
                         final_step, verl_overrides)
 from .search_tool import TOOL_NAME, search_tool_config
-from ..processes import command_words
+from agentic_retriever.sessions import command_words
 from .checkpoint import KILL_GRACE_SECONDS
 from .cpu import cpu_environment
 from .settings import VerlRun, VerlSettings
@@ -120,7 +120,7 @@ def launch_script(command: list[str], out_dir: Path, settings: VerlSettings) -> 
                       + (f"${{{name}:+,${name}}}" if name == "VERL_USE_EXTERNAL_MODULES" else "") + "\n"
                       for name, value in environment.items())
     lines = " \\\n    ".join(shlex.quote(part) for part in command)
-    return (f"#!/usr/bin/env bash\n# verl run of the co-training loop's agent step (agentic_retriever/loop/verl)\n"
+    return (f"#!/usr/bin/env bash\n# verl run of the co-training loop's agent step (agent/rl/verl)\n"
             f"set -uo pipefail\ncd {shlex.quote(str(out_dir))}\n{exports}"
             f"started=$(date +%s)\n"
             f"trap '{shlex.quote(python)} -m {__package__}.leftovers --since \"$started\"' EXIT\n"

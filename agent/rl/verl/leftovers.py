@@ -9,7 +9,7 @@ process dies before unlinking them, and some even after a clean exit: about 400 
 mapped (segments) or has bound (sockets, ``/proc/net/unix``), so a file of another program, or of a run still going,
 is never touched.
 
-    python -m agentic_retriever.loop.verl.leftovers --since 1764370000.0   # launch.sh's EXIT trap
+    python -m agent.rl.verl.leftovers --since 1764370000.0   # launch.sh's EXIT trap
 """
 
 from __future__ import annotations

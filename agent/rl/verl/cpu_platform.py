@@ -11,7 +11,7 @@ name. This module is that plugin: `PlatformCPU`, registered as ``cpu``:
   `CPUDeviceModule`), the collective backend is gloo, and tensors cannot be shared by CUDA IPC (verl's weight sync
   then goes through shared memory and ZMQ);
 - Ray's resource stays ``GPU``: verl's resource pools always ask for GPUs (``single_controller/ray/base.py``), so a
-  CPU run declares GPUs to Ray as labels (`agentic_retriever.loop.verl.cpu.cpu_overrides`);
+  CPU run declares GPUs to Ray as labels (`agent.rl.verl.cpu.cpu_overrides`);
 - ``verl/utils/distributed.py`` builds the backend ``cpu:gloo,{device}:{backend}``, which on this platform is
   ``cpu:gloo,cpu:gloo`` and torch refuses ("Duplicate device type cpu"); `install` wraps
   ``torch.distributed.init_process_group`` so a backend string that names one device twice names it once;
@@ -21,7 +21,7 @@ name. This module is that plugin: `PlatformCPU`, registered as ``cpu``:
   device; with none, host memory is all there is, so `install` makes ``Tensor.pin_memory`` return the tensor itself
   when torch sees no accelerator.
 
-A GPU run never loads this module: only `agentic_retriever.loop.verl.cpu.cpu_environment` names it, and only a run
+A GPU run never loads this module: only `agent.rl.verl.cpu.cpu_environment` names it, and only a run
 with ``device: cpu`` writes that environment into its ``launch.sh`` (docs/verl.md, "verl on CPUs").
 """
 

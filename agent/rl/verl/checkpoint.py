@@ -14,8 +14,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from ...jsonl import atomic_write
-from ..processes import kill_session, log_tail, session_members, start_session, stop_session
+from agentic_retriever.jsonl import atomic_write
+from agentic_retriever.sessions import kill_session, log_tail, session_members, start_session, stop_session
 from .settings import VerlRun, VerlSettings
 
 log = logging.getLogger(__name__)

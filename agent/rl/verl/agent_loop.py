@@ -22,7 +22,7 @@ The settings come from the agent-loop config file the run folder writes (`run_fo
 ``actor_rollout_ref.rollout.agent.agent_loop_config_path`` names: ``env`` (our `EnvConfig` fields),
 ``retrieval_service_url`` and ``timeout`` (read from that file when verl builds the loop from its ``register``
 entry, which keeps the class only). This module imports verl, so it is imported only where verl runs
-(`agentic_retriever.loop.verl` does not import it).
+(`agent.rl.verl` does not import it).
 """
 
 from __future__ import annotations
@@ -172,5 +172,5 @@ def _question(extra_info: Any) -> str:
     question = extra_info.get("question") if isinstance(extra_info, dict) else None
     if not isinstance(question, str) or not question.strip():
         raise ValueError(f"{AGENT_LOOP_NAME} reads the question from the row's extra_info.question, got "
-                         f"{question!r}; write the data with agentic_retriever.loop.verl.prepare_verl_run")
+                         f"{question!r}; write the data with agent.rl.verl.prepare_verl_run")
     return question

@@ -12,7 +12,7 @@ GPU). They are divided by ``n_gpus_per_node x nnodes`` here and nowhere else; a 
 per-GPU micro-batch that does not divide the per-GPU mini-batch, is refused. ``ppo_mini_batch_size`` and
 ``train_batch_size`` stay global: verl counts both in prompts and divides them itself.
 
-**reward**: ``reward.custom_reward_function`` = ``agent/rewards/verl.py`` (absolute path, `REWARD_FILE`),
+**reward**: ``reward.custom_reward_function`` = ``agent/rl/verl/reward.py`` (absolute path, `REWARD_FILE`),
 ``compute_score``, ``reward_kwargs`` = ``{"reward": rl.reward, **rl.reward_options}``.
 
 **agent loop** (`VerlSettings.agent_loop`): ``dialect`` points ``rollout.agent.agent_loop_config_path`` at the run's
@@ -40,7 +40,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-import agent.rewards.verl as verl_rewards
+import agent.rl.verl.reward as verl_rewards
 from agent.rewards import REWARDS
 from agent.rl.config import RLConfig
 
@@ -86,7 +86,7 @@ def check_mappable(settings: VerlSettings, rl: RLConfig) -> None:
     bad = [name for name, is_bad in refused.items() if is_bad]
     if bad:
         raise ValueError(f"RLConfig settings verl's main_ppo cannot run: {', '.join(bad)} "
-                         "(agentic_retriever/loop/verl/overrides.py)")
+                         "(agent/rl/verl/overrides.py)")
     sequences = rl.mini_batch_size or rl.prompts_per_step * rl.samples_per_prompt
     if sequences % rl.samples_per_prompt:
         raise ValueError(f"RLConfig.mini_batch_size ({rl.mini_batch_size} sequences) must be a multiple of "

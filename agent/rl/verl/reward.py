@@ -5,7 +5,7 @@ verl (the cluster-scale RL trainer; docs/rl.md, "The RL trainer") calls a custom
 response (prompt excluded) and ``ground_truth`` the row's ``reward_model.ground_truth``; the options in
 ``custom_reward_function.reward_kwargs`` arrive as keyword arguments. Point verl at this file:
 
-    custom_reward_function.path=agent/rewards/verl.py
+    custom_reward_function.path=agent/rl/verl/reward.py
     custom_reward_function.name=search_r1_format            # or compute_score / search_r1_em / ...
     +custom_reward_function.reward_kwargs.lambda_f=0.4      # the reward's options (agent.rewards.reward_options)
 
