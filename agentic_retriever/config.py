@@ -131,27 +131,29 @@ def _set_dotted(obj, dotted: str, value, where: str) -> None:
     _apply(obj, {leaf: value}, where)
 
 
-def renamed_flags(cls: type, prefix: str = "") -> dict[str, str]:
+def _part_tables(cls: type, attribute: str, prefix: str = ""):
+    """(flag prefix, class, its `attribute` table) for `cls` and every settings part nested in it."""
+    yield prefix, cls, getattr(cls, attribute, {})
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        hint, _ = _unwrap_optional(hints[f.name])
+        if dataclasses.is_dataclass(hint):
+            yield from _part_tables(hint, attribute, f"{prefix}{f.name}.")
+
+
+def _flag(prefix: str, key: str) -> str:
+    return f"--{prefix}{key}".replace("_", "-")
+
+
+def renamed_flags(cls: type) -> dict[str, str]:
     """Flags of the previous release -> their new spelling, from the ``RENAMED`` tables of `cls` and its parts."""
-    flags = {f"--{prefix}{old}".replace("_", "-"): f"--{prefix}{new}".replace("_", "-")
-             for old, new in getattr(cls, "RENAMED", {}).items() if f"--{old}" != _alias_of(cls, new)}
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        hint, _ = _unwrap_optional(hints[f.name])
-        if dataclasses.is_dataclass(hint):
-            flags |= renamed_flags(hint, f"{prefix}{f.name}.")
-    return flags
+    return {_flag(prefix, old): _flag(prefix, new) for prefix, part, table in _part_tables(cls, "RENAMED")
+            for old, new in table.items() if f"--{old}" != _alias_of(part, new)}
 
 
-def moved_flags(cls: type, prefix: str = "") -> dict[str, str]:
+def moved_flags(cls: type) -> dict[str, str]:
     """Flags of keys that moved to another section (``MOVED`` of `cls` and its parts) -> where they live now."""
-    flags = {f"--{prefix}{old}".replace("_", "-"): where for old, where in getattr(cls, "MOVED", {}).items()}
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        hint, _ = _unwrap_optional(hints[f.name])
-        if dataclasses.is_dataclass(hint):
-            flags |= moved_flags(hint, f"{prefix}{f.name}.")
-    return flags
+    return {_flag(prefix, old): where for prefix, _, table in _part_tables(cls, "MOVED") for old, where in table.items()}
 
 
 def _alias_of(cls: type, dotted: str) -> str | None:
