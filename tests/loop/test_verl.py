@@ -278,3 +278,13 @@ def test_the_verl_steps_reward_curve_is_read_from_verls_console_lines(tmp_path):
     assert first == {"step": 1.0, "actor/pg_loss": 0.039, "critic/score/mean": 0.125, "num_turns/mean": 5.5,
                      "timing_s/step": 195.1}
     assert reward_curve(log) == [0.125, 0.25] and reward_curve(tmp_path / "missing.log") == []
+
+
+def test_a_stand_in_run_without_the_trainer_that_stands_in_is_refused_before_anything_is_written(tmp_path):
+    from agent.rl.verl import run_verl_job
+
+    train = _qa(tmp_path / "train.jsonl", TRAIN)
+    with pytest.raises(ValueError, match="verl.stand_in trains with the embedded trainer"):
+        run_verl_job(_settings(stand_in=True), dataclasses.replace(_rl(), qa=str(train)), "/models/agent_0", URL,
+                     tmp_path / "agent")
+    assert not (tmp_path / "agent").exists()

@@ -23,12 +23,12 @@ def run_verl_job(settings: VerlSettings, rl: RLConfig, init_model: str, service_
     With ``settings.stand_in`` the run is written and validated by verl itself, and `stand_in` (the embedded
     trainer, given a folder) trains in its place: a dry run of a cluster config on a machine without its GPUs.
     Returns the model folder, the trainer, algorithm, steps and reward curve of the run."""
+    if settings.stand_in and stand_in is None:
+        raise ValueError("verl.stand_in trains with the embedded trainer in verl's place: give it (stand_in)")
     run = prepare_verl_run(out, settings, rl, service_url, init_model, rl.qa)
     if settings.stand_in:
         from .validate import validate_verl_run
 
-        if stand_in is None:
-            raise ValueError("verl.stand_in trains with the embedded trainer in verl's place: give it (stand_in)")
         checked = validate_verl_run(run)
         print(f"verl run written to {run.out_dir} and validated by verl ({checked}); training with the embedded "
               "trainer in its place (verl.stand_in)", flush=True)
