@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -177,16 +178,23 @@ def _wait_for_log(run, text: str, timeout_s: float = 60) -> None:
         time.sleep(0.1)
 
 
-def test_an_interrupted_launch_passes_the_signal_on_to_verl(tmp_path):
+@pytest.mark.parametrize("parent_ignores_sigint", [False, True], ids=["terminal", "sigint-ignored-by-the-parent"])
+def test_an_interrupted_launch_passes_the_signal_on_to_verl(tmp_path, parent_ignores_sigint):
+    """Ctrl-C reaches verl through launch.sh's trap, also when the loop itself was started ignoring SIGINT (in the
+    background of a script, or in a test runner's worker), which a shell could not trap if it inherited it."""
     marker = tmp_path / "terminated"
     code = (f"import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: (open({str(marker)!r}, 'w'), "
             "sys.exit(143))); print('training', flush=True); time.sleep(600)")
     settings = _cpu(launcher=f"{sys.executable} -c {shlex.quote(code)}")
     run = prepare_verl_run(tmp_path / "run", settings, _rl(), URL, "/models/agent", _qa(tmp_path / "qa.jsonl"))
-    process = start_verl_run(run)
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN if parent_ignores_sigint else signal.default_int_handler)
+    try:
+        process = start_verl_run(run)
+    finally:
+        signal.signal(signal.SIGINT, before)
     try:
         _wait_for_log(run, "training")
-        process.send_signal(2)  # SIGINT to the script, as a terminal's Ctrl-C
+        process.send_signal(signal.SIGINT)  # to the script, as a terminal's Ctrl-C
         assert process.wait(timeout=60) != 0 and marker.exists()
     finally:
         stop_session(process, 5)

@@ -42,6 +42,10 @@ def running_launch(run: VerlRun) -> int | None:
     return session if str(run.launch_script).encode() in command and session_members(session) else None
 
 
+#: The signals ``launch.sh`` passes on to verl (`run_folder.launch_script`).
+TRAPPED_SIGNALS = ("INT", "TERM", "HUP")
+
+
 def start_verl_run(run: VerlRun, replace_running: bool = False) -> subprocess.Popen:
     """Start ``run.launch_script`` in a session of its own, stdout and stderr appended to ``run.log_path``, its
     session id in ``verl.pid``. A launch of this run still running from before is refused (two verls on one
@@ -53,7 +57,10 @@ def start_verl_run(run: VerlRun, replace_running: bool = False) -> subprocess.Po
     if session is not None:
         log.warning("stopping the verl still running this run from before (session %s)", session)
         kill_session(session, EXIT_GRACE_SECONDS)
-    process = start_session(["bash", str(run.launch_script)], run.log_path, cwd=run.out_dir)
+    # A shell cannot trap a signal ignored when it started (POSIX), and a parent started in the background of a
+    # script, or some test runners' workers, ignore SIGINT: coreutils' env gives the script the default handling back
+    process = start_session(["env", f"--default-signal={','.join(TRAPPED_SIGNALS)}", "bash", str(run.launch_script)],
+                            run.log_path, cwd=run.out_dir)
     with atomic_write(run.out_dir / PID_FILE) as handle:
         handle.write(f"{process.pid}\n")
     return process

@@ -36,7 +36,7 @@ from .overrides import (AGENT_LOOP_FILE, AGENT_LOOP_NAME, TOOL_FILE, check_mappa
                         final_step, verl_overrides)
 from .search_tool import TOOL_NAME, search_tool_config
 from agentic_retriever.sessions import command_words
-from .checkpoint import KILL_GRACE_SECONDS
+from .checkpoint import KILL_GRACE_SECONDS, TRAPPED_SIGNALS
 from .cpu import cpu_environment
 from .settings import VerlRun, VerlSettings
 
@@ -126,7 +126,7 @@ def launch_script(command: list[str], out_dir: Path, settings: VerlSettings) -> 
             f"trap '{shlex.quote(python)} -m {__package__}.leftovers --since \"$started\"' EXIT\n"
             # timeout runs verl in a process group of its own, out of reach of a terminal's Ctrl-C: pass signals on.
             # The trap is set before verl starts, so a signal that arrives before `child` is known is passed on after
-            f"child=\nstop=\ntrap 'stop=1; [ -z \"$child\" ] || kill -TERM \"$child\" 2>/dev/null' INT TERM HUP\n"
+            f"child=\nstop=\ntrap 'stop=1; [ -z \"$child\" ] || kill -TERM \"$child\" 2>/dev/null' {' '.join(TRAPPED_SIGNALS)}\n"
             f"timeout --kill-after={KILL_GRACE_SECONDS} {settings.timeout_seconds:.0f} {lines} &\n"
             f"child=$!\n[ -z \"$stop\" ] || kill -TERM \"$child\" 2>/dev/null\n"
             f"while wait \"$child\"; status=$?; kill -0 \"$child\" 2>/dev/null; do :; done\nexit \"$status\"\n")
