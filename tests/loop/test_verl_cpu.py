@@ -181,7 +181,7 @@ def _wait_for_log(run, text: str, timeout_s: float = 60) -> None:
 @pytest.mark.parametrize("parent_ignores_sigint", [False, True], ids=["terminal", "sigint-ignored-by-the-parent"])
 def test_an_interrupted_launch_passes_the_signal_on_to_verl(tmp_path, parent_ignores_sigint):
     """Ctrl-C reaches verl through launch.sh's trap, also when the loop itself was started ignoring SIGINT (in the
-    background of a script, or in a test runner's worker), which a shell could not trap if it inherited it."""
+    background of a script), which a shell could not trap if it inherited it."""
     marker = tmp_path / "terminated"
     code = (f"import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: (open({str(marker)!r}, 'w'), "
             "sys.exit(143))); print('training', flush=True); time.sleep(600)")

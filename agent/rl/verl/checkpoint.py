@@ -58,7 +58,7 @@ def start_verl_run(run: VerlRun, replace_running: bool = False) -> subprocess.Po
         log.warning("stopping the verl still running this run from before (session %s)", session)
         kill_session(session, EXIT_GRACE_SECONDS)
     # A shell cannot trap a signal ignored when it started (POSIX), and a parent started in the background of a
-    # script, or some test runners' workers, ignore SIGINT: coreutils' env gives the script the default handling back
+    # script ignores SIGINT: coreutils' env gives the script the default handling back
     process = start_session(["env", f"--default-signal={','.join(TRAPPED_SIGNALS)}", "bash", str(run.launch_script)],
                             run.log_path, cwd=run.out_dir)
     with atomic_write(run.out_dir / PID_FILE) as handle:
