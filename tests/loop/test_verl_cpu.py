@@ -1,7 +1,7 @@
 """verl on CPUs (``loop.verl.device: cpu``): the platform plugin registered through verl's own hooks, the one place
 that writes a CPU run's environment and overrides, the launch's wall-clock limit and the leftovers it removes.
 
-verl's trainer itself runs in `make verl-check` (benchmarks/verl_check.py, its own venv with vLLM's CPU build); here
+verl's trainer itself runs in `make verl-check` (benchmarks/checks/verl_check.py, its own venv with vLLM's CPU build); here
 the platform is checked in a fresh process of the default venv (verl is installed there with ``--no-deps``), as
 verl's workers load it: by importing verl with ``VERL_USE_EXTERNAL_MODULES`` and ``VERL_PLATFORM`` set. No Ray.
 """

@@ -1,7 +1,7 @@
 """Does the GPU dependency set resolve? pip's own resolver over this project's GPU extras with the constraints file.
 
-    python benchmarks/resolve_gpu_stack.py                        # python3.12, extras verl,vllm,faiss-gpu
-    python benchmarks/resolve_gpu_stack.py --python python3.11 --extras verl,vllm --out runs/resolve
+    python benchmarks/checks/resolve_gpu_stack.py                        # python3.12, extras verl,vllm,faiss-gpu
+    python benchmarks/checks/resolve_gpu_stack.py --python python3.11 --extras verl,vllm --out runs/resolve
 
 Builds this project's wheel (``pip wheel --no-deps``), makes a throwaway virtual environment of the given Python
 (the GPU host's is 3.12), and runs ``pip install --dry-run --ignore-installed --report`` of
@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 CONSTRAINTS = REPO_ROOT / "constraints" / "verl-0.9.1-gpu.txt"
 #: The packages whose resolved versions are reported (the pinned ones and what our code imports of the stack).
 WATCHED = ("torch", "vllm", "transformers", "verl", "sentence-transformers", "transferqueue", "tensordict", "ray",

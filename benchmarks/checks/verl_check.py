@@ -23,7 +23,7 @@ For ppo and grpo it reads what verl did: every trajectory came from our agent lo
 the dumped responses), the actor's weights after step 2 differ from step 0, and vLLM's log-probs agree with FSDP's
 (verl's ``training/rollout_probs_diff_*``). One ``results.json`` and ``results.md`` in --out.
 
-    python benchmarks/verl_check.py --out runs/verl_check      # in .venv-verl (make verl-check)
+    python benchmarks/checks/verl_check.py --out runs/verl_check      # in .venv-verl (make verl-check)
 """
 
 from __future__ import annotations
@@ -38,10 +38,11 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _common (a check runs as a script)
 from _common import cpu_model, run_check_step, usable_cores
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+ROOT = HERE.parents[1]
 STEPS = {"agent": 2400, "ppo": 2400, "grpo": 2400, "pickup": 900}  # seconds each step may take
 RUN_LIMIT = 2100  # launch.sh's wall-clock limit for one verl run (VerlSettings.timeout_seconds)
 PROMPTS, SAMPLES, VERL_STEPS = 4, 2, 2

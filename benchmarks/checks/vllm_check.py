@@ -13,7 +13,7 @@ real engine on the converted SmolLM2-135M-Instruct of the default stack, each st
      server's request log shows the sampling fields it applied (repetition_penalty 1.0, not the model's);
   e. throughput of (a) and (b) beside the transformers backend, in the same step.
 
-    python benchmarks/vllm_check.py --out runs/vllm_check      # results.json and results.md there
+    python benchmarks/checks/vllm_check.py --out runs/vllm_check      # results.json and results.md there
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _common (a check runs as a script)
 from _common import cpu_model, free_port, run_check_step, usable_cores
 
 STEPS = {"a": 900, "b": 900, "c": 900, "d": 1200}  # seconds each step may take

