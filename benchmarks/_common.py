@@ -356,6 +356,54 @@ def add_rl_bench_arguments(parser: argparse.ArgumentParser, *, name: str, config
     parser.add_argument("--figures", default=str(REPO_ROOT / "benchmarks" / "figures"))
 
 
+def check_parser(doc: str, out: str, steps: dict, default_steps: str, steps_help: str,
+                 agent_help: str) -> argparse.ArgumentParser:
+    """The arguments every check script takes: ``--out``, ``--step`` (one step in this process, internal),
+    ``--steps`` and ``--agent``."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--out", default=out)
+    parser.add_argument("--step", choices=sorted(steps), help="run one step in this process (internal)")
+    parser.add_argument("--steps", default=default_steps, help=steps_help)
+    parser.add_argument("--agent", default="", help=agent_help)
+    return parser
+
+
+def enter_check(args: argparse.Namespace, agent_env: str, functions: dict) -> Path | None:
+    """A check's output folder (made), or None when this process was asked for one step (``--step NAME``): that
+    step, ``functions["step_NAME"]``, has then run here and its result is in ``OUT/step_NAME.json``, which the parent
+    reads (`run_check_step`). ``--agent`` reaches the step processes through the environment variable `agent_env`."""
+    if args.agent:
+        os.environ[agent_env] = str(Path(args.agent).resolve())  # the step processes inherit it
+    out = Path(args.out).resolve()
+    if args.step:
+        result = functions[f"step_{args.step}"](out)
+        (out / f"step_{args.step}.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
+        return None
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def earlier_steps(out: Path) -> dict:
+    """The step results of an earlier run in `out` (``results.json``), so that ``--steps`` redoes only some."""
+    earlier = out / "results.json"
+    return json.loads(earlier.read_text())["steps"] if earlier.is_file() else {}
+
+
+def run_check_steps(script: str, names, steps: dict[str, float], out: Path, results: dict,
+                    markdown: Callable[[dict], str]) -> dict:
+    """Run each step of `names` in its own process (`run_check_step`, `steps` giving each one's timeout), keep its
+    result in ``results["steps"]``, then write ``results.json`` and ``results.md`` to `out` and print the table."""
+    for name in names:
+        print(f"step {name} ...", flush=True)
+        results["steps"][name] = run_check_step(script, name, out, steps[name])
+        print(json.dumps(results["steps"][name]), flush=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
+    table = markdown(results)
+    (out / "results.md").write_text(table, encoding="utf-8")
+    print(table)
+    return results
+
+
 def run_check_step(script: str, name: str, out: Path, timeout_s: float) -> dict:
     """Step `name` of a check script (`vllm_check.py`, `verl_check.py`) in its own process, run as
     ``python SCRIPT --out OUT --step NAME``, which writes ``OUT/step_NAME.json``; a hung step is killed at

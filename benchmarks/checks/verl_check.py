@@ -28,7 +28,6 @@ the dumped responses), the actor's weights after step 2 differ from step 0, and 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -39,7 +38,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _common (a check runs as a script)
-from _common import cpu_model, run_check_step, usable_cores
+from _common import check_parser, cpu_model, earlier_steps, enter_check, run_check_steps, usable_cores
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -309,40 +308,25 @@ def markdown(results: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = check_parser(__doc__, "runs/verl_check", STEPS, "agent,ppo,grpo,pickup",
+                          "which steps to run, comma-separated",
+                          "the agent's model folder (default: the warm-started SmolLM2)")
     parser.add_argument("command", nargs="?", choices=["run", "record-vllm"], default="run")
-    parser.add_argument("--out", default="runs/verl_check")
-    parser.add_argument("--step", choices=sorted(STEPS), help="run one step in this process (internal)")
-    parser.add_argument("--steps", default="agent,ppo,grpo,pickup", help="which steps to run, comma-separated")
-    parser.add_argument("--agent", default="", help="the agent's model folder (default: the warm-started SmolLM2)")
     args = parser.parse_args()
     if args.command == "record-vllm":
         print(f"vllm {record_vllm()} recorded for verl")
         return
-    if args.agent:
-        os.environ["VERL_CHECK_AGENT"] = str(Path(args.agent).resolve())  # the step processes inherit it
-    out = Path(args.out).resolve()
-    if args.step:
-        result = globals()[f"step_{args.step}"](out)
-        (out / f"step_{args.step}.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
+    out = enter_check(args, "VERL_CHECK_AGENT", globals())
+    if out is None:
         return
-    out.mkdir(parents=True, exist_ok=True)
     import verl
     import vllm
 
-    earlier = out / "results.json"
     results = {"verl": verl.__version__, "vllm": vllm.__version__, "machine": f"{cpu_model()}, {usable_cores()} CPU "
                "cores", "agent": args.agent or "warm-started SmolLM2-135M-Instruct (agent sft, quickstart)",
-               "steps": json.loads(earlier.read_text())["steps"] if earlier.is_file() else {}}
-    for name in args.steps.split(","):
-        if name == "agent" and args.agent:
-            continue
-        print(f"step {name} ...", flush=True)
-        results["steps"][name] = run_check_step(__file__, name, out, STEPS[name])
-        print(json.dumps(results["steps"][name]), flush=True)
-    (out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
-    (out / "results.md").write_text(markdown(results), encoding="utf-8")
-    print(markdown(results))
+               "steps": earlier_steps(out)}
+    names = [name for name in args.steps.split(",") if not (name == "agent" and args.agent)]
+    run_check_steps(__file__, names, STEPS, out, results, markdown)
     sys.exit(0 if all(r["ok"] or r.get("blocked") for r in results["steps"].values()) else 1)
 
 

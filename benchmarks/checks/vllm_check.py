@@ -18,8 +18,6 @@ real engine on the converted SmolLM2-135M-Instruct of the default stack, each st
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import re
 import shlex
@@ -28,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _common (a check runs as a script)
-from _common import cpu_model, free_port, run_check_step, usable_cores
+from _common import check_parser, cpu_model, earlier_steps, enter_check, free_port, run_check_steps, usable_cores
 
 STEPS = {"a": 900, "b": 900, "c": 900, "d": 1200}  # seconds each step may take
 QUESTIONS = 6
@@ -227,33 +225,16 @@ def markdown(results: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="runs/vllm_check")
-    parser.add_argument("--step", choices=sorted(STEPS), help="run one step in this process (internal)")
-    parser.add_argument("--steps", default="abcd", help="which steps to run (default: all)")
-    parser.add_argument("--agent", default="", help="the agent's model folder (default: the converted SmolLM2)")
-    args = parser.parse_args()
-    if args.agent:
-        os.environ["VLLM_CHECK_AGENT"] = str(Path(args.agent).resolve())  # the step processes inherit it
-    out = Path(args.out).resolve()
-    if args.step:
-        result = globals()[f"step_{args.step}"](out)
-        (out / f"step_{args.step}.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
+    args = check_parser(__doc__, "runs/vllm_check", STEPS, "abcd", "which steps to run (default: all)",
+                        "the agent's model folder (default: the converted SmolLM2)").parse_args()
+    out = enter_check(args, "VLLM_CHECK_AGENT", globals())
+    if out is None:
         return
-    out.mkdir(parents=True, exist_ok=True)
     import vllm
 
-    earlier = out / "results.json"
     results = {"vllm": vllm.__version__, "agent": _model(), "machine": f"{cpu_model()}, {usable_cores()} CPU cores",
-               "data": prepare(out),
-               "steps": json.loads(earlier.read_text())["steps"] if earlier.is_file() else {}}  # --steps redoes some
-    for name in args.steps:
-        print(f"step {name} ...", flush=True)
-        results["steps"][name] = run_check_step(__file__, name, out, STEPS[name])
-        print(json.dumps(results["steps"][name]), flush=True)
-    (out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
-    (out / "results.md").write_text(markdown(results), encoding="utf-8")
-    print(markdown(results))
+               "data": prepare(out), "steps": earlier_steps(out)}
+    run_check_steps(__file__, args.steps, STEPS, out, results, markdown)
     sys.exit(0 if all(r["ok"] for r in results["steps"].values()) else 1)
 
 
