@@ -65,10 +65,10 @@ from agentic_retriever.fingerprint import llm_fingerprint
 from agentic_retriever.llm import LLMConfig
 from agentic_retriever.llm.base import LLM
 from agentic_retriever.qa_sources import qa_set_name
+from agentic_retriever.qa_sources import QARow, as_qa_rows
 
 from .dialects.s3 import NAIVE_RAG_TOPK
 from .s3_rag_baseline import NaiveRagCache, retriever_identity
-from agentic_retriever.qa_sources import QARow, as_qa_rows
 from .rewards.answer_judge import judge_answers
 from .rewards.gbr import gain_beyond_rag, gain_beyond_rag_paper
 from .rewards.generation import generate_answers, generation_accuracy

@@ -24,10 +24,10 @@ from agentic_retriever.client import RetrievalClient, RetrievalConfig, open_clie
 from agentic_retriever.jsonl import atomic_write, write_json
 from agentic_retriever.llm import LLMConfig
 from agentic_retriever.llm.base import LLM
+from agentic_retriever.qa_sources import QARow, read_qa_rows
 
 from .env import EnvConfig
 from .evaluate import evaluate_trajectories
-from agentic_retriever.qa_sources import QARow, read_qa_rows
 from .rollouts import run_rollouts
 from .trajectory import read_trajectories
 

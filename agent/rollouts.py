@@ -19,9 +19,9 @@ from agentic_retriever.eval.qa import qa_scores
 from agentic_retriever.jsonl import parse_shard, read_json, shard_bounds, write_json
 from agentic_retriever.llm import LLMConfig
 from agentic_retriever.llm.base import LLM, derived_seed
+from agentic_retriever.qa_sources import QARow, as_qa_rows, read_qa_rows
 
 from .env import EnvConfig, Rollout, rollout
-from agentic_retriever.qa_sources import QARow, as_qa_rows, read_qa_rows
 from .trajectory import Trajectory, TrajectoryWriter, trajectory_id
 
 __all__ = ["RolloutConfig", "RolloutRunSummary", "RolloutSettingsMismatch", "make_trajectory", "rollout_settings_path",

@@ -38,9 +38,9 @@ from agentic_retriever.corpus import split_contents
 from agentic_retriever.eval.qa import golden_strings, normalize_answer, qa_scores
 from agentic_retriever.jsonl import DataFormatError, iter_jsonl, read_json, write_json, write_jsonl
 from agentic_retriever.qa_sources import iter_search_r1_file, question_after_marker, search_r1_qa_row
+from agentic_retriever.qa_sources import read_qa_rows
 
 from .dialects.search_r1 import INVALID_ACTION_MESSAGE, SearchR1Dialect
-from agentic_retriever.qa_sources import read_qa_rows
 from .trajectory import Retrieved, Trajectory, Turn
 
 __all__ = ["ImportConfig", "ImportStats", "import_summary", "import_trajectories", "split_response"]

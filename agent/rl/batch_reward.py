@@ -52,12 +52,12 @@ from agentic_retriever.encoder import Encoder
 from agentic_retriever.eval.qa import contains_match
 from agentic_retriever.fingerprint import llm_fingerprint
 from agentic_retriever.llm import LLM, load_llm
+from agentic_retriever.qa_sources import QARow
 
 from ..dialects.reflect import search_queries
 from ..dialects.s3 import NAIVE_RAG_TOPK
 from ..env import Rollout
 from ..s3_rag_baseline import NaiveRagCache, retriever_identity, training_filter_counts, training_rows
-from agentic_retriever.qa_sources import QARow
 from ..rewards import get_reward
 from ..rewards.answer_judge import judge_answers
 from ..rewards.gbr import GAINS, gain_beyond_rag_paper, get_gain
@@ -113,7 +113,7 @@ class GainBeyondRagReward:
 
     For every rollout, Acc_s3 = GenAcc(G(Q, D_s3), A): `generator` answers with the Figure 12 prompt from the
     rollout's selected documents, all rollouts in one call; the span check decides, and `judge` (Figure 13; None:
-    span check only) is asked about the span failures, all in one call. Acc_RAG comes from `naive_rag` (`agent.s3_rag_baseline`)
+    span check only) is asked about the span failures, all in one call. Acc_RAG comes from `naive_rag`
     (question id -> naive-RAG accuracy, `agent.s3_rag_baseline.NaiveRagCache.accuracies` bound to the retriever and the
     same generator and judge). The score is ``gain(acc_s3, acc_rag)``: the release's (Acc_s3 - Acc_RAG) + Acc_s3
     for ``s3_gbr``, Eq. 1's Acc_s3 - Acc_RAG for ``s3_gbr_paper``.

@@ -32,10 +32,10 @@ import torch
 from agentic_retriever.client import RetrievalClient
 from agentic_retriever.eval.qa import qa_scores
 from agentic_retriever.llm import LLM
+from agentic_retriever.qa_sources import QARow
 
 from ..dialects.reflect import check_shape
 from ..env import Rollout, rollout
-from agentic_retriever.qa_sources import QARow
 from ..rewards import check_format, gold_in_information, is_valid_sequence
 from ..rewards.qagent import hit
 from .batch import Sample

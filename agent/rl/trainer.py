@@ -53,9 +53,9 @@ from agentic_retriever.llm import LLM
 from agentic_retriever.llm.device import resolve_device
 from agentic_retriever.llm.transformers import TransformersLLM
 from agentic_retriever.precision import resolve
+from agentic_retriever.qa_sources import QARow
 
 from ..env import Rollout
-from agentic_retriever.qa_sources import QARow
 from .batch import Collated, Sample, collate, token_logprobs, token_values
 from .batch_reward import prepare_reward
 from .checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint

@@ -38,13 +38,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from agentic_retriever.client import RetrievalClient
-from agentic_retriever.eval.qa import normalize_answer
 from agentic_retriever.corpus import ScoredPassage
+from agentic_retriever.eval.qa import normalize_answer
 from agentic_retriever.llm.text import render_chat_prompt
+from agentic_retriever.qa_sources import QARow
 
 from ..dialects import get_dialect
 from ..env import cut_to_tokens
-from agentic_retriever.qa_sources import QARow
 from .train import SFTExample
 
 __all__ = ["VOICES", "SynthesisConfig", "Voice", "query_phrasings", "synthesize_sft_examples"]

@@ -39,9 +39,9 @@ from agentic_retriever.client import RetrievalClient
 from agentic_retriever.corpus import ScoredPassage
 from agentic_retriever.eval.qa import part_answers
 from agentic_retriever.jsonl import DataFormatError, iter_jsonl
+from agentic_retriever.qa_sources import QARow
 
 from .data import SynthesisConfig, _Builder, _evidence_hit, content_words, query_phrasings
-from agentic_retriever.qa_sources import QARow
 from .train import SFTExample
 
 __all__ = ["MULTIHOP_VOICE", "MultiHopRow", "read_multihop_rows", "synthesize_multihop_examples"]

@@ -28,8 +28,8 @@ from agentic_retriever.defaults import cache_root, resolve_llm_name
 from agentic_retriever.fingerprint import model_fingerprint
 from agentic_retriever.llm import LLMConfig
 from agentic_retriever.precision import TORCH_NAMES
-
 from agentic_retriever.qa_sources import read_qa_rows
+
 from .data import SynthesisConfig, synthesize_sft_examples
 from .multihop import read_multihop_rows, synthesize_multihop_examples
 from .train import SFTConfig, data_fingerprint, train_sft, write_sft_examples

@@ -26,10 +26,10 @@ from typing import Any
 
 from ..client import RetrievalConfig
 from ..jsonl import iter_jsonl, read_json
+from ..sessions import command_words
 from .config import LoopJob
 from .placement import run_shards, shard_count
 from .processes import concatenate, write_section
-from ..sessions import command_words
 
 __all__ = ["build_index_step", "evaluate_iteration", "mine_rows", "roll_out", "train_agent", "train_retriever_step"]
 
