@@ -108,10 +108,11 @@ def _questions(spec: str, given: int) -> int:
 
     if given:
         return given
-    try:
-        return len(read_qa_source_rows(spec)) if spec else 0
-    except FileNotFoundError:
-        pass
+    if spec:
+        try:
+            return len(read_qa_source_rows(spec))
+        except FileNotFoundError:
+            pass
     raise ValueError(f"loop plan: the questions {spec or '(loop.mining_qa)'} are not here; give their number "
                      "(--questions N)")
 

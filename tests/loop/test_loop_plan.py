@@ -93,6 +93,9 @@ def test_missing_inputs_are_asked_for_by_name(tmp_path, monkeypatch, tiny_model_
         plan_loop(job, gpus=8)
     with pytest.raises(ValueError, match=r"--corpus-passages N"):
         plan_loop(job, gpus=8, questions=10)
+    unset = dataclasses.replace(job, loop=dataclasses.replace(job.loop, mining_qa=""))
+    with pytest.raises(ValueError, match=r"the questions \(loop.mining_qa\) are not here.*--questions N"):
+        plan_loop(unset, gpus=8)  # no QA set named: asked for, not planned as zero questions
 
 
 def test_loop_plan_prints_the_paper_configs_iteration(capsys):
