@@ -38,7 +38,7 @@ the index alone in this process at the batch sizes the two loads formed: where a
 
 Overhead mode (``--mode overhead``): the service's own CPU per request, which RL rollouts' many one-query
 requests take from the encoder on the same cores: ``index serve``'s app over the index's corpus with a search that
-costs nothing (`_instant_server.py`), in a process of its own, one-query requests from each `--clients` count for
+costs nothing (`agentic_retriever.standins.instant_index`), in a process of its own, one-query requests from each `--clients` count for
 `--repeats` rounds; prints the median server CPU ms per request (user + system time of its process, counted in
 clock ticks of 10 ms: give it thousands of requests, `--total-requests 4000`).
 
@@ -400,12 +400,12 @@ def _throughput_report(counts: list[int], results: dict[int, dict[str, list[dict
 
 
 def run_overhead(index: SearchIndex, index_dir: str, rng: random.Random, args) -> dict:
-    """The service's own CPU per request: ``index serve``'s app over `_instant_server.InstantIndex` (the index's
+    """The service's own CPU per request: ``index serve``'s app over `agentic_retriever.standins.instant_index.InstantIndex` (the index's
     corpus, a search that costs nothing) in a process of its own, one-query requests from each `--clients` count,
     `--repeats` rounds; the medians of requests/s and server CPU ms per request."""
     counts = [int(c) for c in str(args.clients).split(",")]
     queries = make_queries(index, max(args.total_requests, max(counts) * 5), rng)
-    command = [sys.executable, str(Path(__file__).with_name("_instant_server.py")), "--index", index_dir]
+    command = [sys.executable, "-m", "agentic_retriever.standins.instant_index", "--index", index_dir]
     rounds: dict[int, list[dict]] = {n: [] for n in counts}
     with ServerProcess(command, "ours, instant index") as server:
         _warm_up(server.url, queries[: args.warmup], args.topk)

@@ -22,7 +22,7 @@ What it makes first, in the paper's formats and at the paths the config names (r
   train files share ids, which the config's merged set namespaces; no evidence titles, no parent question);
 - the agent that stands in for Qwen2.5-7B-Base: SmolLM2-135M-Instruct warm-started on other train questions
   (`agent sft`, cached by its inputs), since a base 135M model does not write the dialect's tags and the loop would
-  mine nothing. The 72B scorer's server is `benchmarks/_scripted_scorer.py` (its docstring says why), started and
+  mine nothing. The 72B scorer's server is `agentic_retriever.standins.scripted_scorer` (its docstring says why), started and
   stopped by the loop as the ``lr_scorer`` service; the scorer's tokenizer is SmolLM2's.
 
 Writes ``dry_run.json`` (wall time per step, the report's rows, the verl validation) beside the loop's folder; the
@@ -68,7 +68,7 @@ RAY_PLACEMENT = {"loop": {"placement": "ray", "rollout_devices": [], "mining_dev
                                   "cpus_per_process": 0.5},
                           "service": {"host": "0.0.0.0"},
                           "services": {"lr_scorer": {
-                              "command": "{python} {root}/benchmarks/_scripted_scorer.py --host 0.0.0.0 --port {port}"}}}}
+                              "command": "{python} -m agentic_retriever.standins.scripted_scorer --host 0.0.0.0 --port {port}"}}}}
 #: Nodes of the ``--ray`` cluster and the GPU labels each declares (resources only: nothing runs on a GPU).
 RAY_NODES, RAY_GPUS_PER_NODE = 2, 1
 #: Questions per role and passages in the corpus.

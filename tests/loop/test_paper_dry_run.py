@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from agentic_retriever.qa_sources import read_qa_rows
+from agentic_retriever.standins import scripted_scorer as scripted
 from agentic_retriever.commands import command
 from agentic_retriever.config import build_config
 
@@ -150,14 +151,11 @@ def test_the_stand_in_files_are_flashrag_rows_without_evidence_labels(tmp_path, 
 
 
 def test_the_scorers_stand_in_answers_the_mining_prompts_in_their_formats():
-    """benchmarks/_scripted_scorer.py read by the library's own parsers: one score per passage of a listwise window
-    (Figure 7 and Figure 6), "Not Sure" for a sub-answer prompt."""
+    """The scorer's stand-in (`agentic_retriever.standins.scripted_scorer`) read by the library's own parsers: one
+    score per passage of a listwise window (Figure 7 and Figure 6), "Not Sure" for a sub-answer prompt."""
     from agentic_retriever.mining.parse import parse_scores, parse_sub_answers
     from agentic_retriever.mining.prompts import relevance_prompt, sub_answer_prompt
 
-    spec = importlib.util.spec_from_file_location("scripted", ROOT / "benchmarks" / "_scripted_scorer.py")
-    scripted = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(scripted)
     passages = ["The Little Prince was published in France.", "A river in Asia.", "Prince of Persia."]
     for sub_answer in (None, "France"):
         reply = scripted.answer(relevance_prompt("little prince published country", passages, sub_answer))

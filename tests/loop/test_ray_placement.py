@@ -27,7 +27,7 @@ from agentic_retriever.loop.processes import (  # noqa: E402
 )
 from agentic_retriever.loop.ray_placement import RayServer, reachable_url, run_on_ray  # noqa: E402
 from agentic_retriever.loop.service import LoopService  # noqa: E402
-from tests.fakes import ray_temp_dir  # noqa: E402
+from tests.fakes import free_port, ray_temp_dir  # noqa: E402
 from tests.loop.test_loop import make_job, workdir  # noqa: E402,F401  (the fixture)
 
 HEAD_GPUS, SECOND_GPUS = 2, 4
@@ -139,7 +139,7 @@ def test_a_server_asking_for_4_gpus_waits_for_a_node_that_has_them(cluster, tmp_
     """The scorer of the paper config (devices 4,5,6,7: 4 GPUs): refused by a timeout naming the wait while one of
     the second node's GPUs is held, then placed there once it is free, its loopback URLs pointing at that node."""
     _wait_all_gpus_free()
-    port = _free_port()
+    port = free_port()
     command = f"{sys.executable} -m http.server {port} --bind 0.0.0.0 --directory {tmp_path}"
     spec = ServiceSpec(name="lr_scorer", command=command, health_url=f"http://localhost:{port}/",
                        steps=("mining",), devices="4,5,6,7", start_timeout_s=6)
@@ -169,14 +169,6 @@ def test_a_server_asking_for_4_gpus_waits_for_a_node_that_has_them(cluster, tmp_
 def _node_with(cluster: dict[str, int], gpus: int) -> str:
     (node,) = [n for n, count in cluster.items() if count == gpus]
     return node
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_reachable_url_replaces_only_a_loopback_host():

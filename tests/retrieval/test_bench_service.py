@@ -12,6 +12,7 @@ import textwrap
 import pytest
 import torch
 
+from agentic_retriever.standins.instant_index import InstantIndex
 from tests.fakes import import_benchmark
 
 SEARCH_R1_LIKE_SERVER = textwrap.dedent('''
@@ -124,7 +125,7 @@ def test_the_overhead_mode_measures_the_services_own_cpu_per_request(dense, benc
 
 
 def test_the_instant_index_answers_every_query_with_real_passages_in_no_time(dense):
-    instant = import_benchmark("_instant_server").InstantIndex(dense)
+    instant = InstantIndex(dense)
     first, second = instant.retrieve(["a", "b"], 3), instant.retrieve(["c"], 2)
     rows = [p.id for hits in first + second for p in hits]
     assert len(rows) == 8 and rows == dense.corpus.ids_at(list(range(8)))

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from agentic_retriever.encoder import SEPARATOR
 from agentic_retriever.server import ServerThread, create_app
-from tests.fakes import CountingRetrieve, import_benchmark, post_in_thread, result_ids, result_scores, wait_until
+from tests.fakes import CountingRetrieve, free_port, post_in_thread, result_ids, result_scores, wait_until
 from tests.retrieval.topics import CONTENTS, PASSAGES, QUERIES
 
 
@@ -386,7 +386,7 @@ def test_retrieve_is_found_under_a_root_path_as_fastapis_routes_are(bm25):
 def test_index_serve_writes_an_access_line_per_request_only_when_asked(bm25, tmp_path, flags, logged):
     """``agentic-retriever index serve`` as users run it, in a process of its own: uvicorn's line per request is off
     by default (a rollout's hundreds of requests a second) and on with ``--access-log``."""
-    port = import_benchmark("_common").free_port()
+    port = free_port()
     output = tmp_path / "serve.log"
     with output.open("w") as sink:
         process = subprocess.Popen([sys.executable, "-m", "agentic_retriever.cli", "index", "serve", "--index",

@@ -4,9 +4,9 @@ small requests take from the encoder on the same cores.
 
 `InstantIndex` answers every query with the corpus rows after the previous answer's (no encoder, no FAISS), over
 the corpus of an index folder, and `agentic_retriever.server.serve` serves it with the service's defaults, as
-``agentic-retriever index serve`` serves a real index. Not a benchmark itself (run_all.py only runs ``bench_*.py``).
+``agentic-retriever index serve`` serves a real index.
 
-    python benchmarks/_instant_server.py --index runs/quickstart/index/minilm-flat --port 8001
+    python -m agentic_retriever.standins.instant_index --index runs/quickstart/index/minilm-flat --port 8001
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The 72B scorer's stand-in in the paper-config dry run (benchmarks/dry_run_paper_loop.py): an OpenAI-compatible
+"""The 72B scorer's stand-in in the paper-config dry run (benchmarks/experiments/paper_dry_run/): an OpenAI-compatible
 chat server that answers the mining prompts in their formats, so the dry run mines rows on a CPU.
 
 A 135M model cannot stand in: served by `transformers serve`, SmolLM2-135M-Instruct answered 9% of the listwise
@@ -9,7 +9,7 @@ of the search query's words it contains (0-100, space-separated, the release's f
 "Not Sure" (no sub-answer: every round takes Figure 7). Our OpenAI backend, the parsers, the LR stage, the service's
 start and stop and the health check run as they would against `vllm serve`.
 
-    python benchmarks/_scripted_scorer.py --host 127.0.0.1 --port 8001
+    python -m agentic_retriever.standins.scripted_scorer --host 127.0.0.1 --port 8001
 """
 
 from __future__ import annotations
