@@ -263,39 +263,6 @@ def finish_worker(proc: subprocess.Popen, name: str, log: Path) -> dict:
 
 # --------------------------------------------------------------------------------------------- RL runs
 
-def score_heldout(trainer, rewards: dict, rows, samples: int, seed: int) -> dict:
-    """The same seeded rollouts of `rows` (`samples` each, with the trainer's current policy, no training) scored
-    by each of `rewards` (name -> `agent.rl.batch_reward.BatchReward`, whatever the trainer trains on): per reward its
-    mean score (key: the name) and mean components (``{name}_{component}``); then the trainer's diagnostics
-    (`RLTrainer.components`) and the searches per rollout."""
-    import dataclasses
-
-    from agent.env import rollout
-
-    def mean(values) -> float:
-        values = list(values)
-        return sum(values) / len(values)
-
-    env = dataclasses.replace(trainer.config.env, seed=seed)
-    repeated = [row for row in rows for _ in range(samples)]
-    trainer.policy.eval()
-    try:
-        results = rollout([row.question for row in repeated], trainer.llm, trainer.client, env)
-    finally:
-        trainer.policy.train()
-    out = {}
-    for name, reward in rewards.items():
-        scored = reward.score(results, repeated)
-        out[name] = mean(scored.scores)
-        for key in scored.components[0]:
-            out[f"{name}_{key}"] = mean(parts[key] for parts in scored.components)
-    parts = [trainer.components(result, row) for result, row in zip(results, repeated)]
-    for key in parts[0]:
-        out[key] = mean(p[key] for p in parts)
-    out["searches"] = mean(result.num_searches for result in results)
-    return out
-
-
 def start_rl_bench(args: argparse.Namespace, warm_start: Callable[[argparse.Namespace], str]) -> tuple[dict, Path, str]:
     """What every RL benchmark does first: print the device, make its work folder, warm-start the agent (timed).
     Returns (device, work folder, warm-started model)."""

@@ -35,7 +35,7 @@ import shutil
 import time
 from pathlib import Path
 
-from _common import (add_rl_bench_arguments, base_parser, finish_worker, run_workers, score_heldout, serve_worker,
+from _common import (add_rl_bench_arguments, base_parser, finish_worker, run_workers, serve_worker,
                      start_rl_bench, start_worker, threads_per_run, write_json)
 
 RUNS = ("two-stage", "constant-reward")
@@ -64,6 +64,7 @@ def _worker(name: str, args: dict) -> dict:
     from agentic_retriever.qa_sources import read_qa_rows
     from agent.rl import RLConfig, RLTrainer
     from agent.rl.batch_reward import prepare_reward
+    from agent.rl.heldout import score_on_heldout, train_between_scores
     from agentic_retriever.client import RetrievalConfig, open_client
     from agentic_retriever.config import build_config
 
@@ -82,12 +83,9 @@ def _worker(name: str, args: dict) -> dict:
         config.stage2.reward, config.stage2.after_step = "", None
     trainer = RLTrainer(config, client, read_qa_rows(args["train"]))
     scorers = {"stage1": rewards.reward, "stage2": rewards.stage2}
-    result = {"before": score_heldout(trainer, scorers, heldout, args["eval_samples"], args["eval_seed"])}
-    if args["steps"]:
-        trainer.train()
-        result["after"] = score_heldout(trainer, scorers, heldout, args["eval_samples"], args["eval_seed"])
-        result["history"] = trainer.state.history
-    return result
+    return train_between_scores(
+        trainer, lambda: score_on_heldout(trainer, scorers, heldout, args["eval_samples"], args["eval_seed"]),
+        train=args["steps"] > 0)
 
 
 def _common_args(args, model: str, threads: int, steps: int) -> dict:

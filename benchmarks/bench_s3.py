@@ -112,6 +112,7 @@ def _worker(name: str, args: dict) -> dict:
     from agentic_retriever.qa_sources import QARow
     from agent.rewards.generation import FirstDocumentsReader
     from agent.rl import RLConfig, RLTrainer
+    from agent.rl.heldout import train_between_scores
     from agentic_retriever.client import RetrievalConfig, open_client
     from agentic_retriever.config import build_config
 
@@ -144,11 +145,8 @@ def _worker(name: str, args: dict) -> dict:
             first_ids[str(min(ids)) if ids else "none"] += 1
         return {**metrics, "first_selected_id": dict(sorted(first_ids.items()))}
 
-    before = evaluate()
-    trainer.train()
-    after = evaluate()
-    return {"before": before, "after": after, "history": trainer.state.history,
-            "question_filters": trainer.question_filters, "train_questions": len(trainer.rows)}
+    return train_between_scores(trainer, evaluate) | {"question_filters": trainer.question_filters,
+                                                     "train_questions": len(trainer.rows)}
 
 
 def main() -> None:

@@ -41,7 +41,7 @@ import shutil
 import time
 from pathlib import Path
 
-from _common import (add_rl_bench_arguments, base_parser, run_workers, score_heldout, serve_worker, start_rl_bench,
+from _common import (add_rl_bench_arguments, base_parser, run_workers, serve_worker, start_rl_bench,
                      threads_per_run, write_json)
 
 RUNS = ("stage-1", "constant-reward")
@@ -80,6 +80,7 @@ def _worker(name: str, args: dict) -> dict:
     from agentic_retriever.qa_sources import read_qa_rows
     from agent.rl import RLConfig, RLTrainer
     from agent.rl.batch_reward import prepare_reward
+    from agent.rl.heldout import score_on_heldout, train_between_scores
     from agentic_retriever.client import RetrievalConfig, open_client
     from agentic_retriever.config import build_config
 
@@ -100,10 +101,8 @@ def _worker(name: str, args: dict) -> dict:
         config.dynamic_sampling = False
     trainer = RLTrainer(config, client, read_qa_rows(args["train"]))
     scorers = {"stage1": rewards.reward, "stage2": rewards.stage2}
-    before = score_heldout(trainer, scorers, heldout, args["eval_samples"], args["eval_seed"])
-    trainer.train()
-    after = score_heldout(trainer, scorers, heldout, args["eval_samples"], args["eval_seed"])
-    return {"before": before, "after": after, "history": trainer.state.history}
+    return train_between_scores(
+        trainer, lambda: score_on_heldout(trainer, scorers, heldout, args["eval_samples"], args["eval_seed"]))
 
 
 def main() -> None:

@@ -1,0 +1,57 @@
+"""Held-out scoring around a training run (agent/rl/heldout.py), the harness of the seed methods' training
+experiments: the same seeded rollouts each time, the policy left in training mode, scores before and after the
+trainer's own run."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.env import rollout
+from agent.rl import RLTrainer
+from agent.rl.batch_reward import prepare_reward
+from agent.rl.heldout import score_on_heldout, train_between_scores
+from agentic_retriever.qa_sources import QARow
+from tests.agent.test_rl_trainer import ROWS, config
+from tests.fakes import FakeClient
+
+HELDOUT = [QARow("h1", "which river is number 1?", ("river 1",)), QARow("h2", "which hill is number 2?", ("hill 2",))]
+
+
+@pytest.fixture
+def trainer(tmp_path, tiny_causal_lm_dir) -> RLTrainer:
+    return RLTrainer(config(tmp_path, tiny_causal_lm_dir, steps=1, save_steps=1), FakeClient(), ROWS)
+
+
+def test_held_out_scores_are_the_same_seeded_rollouts_each_time(trainer):
+    rewards = {"format": prepare_reward(trainer.config, trainer.client, HELDOUT).reward}
+    first = score_on_heldout(trainer, rewards, HELDOUT, samples=2, seed=7)
+    assert trainer.policy.training  # back in training mode for the next update
+    again = score_on_heldout(trainer, rewards, HELDOUT, samples=2, seed=7)
+    assert first == again
+    assert {"format", "searches"} <= set(first) and 0.0 <= first["format"] <= 1.0
+    (one,) = rollout([HELDOUT[0].question], trainer.llm, trainer.client, trainer.config.env)
+    assert set(trainer.components(one, HELDOUT[0])) <= set(first)  # the trainer's diagnostics, averaged
+
+
+def test_scoring_without_questions_or_samples_is_refused(trainer):
+    with pytest.raises(ValueError, match="needs questions and at least one sample each; got 0 questions"):
+        score_on_heldout(trainer, {}, [], samples=1, seed=0)
+    with pytest.raises(ValueError, match="got 2 questions, 0 samples"):
+        score_on_heldout(trainer, {}, HELDOUT, samples=0, seed=0)
+
+
+def test_train_between_scores_scores_before_the_run_and_after_its_last_step(trainer):
+    seen_steps = []
+
+    def evaluate() -> dict:
+        seen_steps.append(trainer.state.step)
+        return {"step": trainer.state.step}
+
+    result = train_between_scores(trainer, evaluate)
+    assert seen_steps == [0, 1] and result["before"] == {"step": 0} and result["after"] == {"step": 1}
+    assert [row["step"] for row in result["history"]] == [1]
+
+
+def test_without_training_only_the_policy_as_given_is_scored(trainer):
+    result = train_between_scores(trainer, lambda: {"step": trainer.state.step}, train=False)
+    assert result == {"before": {"step": 0}} and trainer.state.step == 0
