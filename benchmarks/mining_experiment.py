@@ -69,10 +69,9 @@ from agentic_retriever.eval.retrieval import (composition_questions, evaluate_re
 from agentic_retriever.index import DenseParams, IndexBuildConfig, build_index, open_index  # noqa: E402
 from agentic_retriever.jsonl import atomic_write, iter_jsonl, read_json, write_json, write_jsonl  # noqa: E402
 from agentic_retriever.eval.mining_audit import audit_mining  # noqa: E402
-from agentic_retriever.mining.config import MiningConfig  # noqa: E402
 from agentic_retriever.mining.gac import GAC_CRITERIA  # noqa: E402
 from agentic_retriever.mining.job import MineJobConfig, run_mine_job  # noqa: E402
-from agentic_retriever.mining.outputs import MiningResult  # noqa: E402
+from agentic_retriever.mining.reselect import ABLATIONS, mine_ablations, reselect, slug  # noqa: E402
 from agentic_retriever.mining.rounds import search_queries  # noqa: E402
 from agentic_retriever.mining.store import stable_hash  # noqa: E402
 from agentic_retriever.training.config import RetrieverTrainConfig  # noqa: E402
@@ -85,14 +84,6 @@ AGENT_METRICS = ["evidence_recall", "answer_recall", "em", "f1"]
 AGENT_BEHAVIOUR = ["searches", "distinct_queries", "answered"]  # per question: searches, distinct queries, answered
 SUMMARY_METRICS = ["recall@1", "mrr@10", "answer_recall@5"]  # each bare and composed, side by side
 SPLIT_METRICS = ["recall@1", "mrr@10"]
-
-
-ABLATIONS = {  # mining variant -> (MiningConfig overrides, SelectionConfig overrides)
-    "full": ({}, {}),
-    "w/o GAC": ({}, {"use_gac": False}),
-    "w/o LR": ({"lr_scorer": "none"}, {}),
-    "no false-negative filter": ({}, {"false_negative_filter": False}),
-}
 
 
 @dataclass
@@ -157,10 +148,6 @@ class ExperimentConfig:
             raise ValueError(f"experiment.gac_criteria: unknown {', '.join(unknown)} ({', '.join(GAC_CRITERIA)})")
 
 
-def _slug(name: str) -> str:
-    return "".join(ch if ch.isalnum() else "-" for ch in name.lower()).strip("-")
-
-
 def mining_rollout_config(rollout: RolloutConfig, config: ExperimentConfig) -> RolloutConfig:
     """The rollout settings of the mining questions: `rollout`'s with one trajectory per question, as the
     evaluation's, or with ``mining_samples`` > 1 that many per question sampled at ``mining_temperature``."""
@@ -168,32 +155,6 @@ def mining_rollout_config(rollout: RolloutConfig, config: ExperimentConfig) -> R
         return dataclasses.replace(rollout, samples=1)
     return dataclasses.replace(rollout, samples=config.mining_samples,
                                env=dataclasses.replace(rollout.env, temperature=config.mining_temperature))
-
-
-def reselect(job: MineJobConfig, work: Path, out: Path, mining: MiningConfig, label: str) -> MiningResult:
-    """Mine `job` into `out` with `mining`, from a copy of the full run's stage stores (``work/mining/full``): a
-    selection-only change, so nothing may be scored again (checked; `label` names the variant in the error). The
-    copy is refreshed every time: a copy made when the full run mined fewer rounds would lack the new ones."""
-    shutil.copytree(work / "mining" / "full" / "stages", out / "stages", dirs_exist_ok=True)
-    result = run_mine_job(dataclasses.replace(job, out=str(out), mining=mining))
-    if result.stats["this_run"]["gac"]["computed"] or result.stats["this_run"]["local_relevance"]["computed"]:
-        raise RuntimeError(f"{label} rescored candidates: its settings differ beyond selection")
-    return result
-
-
-def mine_variants(job: MineJobConfig, work: Path, ablations: list[str]) -> dict[str, Path]:
-    """The full method, then each of `ablations` re-selected from a copy of the full run's stage stores."""
-    full = dataclasses.replace(job, out=str(work / "mining" / "full"))
-    run_mine_job(full)
-    rows = {"full": Path(full.out) / "retriever_train.jsonl"}
-    for name in ablations:
-        if name == "full":
-            continue
-        mining, selection = ABLATIONS[name]
-        config = dataclasses.replace(job.mining, **mining,
-                                     selection=dataclasses.replace(job.mining.selection, **selection))
-        rows[name] = reselect(job, work, work / "mining" / _slug(name), config, f"ablation {name!r}").rows_path
-    return rows
 
 
 def rows_by_gac_setting(job: MineJobConfig, work: Path, config: ExperimentConfig) -> list[dict]:
@@ -215,8 +176,8 @@ def rows_by_gac_setting(job: MineJobConfig, work: Path, config: ExperimentConfig
                 selection = dataclasses.replace(job.mining.selection, gac_threshold=threshold,
                                                 lr_threshold=lr_threshold)
                 mining = dataclasses.replace(job.mining, gac_criterion=criterion, plot=False, selection=selection)
-                folder = f"{_slug(criterion)}-{threshold:g}-lr-{lr_threshold:g}"
-                result = reselect(job, work, work / "mining" / "gac_settings" / folder, mining,
+                folder = f"{slug(criterion)}-{threshold:g}-lr-{lr_threshold:g}"
+                result = reselect(job, work / "mining" / "full", work / "mining" / "gac_settings" / folder, mining,
                                   f"GAC setting {name}, {threshold:g}, LR {lr_threshold:g}")
                 table.append({"target": target, "criterion": criterion, "threshold": threshold,
                               "lr_threshold": lr_threshold, "rows": result.stats["rows"],
@@ -702,7 +663,7 @@ def main() -> None:
             job.mining.selection, gac_threshold=threshold)
         job = dataclasses.replace(job, mining=dataclasses.replace(job.mining, gac_target=target,
                                                                   gac_criterion=criterion, selection=selection))
-    rows = steps.run("mining and its ablations", lambda: mine_variants(job, work, config.ablations))
+    rows = steps.run("mining and its ablations", lambda: mine_ablations(job, work / "mining", config.ablations))
     gac_settings_rows = steps.run("rows each GAC setting mines (re-selection)", lambda: rows_by_gac_setting(
         job, work, config)) if config.gac_thresholds else None
     audits = steps.run("mining audits (read the mining questions' evidence titles)", lambda: {
@@ -725,7 +686,7 @@ def main() -> None:
         dataclasses.replace(train, data=str(rows[primary]), out=str(work / "retriever" / "settings")),
         config.settings_grid))
     chosen = {k: getattr(best, k) for k in config.settings_grid}
-    trainings = {name: dataclasses.replace(best, data=str(path), out=str(work / "retriever" / _slug(name)))
+    trainings = {name: dataclasses.replace(best, data=str(path), out=str(work / "retriever" / slug(name)))
                  for name, path in rows.items() if name != primary and name not in no_rows}
     trainings = {primary: best, **trainings}  # the primary variant's run is the settings search's best
     diagnostic = config.unselected_variant or primary
@@ -734,7 +695,7 @@ def main() -> None:
     elif config.unselected:
         trainings[unselected_name(diagnostic)] = dataclasses.replace(
             best, data=str(rows[diagnostic]), select_on="", select_parents="",
-            out=str(work / "retriever" / _slug(unselected_name(diagnostic))))
+            out=str(work / "retriever" / slug(unselected_name(diagnostic))))
     if config.soft_label and "full" not in no_rows:
         trainings["full, soft-label loss"] = dataclasses.replace(best, data=str(rows["full"]), loss="soft_label",
                                                                  out=str(work / "retriever" / "full-soft-label"))
@@ -758,7 +719,7 @@ def main() -> None:
         trained_by_rows[key] = name
         model = steps.run(f"train: {name}", lambda: train_retriever(settings))
         manifest = read_json(Path(model) / "train_manifest.json")
-        out = work / "index" / _slug(name)
+        out = work / "index" / slug(name)
         steps.run(f"index: {name}", lambda: build_index(IndexBuildConfig(
             corpus=corpus_path, out=str(out), backend="dense", encoder=EncoderConfig(model=str(model)),
             dense=DenseParams(type="flat"))))

@@ -295,7 +295,7 @@ def test_each_gac_setting_is_reselected_from_the_full_runs_stores_and_tabled(exp
                  "this_run": {"gac": {"computed": rescored}, "local_relevance": {"computed": 0}}}
         return SimpleNamespace(stats=stats)
 
-    monkeypatch.setattr(experiment, "run_mine_job", fake_mine)
+    monkeypatch.setattr("agentic_retriever.mining.reselect.run_mine_job", fake_mine)
     stale = tmp_path / "mining" / "gac_settings" / "gain-0.5-lr-50" / "stages"  # copied when fewer rounds were mined
     stale.mkdir(parents=True)
     (stale / "gac.jsonl").write_text("")
