@@ -71,12 +71,12 @@ gpu-resolve: setup
 # The paper config end to end on this machine with tiny stand-ins (docs/loop.md, "A dry run of the paper config"):
 # about half an hour on 2 CPU cores.
 dry-run-paper: setup
-	$(PY) benchmarks/dry_run_paper_loop.py --out runs/dry_run_paper_loop
+	$(PY) benchmarks/experiments/paper_dry_run/dry_run_paper_loop.py --out runs/dry_run_paper_loop
 
 # The same with loop.placement ray: shards and the scorer placed by Ray over a local cluster of two nodes (docs/loop.md,
 # "The GPU plan"); its report is compared with the one above.
 dry-run-paper-ray: setup
-	$(PY) benchmarks/dry_run_paper_loop.py --ray --out runs/dry_run_paper_loop_ray
+	$(PY) benchmarks/experiments/paper_dry_run/dry_run_paper_loop.py --ray --out runs/dry_run_paper_loop_ray
 
 # The LLM backends against the real vLLM engine and server on the CPU (docs/development.md, "The vLLM check"):
 # opt-in, never part of `make test`. vLLM's wheel also pulls torchvision, torchaudio and torchcodec built for another
@@ -112,4 +112,4 @@ verl-check: verl-setup
 
 # The paper config's dry run with verl's real trainer in both iterations' agent step (loop.verl.stand_in off).
 dry-run-paper-verl: verl-setup
-	$(VERL_VENV)/bin/python benchmarks/dry_run_paper_loop.py --verl --out runs/dry_run_paper_loop_verl
+	$(VERL_VENV)/bin/python benchmarks/experiments/paper_dry_run/dry_run_paper_loop.py --verl --out runs/dry_run_paper_loop_verl

@@ -49,8 +49,9 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def import_benchmark(name: str):
-    """The module `name` of benchmarks/ (a script, a helper such as ``_common``, or a check as ``checks.NAME``),
-    imported with benchmarks/ on the path only while it loads, as the script itself finds its neighbours."""
+    """The module `name` of benchmarks/ (a script, a helper such as ``_common``, a check as ``checks.NAME``, an
+    experiment as ``experiments.FOLDER.SCRIPT``), imported with benchmarks/ on the path only while it loads, as the
+    script itself finds its neighbours."""
     sys.path.insert(0, str(BENCHMARKS))
     try:
         return importlib.import_module(name)

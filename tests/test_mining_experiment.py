@@ -1,4 +1,4 @@
-"""The CPU-scale experiment's bookkeeping (benchmarks/mining_experiment.py): which splits it refuses, how many mined
+"""The CPU-scale experiment's bookkeeping (benchmarks/experiments/mining/mining_experiment.py): which splits it refuses, how many mined
 rows come from questions the agent saw, and the gain split by whether a dev evidence page was trained on."""
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from tests.fakes import import_benchmark
 
 @pytest.fixture(scope="module")
 def experiment():
-    return import_benchmark("mining_experiment")
+    return import_benchmark("experiments.mining.mining_experiment")
 
 
 @pytest.fixture(scope="module")
 def multisearch_agent():
-    return import_benchmark("multisearch_agent")
+    return import_benchmark("experiments.mining.multisearch_agent")
 
 
 def _write(path: Path, rows: list[dict]) -> Path:

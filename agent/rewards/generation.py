@@ -82,7 +82,7 @@ class FirstDocumentsReader:
 
     What it is for: a deterministic generator that needs no model, answers exactly when the selected documents
     hold the answer, and reads only the first `documents` of them (a reader with a small window): the task on
-    which `benchmarks/bench_s3.py` shows that the s3 trainer learns to select (docs/rl.md, "s3"). It implements
+    which `benchmarks/experiments/s3/s3_training.py` shows that the s3 trainer learns to select (docs/rl.md, "s3"). It implements
     the `LLM` protocol's `generate` and `chat_prompt` (no chat template) for `generate_answers`; it has no
     tokenizer and is never a policy.
 

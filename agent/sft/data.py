@@ -25,7 +25,7 @@ evidence passage that holds the answer), written in the dialect's tags (`VOICES`
 One dialect may also answer without searching: the `reflect` agent of "Learning When to Search" thinks, reflects
 and answers from its own knowledge when it can. With `SynthesisConfig.direct_answer_share` > 0 a share of the
 examples is such a direct answer (the gold answer, stated from memory), so the warm-started agent starts with both
-branches open and RL decides between them (`benchmarks/bench_when_to_search.py`). These examples teach recall of
+branches open and RL decides between them (`benchmarks/experiments/when_to_search/when_to_search_training.py`). These examples teach recall of
 train answers, not reading: leave the share at 0 for any other use.
 """
 

@@ -1,10 +1,9 @@
-"""The paper config's dry run (benchmarks/dry_run_paper_loop.py): its override set swaps models, sizes and devices
+"""The paper config's dry run (benchmarks/experiments/paper_dry_run/dry_run_paper_loop.py): its override set swaps models, sizes and devices
 only, and the merged config is one every section of the loop reads. The run itself (about half an hour on 2 cores)
 is a benchmark, with its figures in benchmarks/RESULTS.md."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -14,21 +13,14 @@ from agentic_retriever.qa_sources import read_qa_rows
 from agentic_retriever.standins import scripted_scorer as scripted
 from agentic_retriever.commands import command
 from agentic_retriever.config import build_config
+from tests.fakes import import_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _script():
-    """The benchmark script as a module (it imports the benchmarks' `_common` as a script beside it does)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        path = ROOT / "benchmarks" / "dry_run_paper_loop.py"
-        spec = importlib.util.spec_from_file_location("dry_run_paper_loop", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return module
+    """The experiment's script as a module, imported as it finds its neighbours when run."""
+    return import_benchmark("experiments.paper_dry_run.dry_run_paper_loop")
 
 
 def _leaves(node: dict, prefix: str = "") -> set[str]:
@@ -42,7 +34,7 @@ def _leaves(node: dict, prefix: str = "") -> set[str]:
     return out
 
 
-#: What the override set may change, by kind (the header of benchmarks/dry_run_paper_loop.yaml).
+#: What the override set may change, by kind (the header of benchmarks/experiments/paper_dry_run/dry_run_paper_loop.yaml).
 MODELS = {"agent.model", "agent.precision", "index_build.encoder.model", "index_build.encoder.precision",
           "agent_rollout.agent.backend", "agent_rollout.agent.precision", "mine_run.agent.backend",
           "mine_run.agent.precision", "mine_run.scorer.model", "mine_run.scorer.base_url",
@@ -62,7 +54,7 @@ DEVICES = {"loop.rollout_devices", "loop.mining_devices", "loop.retriever_launch
 
 
 def test_the_override_set_swaps_models_sizes_and_devices_only():
-    overrides = yaml.safe_load((ROOT / "benchmarks" / "dry_run_paper_loop.yaml").read_text())
+    overrides = yaml.safe_load((ROOT / "benchmarks" / "experiments" / "paper_dry_run" / "dry_run_paper_loop.yaml").read_text())
     assert _leaves(overrides) - (MODELS | SIZES | DEVICES) == set()
     paper = yaml.safe_load((ROOT / "configs" / "agentic_r_loop.yaml").read_text())
     kept = {"mine_run.mining.lr_scorer": "listwise", "mine_run.mining.gac_mode": "rollout",

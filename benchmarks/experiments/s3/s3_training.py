@@ -31,17 +31,19 @@ Reported per run: mean GBR (release and paper variants), GenAcc and selected doc
 before and after (the same seeded samples), the distribution of the first selected id, the training reward by
 step, and the curves (``benchmarks/figures/s3_<run>_curves.png``).
 
-    python benchmarks/bench_s3.py                      # about 95 minutes on 2 CPU cores
+    python benchmarks/experiments/s3/s3_training.py                      # about 95 minutes on 2 CPU cores
 """
 
 from __future__ import annotations
 
 import random
 import shutil
+import sys
 import time
 from collections import Counter
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/: _common (an experiment runs as a script)
 from _common import (REPO_ROOT, base_parser, describe_device, device_line, run_workers, serve_worker, threads_per_run,
                      write_json)
 

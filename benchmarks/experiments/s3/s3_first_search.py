@@ -1,22 +1,25 @@
-"""Does bench_s3's task change now that s3's first search is naive RAG's? ("Q" instead of "Q?", both top-3.)
+"""Does s3_training.py's task change now that s3's first search is naive RAG's? ("Q" instead of "Q?", both top-3.)
 
 s3's first retrieval D_0 used to search the question with "?" appended (Search-R1's prompt form), while naive RAG
 searched it as written; since issue 30 both are the same search (`agent.dialects.s3.S3Dialect.initial_topk`). This
-script compares the two searches with the quickstart index on what `bench_s3.py` reads: the task questions (answer
+script compares the two searches with the quickstart index on what `s3_training.py` reads: the task questions (answer
 at rank 2 or 3 of the top-3) of the train and held-out leaves, and the questions of its format warm start. Where all
 of them have the same passages in the same order, every prompt of that benchmark is unchanged, and so are its
 figures. Not a speed benchmark; needs `agentic-retriever data prepare` and `index build` of configs/quickstart.yaml.
 
-    python benchmarks/s3_first_search.py
+    python benchmarks/experiments/s3/s3_first_search.py
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import sys
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/: _common (an experiment runs as a script)
 from _common import REPO_ROOT
-from bench_s3 import DATA, answer_rank
+from s3_training import DATA, answer_rank
 
 
 def same_order(a, b) -> bool:
@@ -27,8 +30,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--index", default=str(REPO_ROOT / "runs/quickstart/index/minilm-flat"))
     parser.add_argument("--topk", type=int, default=3)
-    parser.add_argument("--sft-examples", type=int, default=64, help="as bench_s3.py")
-    parser.add_argument("--seed", type=int, default=0, help="as bench_s3.py")
+    parser.add_argument("--sft-examples", type=int, default=64, help="as s3_training.py")
+    parser.add_argument("--seed", type=int, default=0, help="as s3_training.py")
     args = parser.parse_args()
 
     from agent.dialects.search_r1 import search_r1_question

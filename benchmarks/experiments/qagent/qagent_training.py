@@ -24,17 +24,19 @@ rate, strict EM, Hit and the generator's contains-EM; the training curves are co
 ``--reevaluate SEED ...`` trains nothing: it scores the warm start and the final policies an earlier run left for
 ``--runs`` on the same held-out questions under other sampling seeds (is a gain more than one draw?).
 
-    python benchmarks/bench_qagent.py                  # about 8 minutes a step per run, one thread each
-    python benchmarks/bench_qagent.py --reevaluate 1 2 --runs two-stage
+    python benchmarks/experiments/qagent/qagent_training.py                  # about 8 minutes a step per run, one thread each
+    python benchmarks/experiments/qagent/qagent_training.py --reevaluate 1 2 --runs two-stage
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/: _common (an experiment runs as a script)
 from _common import (add_rl_bench_arguments, base_parser, finish_worker, run_workers, serve_worker,
                      start_rl_bench, start_worker, threads_per_run, write_json)
 

@@ -12,7 +12,7 @@ evidence recall when the searches are the gold sub-questions of FanOutQA's decom
 the agent's search budget, and all of them) with the same retriever, question and top-k, and the share of
 evidence pages the corpus holds at all:
 
-    .venv/bin/python benchmarks/multisearch_agent.py
+    .venv/bin/python benchmarks/experiments/mining/multisearch_agent.py
 
 Writes ``results.json`` and ``results.md`` into ``--work`` (trajectories under ``--work/agent``, reused by a rerun).
 """
@@ -24,7 +24,8 @@ import dataclasses
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/: _common (an experiment runs as a script)
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # mining_experiment, beside it
 from _common import describe_device  # noqa: E402
 from mining_experiment import (AGENT_BEHAVIOUR, AGENT_METRICS, ExperimentConfig, _ci_cell, agent_report,  # noqa: E402
                                compare_agents)

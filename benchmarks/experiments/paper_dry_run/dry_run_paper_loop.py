@@ -1,11 +1,11 @@
 """A dry run of the paper config (`configs/agentic_r_loop.yaml`, Algorithm 1 of "Agentic-R: Learning to Retrieve for
 Agentic Search", arXiv 2601.11888) on this machine: the config with the override set of
-`benchmarks/dry_run_paper_loop.yaml` (models, sizes and devices only), run through both iterations to the report by
+`benchmarks/experiments/paper_dry_run/dry_run_paper_loop.yaml` (models, sizes and devices only), run through both iterations to the report by
 the same command a user with 8 GPUs runs (`agentic-retriever loop --config ...`).
 
-    python benchmarks/dry_run_paper_loop.py --out runs/dry_run_paper_loop      # make dry-run-paper
-    python benchmarks/dry_run_paper_loop.py --verl --out runs/dry_run_paper_loop_verl   # make dry-run-paper-verl
-    python benchmarks/dry_run_paper_loop.py --ray --out runs/dry_run_paper_loop_ray     # make dry-run-paper-ray
+    python benchmarks/experiments/paper_dry_run/dry_run_paper_loop.py --out runs/dry_run_paper_loop      # make dry-run-paper
+    python benchmarks/experiments/paper_dry_run/dry_run_paper_loop.py --verl --out runs/dry_run_paper_loop_verl   # make dry-run-paper-verl
+    python benchmarks/experiments/paper_dry_run/dry_run_paper_loop.py --ray --out runs/dry_run_paper_loop_ray     # make dry-run-paper-ray
 
 With ``--verl`` (in ``.venv-verl``: verl 0.9.1 and vLLM's CPU build, `make verl-setup`) the agent step of both
 iterations is verl's own trainer instead of the embedded stand-in (`VERL_ON_CPU`: ``stand_in`` off, the run launched
@@ -44,10 +44,12 @@ import time
 from pathlib import Path
 
 import yaml
-from _common import cpu_model, free_port, usable_cores
 
-ROOT = Path(__file__).resolve().parents[1]
-OVERRIDES = ROOT / "benchmarks" / "dry_run_paper_loop.yaml"
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/: _common (an experiment runs as a script)
+from _common import cpu_model, free_port, usable_cores  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[3]
+OVERRIDES = Path(__file__).with_name("dry_run_paper_loop.yaml")
 PAPER_CONFIG = ROOT / "configs" / "agentic_r_loop.yaml"
 #: The loop's verl section with ``--verl``: verl's own trainer on the CPU in place of the stand-in, one Ray GPU label
 #: (one FSDP rank and one vLLM CPU server: a second rank would double the run's memory on a 2-core machine).

@@ -2,7 +2,7 @@
 
 One command runs it, every step reusing its artifact when it is there (a rerun only redoes what changed):
 
-    .venv/bin/python benchmarks/mining_experiment.py --config configs/mining_experiment.yaml
+    .venv/bin/python benchmarks/experiments/mining/mining_experiment.py --config benchmarks/experiments/mining/mining_experiment.yaml
 
 Every setting of the config's `experiment` section also has a flag that overrides it (``--mining-questions 36``).
 
@@ -22,7 +22,7 @@ Every setting of the config's `experiment` section also has a flag that override
    multi-hop dev questions with the base and with the full method's retriever: evidence recall of its
    searches, answer recall over its retrieved passages, EM, F1.
 
-On the multi-search agent (``configs/mining_experiment_multisearch.yaml``) the mining questions are multi-hop, so
+On the multi-search agent (``benchmarks/experiments/mining/mining_experiment_multisearch.yaml``) the mining questions are multi-hop, so
 every round has Q (the multi-hop question) different from q (one sub-query); ``experiment.ablations`` trims the
 variants trained, and ``experiment.gac_targets`` first chooses GAC's target on held-out multi-hop questions, with
 ``gac_criteria`` and ``gac_thresholds`` its criterion and threshold (`choose_gac_target`; model selection: it reads
@@ -50,7 +50,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/: _common (an experiment runs as a script)
 from _common import describe_device  # noqa: E402
 
 from agent.rollouts import RolloutConfig, run_rollout_job  # noqa: E402
@@ -625,7 +625,7 @@ def parse_arguments(argv: list[str] | None = None) -> tuple[argparse.Namespace, 
     """``--config FILE`` and one flag per `experiment` setting (``--mining-questions 36``), which overrides the
     file's; the other sections come from the file alone."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="configs/mining_experiment.yaml")
+    parser.add_argument("--config", default="benchmarks/experiments/mining/mining_experiment.yaml")
     add_dataclass_arguments(parser, ExperimentConfig)
     args = parser.parse_args(argv)
     return args, build_config(ExperimentConfig, "experiment", args, args.config, ("experiment",))
