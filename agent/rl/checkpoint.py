@@ -3,8 +3,10 @@
 A checkpoint is a folder ``OUT/checkpoints/step-000010`` holding ``state.pt`` (the trainable weights of the
 policy and the critic, optimiser and scheduler states, the torch RNG state) and ``trainer_state.json`` (step,
 position in the question stream, metric history). It is written to a hidden sibling and renamed, so a
-folder with the final name is complete; the newest two are kept. Rollout sampling is seeded by the step
-number, so resuming from step k gives exactly the step k + 1 of an uninterrupted run.
+folder with the final name is complete; the newest two are kept, and all are removed once the run has exported
+its policy (`remove_checkpoints`: a run whose policy exists is finished and never resumes, and a 7B policy's
+optimiser state is tens of GB per checkpoint). Rollout sampling is seeded by the step number, so resuming from
+step k gives exactly the step k + 1 of an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["TrainerState", "latest_checkpoint", "load_checkpoint", "save_checkpoint", "trainable_state"]
+__all__ = ["TrainerState", "latest_checkpoint", "load_checkpoint", "remove_checkpoints", "save_checkpoint",
+           "trainable_state"]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +76,14 @@ def save_checkpoint(folder: Path, state: TrainerState, modules: dict[str, Any]) 
 def latest_checkpoint(folder: Path) -> Path | None:
     steps = sorted(p for p in folder.glob("step-*") if (p / "trainer_state.json").is_file())
     return steps[-1] if steps else None
+
+
+def remove_checkpoints(folder: Path) -> None:
+    """Remove `folder` and the checkpoints in it (a finished run's: its exported policy replaces them)."""
+    if folder.is_dir():
+        size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+        shutil.rmtree(folder)
+        log.info("removed the resume checkpoints %s (%.1f MB): the exported policy replaces them", folder, size / 2**20)
 
 
 def load_checkpoint(path: Path, modules: dict[str, Any]) -> TrainerState:

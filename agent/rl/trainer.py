@@ -28,8 +28,8 @@ Reinforcement Learning", arXiv 2503.09516, at the values of the authors' release
 Every loss, KL and advantage covers the generated tokens only (`agent.rl.core`): retrieved passages and
 invalid-action messages are state, not actions. Metrics go to ``OUT/metrics.jsonl`` and
 ``OUT/training_curves.png`` after every step, and to TensorBoard and/or W&B (``report_to``, files in
-``OUT/logs``); checkpoints every ``save_steps`` (`agent.rl.checkpoint`); the trained policy is saved as an HF
-model folder ``OUT/policy`` (LoRA merged) that the rollout CLI and vLLM load.
+``OUT/logs``); checkpoints every ``save_steps`` (`agent.rl.checkpoint`), removed once the trained policy is saved
+as an HF model folder ``OUT/policy`` (LoRA merged) that the rollout CLI and vLLM load.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ from agentic_retriever.qa_sources import QARow
 from ..env import Rollout
 from .batch import Collated, Sample, collate, token_logprobs, token_values
 from .batch_reward import prepare_reward
-from .checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
+from .checkpoint import TrainerState, latest_checkpoint, load_checkpoint, remove_checkpoints, save_checkpoint
 from .config import RLConfig
 from .reward_schedule import RewardSchedule
 from .core import (aggregate, gae_advantages, group_advantages, kl_estimate, kl_penalised_scores, masked_mean,
@@ -168,7 +168,9 @@ class RLTrainer:
                 if self.state.step % self.config.save_steps == 0 and self.state.step < self.config.steps:
                     save_checkpoint(self.out / "checkpoints", self.state, self._modules())
         self.scalars.close()
-        return self.export()
+        policy = self.export()
+        remove_checkpoints(self.out / "checkpoints")
+        return policy
 
     def step(self) -> dict[str, float]:
         """One RL step; appends its metrics to the history and the metrics file and returns them."""

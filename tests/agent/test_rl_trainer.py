@@ -142,6 +142,8 @@ def test_dynamic_sampling_keeps_only_groups_whose_rewards_differ(tmp_path, tiny_
 def test_resume_after_a_kill_gives_the_same_next_step(tmp_path, tiny_causal_lm_dir):
     whole = RLTrainer(config(tmp_path / "whole", tiny_causal_lm_dir, save_steps=1), FakeClient(), ROWS)
     whole.train()
+    # the step-1 checkpoint is gone once the policy is exported: a finished run never resumes
+    assert (whole.out / "policy" / "rl_manifest.json").is_file() and not (whole.out / "checkpoints").exists()
     first = RLTrainer(config(tmp_path / "cut", tiny_causal_lm_dir, save_steps=1, steps=2), FakeClient(), ROWS)
     first.step()  # the run is killed after step 1's checkpoint
     from agent.rl.checkpoint import save_checkpoint
