@@ -1,5 +1,6 @@
-"""The CPU-scale experiment's bookkeeping (benchmarks/experiments/mining/mining_experiment.py): which splits it refuses, how many mined
-rows come from questions the agent saw, and the gain split by whether a dev evidence page was trained on."""
+"""The CPU-scale experiment's bookkeeping (benchmarks/experiments/mining/mining_experiment.py): which splits it
+refuses, how many mined rows come from questions the agent saw, and the gain split by whether a dev evidence page
+was trained on."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The paper config's dry run (benchmarks/experiments/paper_dry_run/dry_run_paper_loop.py): its override set swaps models, sizes and devices
-only, and the merged config is one every section of the loop reads. The run itself (about half an hour on 2 cores)
-is a benchmark, with its figures in benchmarks/RESULTS.md."""
+"""The paper config's dry run (benchmarks/experiments/paper_dry_run/dry_run_paper_loop.py): its override set swaps
+models, sizes and devices only, and the merged config is one every section of the loop reads. The run itself
+(about half an hour on 2 cores) is an experiment, with its figures in benchmarks/RESULTS.md."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 
 One command runs it, every step reusing its artifact when it is there (a rerun only redoes what changed):
 
-    .venv/bin/python benchmarks/experiments/mining/mining_experiment.py --config benchmarks/experiments/mining/mining_experiment.yaml
+    .venv/bin/python benchmarks/experiments/mining/mining_experiment.py \\
+        --config benchmarks/experiments/mining/mining_experiment.yaml
 
 Every setting of the config's `experiment` section also has a flag that overrides it (``--mining-questions 36``).
 
@@ -22,8 +23,8 @@ Every setting of the config's `experiment` section also has a flag that override
    multi-hop dev questions with the base and with the full method's retriever: evidence recall of its
    searches, answer recall over its retrieved passages, EM, F1.
 
-On the multi-search agent (``benchmarks/experiments/mining/mining_experiment_multisearch.yaml``) the mining questions are multi-hop, so
-every round has Q (the multi-hop question) different from q (one sub-query); ``experiment.ablations`` trims the
+On the multi-search agent (``mining_experiment_multisearch.yaml``, beside this script) the mining questions are
+multi-hop, so every round has Q (the multi-hop question) different from q (one sub-query); ``experiment.ablations`` trims the
 variants trained, and ``experiment.gac_targets`` first chooses GAC's target on held-out multi-hop questions, with
 ``gac_criteria`` and ``gac_thresholds`` its criterion and threshold (`choose_gac_target`; model selection: it reads
 their evidence titles), then `rows_by_gac_setting` tables the rows each compared setting would mine (crossed with

@@ -1,11 +1,11 @@
 """A dry run of the paper config (`configs/agentic_r_loop.yaml`, Algorithm 1 of "Agentic-R: Learning to Retrieve for
-Agentic Search", arXiv 2601.11888) on this machine: the config with the override set of
-`benchmarks/experiments/paper_dry_run/dry_run_paper_loop.yaml` (models, sizes and devices only), run through both iterations to the report by
-the same command a user with 8 GPUs runs (`agentic-retriever loop --config ...`).
+Agentic Search", arXiv 2601.11888) on this machine: the config with the override set of `dry_run_paper_loop.yaml`
+beside this script (models, sizes and devices only), run through both iterations to the report by the same command
+a user with 8 GPUs runs (`agentic-retriever loop --config ...`).
 
-    python benchmarks/experiments/paper_dry_run/dry_run_paper_loop.py --out runs/dry_run_paper_loop      # make dry-run-paper
-    python benchmarks/experiments/paper_dry_run/dry_run_paper_loop.py --verl --out runs/dry_run_paper_loop_verl   # make dry-run-paper-verl
-    python benchmarks/experiments/paper_dry_run/dry_run_paper_loop.py --ray --out runs/dry_run_paper_loop_ray     # make dry-run-paper-ray
+    make dry-run-paper        # python benchmarks/experiments/paper_dry_run/dry_run_paper_loop.py --out runs/dry_run_paper_loop
+    make dry-run-paper-verl   # the same with --verl --out runs/dry_run_paper_loop_verl
+    make dry-run-paper-ray    # the same with --ray --out runs/dry_run_paper_loop_ray
 
 With ``--verl`` (in ``.venv-verl``: verl 0.9.1 and vLLM's CPU build, `make verl-setup`) the agent step of both
 iterations is verl's own trainer instead of the embedded stand-in (`VERL_ON_CPU`: ``stand_in`` off, the run launched

@@ -24,7 +24,7 @@ rate, strict EM, Hit and the generator's contains-EM; the training curves are co
 ``--reevaluate SEED ...`` trains nothing: it scores the warm start and the final policies an earlier run left for
 ``--runs`` on the same held-out questions under other sampling seeds (is a gain more than one draw?).
 
-    python benchmarks/experiments/qagent/qagent_training.py                  # about 8 minutes a step per run, one thread each
+    python benchmarks/experiments/qagent/qagent_training.py    # about 8 minutes a step per run, one thread each
     python benchmarks/experiments/qagent/qagent_training.py --reevaluate 1 2 --runs two-stage
 """
 

@@ -28,7 +28,8 @@ answered without search, retrievals per rollout and answer correctness (exact ma
 go to ``benchmarks/figures/when_to_search_<run>_curves.png``. The two runs go side by side, one torch thread each
 (``--one-at-a-time``: one after the other with every core).
 
-    python benchmarks/experiments/when_to_search/when_to_search_training.py          # 41 minutes on 2 CPU cores, plus 15 for the warm start (cached)
+    # 41 minutes on 2 CPU cores, plus 15 for the warm start (cached)
+    python benchmarks/experiments/when_to_search/when_to_search_training.py
 
 On 2 CPU cores a step costs about 10 minutes per run (16 rollouts: generation 2 min, log-prob passes 2 min, update
 6 min, one thread each) and a held-out evaluation of 64 rollouts 12 minutes, hence the defaults: 4 steps and 32
