@@ -125,8 +125,23 @@ class ServerProcess:
         self.stderr = None
 
     def __enter__(self) -> ServerProcess:
-        self.stderr = tempfile.TemporaryFile("w+")
-        self.process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=self.stderr, text=True)
+        self.launch()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def launch(self) -> None:
+        """Start the process (once); `wait_ready` waits for it. Launching several before waiting for any lets their
+        start-ups (imports, model and index loads) overlap."""
+        if self.process is None:
+            self.stderr = tempfile.TemporaryFile("w+")
+            self.process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=self.stderr, text=True)
+
+    def wait_ready(self) -> None:
+        """Return once the launched process answers HTTP; RuntimeError with its stderr if it exits first."""
         deadline = time.monotonic() + self.ready_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -135,9 +150,8 @@ class ServerProcess:
                                    f"{self.stderr.read()[-2000:]}")
             with contextlib.suppress(httpx.HTTPError):
                 httpx.get(f"{self.url}/health", timeout=2)
-                return self
+                return
             time.sleep(0.25)
-        self.__exit__()
         raise TimeoutError(f"the {self.name} server did not answer /health within {self.ready_s:.0f} s")
 
     def cpu_seconds(self) -> float:
@@ -203,6 +217,16 @@ def _start(stack: contextlib.ExitStack, target) -> tuple[str, ServerProcess | No
     return stack.enter_context(ServerThread(target)), None
 
 
+def _start_all(stack: contextlib.ExitStack, contenders: dict[str, object]) -> dict[str, tuple[str, ServerProcess | None]]:
+    """`_start` of every contender, the processes launched together first (each stopped with `stack`), so that
+    their start-ups overlap; nothing is measured before all of them answer."""
+    for target in contenders.values():
+        if isinstance(target, ServerProcess):
+            stack.push(target)  # its __exit__ stops it, whether or not it was entered
+            target.launch()
+    return {name: _start(stack, target) for name, target in contenders.items()}
+
+
 def _warm_up(url: str, queries: list[str], topk: int) -> None:
     """A few requests of the measured kind; with ``return_scores`` as Search-R1's agent sends it (its server's
     route fails without it: it unpacks results and scores either way)."""
@@ -234,7 +258,7 @@ def run_throughput(index: SearchIndex, index_dir: str, rng: random.Random, args)
           flush=True)
     results: dict[int, dict[str, list[dict]]] = {n: {name: [] for name in contenders} for n in counts}
     with contextlib.ExitStack() as stack:
-        started = {name: _start(stack, target) for name, target in contenders.items()}
+        started = _start_all(stack, contenders)
         for url, _ in started.values():
             _warm_up(url, queries[: args.warmup], args.topk)
         for clients in counts:
@@ -556,8 +580,9 @@ def run_fairness(index: SearchIndex, index_dir: str, rng: random.Random, args) -
     rounds: dict[str, list[dict]] = {name: [] for name, _, _ in modes}
     with contextlib.ExitStack() as stack:
         calls = stack.enter_context(_CallLog(index)) if args.servers == "thread" else None
-        urls = {"chunked": _start(stack, app(args.max_batch_queries, args.max_batch_ms))[0],
-                "unchunked": _start(stack, app(max(args.big_queries, args.max_batch_queries), 0))[0]}
+        started = _start_all(stack, {"chunked": app(args.max_batch_queries, args.max_batch_ms),
+                                     "unchunked": app(max(args.big_queries, args.max_batch_queries), 0)})
+        urls = {name: url for name, (url, _) in started.items()}
         chunked = urls["chunked"]
         for url in urls.values():
             with httpx.Client(base_url=url, timeout=60) as http:  # warm-up, not measured
