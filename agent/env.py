@@ -33,8 +33,7 @@ The response is kept as segments: generated text (mask 1, the model's own token 
 back exactly its text, which is what RL's state masking needs (retrieved tokens masked from the loss).
 
 The rules of all this live in `Environment`, applied to one trajectory (`Episode`) at a time; `rollout` drives it
-in batches, `iter_rollouts` with continuous batching over turns (`max_active` trajectories at once, the next
-question started as one finishes), and verl's agent loop (`agent.rl.verl.agent_loop`) drives the same class one trajectory
+in batches, and verl's agent loop (`agent.rl.verl.agent_loop`) drives the same class one trajectory
 per coroutine, so an agent trained on verl is the agent our rollouts and mining read.
 
 Resuming (global answer correctness of "Agentic-R: Learning to Retrieve for Agentic Search", section 4.1.1;
@@ -51,9 +50,8 @@ lists what it offers, including the re-exported `Trajectory` (with `Trajectory.f
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from agentic_retriever.client import RetrievalClient
@@ -65,7 +63,7 @@ from .dialects import Action, Dialect, DocumentTracker, SelectedDocuments, get_d
 from .trajectory import FinishReason, Retrieved, Trajectory, Turn, trajectory_id
 
 __all__ = ["EnvConfig", "Environment", "Episode", "Prefix", "Rollout", "Segment", "Trajectory", "cut_to_tokens",
-           "get_dialect", "iter_rollouts", "retrieve_checked", "rollout", "trajectory_id"]
+           "get_dialect", "retrieve_checked", "rollout", "trajectory_id"]
 
 log = logging.getLogger(__name__)
 
@@ -388,33 +386,14 @@ def rollout(questions: Sequence[str], llm: LLM, client: RetrievalClient, config:
     `prefixes` (parallel to `questions`, entries may be None) resumes trajectories from a given context.
     Greedy decoding (the default) is deterministic. With sampling, every trajectory has its own seed: `seeds`
     (parallel to `questions`; `run_rollouts` derives them from the question id and the sample, so a trajectory
-    draws the same in any batch), else one derived from ``config.seed`` and its place in the batch; turn t of a
-    trajectory passes that seed + t. vLLM and OpenAI-compatible servers seed each request alone, so a question
-    repeated in the batch (its samples, an RL group) gets different samples only this way.
-    """
-    results: list[Rollout | None] = [None] * len(questions)
-    for position, result in iter_rollouts(questions, llm, client, config, prefixes, seeds):
-        results[position] = result
-    return results
-
-
-def iter_rollouts(questions: Sequence[str], llm: LLM, client: RetrievalClient, config: EnvConfig,
-                  prefixes: Sequence[Prefix | None] | None = None, seeds: Sequence[int] | None = None,
-                  max_active: int | None = None) -> Iterator[tuple[int, Rollout]]:
-    """`rollout`, yielding ``(position in questions, Rollout)`` as each trajectory finishes.
-
-    With `max_active`, at most that many trajectories take turns together, and the next question starts as soon
-    as one finishes (continuous batching over turns, as vLLM's scheduler does over tokens): a trajectory that runs
-    every turn to its token cap no longer leaves the others' share of each generation call idle until a fixed
-    batch's slowest row ends. Without it every question starts at once, as one batch. A trajectory's turn t is
-    seeded with its seed + t in either case.
+    draws the same in any batch), else one derived from ``config.seed`` and its place in the batch; step s of the
+    loop passes that seed + s. vLLM and OpenAI-compatible servers seed each request alone, so a question repeated in
+    the batch (its samples, an RL group) gets different samples only this way.
     """
     if prefixes is not None and len(prefixes) != len(questions):
         raise ValueError(f"prefixes must be parallel to questions: got {len(prefixes)} for {len(questions)}")
     if seeds is not None and len(seeds) != len(questions):
         raise ValueError(f"seeds must be parallel to questions: got {len(seeds)} for {len(questions)}")
-    if max_active is not None and max_active < 1:
-        raise ValueError(f"max_active must be at least 1, got {max_active}")
     engine_context = getattr(llm, "max_context", None)
     if engine_context is not None and config.max_context_tokens > engine_context:
         raise ValueError(f"env.max_context_tokens={config.max_context_tokens} is more than the {engine_context} tokens "
@@ -425,51 +404,32 @@ def iter_rollouts(questions: Sequence[str], llm: LLM, client: RetrievalClient, c
     elif seeds is None:
         seeds = [derived_seed(config.seed, "position", j) for j in range(len(questions))]
     env = Environment(llm.tokenizer, config, llm.chat_prompt)
-    questions, prefixes = list(questions), list(prefixes or [None] * len(questions))
-    waiting = iter(range(len(questions)))
-    running: dict[int, tuple[Episode, int]] = {}  # id(episode) -> (episode, position), in the order they started
-    generated: dict[int, int] = {}  # id(episode) -> generations it has had (its seed's offset)
+    questions = list(questions)
+    initial = [env.initial_queries(q) for q in questions]
+    flat = [(i, q) for i, qs in enumerate(initial) for q in qs]
+    results = iter(retrieve_checked(client, [q for _, q in flat], [questions[i] for i, _ in flat], env.initial_topk)
+                   if flat else [])
+    episodes = [env.start(question, [next(results) for _ in queries], prefix)
+                for question, queries, prefix in zip(questions, initial, prefixes or [None] * len(questions))]
+    seed_of = {id(e): seed for e, seed in zip(episodes, seeds)} if seeds is not None else {}
     step = 0
-    while True:
-        for key, (episode, position) in list(running.items()):
-            if not env.can_generate(episode):
-                del running[key], generated[key]
-                yield position, env.finish(episode)
-        room = len(questions) if max_active is None else max_active - len(running)
-        admitted = list(itertools.islice(waiting, room))
-        if admitted:  # started, then back to the check above (a prompt may leave no room for a turn)
-            for position, episode in zip(admitted, _start_episodes(env, client, [questions[j] for j in admitted],
-                                                                    [prefixes[j] for j in admitted])):
-                running[id(episode)], generated[id(episode)] = (episode, position), 0
-            continue
-        if not running:
-            return
-        active = [episode for episode, _ in running.values()]
+    while active := [e for e in episodes if env.can_generate(e)]:
         params = env.sampling_params(step)
-        if seeds is not None:
-            params.seeds = [seeds[running[id(e)][1]] + generated[id(e)] for e in active]
+        if seed_of:
+            params.seeds = [seed_of[id(e)] + step for e in active]
         outputs = _generate_retrying_aborts(llm, [e.context_ids() for e in active], params)
-        for episode in active:
-            generated[id(episode)] += 1
-        searching = [episode for episode, gens in zip(active, outputs) if env.take_turn(episode, gens[0]) is not None]
-        if searching:  # the searches of the step in one call
+        searching = []
+        for episode, gens in zip(active, outputs):
+            if env.take_turn(episode, gens[0]) is not None:  # a search: its results come in one call below
+                searching.append(episode)
+        if searching:
             queries = [(e, q) for e in searching for q in e.pending[1].queries]
             results = iter(retrieve_checked(client, [q for _, q in queries], [e.question for e, _ in queries],
                                             config.topk))
             for episode in searching:
                 env.observe(episode, [next(results) for _ in episode.pending[1].queries])
         step += 1
-
-
-def _start_episodes(env: Environment, client: RetrievalClient, questions: list[str],
-                    prefixes: list[Prefix | None]) -> list[Episode]:
-    """New episodes of `questions`, the dialect's initial searches of all of them in one retrieval call."""
-    initial = [env.initial_queries(q) for q in questions]
-    flat = [(i, q) for i, qs in enumerate(initial) for q in qs]
-    results = iter(retrieve_checked(client, [q for _, q in flat], [questions[i] for i, _ in flat], env.initial_topk)
-                   if flat else [])
-    return [env.start(question, [next(results) for _ in queries], prefix)
-            for question, queries, prefix in zip(questions, initial, prefixes)]
+    return [env.finish(e) for e in episodes]
 
 
 def _generate_retrying_aborts(llm: LLM, prompts: list, params: SamplingParams) -> list[list[Generation]]:

@@ -55,8 +55,7 @@ class SuiteConfig:
     env: EnvConfig = field(default_factory=lambda: EnvConfig(temperature=0.0))
     out: str = field(default="", metadata={"help": "folder for trajectories.jsonl, suite.json and suite.md",
                                            "derive": "{workdir}/eval_suite"})
-    batch_size: int = field(default=16, metadata={
-        "help": "trajectories taking turns together; the next question starts as one finishes"})
+    batch_size: int = field(default=16, metadata={"help": "trajectories advanced together per rollout call"})
 
 
 def _first_per_dataset(rows: list[QARow], limit: int | None) -> list[QARow]:

@@ -21,7 +21,7 @@ from agentic_retriever.llm import LLMConfig
 from agentic_retriever.llm.base import LLM, derived_seed
 from agentic_retriever.qa_sources import QARow, as_qa_rows, read_qa_rows
 
-from .env import EnvConfig, Rollout, iter_rollouts
+from .env import EnvConfig, Rollout, rollout
 from .trajectory import Trajectory, TrajectoryWriter, trajectory_id
 
 __all__ = ["RolloutConfig", "RolloutRunSummary", "RolloutSettingsMismatch", "make_trajectory", "rollout_settings_path",
@@ -44,8 +44,7 @@ class RolloutConfig:
     shard: str = field(default="0/1", metadata={
         "help": "i/n: roll out the i-th of n contiguous slices of the questions (after limit), one process each; "
                 "joining the n files in order gives the unsharded file"})
-    batch_size: int = field(default=16, metadata={
-        "help": "trajectories taking turns together; the next question starts as one finishes"})
+    batch_size: int = field(default=16, metadata={"help": "trajectories advanced together per rollout call"})
     samples: int = field(default=1, metadata={
         "help": "trajectories per question (more than 1 needs env.temperature > 0; each is a `sample`)"})
     agent: LLMConfig = field(default_factory=LLMConfig)
@@ -108,15 +107,15 @@ def run_rollouts(qa_rows: Sequence[QARow | dict[str, Any]] | str | os.PathLike, 
                  config: EnvConfig, out_path: str | os.PathLike, batch_size: int = 64,
                  retriever_id: str = "", samples: int = 1) -> RolloutRunSummary:
     """Roll out `samples` trajectories of every question (sample 0 .. samples - 1) not yet in `out_path`,
-    `batch_size` of them taking turns together, the next one starting as one finishes (`iter_rollouts`).
+    `batch_size` trajectories per `rollout` call.
 
     Several samples of a question are what mining reads as more rounds of it (the paper mines the agent's
     trajectories; sampling at a temperature gives several per question), so they need `config.temperature` > 0;
     each trajectory is seeded from ``config.seed``, its question id and its sample, so samples differ on every
     backend and a trajectory draws the same whatever batch it runs in.
-    Resumable: trajectories already in the file are skipped, and finished ones are appended durably in question
-    order (`TrajectoryWriter`; one that finished before an earlier question waits for it), so a rerun after a crash
-    completes the file without duplicates; a rerun with another agent or environment raises `RolloutSettingsMismatch` (`check_rollout_settings`) instead of mixing them.
+    Resumable: trajectories already in the file are skipped, and each finished batch is appended durably
+    (`TrajectoryWriter`), so a rerun after a crash completes the file without duplicates; a rerun with another
+    agent or environment raises `RolloutSettingsMismatch` (`check_rollout_settings`) instead of mixing them.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
@@ -138,21 +137,15 @@ def run_rollouts(qa_rows: Sequence[QARow | dict[str, Any]] | str | os.PathLike, 
         if skipped:
             log.info("%s already holds %d of %d trajectories; running the other %d", out_path, skipped, len(wanted),
                      len(todo))
-        seeds = None if config.seed is None else [derived_seed(config.seed, row.id, sample) for row, sample in todo]
-        finished: dict[int, Trajectory] = {}
-        written = 0
         with tqdm(total=len(wanted), initial=skipped, desc="agent rollouts", unit=" trajectories") as bar:
-            for position, result in iter_rollouts([row.question for row, _ in todo], llm, client, config, seeds=seeds,
-                                                  max_active=batch_size):
-                row, sample = todo[position]
-                finished[position] = make_trajectory(row, result, config, llm.name, retriever_id, sample)
-                bar.update(1)
-                ready = []
-                while written in finished:  # in question order, whatever order they finish in
-                    ready.append(finished.pop(written))
-                    written += 1
-                if ready:
-                    writer.write(ready)
+            for start in range(0, len(todo), batch_size):
+                batch = todo[start:start + batch_size]
+                seeds = None if config.seed is None else [derived_seed(config.seed, row.id, sample)
+                                                          for row, sample in batch]
+                results = rollout([row.question for row, _ in batch], llm, client, config, seeds=seeds)
+                writer.write([make_trajectory(row, result, config, llm.name, retriever_id, sample)
+                              for (row, sample), result in zip(batch, results)])
+                bar.update(len(batch))
     log.info("wrote %d trajectories to %s", len(todo), out_path)
     return RolloutRunSummary(str(out_path), len(rows), skipped, len(todo))
 

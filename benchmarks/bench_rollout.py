@@ -1,19 +1,16 @@
 """Agent rollout throughput: the batched environment against one question at a time, same backend, with and
-without the transformers backend's prefix cache, and fixed batches against continuous batching over turns.
+without the transformers backend's prefix cache.
 
 Every contender runs `agent.env.rollout` with the transformers backend over the same weights and the same
 retriever on the same `--questions` FanOutQA dev leaf questions (greedy, so all produce the same
 trajectories up to float noise): "one at a time" calls it once per question, "batched" once per
 `--batch-size` questions; "+ cache" keeps each finished sequence's KV cache across calls
 (`TransformersLLM.prefix_cache`), so a trajectory's next turn prefills only its new tokens, "no cache"
-recomputes every turn's whole context; "continuous + cache" keeps `--batch-size` trajectories taking turns
-together and starts the next question as one finishes (`agent.env.iter_rollouts` with ``max_active``, as
-`agent rollout` runs), where "batched" waits for a batch's slowest trajectory before the next batch starts. The
-contenders run in turn, `--repeats` rounds, each round in a new
+recomputes every turn's whole context. The contenders run in turn, `--repeats` rounds, each round in a new
 backend (an empty cache). Prints per contender the median trajectories per minute, generated tokens per
 second, prompt tokens given, computed and taken from the cache, seconds in prefill and in decoding
 (`LLM.generate` minus prefill) and the share in retrieval; then the ratios: batched/one at a time with the
-cache (target: >= 3x) and without it, what the cache gains each mode, and continuous/batched.
+cache (target: >= 3x) and without it, and what the cache gains each mode.
 
     python benchmarks/bench_rollout.py --model default --index runs/quickstart/index/minilm-flat
     python benchmarks/bench_rollout.py --model ~/.cache/agentic_retriever/agents/sft-XXXX   # the warm-started agent
@@ -79,27 +76,20 @@ def random_weights_llm(folder: str, batch_size: int):
                            max_batch_size=batch_size)
 
 
-#: (name, questions per batch (None: --batch-size), prefix cache, continuous batching)
-CONTENDERS = (("batched + cache", None, True, False), ("batched, no cache", None, False, False),
-              ("one at a time + cache", 1, True, False), ("one at a time, no cache", 1, False, False),
-              ("continuous + cache", None, True, True))
+CONTENDERS = (("batched + cache", None, True), ("batched, no cache", None, False),
+              ("one at a time + cache", 1, True), ("one at a time, no cache", 1, False))
 
 
-def run_contender(llm, client, questions: list[str], batch: int, config, continuous: bool = False) -> dict:
-    """Roll the questions out `batch` at a time with `llm` (fixed batches, or `batch` taking turns together with
-    `continuous`); the figures of that run."""
-    from agent.env import iter_rollouts, rollout
+def run_contender(llm, client, questions: list[str], batch: int, config) -> dict:
+    """Roll the questions out `batch` at a time with `llm`; the figures of that run."""
+    from agent.env import rollout
 
     generate, prefill, retrieve = Timed(llm.generate), Timed(llm._prefill), Timed(client.retrieve)
     llm.generate, llm._prefill, client.retrieve = generate, prefill, retrieve
     started = time.perf_counter()
-    if continuous:
-        finished = dict(iter_rollouts(questions, llm, client, config, max_active=batch))
-        results = [finished[position] for position in range(len(questions))]
-    else:
-        results = []
-        for start in range(0, len(questions), batch):
-            results.extend(rollout(questions[start:start + batch], llm, client, config))
+    results = []
+    for start in range(0, len(questions), batch):
+        results.extend(rollout(questions[start:start + batch], llm, client, config))
     wall = time.perf_counter() - started
     del llm.generate, llm._prefill, client.retrieve  # back to the class methods
     tokens = sum(sum(len(s.token_ids) for s in r.segments if s.generated) for r in results)
@@ -130,10 +120,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16, help="questions per batched rollout call")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="generated tokens per turn")
     parser.add_argument("--max-turns", type=int, default=4)
-    parser.add_argument("--precision", default="auto", help="the agent's precision (LLMConfig.precision; the demo's is "
-                                                             "native)")
     parser.add_argument("--repeats", type=int, default=1, help="rounds of all contenders; medians are reported")
-    parser.add_argument("--skip", action="append", default=[], choices=[name for name, *_ in CONTENDERS],
+    parser.add_argument("--skip", action="append", default=[], choices=[name for name, _, _ in CONTENDERS],
                         help="leave this contender out (repeatable; its ratios are not printed)")
     parser.add_argument("--random-weights", metavar="FOLDER", help="FOLDER's architecture and tokenizer, random weights")
     parser.add_argument("--fixed-passages", metavar="CORPUS", help="answer every search with CORPUS's first passages")
@@ -163,7 +151,7 @@ def main() -> None:
     print(device_line(device))
     rows = read_qa_rows(args.qa)[: args.questions]
     loaded = (random_weights_llm(args.random_weights, args.batch_size) if args.random_weights
-              else load_llm(LLMConfig(model=args.model, max_batch_size=args.batch_size, precision=args.precision)))
+              else load_llm(LLMConfig(model=args.model, max_batch_size=args.batch_size)))
     client = FixedPassages(args.fixed_passages) if args.fixed_passages else LocalRetrievalClient(open_index(args.index))
     config = EnvConfig(max_turns=args.max_turns, max_new_tokens_per_turn=args.max_new_tokens)
     questions = [r.question for r in rows]
@@ -179,11 +167,11 @@ def main() -> None:
 
     rollout(questions[:2], backend(True), client, config)  # warm-up, not measured
     contenders = [c for c in CONTENDERS if c[0] not in args.skip]
-    runs: dict[str, list[dict]] = {name: [] for name, *_ in contenders}
+    runs: dict[str, list[dict]] = {name: [] for name, _, _ in contenders}
     for round_ in range(args.repeats):
         order = contenders if round_ % 2 == 0 else contenders[::-1]
-        for name, batch, cached, continuous in order:
-            run = run_contender(backend(cached), client, questions, batch or args.batch_size, config, continuous)
+        for name, batch, cached in order:
+            run = run_contender(backend(cached), client, questions, batch or args.batch_size, config)
             runs[name].append(run)
             print(f"  round {round_ + 1} {name:<24} {describe(run)}", flush=True)
 
@@ -200,8 +188,7 @@ def main() -> None:
     ratios = {f"{ours} / {theirs}": per_min[ours] / per_min[theirs] for ours, theirs in (
         ("batched + cache", "one at a time + cache"), ("batched, no cache", "one at a time, no cache"),
         ("batched + cache", "batched, no cache"), ("one at a time + cache", "one at a time, no cache"),
-        ("batched + cache", "one at a time, no cache"), ("continuous + cache", "batched + cache"))
-        if ours in per_min and theirs in per_min}
+        ("batched + cache", "one at a time, no cache")) if ours in per_min and theirs in per_min}
     for label, value in ratios.items():
         print(f"ratio {label}: {value:.2f}x")
     if "batched + cache / one at a time + cache" in ratios:

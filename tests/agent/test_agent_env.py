@@ -7,7 +7,7 @@ from itertools import groupby
 import pytest
 
 from agent.dialects import DIALECTS, SearchR1Dialect
-from agent.env import EnvConfig, Prefix, Rollout, iter_rollouts, rollout
+from agent.env import EnvConfig, Prefix, Rollout, rollout
 from agentic_retriever.qa_sources import QARow
 from agent.rollouts import make_trajectory
 from agentic_retriever.client import RetrievalClient
@@ -89,40 +89,6 @@ def test_finished_trajectories_drop_out_and_each_step_makes_one_retrieval_call(t
     assert client.calls == [(["b1", "c1"], 3, ["question b", "question c"]), (["c2"], 3, ["question c"])]
     assert [r.answer for r in results] == ["a", "b", "c"]
     assert [r.num_searches for r in results] == [0, 1, 2]
-
-
-def test_with_max_active_the_next_question_starts_as_one_finishes(tokenizer):
-    """Continuous batching over turns: two trajectories take turns together; when one answers, the next question
-    starts in the next generation call; each is the trajectory it is alone."""
-    script = {
-        "long one": ["<search> l1 </search>", "<search> l2 </search>", "<search> l3 </search>", "<answer> l </answer>"],
-        "short one": ["<answer> s </answer>"],
-        "middle one": ["<search> m1 </search>", "<answer> m </answer>"],
-        "late one": ["<answer> z </answer>"],
-    }
-    llm, client = ScriptedLLM(tokenizer, script), FakeClient()
-    finished = list(iter_rollouts(list(script), llm, client, EnvConfig(), max_active=2))
-
-    def asked(prompts):
-        return sorted(next(q for q in script if q in tokenizer.decode(p)) for p in prompts)
-    assert [asked(prompts) for prompts, _ in llm.calls] == [
-        ["long one", "short one"], ["long one", "middle one"], ["long one", "middle one"], ["late one", "long one"]]
-    assert [position for position, _ in finished] == [1, 2, 0, 3]  # in the order they finished
-    alone = rollout(list(script), ScriptedLLM(tokenizer, script), FakeClient(), EnvConfig())
-    assert [result for _, result in sorted(finished, key=lambda pair: pair[0])] == alone
-    assert client.calls[1] == (["l2", "m1"], 3, ["long one", "middle one"])  # one retrieval call a step still
-
-
-def test_a_trajectory_started_later_is_seeded_by_its_own_turns(tokenizer):
-    script = {"question alpha": ["<search> a </search>", "<answer> a </answer>"],
-              "question beta": ["<answer> b </answer>"],
-              "question gamma": ["<search> c </search>", "<answer> c </answer>"]}
-    llm = ScriptedLLM(tokenizer, script)
-    list(iter_rollouts(list(script), llm, FakeClient(), EnvConfig(temperature=1.0), seeds=[100, 200, 300],
-                       max_active=2))
-    assert [p.seeds for _, p in llm.calls] == [[100, 200], [101, 300], [301]]  # gamma's turns 0 and 1
-    with pytest.raises(ValueError, match="max_active must be at least 1, got 0"):
-        list(iter_rollouts(list(script), llm, FakeClient(), EnvConfig(), max_active=0))
 
 
 def test_after_max_turns_one_last_generation_runs_with_search_disabled(tokenizer):
