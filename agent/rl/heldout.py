@@ -3,7 +3,8 @@ experiments (benchmarks/experiments/: s3, QAgent, "Learning When to Search"), wh
 one setting (the method's reward against a control without signal) by what each run's training changed.
 
 The same seeded rollouts are scored each time (`score_on_heldout`: one sampling seed, the trainer's current
-policy, no update), so a difference between "before" and "after" is the training's, not the sampling's.
+policy, no update), so a difference between "before" and "after" is the training's, not the sampling's. The
+control run of such a comparison (`constant_reward_control`) is the same run with a reward that carries no signal.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from agentic_retriever.qa_sources import QARow
 
 from ..env import rollout
 from .batch_reward import BatchReward
+from .config import RLConfig, SecondStage
 from .trainer import RLTrainer
 
-__all__ = ["score_on_heldout", "train_between_scores"]
+__all__ = ["constant_reward_control", "score_on_heldout", "train_between_scores"]
 
 
 def _mean(values) -> float:
@@ -63,3 +65,11 @@ def train_between_scores(trainer: RLTrainer, evaluate: Callable[[], dict], train
         trainer.train()
         result |= {"after": evaluate(), "history": trainer.state.history}
     return result
+
+
+def constant_reward_control(config: RLConfig) -> RLConfig:
+    """`config` as the control of a reward experiment: the same run with the constant reward in both stages, so
+    whatever it changes is the update's own drift (KL, entropy, sampling), not the reward's signal; without dynamic
+    sampling, which would drop every group of a constant reward."""
+    return dataclasses.replace(config, reward="constant", reward_options={}, stage2=SecondStage(),
+                               dynamic_sampling=False)

@@ -66,7 +66,7 @@ def _worker(name: str, args: dict) -> dict:
     from agentic_retriever.qa_sources import read_qa_rows
     from agent.rl import RLConfig, RLTrainer
     from agent.rl.batch_reward import prepare_reward
-    from agent.rl.heldout import score_on_heldout, train_between_scores
+    from agent.rl.heldout import constant_reward_control, score_on_heldout, train_between_scores
     from agentic_retriever.client import RetrievalConfig, open_client
     from agentic_retriever.config import build_config
 
@@ -81,8 +81,7 @@ def _worker(name: str, args: dict) -> dict:
     heldout = read_qa_rows(args["heldout"])
     rewards = prepare_reward(config, client, heldout)  # the evaluation's: Eq. 7 and Eq. 10
     if name == "constant-reward":
-        config.reward, config.reward_options = "constant", {}
-        config.stage2.reward, config.stage2.after_step = "", None
+        config = constant_reward_control(config)
     trainer = RLTrainer(config, client, read_qa_rows(args["train"]))
     scorers = {"stage1": rewards.reward, "stage2": rewards.stage2}
     return train_between_scores(

@@ -83,7 +83,7 @@ def _worker(name: str, args: dict) -> dict:
     from agentic_retriever.qa_sources import read_qa_rows
     from agent.rl import RLConfig, RLTrainer
     from agent.rl.batch_reward import prepare_reward
-    from agent.rl.heldout import score_on_heldout, train_between_scores
+    from agent.rl.heldout import constant_reward_control, score_on_heldout, train_between_scores
     from agentic_retriever.client import RetrievalConfig, open_client
     from agentic_retriever.config import build_config
 
@@ -99,9 +99,7 @@ def _worker(name: str, args: dict) -> dict:
     heldout = spread(read_qa_rows(args["heldout"]), args["heldout_questions"])
     rewards = prepare_reward(config, client, heldout)  # the evaluation's: stage 1 and stage 2
     if name == "constant-reward":
-        config.reward, config.reward_options = "constant", {}
-        config.stage2.reward, config.stage2.after_step = "", None
-        config.dynamic_sampling = False
+        config = constant_reward_control(config)
     trainer = RLTrainer(config, client, read_qa_rows(args["train"]))
     scorers = {"stage1": rewards.reward, "stage2": rewards.stage2}
     return train_between_scores(
