@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
+from statistics import fmean
 
 from agentic_retriever.qa_sources import QARow
 
@@ -20,11 +21,6 @@ from .config import RLConfig, SecondStage
 from .trainer import RLTrainer
 
 __all__ = ["constant_reward_control", "score_on_heldout", "train_between_scores"]
-
-
-def _mean(values) -> float:
-    values = list(values)
-    return sum(values) / len(values)
 
 
 def score_on_heldout(trainer: RLTrainer, rewards: Mapping[str, BatchReward], rows: Sequence[QARow], samples: int,
@@ -46,13 +42,13 @@ def score_on_heldout(trainer: RLTrainer, rewards: Mapping[str, BatchReward], row
     out: dict[str, float] = {}
     for name, reward in rewards.items():
         scored = reward.score(results, repeated)
-        out[name] = _mean(scored.scores)
+        out[name] = fmean(scored.scores)
         for key in scored.components[0]:
-            out[f"{name}_{key}"] = _mean(parts[key] for parts in scored.components)
+            out[f"{name}_{key}"] = fmean(parts[key] for parts in scored.components)
     parts = [trainer.components(result, row) for result, row in zip(results, repeated)]
     for key in parts[0]:
-        out[key] = _mean(p[key] for p in parts)
-    out["searches"] = _mean(result.num_searches for result in results)
+        out[key] = fmean(p[key] for p in parts)
+    out["searches"] = fmean(result.num_searches for result in results)
     return out
 
 

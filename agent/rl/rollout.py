@@ -25,6 +25,7 @@ import dataclasses
 import logging
 import random
 from collections.abc import Callable, Sequence
+from statistics import fmean
 from typing import NamedTuple
 
 import torch
@@ -180,16 +181,12 @@ def rollout_metrics(samples: Sequence[Sample]) -> dict[str, float]:
     """Mean reward (and its std), mean components, response and generated tokens, masked share and searches."""
     if not samples:
         return {"reward": float("nan")}
-
-    def mean(values) -> float:
-        values = list(values)
-        return sum(values) / len(values)
     scores = torch.tensor([s.score for s in samples])
     metrics = {"reward": scores.mean().item(), "reward_std": scores.std().item() if len(samples) > 1 else 0.0}
     for name in samples[0].components:
-        metrics[name] = mean(s.components[name] for s in samples)
-    metrics["response_tokens"] = mean(len(s.response_ids) for s in samples)
-    metrics["generated_tokens"] = mean(s.generated_tokens for s in samples)
+        metrics[name] = fmean(s.components[name] for s in samples)
+    metrics["response_tokens"] = fmean(len(s.response_ids) for s in samples)
+    metrics["generated_tokens"] = fmean(s.generated_tokens for s in samples)
     metrics["masked_share"] = 1 - sum(s.generated_tokens for s in samples) / sum(len(s.response_ids) for s in samples)
-    metrics["searches"] = mean(s.num_searches for s in samples)
+    metrics["searches"] = fmean(s.num_searches for s in samples)
     return metrics
