@@ -48,7 +48,8 @@ from pathlib import Path
 from typing import Any, BinaryIO, Literal, get_args
 
 from agentic_retriever.corpus import Passage
-from agentic_retriever.jsonl import DataFormatError, iter_jsonl
+from agentic_retriever.jsonl import DataFormatError, append_whole, iter_jsonl
+from agentic_retriever.writer_lock import WriterLock, lock_beside
 
 from .dialects.base import ActionKind, SelectedDocuments
 
@@ -243,7 +244,9 @@ class TrajectoryWriter:
     Opening an existing file reads the trajectory ids it holds. A last line without its newline is what a
     crash mid-write leaves: it is cut off (with a warning) so the file stays valid JSONL and that question
     is run again. Any other bad line raises DataFormatError. `write` appends whole lines, then flushes and
-    fsyncs, so a finished batch survives a crash.
+    fsyncs, so a finished batch survives a crash. One writer at a time: the writer holds ``PATH.lock``
+    (`agentic_retriever.writer_lock`) from open to close, and a second one is refused with WriterLockedError
+    before it reads or cuts anything.
 
         with TrajectoryWriter("runs/x/trajectories.jsonl") as writer:
             todo = [row for row in rows if row.id not in writer.done_ids]
@@ -254,12 +257,18 @@ class TrajectoryWriter:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.done_ids: set[str] = set()
-        if self.path.exists():
-            self._drop_partial_last_line()
-            for line, row in iter_jsonl(self.path):
-                get = _Getter(self.path, line)
-                self.done_ids.add(trajectory_id(get(row, "question_id", str), get.optional(row, "sample", int) or 0))
-        self._handle = open(self.path, "a", encoding="utf-8")
+        self._lock = WriterLock(lock_beside(self.path), f"the trajectory file {self.path}").acquire()
+        try:
+            if self.path.exists():
+                self._drop_partial_last_line()
+                for line, row in iter_jsonl(self.path):
+                    get = _Getter(self.path, line)
+                    self.done_ids.add(trajectory_id(get(row, "question_id", str),
+                                                    get.optional(row, "sample", int) or 0))
+            self._handle = open(self.path, "ab", buffering=0)  # noqa: SIM115 (held until close)
+        except BaseException:
+            self._lock.release()
+            raise
 
     def _drop_partial_last_line(self) -> None:
         size = self.path.stat().st_size
@@ -276,13 +285,13 @@ class TrajectoryWriter:
         repeated = sorted(i for i, n in Counter(ids).items() if n > 1 or i in self.done_ids)
         if repeated:
             raise ValueError(f"{self.path}: trajectory ids already written or repeated: {', '.join(repeated[:5])}")
-        self._handle.write("".join(json.dumps(t.to_json(), ensure_ascii=False) + "\n" for t in trajectories))
-        self._handle.flush()
-        os.fsync(self._handle.fileno())
+        append_whole(self._handle, "".join(json.dumps(t.to_json(), ensure_ascii=False) + "\n"
+                                           for t in trajectories).encode("utf-8"), self.path)
         self.done_ids.update(ids)
 
     def close(self) -> None:
         self._handle.close()
+        self._lock.release()
 
     def __enter__(self) -> TrajectoryWriter:
         return self

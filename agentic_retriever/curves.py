@@ -29,7 +29,8 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from .jsonl import atomic_write
+from .hf_checkpoints import last_complete_checkpoint, mark_complete_callback
+from .jsonl import atomic_write, naming_disk_full
 
 log = logging.getLogger(__name__)
 
@@ -171,15 +172,15 @@ def _wandb_environment(report_to: Sequence[str], log_dir: str | Path) -> Iterato
 
 
 def train_resuming(trainer, checkpoints: Path, report_to: Sequence[str], log_dir: str | Path, what: str):
-    """Run a Hugging Face `trainer`, resuming from the last checkpoint in `checkpoints` if there is one, with its
+    """Run a Hugging Face `trainer`, resuming from the last whole checkpoint in `checkpoints` if there is one (each
+    new checkpoint is marked whole once saved, and partial ones are removed: `hf_checkpoints`), with its
     TensorBoard and W&B logs under `log_dir`; returns ``trainer.train``'s output."""
-    from transformers.trainer_utils import get_last_checkpoint
-
     _point_tensorboard_at(trainer, log_dir)
-    last = get_last_checkpoint(str(checkpoints)) if checkpoints.is_dir() else None
+    trainer.add_callback(mark_complete_callback())
+    last = last_complete_checkpoint(checkpoints, remove_partial=trainer.is_world_process_zero())
     if last:
         log.info("resuming %s from %s", what, last)
-    with _wandb_environment(report_to, log_dir):
+    with _wandb_environment(report_to, log_dir), naming_disk_full(checkpoints, probe=True):
         return trainer.train(resume_from_checkpoint=last)
 
 

@@ -8,7 +8,9 @@ is as readable as any other file the process writes.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -16,6 +18,102 @@ import stat
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
+
+
+log = logging.getLogger(__name__)
+
+#: What a write meets when no byte more fits: a full disk, a full quota, the process's file-size limit.
+_DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+
+
+class DiskFullError(OSError):
+    """A write found no space (full disk or quota, or the file-size limit); the message names the file."""
+
+
+#: Room a failed writer's folder must still have for its failure not to count as a full disk (`naming_disk_full`).
+PROBE_BYTES = 64 << 20
+
+
+@contextlib.contextmanager
+def naming_disk_full(path: str | os.PathLike, probe: bool = False) -> Iterator[None]:
+    """Turn a full disk met inside the block into a DiskFullError that names `path` and says what to do.
+
+    An OSError says so by its errno. Some writers say nothing usable (torch.save: "unexpected pos 576 vs 534";
+    safetensors' own error type): with `probe`, any other Exception is checked by reserving `PROBE_BYTES` in a
+    file beside `path`, and counts as a full disk when that reservation meets one."""
+    try:
+        yield
+    except DiskFullError:
+        raise
+    except OSError as error:
+        if error.errno not in _DISK_FULL:
+            raise
+        raise _disk_full(path, error.errno, error.strerror) from error
+    except Exception as error:
+        full = _room_missing(Path(path)) if probe else None
+        if full is None:
+            raise
+        raise _disk_full(path, full.errno, full.strerror) from error
+
+
+def _disk_full(path: str | os.PathLike, number: int, reason: str | None) -> DiskFullError:
+    return DiskFullError(number, f"no space left while writing {path} ({reason}): the disk or quota is full, or "
+                         "the file-size limit was reached; free space and run the same command again (finished "
+                         "work is kept)", str(path))
+
+
+def _room_missing(path: Path) -> OSError | None:
+    """The full-disk error that reserving `PROBE_BYTES` beside `path` meets, or None when there is room (or the
+    filesystem cannot reserve)."""
+    folder = path if path.is_dir() else path.parent
+    while not folder.is_dir() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        probe, fd = _create_beside(folder / "space-probe", lambda c: os.open(c, _FILE_FLAGS, 0o666))
+    except OSError as error:
+        return error if error.errno in _DISK_FULL else None
+    try:
+        os.posix_fallocate(fd, 0, PROBE_BYTES)
+    except OSError as error:
+        return error if error.errno in _DISK_FULL else None
+    finally:
+        os.close(fd)
+        os.unlink(probe)
+    return None
+
+
+def reserve_disk(path: str | os.PathLike) -> None:
+    """Allocate every block of the file at `path` now (``posix_fallocate``), so writes through a memory map of it
+    cannot meet a full disk later (there they are a SIGBUS, not an error); DiskFullError when the disk lacks
+    the room. Filesystems that cannot reserve are left as they are, with a warning."""
+    with naming_disk_full(path):
+        fd = os.open(path, os.O_RDWR)
+        try:
+            os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
+        except OSError as error:
+            if error.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+            log.warning("%s: this filesystem cannot reserve the file's blocks (%s); a full disk while writing it "
+                        "would kill the process", path, error.strerror)
+        finally:
+            os.close(fd)
+
+
+def append_whole(handle: IO[bytes], data: bytes, path: str | os.PathLike) -> None:
+    """Append `data` to the unbuffered binary `handle` (opened for appending to `path`) and fsync it. When the write
+    fails (a full disk: DiskFullError naming `path`), the file is cut back to its size before the call, so an
+    append-only record file never ends in a partial record that the same process would write after."""
+    fd = handle.fileno()
+    start = os.lseek(fd, 0, os.SEEK_END)
+    with naming_disk_full(path):
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        except BaseException:
+            os.ftruncate(fd, start)
+            raise
 
 
 class DataFormatError(ValueError):
@@ -114,32 +212,41 @@ def give_new_file_modes(folder: str | os.PathLike) -> None:
 
 def replace_folder(building: str | os.PathLike, out: str | os.PathLike) -> Path:
     """Put the filled folder `building` (beside `out`) in the place of `out`: its files get new-file modes
-    (`give_new_file_modes`), then `out`, if any, is removed and `building` renamed to it."""
+    (`give_new_file_modes`), `out` (if any) is renamed aside to a hidden ``.NAME.XXXXXXXX.replaced``, `building`
+    is renamed to `out`, and only then is the old folder removed. A kill at any point leaves `out` whole (the old
+    folder or the new one) or absent, never half-deleted; asides left by a kill are removed by the next call."""
     building, out = Path(building), Path(out)
     give_new_file_modes(building)
+    for stale in out.parent.glob(f".{out.name}.*.replaced"):
+        shutil.rmtree(stale)
+    aside = None
     if out.exists():
-        shutil.rmtree(out)
+        aside = out.with_name(f".{out.name}.{secrets.token_hex(4)}.replaced")
+        out.rename(aside)
     building.rename(out)
+    if aside is not None:
+        shutil.rmtree(aside)
     return out
 
 
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
     """Open a temp file beside `path`; on success rename it over `path`, on error remove it. The file gets the
-    mode a new file from ``open()`` gets (0666 less the umask)."""
+    mode a new file from ``open()`` gets (0666 less the umask); a full disk is a DiskFullError naming `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp, fd = _create_beside(path, lambda candidate: os.open(candidate, _FILE_FLAGS, 0o666))
-    try:
-        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as handle:
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with naming_disk_full(path):
+        tmp, fd = _create_beside(path, lambda candidate: os.open(candidate, _FILE_FLAGS, 0o666))
+        try:
+            with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as handle:
+                yield handle
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
 
 
 def write_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> int:

@@ -345,19 +345,21 @@ def make_trajectory(question_id: str, question: str, golden: list[str], turns: l
 
 
 def kill_training_after_first_checkpoint(monkeypatch) -> list[int]:
-    """Make a Hugging Face trainer die (KeyboardInterrupt) right after it writes its first checkpoint, as a killed
-    process would; returns the list of the steps at which checkpoints were saved (the rerun adds to it)."""
-    from transformers import Trainer
+    """Make a Hugging Face trainer die (KeyboardInterrupt) right after it has saved its first checkpoint and the
+    save callbacks have run (so the checkpoint is marked whole, `agentic_retriever.hf_checkpoints`), as a process
+    killed then would; returns the list of the steps at which checkpoints were saved (the rerun adds to it)."""
+    from transformers.trainer_callback import CallbackHandler
 
-    original_save, saved_at = Trainer._save_checkpoint, []
+    original_on_save, saved_at = CallbackHandler.on_save, []
 
-    def killed_after_first_checkpoint(self, *args, **kwargs):
-        original_save(self, *args, **kwargs)
-        saved_at.append(self.state.global_step)
+    def killed_after_first_checkpoint(self, args, state, control):
+        control = original_on_save(self, args, state, control)
+        saved_at.append(state.global_step)
         if len(saved_at) == 1:
             raise KeyboardInterrupt
+        return control
 
-    monkeypatch.setattr(Trainer, "_save_checkpoint", killed_after_first_checkpoint)
+    monkeypatch.setattr(CallbackHandler, "on_save", killed_after_first_checkpoint)
     return saved_at
 
 

@@ -38,6 +38,7 @@ AGENT_MAY_IMPORT = (
     "agentic_retriever.qa_sources",  # shared reader: QA sets in FlashRAG, Search-R1 and hub form
     "agentic_retriever.precision",  # shared helper: what each role computes in (auto, native)
     "agentic_retriever.sessions",  # shared helper: child processes in sessions of their own (verl runs)
+    "agentic_retriever.writer_lock",  # shared helper: one writer per artifact (trajectory files)
 )
 #: Modules of `agentic_retriever` that may import anything from `agent`: they drive both sides.
 ORCHESTRATORS = ("agentic_retriever.cli", "agentic_retriever.commands", "agentic_retriever.demo", "agentic_retriever.loop")

@@ -26,7 +26,8 @@ from tqdm.auto import tqdm
 
 from ..corpus import Corpus
 from ..encoder import Encoder
-from ..jsonl import read_json, write_json
+from ..jsonl import naming_disk_full, read_json, reserve_disk, write_json
+from ..writer_lock import WriterLock, lock_beside
 from .base import SearchIndex, kept_rows, write_row_map
 from .generations import FAISS_FILE, NewGeneration
 from .manifest import IndexManifest
@@ -129,7 +130,8 @@ def build_dense_index(corpus: Corpus, encoder: Encoder, out_dir: str | Path, par
     embeddings_path = (Path(params.embeddings_dir or out)
                        / f"embeddings-{corpus.sha256[:12]}-{encoder.settings.fingerprint[:12]}{half and '-' + half}.npy")
     try:
-        embeddings = _encode_resumable(corpus, encoder, embeddings_path, chunk)
+        with WriterLock(lock_beside(embeddings_path), f"the passage embeddings {embeddings_path}"):
+            embeddings = _encode_resumable(corpus, encoder, embeddings_path, chunk)
     finally:
         encoder.close()  # several devices: their processes end with the encoding
     keep, rows = kept_rows(corpus, drop_rows)
@@ -170,7 +172,9 @@ def _state_path(embeddings_path: Path) -> Path:
 
 
 def _encode_resumable(corpus: Corpus, encoder: Encoder, path: Path, chunk_size: int) -> np.ndarray:
-    """Stream passage embeddings into a memmap at `path`; its state file says how many rows are final."""
+    """Stream passage embeddings into a memmap at `path`; its state file says how many rows are final. The file's
+    blocks are reserved before the first row is written (`reserve_disk`): a memmap write to a sparse file on a full
+    disk is a SIGBUS that kills the process without a word, a reservation is an error naming the file."""
     state_path = _state_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     identity = {"encoder_fingerprint": encoder.settings.fingerprint, "corpus_sha256": corpus.sha256,
@@ -182,9 +186,13 @@ def _encode_resumable(corpus: Corpus, encoder: Encoder, path: Path, chunk_size: 
         embeddings = np.load(path, mmap_mode="r+")
         done = int(state["rows_done"])
         log.info("resuming %s at row %d of %d", path, done, len(corpus))
+        reserve_disk(path)  # a file of an earlier version may be sparse
     else:
-        embeddings = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(len(corpus), encoder.dim))
+        with naming_disk_full(path):
+            embeddings = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32,
+                                                   shape=(len(corpus), encoder.dim))
         done = 0
+        reserve_disk(path)
         write_json(state_path, identity | {"rows_done": 0})
     # several devices: calls big enough to keep each process busy (the pool cuts a call into chunks for them)
     step = max(_PROGRESS_STEP, 16 * encoder.config.batch_size * len(encoder.passage_devices))

@@ -23,6 +23,7 @@ from typing import Any
 from ..memory_release import release_freed_memory
 from ..mining.store import stable_hash
 from ..qa_sources import qa_set_sha256
+from ..writer_lock import WriterLock
 from . import steps
 from .config import STEPS, LoopJob
 from .manifest import LoopManifest, LoopManifestError, StepRecord
@@ -32,7 +33,10 @@ from .report import write_report
 from .service import LoopService
 from .splits import check_splits
 
-__all__ = ["run_loop"]
+__all__ = ["LOCK_FILE", "run_loop"]
+
+#: The loop folder's writer lock (`agentic_retriever.writer_lock`), held by the one run writing the folder.
+LOCK_FILE = "loop.lock"
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +223,9 @@ class _Loop:
 def run_loop(job: LoopJob, from_iteration: int | None = None, from_step: str | None = None) -> dict:
     """Run (or continue) the loop of `job`; returns the report (also written as ``loop_report.{md,json,png}``).
 
-    ``from_iteration`` and ``from_step`` force a redo of that step and everything after it (into new folders)."""
+    ``from_iteration`` and ``from_step`` force a redo of that step and everything after it (into new folders).
+    One loop per folder: the run holds ``loop.lock`` in it throughout, and a second run on the same folder is
+    refused with WriterLockedError naming the first one's pid (a requeued job beside the old one)."""
     loop = job.loop
     if loop.iterations < 1:
         raise ValueError(f"loop.iterations must be at least 1, got {loop.iterations}")
@@ -230,6 +236,14 @@ def run_loop(job: LoopJob, from_iteration: int | None = None, from_step: str | N
                          f"got {from_iteration} and {from_step!r}")
     if not job.agent_train.qa:
         raise ValueError("loop: the agent_train section must name the RL training questions (agent_train.qa)")
+    folder = Path(loop.out)
+    with WriterLock(folder / LOCK_FILE, f"the loop folder {folder}"):
+        return _run_loop(job, from_iteration, from_step)
+
+
+def _run_loop(job: LoopJob, from_iteration: int | None, from_step: str | None) -> dict:
+    """`run_loop` once its arguments are checked and this process is the loop folder's one writer."""
+    loop = job.loop
     state = _Loop(job)
     if from_step is not None:
         state.manifest.force(from_iteration, from_step)

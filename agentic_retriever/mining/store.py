@@ -24,7 +24,6 @@ One process owns a store folder at a time (an advisory lock says so); mining sha
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
@@ -33,7 +32,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Self
 
-from ..jsonl import DataFormatError, atomic_write, json_error_text
+from ..jsonl import DataFormatError, append_whole, atomic_write, json_error_text
+from ..writer_lock import WriterLock, WriterLockedError, lock_beside
 
 __all__ = ["StageStore", "StoreLockedError", "open_stores", "stable_hash"]
 
@@ -57,8 +57,8 @@ def _jsonable(obj: Any) -> Any:
     raise TypeError(f"cannot hash a {type(obj).__name__}")
 
 
-class StoreLockedError(RuntimeError):
-    """Another process is writing the same store."""
+class StoreLockedError(WriterLockedError):
+    """Another process is writing the same store (one mining run per folder; mining shards use separate folders)."""
 
 
 class StageStore:
@@ -67,17 +67,15 @@ class StageStore:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock = open(self.path.with_name(self.path.name + ".lock"), "w")  # noqa: SIM115 (held until close)
+        self._lock = WriterLock(lock_beside(self.path), f"the mining store {self.path}")
         try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            self._lock.close()
-            raise StoreLockedError(f"{self.path} is in use by another process (one mining run per folder; "
-                                   f"mining shards use separate folders)") from None
+            self._lock.acquire()
+        except WriterLockedError as error:
+            raise StoreLockedError(error.what, error.lock_path, error.holder) from None
         self._index: dict[str, tuple[int, int]] = {}
         self.path.touch()
         self._load_index()
-        self._append = open(self.path, "ab")  # noqa: SIM115 (held until close)
+        self._append = open(self.path, "ab", buffering=0)  # noqa: SIM115 (held until close)
         self._read = open(self.path, "rb")  # noqa: SIM115
         self._end = self.path.stat().st_size
 
@@ -138,9 +136,7 @@ class StageStore:
             keys.append(key)
         if not lines:
             return 0
-        self._append.write(b"".join(lines))
-        self._append.flush()
-        os.fsync(self._append.fileno())
+        append_whole(self._append, b"".join(lines), self.path)
         for key, line in zip(keys, lines):
             self._index[key] = (self._end, len(line))
             self._end += len(line)
@@ -158,7 +154,7 @@ class StageStore:
                 handle.write((json.dumps({"key": key, "value": value}, ensure_ascii=False) + "\n").encode("utf-8"))
         self._index = {}
         self._load_index()
-        self._append = open(self.path, "ab")  # noqa: SIM115
+        self._append = open(self.path, "ab", buffering=0)  # noqa: SIM115
         self._read = open(self.path, "rb")  # noqa: SIM115
         self._end = self.path.stat().st_size
         return dropped
@@ -166,8 +162,7 @@ class StageStore:
     def close(self) -> None:
         for handle in (self._append, self._read):
             handle.close()
-        fcntl.flock(self._lock, fcntl.LOCK_UN)
-        self._lock.close()
+        self._lock.release()
 
     def __enter__(self) -> Self:
         return self

@@ -9,9 +9,11 @@ Beside the weights it holds:
   and agent read and apply (``Q [SEP] q`` for an Agentic-R retriever);
 * ``README.md``, a model card: base model, data statistics, training settings, how to compose queries;
 * ``train_manifest.json`` (everything about the run, with the held-out ``selection``: metric, pool, the
-  score per checkpoint and which was kept, ``base`` or ``epoch-k``) and the training curves.
+  score per checkpoint and which was kept, ``base`` or ``epoch-k``; written last, with the size of every other
+  file, so `read_whole_export` can check a folder before it is reused) and the training curves.
 
-The folder is written to a temporary sibling and renamed, so it is complete or absent. `retriever train` writes
+The folder is written to a temporary sibling and renamed in (the old one renamed aside first, then removed:
+`jsonl.replace_folder`), so it is whole or absent, and one process writes it at a time (``OUT.lock``). `retriever train` writes
 it at the end of training; `retriever export` (`export_checkpoint`) writes it from any checkpoint of a run and,
 with ``push_to_hub``, then uploads the folder as it is to a Hugging Face Hub model repository (network needed).
 """
@@ -29,9 +31,10 @@ from pathlib import Path
 
 from ..encoder import SEPARATOR, SETTINGS_FILE, Encoder, EncoderConfig, EncoderSettings, save_model_settings
 from ..jsonl import read_json, replace_folder, write_json
+from ..writer_lock import WriterLock, lock_beside
 
 __all__ = ["MANIFEST_FILE", "RetrieverExportConfig", "export_checkpoint", "model_card", "push_folder_to_hub",
-           "save_trained_encoder"]
+           "read_whole_export", "save_trained_encoder"]
 
 MANIFEST_FILE = "train_manifest.json"
 
@@ -53,11 +56,38 @@ def save_trained_encoder(model, settings: EncoderSettings, out: str | Path, mani
                                                        ("document", settings.passage_prefix)) if prefix}
     model.save(str(tmp), create_model_card=False)
     save_model_settings(tmp, settings)
-    write_json(tmp / MANIFEST_FILE, manifest)
     (tmp / "README.md").write_text(model_card(settings, manifest, model_id), encoding="utf-8")
     if extras is not None:
         extras(tmp)
+    files = {str(path.relative_to(tmp)): path.stat().st_size for path in sorted(tmp.rglob("*")) if path.is_file()}
+    write_json(tmp / MANIFEST_FILE, manifest | {"files": files})  # last: it lists what the folder holds
     return replace_folder(tmp, out)
+
+
+def read_whole_export(out: str | Path) -> dict | None:
+    """The manifest of the exported folder `out` when the folder holds every file its manifest lists, at the
+    recorded size; None when it has no readable manifest or lacks a file (an export predating the file list is
+    checked for its weights and settings). A folder reused as finished is checked, not trusted."""
+    out = Path(out)
+    try:
+        manifest = read_json(out / MANIFEST_FILE)
+    except (OSError, ValueError):
+        return None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict):
+        files = None
+        needed = [SETTINGS_FILE, "modules.json"]
+        if not any((out / name).is_file() for name in ("model.safetensors", "pytorch_model.bin")):
+            return None
+    else:
+        needed = list(files)
+    for name in needed:
+        path = out / name
+        if not path.is_file() or files is not None and path.stat().st_size != files[name]:
+            log.warning("%s is not a whole exported retriever: %s is missing or has another size than its manifest "
+                        "records", out, name)
+            return None
+    return manifest
 
 
 @dataclass
@@ -102,8 +132,9 @@ def export_checkpoint(config: RetrieverExportConfig) -> Path:
     manifest = {"exported_from": str(checkpoint.resolve()), "base_model": config.encoder.model,
                 "encoder_settings": dataclasses.asdict(settings), "updates": state.get("global_step"),
                 "log_history": state.get("log_history", [])}
-    out = save_trained_encoder(SentenceTransformer(str(checkpoint), device="cpu"), settings, config.out, manifest,
-                               model_id=config.push_to_hub)
+    with WriterLock(lock_beside(config.out), f"the retriever output {config.out}"):
+        out = save_trained_encoder(SentenceTransformer(str(checkpoint), device="cpu"), settings, config.out,
+                                   manifest, model_id=config.push_to_hub)
     if config.push_to_hub:
         token = os.environ.get(config.hub_token_env) if config.hub_token_env else None
         push_folder_to_hub(out, config.push_to_hub, private=config.private, token=token or None)

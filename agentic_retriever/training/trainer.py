@@ -38,12 +38,12 @@ from sentence_transformers import SentenceTransformerTrainer
 
 from ..corpus import Corpus
 from ..encoder import Encoder
-from ..jsonl import read_json
 from ..precision import resolve
+from ..writer_lock import WriterLock, lock_beside
 from .config import RetrieverTrainConfig
 from ..curves import hf_reporting, resolve_report_to, train_resuming, write_training_curves
 from .data import TrainingExample, read_training_examples
-from .export import MANIFEST_FILE, save_trained_encoder
+from .export import read_whole_export, save_trained_encoder
 from .schedule import warmup_linear_schedule
 
 __all__ = ["RetrieverTrainConfig", "examples_dataset", "train_retriever"]
@@ -107,15 +107,25 @@ def train_retriever(config: RetrieverTrainConfig) -> Path:
     ``OUT.checkpoints/`` every `save_steps` updates and a rerun after a kill resumes from the last one, on the
     same schedule. With `select_on`, the base and every epoch are scored on the held-out questions and the
     best is exported (the base weights unchanged when it wins; `checkpoint_selection`). The export is written to a
-    temporary sibling and renamed (only by the main process).
+    temporary sibling and renamed (only by the main process), and a finished folder is reused only when it holds
+    every file its manifest lists. Checkpoints count once marked whole (`hf_checkpoints`). The main process holds
+    ``OUT.lock`` throughout: a second run on the same output is refused with WriterLockedError.
     """
+    config.validate()
+    out = Path(config.out)
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun the main process holds the output's lock
+        return _train_retriever(config)
+    with WriterLock(lock_beside(out), f"the retriever output {out}"):
+        return _train_retriever(config)
+
+
+def _train_retriever(config: RetrieverTrainConfig) -> Path:
     import torch
     from sentence_transformers import SentenceTransformerTrainingArguments
     from sentence_transformers.base.sampler import BatchSamplers
 
     from .losses import build_loss
 
-    config.validate()
     report_to = resolve_report_to(config.report_to)
     started = time.perf_counter()
     encoder = Encoder(dataclasses.replace(config.encoder, precision="fp32", device="cpu"))
@@ -131,7 +141,8 @@ def train_retriever(config: RetrieverTrainConfig) -> Path:
         log.info("dropped %d exact duplicate examples of %s", counts["duplicates_removed"], config.data)
     out = Path(config.out)
     fingerprint = _fingerprint(config, examples)
-    if (out / MANIFEST_FILE).is_file() and read_json(out / MANIFEST_FILE).get("fingerprint") == fingerprint:
+    finished = read_whole_export(out)
+    if finished is not None and finished.get("fingerprint") == fingerprint:
         log.info("reusing the trained retriever in %s (same data and settings)", out)
         return out
 

@@ -58,7 +58,7 @@ def test_a_corrupt_line_names_the_file_and_line(tmp_path):
 
 
 def test_one_writer_per_store(tmp_path):
-    with StageStore(tmp_path / "s.jsonl"), pytest.raises(StoreLockedError, match="in use"):
+    with StageStore(tmp_path / "s.jsonl"), pytest.raises(StoreLockedError, match="being written by another process"):
         StageStore(tmp_path / "s.jsonl")
     StageStore(tmp_path / "s.jsonl").close()  # free again
 
