@@ -2,7 +2,7 @@
 that runs with a file-size limit as its full disk (portable: ``RLIMIT_FSIZE`` needs no mount and no root).
 
 A kill point is a function named ``module:Qualified.name``: its n-th call sends SIGKILL to the child itself, before
-the call, after it, or (for ``os:write``) after writing the first half of what it was given, so the file is left
+the call, after it, or (``when="part"``, for ``os:write``) after writing the first 40% of what it was given, so the file is left
 as a kill in the middle of the write leaves it. Nothing is raised: the process dies as a scheduler or the OOM
 killer would kill it, and what is on disk is what the next run finds.
 
@@ -40,12 +40,14 @@ def _install_kill(target, nth, when):
     calls = [0]
 
     def killing(*args, **kwargs):
+        if _fault.get("file") and not os.readlink(f"/proc/self/fd/{args[0]}").endswith(_fault["file"]):
+            return original(*args, **kwargs)  # os.write to another file than the one under test
         calls[0] += 1
         if calls[0] != nth:
             return original(*args, **kwargs)
-        if when == "half":  # os.write(fd, data): the first half reaches the file, then the process dies
+        if when == "part":  # os.write(fd, data): the first 40% reach the file (mid-record), then the process dies
             fd, data = args
-            original(fd, bytes(data)[: max(1, len(data) // 2)])
+            original(fd, bytes(data)[: len(data) * 2 // 5 + 1])
         elif when == "after":
             original(*args, **kwargs)
         sys.stderr.flush()
@@ -64,14 +66,35 @@ if _fault.get("kill_at"):
 
 
 def run_child(code: str, kill_at: str | None = None, nth: int = 1, when: str = "before",
-              fsize: int | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+              file: str = "", fsize: int | None = None, tmpfs: tuple[Path, int] | None = None,
+              timeout: float = 300) -> subprocess.CompletedProcess:
     """Run `code` (Python, dedented) in a child process with the fault given, from the repository root; returns
-    the finished process (``returncode == -9`` when the kill point was reached)."""
-    fault = {"kill_at": kill_at, "nth": nth, "when": when, "fsize": fsize}
+    the finished process (``returncode == -9`` when the kill point was reached). With `file`, only calls whose first
+    argument is a descriptor of a file whose path ends so count (``os:write`` to the file under test). `tmpfs` (folder, bytes) mounts a
+    filesystem of that size on the folder for the child alone (a user and mount namespace: `small_disk_available`),
+    a disk that really fills."""
+    fault = {"kill_at": kill_at, "nth": nth, "when": when, "file": file, "fsize": fsize}
     script = _PRELUDE.replace("__FAULT__", repr(fault)) + "\n" + textwrap.dedent(code)
     env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    return subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    command = [sys.executable, "-c", script]
+    if tmpfs is not None:
+        folder, size = tmpfs
+        command = [*_SMALL_DISK, f'mount -t tmpfs -o size={size} tmpfs "$0" && exec "$@"', str(folder), *command]
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+_SMALL_DISK = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c"]
+
+
+def small_disk_available(folder: Path) -> bool:
+    """Whether this machine lets a process mount a small tmpfs in a namespace of its own (no root needed where
+    unprivileged user namespaces are allowed)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        return subprocess.run([*_SMALL_DISK, 'mount -t tmpfs -o size=4096 tmpfs "$0"', str(folder)],
+                              capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 def killed(process: subprocess.CompletedProcess) -> bool:
