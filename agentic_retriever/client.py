@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -33,6 +34,18 @@ log = logging.getLogger(__name__)
 
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 _MAX_RETRY_AFTER_S = 30.0
+
+#: A retrieval service's API key: the environment variable servers and clients read it from, and the header it
+#: travels in (`agentic_retriever.server.gate`).
+API_KEY_ENV = "AGENTIC_RETRIEVER_API_KEY"
+API_KEY_HEADER = "X-API-Key"
+
+
+def api_key_headers(api_key: str | None = None) -> dict[str, str]:
+    """The headers that carry a service's API key: `api_key` (None: ``$AGENTIC_RETRIEVER_API_KEY``), none when
+    that is empty."""
+    api_key = os.environ.get(API_KEY_ENV, "") if api_key is None else api_key
+    return {API_KEY_HEADER: api_key} if api_key else {}
 
 
 @runtime_checkable
@@ -113,11 +126,12 @@ class HttpRetrievalClient:
     `url` is the service's base address (``http://host:port``) or its ``/retrieve`` endpoint. Query lists
     longer than `batch_size` go out as several requests. Connection errors, timeouts, 5xx and 429 are
     retried `max_retries` times, waiting ``backoff * 2**attempt`` seconds (or the server's Retry-After);
-    any other 4xx raises `RetrievalServiceError` at once with the server's message.
+    any other 4xx raises `RetrievalServiceError` at once with the server's message. `api_key` (None:
+    ``$AGENTIC_RETRIEVER_API_KEY``; empty: none) is sent as the header ``X-API-Key`` with every request.
     """
 
     def __init__(self, url: str, timeout: float = 30.0, max_retries: int = 3, backoff: float = 0.5,
-                 batch_size: int = 64, transport: httpx.BaseTransport | None = None):
+                 batch_size: int = 64, transport: httpx.BaseTransport | None = None, api_key: str | None = None):
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         if max_retries < 0:
@@ -127,7 +141,7 @@ class HttpRetrievalClient:
             base = base[: -len("/retrieve")]
         self.base_url = base
         self.max_retries, self.backoff, self.batch_size = max_retries, backoff, batch_size
-        self._http = httpx.Client(timeout=timeout, transport=transport)
+        self._http = httpx.Client(timeout=timeout, transport=transport, headers=api_key_headers(api_key))
 
     # protocol ----------------------------------------------------------------------------------
 

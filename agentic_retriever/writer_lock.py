@@ -56,15 +56,19 @@ class WriterLock:
 
     def acquire(self) -> WriterLock:
         self.lock_path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as error:
-            holder = _read_holder(fd)
-            os.close(fd)
-            if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise WriterLockedError(self.what, self.lock_path, holder) from None
-            raise OSError(error.errno, f"cannot lock {self.lock_path} for {self.what}: {error.strerror}") from None
+        while True:
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as error:
+                holder = _read_holder(fd)
+                os.close(fd)
+                if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise WriterLockedError(self.what, self.lock_path, holder) from None
+                raise OSError(error.errno, f"cannot lock {self.lock_path} for {self.what}: {error.strerror}") from None
+            if _same_file(fd, self.lock_path):
+                break
+            os.close(fd)  # its holder removed the file (`remove`) after this opened it: lock the new one
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
                   .encode(), 0)
@@ -77,6 +81,13 @@ class WriterLock:
             os.close(self._fd)
             self._fd = None
 
+    def remove(self) -> None:
+        """Remove the lock file, then let go (for an artifact that is gone once its writer is done: a writer that
+        opened the file meanwhile sees it removed and locks a new one)."""
+        if self._fd is not None:
+            self.lock_path.unlink(missing_ok=True)
+        self.release()
+
     @property
     def held(self) -> bool:
         return self._fd is not None
@@ -86,6 +97,13 @@ class WriterLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
 
 
 def _read_holder(fd: int) -> str:

@@ -120,7 +120,8 @@ def build_dense_index(corpus: Corpus, encoder: Encoder, out_dir: str | Path, par
     `drop_rows` (ascending corpus rows) are left out of the index; the corpus is still encoded whole (the
     embeddings file stays shareable between indexes) and ``rows.npy`` maps index positions to corpus rows.
     ``index.faiss`` and ``rows.npy`` are written into a new generation folder and committed with the manifest
-    (`generations`): the folder opens as the old index until the new one is complete."""
+    (`generations`): the folder opens as the old index until the new one is complete. One build at a time writes
+    an embeddings file (``NAME.npy.lock`` beside it): a second is refused with WriterLockedError."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -129,29 +130,33 @@ def build_dense_index(corpus: Corpus, encoder: Encoder, out_dir: str | Path, par
     half = half_precision(encoder.weights_dtype)
     embeddings_path = (Path(params.embeddings_dir or out)
                        / f"embeddings-{corpus.sha256[:12]}-{encoder.settings.fingerprint[:12]}{half and '-' + half}.npy")
-    try:
-        with WriterLock(lock_beside(embeddings_path), f"the passage embeddings {embeddings_path}"):
+    lock = WriterLock(lock_beside(embeddings_path), f"the passage embeddings {embeddings_path}").acquire()
+    try:  # the embeddings' one writer until they are in the index (and removed, unless kept)
+        try:
             embeddings = _encode_resumable(corpus, encoder, embeddings_path, chunk)
+        finally:
+            encoder.close()  # several devices: their processes end with the encoding
+        keep, rows = kept_rows(corpus, drop_rows)
+        faiss = import_faiss()
+        index = fill_faiss_index(params, embeddings, chunk, keep)
+        with NewGeneration(out) as generation:
+            faiss.write_index(index, str(generation.path / FAISS_FILE))
+            write_row_map(generation.path, keep)
+            manifest = IndexManifest(
+                backend="dense", index_type=params.type, rows=rows, corpus_path=str(corpus.source),
+                corpus_sha256=corpus.sha256, params=dataclasses.asdict(params),
+                encoder=dataclasses.asdict(encoder.settings) | {"config": portable_config(encoder),
+                                                                "dtype": encoder.weights_dtype}, dim=encoder.dim,
+                build_seconds=round(time.perf_counter() - started, 2), empty_passages=empty_passages,
+            )
+            generation.commit(manifest)
+        del embeddings
+        if not params.keep_embeddings:
+            embeddings_path.unlink(missing_ok=True)
+            _state_path(embeddings_path).unlink(missing_ok=True)
+            lock.remove()
     finally:
-        encoder.close()  # several devices: their processes end with the encoding
-    keep, rows = kept_rows(corpus, drop_rows)
-    faiss = import_faiss()
-    index = fill_faiss_index(params, embeddings, chunk, keep)
-    with NewGeneration(out) as generation:
-        faiss.write_index(index, str(generation.path / FAISS_FILE))
-        write_row_map(generation.path, keep)
-        manifest = IndexManifest(
-            backend="dense", index_type=params.type, rows=rows, corpus_path=str(corpus.source),
-            corpus_sha256=corpus.sha256, params=dataclasses.asdict(params),
-            encoder=dataclasses.asdict(encoder.settings) | {"config": portable_config(encoder),
-                                                            "dtype": encoder.weights_dtype}, dim=encoder.dim,
-            build_seconds=round(time.perf_counter() - started, 2), empty_passages=empty_passages,
-        )
-        generation.commit(manifest)
-    del embeddings
-    if not params.keep_embeddings:  # a concurrent build of the same corpus and encoder may have removed them
-        embeddings_path.unlink(missing_ok=True)
-        _state_path(embeddings_path).unlink(missing_ok=True)
+        lock.release()
     return manifest
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from ..client import API_KEY_ENV
 from ..sessions import log_tail, start_session, stop_session
 
 try:
@@ -56,10 +57,12 @@ class ProcessActor:
         self.stopped = False
         self.lock = threading.Lock()
 
-    def start(self, command: list[str], log_path: str, cwd: str) -> dict:
-        """Start `command`; returns where it runs (node id and address, the GPU ids it sees, its pid)."""
+    def start(self, command: list[str], log_path: str, cwd: str, forwarded: dict[str, str] | None = None) -> dict:
+        """Start `command` with this node's environment plus `forwarded` (the driver's variables the loop's
+        processes need wherever they run: `forwarded_environment`); returns where it runs (node id and address,
+        the GPU ids it sees, its pid)."""
         gpus = ",".join(str(g) for g in ray.get_gpu_ids())
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus}
+        env = {**os.environ, **(forwarded or {}), "CUDA_VISIBLE_DEVICES": gpus}
         with self.lock:
             if self.stopped:
                 raise RuntimeError(f"stopped before it started: {shlex.join(command)}")
@@ -82,6 +85,15 @@ class ProcessActor:
             return None
         stop_session(process, grace_s)
         return process.returncode
+
+
+#: Variables of the loop's process that its processes on other nodes need too: the retrieval service's API key.
+FORWARDED_VARIABLES = (API_KEY_ENV,)
+
+
+def forwarded_environment() -> dict[str, str]:
+    """This process's values of `FORWARDED_VARIABLES` that are set, for the processes Ray starts elsewhere."""
+    return {name: os.environ[name] for name in FORWARDED_VARIABLES if os.environ.get(name)}
 
 
 def connect(address: str) -> None:
@@ -171,7 +183,7 @@ def run_on_ray(commands: Sequence[Sequence[str]], gpus: float, cpus: float, log_
     for path in logs:
         path.parent.mkdir(parents=True, exist_ok=True)
     actors = [_actor(gpus, cpus) for _ in commands]
-    starts = {actor.start.remote(list(map(str, command)), str(path), os.getcwd()): k
+    starts = {actor.start.remote(list(map(str, command)), str(path), os.getcwd(), forwarded_environment()): k
               for k, (actor, command, path) in enumerate(zip(actors, commands, logs))}
     waits: dict = {}
     places: list[dict] = [{} for _ in commands]
@@ -220,7 +232,8 @@ class RayServer:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         actor = _actor(gpus, cpus)
         try:
-            place = _get(actor.start.remote(list(map(str, command)), str(log_path), os.getcwd()), timeout_s)
+            place = _get(actor.start.remote(list(map(str, command)), str(log_path), os.getcwd(),
+                                            forwarded_environment()), timeout_s)
         except ray.exceptions.GetTimeoutError:
             ray.kill(actor)
             raise TimeoutError(f"{what}: no node of the Ray cluster had {gpus:g} free GPUs and {cpus:g} CPUs within "

@@ -254,7 +254,8 @@ def _run_loop(job: LoopJob, from_iteration: int | None, from_step: str | None) -
     with signals_stop_children(), StepServices(specs, state.folder / "services", ray) as services:
         state.services = services
         state.inputs()
-        with LoopService(loop.service, loop.base_index, for_cluster=ray is not None) as service:
+        with LoopService(loop.service, loop.base_index, for_cluster=ray is not None,
+                         index_roots=[str(state.folder)]) as service:
             for i in range(1, loop.iterations + 1):
                 state.iteration(i, service)
             swaps = service.swaps

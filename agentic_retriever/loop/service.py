@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import os
 import secrets
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
 
-from ..client import RetrievalServiceError
+from ..client import API_KEY_ENV, RetrievalServiceError, api_key_headers
 from .config import LoopServiceConfig
 
 __all__ = ["LoopService"]
@@ -26,10 +27,15 @@ class LoopService:
     """A served-here service (uvicorn thread on a loopback port, a fresh random admin token) when ``url`` is
     empty, else the service at ``url`` with the token in ``admin_token_env``."""
 
-    def __init__(self, settings: LoopServiceConfig, first_index: str, for_cluster: bool = False):
+    def __init__(self, settings: LoopServiceConfig, first_index: str, for_cluster: bool = False,
+                 index_roots: Sequence[str] = ()):
         """`for_cluster`: shards on other nodes search it (``loop.placement: ray``), so a served-here service binds
-        an address they reach and hands out this node's address, never a loopback one."""
+        an address they reach and hands out this node's address, never a loopback one; off loopback it takes an
+        API key (``$AGENTIC_RETRIEVER_API_KEY``, or a fresh random one put there), which this process's children
+        inherit and Ray's shards are handed (`forwarded_environment`). `index_roots`: the folders its swaps may
+        open (besides `first_index`'s parent)."""
         self.settings, self.first_index, self.for_cluster = settings, first_index, for_cluster
+        self.index_roots = [os.path.dirname(os.path.abspath(first_index)), *map(os.path.abspath, index_roots)]
         self.url = settings.url.rstrip("/").removesuffix("/retrieve")
         self._thread = None
         self.token = os.environ.get(settings.admin_token_env, "") if settings.url else secrets.token_urlsafe(32)
@@ -44,13 +50,19 @@ class LoopService:
             return self
         from ..index import open_index
         from ..server import ServerThread, create_app
+        from ..server.gate import is_loopback
 
         if self.for_cluster and self.settings.host in _LOOPBACK:
             raise ValueError(f"loop.placement ray: shards on other nodes cannot reach the loop's service at "
                              f"loop.service.host {self.settings.host}; set it to 0.0.0.0 (every interface, the "
                              "URL handed out is this node's address) or to an address of this node they reach")
+        loopback = is_loopback(self.settings.host)
+        if not loopback and not os.environ.get(API_KEY_ENV):
+            os.environ[API_KEY_ENV] = secrets.token_urlsafe(32)  # inherited by every process the loop starts
         index = open_index(self.first_index, gpu=self.settings.open_gpu)
-        app = create_app(index, admin_token=self.token, index_gpu=self.settings.open_gpu)
+        app = create_app(index, admin_token=self.token, index_gpu=self.settings.open_gpu,
+                         api_key=None if loopback else os.environ[API_KEY_ENV], loopback_only_hosts=loopback,
+                         index_roots=self.index_roots)
         self._thread = ServerThread(app, host=self.settings.host, port=self.settings.port)
         self.url = self._thread.start()
         if self.for_cluster and self.settings.host == "0.0.0.0":
@@ -70,7 +82,8 @@ class LoopService:
     def serving(self) -> str:
         """The index folder the service holds now (its ``/health``)."""
         try:
-            health = httpx.get(f"{self.url}/health", timeout=30.0).json()
+            health = httpx.get(f"{self.url}/health", timeout=30.0,  # as admin: the folder in full
+                               headers={"Authorization": f"Bearer {self.token}", **api_key_headers()}).json()
         except httpx.HTTPError as error:
             raise RetrievalServiceError(f"{self.url}/health could not be read ({error})", url=self.url) from None
         return health.get("index_dir") or ""

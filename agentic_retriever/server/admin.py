@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import httpx
 
-from ..client import RetrievalServiceError, _error_message
+from ..client import RetrievalServiceError, _error_message, api_key_headers
 
 __all__ = ["swap_index"]
 
@@ -23,13 +23,14 @@ def swap_index(url: str, index_dir: str, token: str, timeout_s: float = 600.0) -
     dim, corpus_sha256, ...), ``generation`` and ``load_s``. Waits up to `timeout_s` for the load (a big index
     takes minutes). Not retried: raises `RetrievalServiceError` with the server's message on any refusal (401 a
     missing or wrong token, 403 admin off, 409 another swap loading, 422 a bad folder; the old index is still
-    served) and when the service cannot be reached.
+    served) and when the service cannot be reached. The service's API key, if it has one, is read from
+    ``$AGENTIC_RETRIEVER_API_KEY``.
     """
     base = url.rstrip("/").removesuffix("/retrieve")
     endpoint = f"{base}/admin/swap-index"
     try:
-        response = httpx.post(endpoint, json={"index": str(index_dir)}, headers={"Authorization": f"Bearer {token}"},
-                              timeout=timeout_s)
+        response = httpx.post(endpoint, json={"index": str(index_dir)}, timeout=timeout_s,
+                              headers={"Authorization": f"Bearer {token}", **api_key_headers()})
     except httpx.TransportError as error:
         raise RetrievalServiceError(f"{endpoint} could not be reached ({type(error).__name__}: {error}); the swap to "
                                     f"{index_dir} may or may not have happened: see {base}/health", url=endpoint)

@@ -18,10 +18,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 from fastapi import FastAPI, Request
@@ -34,10 +35,10 @@ from .auth import admin_refusal, resolve_admin_token
 from .batcher import RequestTimeout, _Batcher
 from .body_limit import BodySizeLimit
 from .endpoint import Reply, RetrieveEndpoint
+from .gate import Gate, check_exposure, is_loopback, resolve_api_key
 from .schema import (
-    DEFAULT_MAX_BATCH_MS, DEFAULT_MAX_QUERIES_PER_REQUEST, DEFAULT_MAX_QUERY_CHARS, DEFAULT_MAX_REQUEST_BYTES,
-    DEFAULT_MAX_WAIT_MS,
-    DEFAULT_REQUEST_TIMEOUT_S, RENDER_PIECE_ROWS, RetrieveRequest, SwapRequest,
+    DEFAULT_MAX_BATCH_MS, DEFAULT_MAX_PASSAGES_PER_REQUEST, DEFAULT_MAX_QUERIES_PER_REQUEST, DEFAULT_MAX_QUERY_CHARS,
+    DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_WAIT_MS, DEFAULT_REQUEST_TIMEOUT_S, RENDER_PIECE_ROWS, RetrieveRequest, SwapRequest,
     _readable_errors, _render, limit_violation, render_answer,
 )
 from .slot import IndexSlot, SwapRefused
@@ -104,7 +105,9 @@ def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: fl
                request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S,
                admin_token: str | None = None,
                max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-               max_batch_ms: float = DEFAULT_MAX_BATCH_MS, index_gpu: str | None = None) -> ServiceApp:
+               max_batch_ms: float = DEFAULT_MAX_BATCH_MS, index_gpu: str | None = None,
+               max_passages_per_request: int = DEFAULT_MAX_PASSAGES_PER_REQUEST, api_key: str | None = None,
+               loopback_only_hosts: bool = False, index_roots: Sequence[str] | None = None) -> ServiceApp:
     """The FastAPI application serving `index` (see the `agentic_retriever.server` docstring for the API).
 
     `max_batch_queries` bounds one batch, and so the chunks a big request is searched in; `max_batch_ms` > 0 bounds
@@ -115,17 +118,25 @@ def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: fl
     latency to a lone client). A request whose body is larger than `max_request_bytes` gets a 413 before it is
     parsed (a ``Content-Length`` over it at once, a chunked body as soon as it passes it); one with more
     than `max_queries_per_request` queries, or a query, question or history longer than `max_query_chars`
-    characters, gets a 413; one not answered within `request_timeout_s` seconds (None or 0: no limit) gets a 504
+    characters, or asking for more than `max_passages_per_request` passages in all (queries x topk: what the
+    batcher holds for it), gets a 413; one not answered within `request_timeout_s` seconds (None or 0: no limit) gets a 504
     and the rest of it is not searched, and so does one whose client hangs up before its answer.
 
     `admin_token` (None or empty: ``$AGENTIC_RETRIEVER_ADMIN_TOKEN``; that empty too: admin endpoints off, 403)
     guards ``POST /admin/swap-index`` (`auth`). A swap opens the new folder in a worker thread while `index`
     keeps serving, then serves it to the requests arriving from then on; a second swap while one is loading gets
     a 409 (`slot`); it places the new index as `index_gpu` says (auto, on, off; None: as the folder's build
-    recorded), so give the placement `index` was opened with.
+    recorded), so give the placement `index` was opened with. A swap opens only folders below `index_roots`
+    (None: the folder of `index`'s parent), and its refusals name no path outside them.
+
+    In front of everything, `gate.Gate`: with `api_key` (None or empty: ``$AGENTIC_RETRIEVER_API_KEY``; that empty
+    too: no key) every path but ``GET /livez`` needs the header ``X-API-Key``; with `loopback_only_hosts` (what
+    `serve`, `running_server` and the loop's service set when they bind a loopback address) only requests
+    addressed to localhost are answered; POST bodies must be JSON. ``/health`` names the index folder in full to admin callers only (others get its name).
     """
     for name, value in (("max_batch_queries", max_batch_queries), ("max_queries_per_request", max_queries_per_request),
-                        ("max_query_chars", max_query_chars), ("max_request_bytes", max_request_bytes)):
+                        ("max_query_chars", max_query_chars), ("max_request_bytes", max_request_bytes),
+                        ("max_passages_per_request", max_passages_per_request)):
         if value < 1:
             raise ValueError(f"{name} must be at least 1, got {value}")
     for name, value in (("max_wait_ms", max_wait_ms), ("max_batch_ms", max_batch_ms)):
@@ -134,7 +145,7 @@ def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: fl
     if request_timeout_s is not None and request_timeout_s < 0:
         raise ValueError(f"request_timeout_s must be >= 0 (0: no limit), got {request_timeout_s}")
     timeout_s = request_timeout_s or None
-    slot = IndexSlot(index, index_gpu)
+    slot = IndexSlot(index, index_gpu, index_roots)
     batcher = _Batcher(slot, max_batch_queries, max_wait_ms / 1000.0, batching, timeout_s, max_batch_ms / 1000.0)
     token = resolve_admin_token(admin_token)
     started = time.time()
@@ -160,7 +171,8 @@ def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: fl
             return Reply(422, {"detail": _readable_errors(errors), "errors": errors})
         if not request.queries:
             return Reply(200, {"result": []}, {GENERATION_HEADER: str(slot.current.generation)})
-        if (problem := limit_violation(request, max_queries_per_request, max_query_chars)) is not None:
+        if (problem := limit_violation(request, max_queries_per_request, max_query_chars,
+                                       max_passages_per_request)) is not None:
             batcher.stats.rejected_requests += 1
             return Reply(413, {"detail": problem})
         batcher.stats.requests += 1
@@ -185,9 +197,11 @@ def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: fl
             return Reply(200, render_answer(results, request.return_scores), headers)
         return Reply(200, {"result": [_render(rows, request.return_scores) for rows in results]}, headers)
 
-    # the body's size is checked before anything reads it, /retrieve's too; then /retrieve, then FastAPI
-    app = ServiceApp(lambda fastapi: BodySizeLimit(RetrieveEndpoint(fastapi, answer=answer_retrieve),
-                                                   max_bytes=max_request_bytes, on_refused=count_refusal),
+    # who may call is decided on the headers (gate), the body's size before anything reads it, /retrieve's too;
+    # then /retrieve, then FastAPI
+    app = ServiceApp(lambda fastapi: Gate(BodySizeLimit(RetrieveEndpoint(fastapi, answer=answer_retrieve),
+                                                        max_bytes=max_request_bytes, on_refused=count_refusal),
+                                          resolve_api_key(api_key), loopback_only_hosts, on_refused=count_refusal),
                      title="agentic-retriever retrieval service", version="1",
                      description="Search-R1 compatible POST /retrieve, plus GET /health and POST /admin/swap-index",
                      lifespan=lifespan)
@@ -213,10 +227,13 @@ def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: fl
             return JSONResponse(status_code=refused.status_code, content={"detail": str(refused)})
 
     @app.get("/health")
-    async def health() -> dict:
+    async def health(request: Request) -> dict:
+        described = slot.current.describe()
+        if admin_refusal(request.headers.get("authorization"), token) is not None:  # the folder's name only
+            described["index_dir"] = os.path.basename(described["index_dir"] or "") or None
         return {
             "status": "ok",
-            **slot.current.describe(),
+            **described,
             "swap_loading": slot.loading,
             "admin": token is not None,
             "uptime_s": round(time.time() - started, 3),
@@ -228,6 +245,8 @@ def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: fl
             "max_queries_per_request": max_queries_per_request,
             "max_query_chars": max_query_chars,
             "max_request_bytes": max_request_bytes,
+            "max_passages_per_request": max_passages_per_request,
+            "api_key": resolve_api_key(api_key) is not None,
             "request_timeout_s": timeout_s,
             "stats": batcher.stats.as_dict(),
         }
@@ -251,18 +270,29 @@ def serve(index: SearchIndex, host: str = "127.0.0.1", port: int = 8000, max_bat
           max_query_chars: int = DEFAULT_MAX_QUERY_CHARS,
           request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S, admin_token: str | None = None,
           max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, max_batch_ms: float = DEFAULT_MAX_BATCH_MS,
-          access_log: bool = False, index_gpu: str | None = None) -> None:
+          access_log: bool = False, index_gpu: str | None = None,
+          max_passages_per_request: int = DEFAULT_MAX_PASSAGES_PER_REQUEST, api_key: str | None = None,
+          unauthenticated_network: bool = False, index_roots: Sequence[str] | None = None) -> None:
     """Serve `index` with uvicorn until interrupted (one process: the index lives in its memory; an admin
     token, given or from ``$AGENTIC_RETRIEVER_ADMIN_TOKEN``, turns on ``POST /admin/swap-index``). `access_log`:
     uvicorn's line per request (its formatting and write were 2.8% of the server's samples under 64 one-query
-    clients, taken from the encoder on the same cores; benchmarks/RESULTS.md)."""
+    clients, taken from the encoder on the same cores; benchmarks/RESULTS.md). A non-loopback `host` needs an API
+    key (given or ``$AGENTIC_RETRIEVER_API_KEY``) unless `unauthenticated_network` (`gate.check_exposure`); a
+    loopback one answers requests addressed to localhost only."""
     import uvicorn
 
+    api_key = resolve_api_key(api_key)
+    check_exposure(host, api_key, unauthenticated_network)
     app = create_app(index, max_batch_queries=max_batch_queries, max_wait_ms=max_wait_ms, batching=batching,
                      max_queries_per_request=max_queries_per_request, max_query_chars=max_query_chars,
                      request_timeout_s=request_timeout_s, admin_token=admin_token,
-                     max_request_bytes=max_request_bytes, max_batch_ms=max_batch_ms, index_gpu=index_gpu)
+                     max_request_bytes=max_request_bytes, max_batch_ms=max_batch_ms, index_gpu=index_gpu,
+                     max_passages_per_request=max_passages_per_request, api_key=api_key,
+                     loopback_only_hosts=is_loopback(host), index_roots=index_roots)
     log.info("serving %s", _describe(index))
+    log.info("callers: %s; %s", "an API key on every path but /livez (header X-API-Key)" if api_key else
+             "no API key (anyone who reaches the port)",
+             "requests addressed to localhost only" if is_loopback(host) else f"any Host header on {host}")
     log.info("retrieval service on http://%s:%d/retrieve (health: /health); micro-batching %s; limits: %d bytes "
              "per request body, %d queries per request, %d characters per query, %s per request", host, port,
              f"on (up to {max_batch_queries} queries" + (f" and {max_batch_ms:g} ms" if max_batch_ms else "")
@@ -323,5 +353,5 @@ class ServerThread:
 def running_server(index: SearchIndex, **options) -> Iterator[str]:
     """`create_app(index, **options)` served on a free loopback port for the duration of the block (`options`
     include ``admin_token``)."""
-    with ServerThread(create_app(index, **options)) as url:
+    with ServerThread(create_app(index, **{"loopback_only_hosts": True, **options})) as url:
         yield url

@@ -7,9 +7,8 @@ from typing import ClassVar, Literal
 
 from ..client import RetrievalConfig
 from .schema import (
-    DEFAULT_MAX_BATCH_MS, DEFAULT_MAX_QUERIES_PER_REQUEST, DEFAULT_MAX_QUERY_CHARS, DEFAULT_MAX_REQUEST_BYTES,
-    DEFAULT_MAX_WAIT_MS,
-    DEFAULT_REQUEST_TIMEOUT_S,
+    DEFAULT_MAX_BATCH_MS, DEFAULT_MAX_PASSAGES_PER_REQUEST, DEFAULT_MAX_QUERIES_PER_REQUEST, DEFAULT_MAX_QUERY_CHARS,
+    DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_WAIT_MS, DEFAULT_REQUEST_TIMEOUT_S,
 )
 
 __all__ = ["IndexSwapConfig", "ServeConfig"]
@@ -40,12 +39,25 @@ class ServeConfig:
         "help": "most bytes in one request body, refused (413) before it is parsed: a Content-Length above it at "
                 "once, a chunked body as soon as it passes it (the default lets a request at the query and "
                 "character limits through)"})
+    max_passages_per_request: int = field(default=DEFAULT_MAX_PASSAGES_PER_REQUEST, metadata={
+        "help": "most passages one request may ask for in all, queries x topk (more: 413, before any search)"})
     request_timeout_s: float = field(default=DEFAULT_REQUEST_TIMEOUT_S, metadata={
         "help": "longest time one request may take, queueing included (longer: 504); 0: no limit"})
     admin_token: str = field(default="", metadata={
         "help": "token of the admin endpoints (POST /admin/swap-index, header 'Authorization: Bearer TOKEN'); empty: "
                 "the environment variable AGENTIC_RETRIEVER_ADMIN_TOKEN, and when that is empty too, admin endpoints "
                 "are off (prefer the variable: a flag shows in the process list)"})
+    api_key: str = field(default="", metadata={
+        "help": "key every caller must send as the header 'X-API-Key: KEY' (all paths but GET /livez); empty: the "
+                "environment variable AGENTIC_RETRIEVER_API_KEY, and when that is empty too, no key (allowed on a "
+                "loopback address only, unless unauthenticated_network; prefer the variable: a flag shows in the "
+                "process list)"})
+    unauthenticated_network: bool = field(default=False, metadata={
+        "help": "serve a non-loopback address without an API key: anyone who reaches the port can search the "
+                "index and read the corpus (off: such a start is refused)"})
+    index_roots: list[str] = field(default_factory=list, metadata={
+        "help": "folders below which POST /admin/swap-index may open an index (empty: the parent folder of the "
+                "served index)"})
     gpu: Literal["auto", "on", "off"] = field(default="auto", metadata={"help": "FAISS on GPUs (dense indexes)"})
     access_log: bool = field(default=False, metadata={
         "help": "log a line per request (uvicorn's access log); off by default: RL rollouts send hundreds of "

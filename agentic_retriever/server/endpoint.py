@@ -47,7 +47,7 @@ class RetrieveEndpoint:
         self.answer = answer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or _route_path(scope) != PATH:
+        if scope["type"] != "http" or route_path(scope) != PATH:
             await self.app(scope, receive, send)
             return
         if scope["method"] != "POST":
@@ -58,7 +58,7 @@ class RetrieveEndpoint:
             await send_reply(send, await self.answer(body, receive))
 
 
-def _route_path(scope: Scope) -> str:
+def route_path(scope: Scope) -> str:
     """The request's path as FastAPI's router matches it: without the ``root_path`` a proxy mounts the app under."""
     path, root = scope["path"], scope.get("root_path", "")
     return path[len(root):] if root and path.startswith(root) else path

@@ -20,6 +20,10 @@ DEFAULT_TOPK = 3
 DEFAULT_MAX_QUERIES_PER_REQUEST = 10_000
 DEFAULT_MAX_QUERY_CHARS = 4096
 DEFAULT_REQUEST_TIMEOUT_S = 120.0
+#: Passages one request may ask for in all (queries x topk): what the batcher and the answer hold for it. A request of
+#: 10,000 queries x topk 1,000 (10^7 passages) grew a server to 16.7 GB in two minutes; 100,000 passages (10,000
+#: queries x 10, a Search-R1 evaluation batch of 512 x 3 is 1,536) are about 170 MB.
+DEFAULT_MAX_PASSAGES_PER_REQUEST = 100_000
 #: Bytes in one request body, refused (413) before it is parsed. A request at the two limits above holds 10,000
 #: queries of 4,096 characters: 41 MB of JSON in ASCII. 128 MiB (134 MB) lets it through with a question as long
 #: beside each query (82 MB), or with every character of its queries a 3-byte UTF-8 one (123 MB), and refuses a
@@ -64,15 +68,20 @@ class SwapRequest(BaseModel):
     index: str = Field(min_length=1)
 
 
-def limit_violation(request: RetrieveRequest, max_queries: int, max_chars: int) -> str | None:
+def limit_violation(request: RetrieveRequest, max_queries: int, max_chars: int,
+                    max_passages: int = DEFAULT_MAX_PASSAGES_PER_REQUEST) -> str | None:
     """Why `request` is too large to serve (the 413 message, naming the limit and its setting), or None.
 
-    At most `max_queries` queries; each query and each question at most `max_chars` characters, and each
-    query's history (all its entries together) too: the encoder tokenizes all of it before truncating, so a
-    huge string costs every request batched with it."""
+    At most `max_queries` queries and `max_passages` passages in all (queries x topk); each query and each
+    question at most `max_chars` characters, and each query's history (all its entries together) too: the encoder
+    tokenizes all of it before truncating, so a huge string costs every request batched with it."""
     if len(request.queries) > max_queries:
         return (f"too many queries in one request: {len(request.queries)}, the limit is {max_queries} "
                 f"(server setting max_queries_per_request, --max-queries-per-request); send them in several requests")
+    if (asked := len(request.queries) * request.topk) > max_passages:
+        return (f"too many passages asked for in one request: {len(request.queries)} queries x topk "
+                f"{request.topk} = {asked}, the limit is {max_passages} (server setting max_passages_per_request, "
+                f"--max-passages-per-request); send fewer queries per request or a smaller topk")
     for name, values in (("queries", request.queries), ("questions", request.questions or ())):
         for i, value in enumerate(values):
             if value is not None and len(value) > max_chars:

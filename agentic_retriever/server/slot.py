@@ -15,6 +15,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..index import open_index
@@ -64,11 +65,16 @@ class SwapRefused(Exception):
 class IndexSlot:
     """Holds the served index; `swap` replaces it atomically (see the module docstring). `index_gpu` (auto, on,
     off; None: as each folder's build recorded) is where every index a swap opens is searched (`open_index`'s
-    `gpu`), so a service started with its index in host memory keeps it there across swaps."""
+    `gpu`), so a service started with its index in host memory keeps it there across swaps. A swap opens only
+    folders below `index_roots` (None: the parent folder of `index`'s own; symbolic links resolved), and a refusal
+    of any other folder (403) says nothing of what is there."""
 
-    def __init__(self, index: SearchIndex, index_gpu: str | None = None):
+    def __init__(self, index: SearchIndex, index_gpu: str | None = None, index_roots: Sequence[str] | None = None):
         self.current = ServedIndex(index, 0, index.index_dir)
         self.index_gpu = index_gpu
+        if index_roots is None:
+            index_roots = [os.path.dirname(os.path.abspath(index.index_dir))] if index.index_dir else []
+        self.index_roots = [os.path.realpath(root) for root in index_roots]
         self._loading: str | None = None
 
     @property
@@ -79,11 +85,16 @@ class IndexSlot:
     async def swap(self, index_dir: str) -> dict:
         """Open `index_dir` in a worker thread and serve it from now on; returns what changed (previous and new
         folder, generation, size, dim, composition, corpus hashes, load seconds). Raises `SwapRefused`: 409
-        while another swap is loading, 422 for a folder that is missing, not an index, or fails to open."""
+        while another swap is loading, 403 for a folder outside `index_roots`, 422 for one below them that is
+        missing, not an index, or fails to open."""
         if self._loading is not None:
             raise SwapRefused(409, f"a swap to {self._loading} is loading; the service keeps serving generation "
                                    f"{self.current.generation} ({self.current.index_dir}); retry when it has finished")
         folder = os.path.abspath(index_dir)  # relative paths: the server's working directory
+        if not self._below_a_root(folder):
+            raise SwapRefused(403, f"index folder {folder} is not below the folders this service may open "
+                                   "(index_roots, --index-roots; by default the parent folder of the index it "
+                                   "started with); the service keeps serving")
         if (problem := _not_an_index(folder)) is not None:
             raise SwapRefused(422, f"index folder {folder}: {problem}; the service keeps serving generation "
                                    f"{self.current.generation} ({self.current.index_dir})")
@@ -105,6 +116,11 @@ class IndexSlot:
                  self.current.load_s, previous.generation, previous.index_dir)
         return {"previous": previous.describe(), "new": self.current.describe(), "generation": self.current.generation,
                 "load_s": round(self.current.load_s, 3)}
+
+
+    def _below_a_root(self, folder: str) -> bool:
+        real = os.path.realpath(folder)
+        return any(real == root or real.startswith(root.rstrip(os.sep) + os.sep) for root in self.index_roots)
 
 
 def _not_an_index(folder: str) -> str | None:

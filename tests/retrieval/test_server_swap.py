@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import json
+import tempfile
 import threading
 import weakref
 from pathlib import Path
@@ -28,6 +29,8 @@ from tests.retrieval.topics import CONTENTS, QUERIES
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+#: Swaps may open any folder under the temporary folder pytest's are in (the roots themselves: test_server_gate.py).
+ROOTS = [tempfile.gettempdir()]
 TOPK = 3
 
 
@@ -71,7 +74,7 @@ def _swap(client, folder: str, headers: dict | None = AUTH):
 def test_swaps_under_concurrent_load_fail_nothing_and_never_mix_indexes(folders, expected):
     """8 clients send small and chunked (12 queries, max_batch_queries 4) requests while A -> B -> A ... swaps 6
     times: every answer is 200, exactly one index's results for all its queries, and the one its header names."""
-    app = create_app(open_index(folders["A"]), max_batch_queries=4, admin_token=TOKEN)
+    app = create_app(open_index(folders["A"]), max_batch_queries=4, admin_token=TOKEN, index_roots=ROOTS)
     stop = threading.Event()
     answers: list[tuple[list[str], httpx.Response]] = []
     failures: list[str] = []
@@ -104,7 +107,7 @@ def test_swaps_under_concurrent_load_fail_nothing_and_never_mix_indexes(folders,
             stop.set()
             for thread in threads:
                 thread.join()
-        health = httpx.get(f"{url}/health").json()
+        health = httpx.get(f"{url}/health", headers=AUTH).json()
 
     assert failures == []
     assert [s["generation"] for s in swaps] == [1, 2, 3, 4, 5, 6]
@@ -129,7 +132,7 @@ def test_a_request_in_flight_finishes_on_the_index_it_arrived_at(folders, expect
     release = threading.Event()
     counter = CountingRetrieve(first, hold_first=release)
     first.retrieve = counter
-    app = create_app(first, max_batch_queries=4, admin_token=TOKEN)
+    app = create_app(first, max_batch_queries=4, admin_token=TOKEN, index_roots=ROOTS)
     responses = {}
     with ServerThread(app) as url, httpx.Client(timeout=60) as http:
         big = threading.Thread(target=lambda: responses.__setitem__("big", http.post(
@@ -154,7 +157,7 @@ def test_a_request_in_flight_finishes_on_the_index_it_arrived_at(folders, expect
 
 
 def test_a_replaced_index_is_released_once_no_request_uses_it(folders):
-    with TestClient(create_app(open_index(folders["A"]), admin_token=TOKEN)) as client:
+    with TestClient(create_app(open_index(folders["A"]), admin_token=TOKEN, index_roots=ROOTS)) as client:
         assert _swap(client, folders["B"]).status_code == 200
         replaced = weakref.ref(client.app.state.slot.current.index)
         assert client.post("/retrieve", json={"queries": ["mercury"]}).status_code == 200
@@ -169,10 +172,10 @@ def test_a_replaced_index_is_released_once_no_request_uses_it(folders):
 @pytest.mark.parametrize("headers", [None, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"},
                                      {"Authorization": "Bearer"}])
 def test_a_swap_without_the_right_token_is_refused_with_401(folders, expected, headers):
-    with TestClient(create_app(open_index(folders["A"]), admin_token=TOKEN)) as client:
+    with TestClient(create_app(open_index(folders["A"]), admin_token=TOKEN, index_roots=ROOTS)) as client:
         response = _swap(client, folders["B"], headers)
         answer = client.post("/retrieve", json={"queries": QUERIES[:3]})
-        health = client.get("/health").json()
+        health = client.get("/health", headers=AUTH).json()
     assert response.status_code == 401
     assert "token" in response.json()["detail"] and TOKEN not in response.text
     assert health["generation"] == 0 and health["index_dir"] == folders["A"]
@@ -183,10 +186,10 @@ def test_admin_is_off_without_a_token_and_the_403_says_how_to_turn_it_on(folders
     monkeypatch.delenv(ADMIN_TOKEN_ENV, raising=False)
     with TestClient(create_app(open_index(folders["A"]))) as client:
         response = _swap(client, folders["B"])
-        health = client.get("/health").json()
+        health = client.get("/health", headers=AUTH).json()
     assert response.status_code == 403
     assert ADMIN_TOKEN_ENV in response.json()["detail"] and "admin_token" in response.json()["detail"]
-    assert health["admin"] is False and health["generation"] == 0 and health["index_dir"] == folders["A"]
+    assert health["admin"] is False and health["generation"] == 0 and health["index_dir"] == "A"  # its name only
 
 
 def test_the_environment_variable_turns_admin_on(folders, monkeypatch):
@@ -209,7 +212,7 @@ def test_a_bad_folder_is_refused_naming_it_and_the_old_index_keeps_serving(folde
     (moved / "manifest.json").write_text(json.dumps({**manifest, "corpus_path": "nowhere/corpus.jsonl"}))
     cases = {str(tmp_path / "missing"): "no such folder", str(tmp_path / "a-file"): "not a folder",
              str(tmp_path / "empty"): "manifest.json is missing", str(moved): "could not be opened"}
-    with TestClient(create_app(open_index(folders["A"]), admin_token=TOKEN)) as client:
+    with TestClient(create_app(open_index(folders["A"]), admin_token=TOKEN, index_roots=ROOTS)) as client:
         for folder, reason in cases.items():
             response = _swap(client, folder)
             assert response.status_code == 422, response.text
@@ -217,7 +220,7 @@ def test_a_bad_folder_is_refused_naming_it_and_the_old_index_keeps_serving(folde
         for body in ({}, {"index": ""}, {"index": folders["B"], "extra": 1}):
             assert client.post("/admin/swap-index", json=body, headers=AUTH).status_code == 422
         answer = client.post("/retrieve", json={"queries": QUERIES})
-        health = client.get("/health").json()
+        health = client.get("/health", headers=AUTH).json()
     assert _generation(answer) == 0
     assert [[h["id"] for h in hits] for hits in answer.json()["result"]] == [expected["A"][q] for q in QUERIES]
     assert health["generation"] == 0 and health["index_dir"] == folders["A"] and health["index_size"] == 16
@@ -234,14 +237,14 @@ def test_a_second_swap_while_one_is_loading_gets_409_and_the_old_index_serves_me
 
     monkeypatch.setattr(slot_module, "open_index", slow_open)
     result = {}
-    with ServerThread(create_app(open_index(folders["A"]), admin_token=TOKEN)) as url:
+    with ServerThread(create_app(open_index(folders["A"]), admin_token=TOKEN, index_roots=ROOTS)) as url:
         first = threading.Thread(target=lambda: result.__setitem__("first", swap_index(url, folders["B"], TOKEN)))
         first.start()
         assert loading.wait(60)
         with pytest.raises(RetrievalServiceError) as second:
             swap_index(url, folders["A"], TOKEN)
         during = httpx.post(f"{url}/retrieve", json={"queries": QUERIES[:2]})
-        health_during = httpx.get(f"{url}/health").json()
+        health_during = httpx.get(f"{url}/health", headers=AUTH).json()
         release.set()
         first.join()
         after = httpx.post(f"{url}/retrieve", json={"queries": QUERIES[:2]})
@@ -258,10 +261,10 @@ def test_a_second_swap_while_one_is_loading_gets_409_and_the_old_index_serves_me
 
 
 def test_health_describes_the_current_index_after_a_swap(folders, dense):
-    with TestClient(create_app(open_index(folders["A"]), admin_token=TOKEN)) as client:
-        before = client.get("/health").json()
+    with TestClient(create_app(open_index(folders["A"]), admin_token=TOKEN, index_roots=ROOTS)) as client:
+        before = client.get("/health", headers=AUTH).json()
         response = _swap(client, dense.index_dir)
-        after = client.get("/health").json()
+        after = client.get("/health", headers=AUTH).json()
     assert before["generation"] == 0 and before["backend"] == "bm25" and before["index_size"] == 16
     assert response.status_code == 200
     swap = response.json()
@@ -282,7 +285,7 @@ def test_health_describes_the_current_index_after_a_swap(folders, dense):
 
 
 def test_swap_index_raises_the_servers_message_on_refusal(folders, tmp_path):
-    with ServerThread(create_app(open_index(folders["A"]), admin_token=TOKEN)) as url:
+    with ServerThread(create_app(open_index(folders["A"]), admin_token=TOKEN, index_roots=ROOTS)) as url:
         with pytest.raises(RetrievalServiceError) as wrong:
             swap_index(url, folders["B"], "wrong")
         with pytest.raises(RetrievalServiceError) as missing:
@@ -312,10 +315,11 @@ def test_a_swap_places_the_new_index_where_the_service_keeps_its_index_not_where
                                                                                                    recorded_on_gpus):
     """A service started with its index in host memory (``index_gpu="off"``) keeps every swapped-in index there,
     whatever the folder's build recorded; /health says where the index is searched and queries are encoded."""
-    with TestClient(create_app(open_index(folders["A"], gpu="off"), admin_token=TOKEN, index_gpu="off")) as client:
-        before = client.get("/health").json()
+    with TestClient(create_app(open_index(folders["A"], gpu="off"), admin_token=TOKEN, index_gpu="off",
+                               index_roots=ROOTS)) as client:
+        before = client.get("/health", headers=AUTH).json()
         response = _swap(client, recorded_on_gpus)
-        after = client.get("/health").json()
+        after = client.get("/health", headers=AUTH).json()
     assert before["search_device"] == "cpu" and before["query_device"] is None  # BM25: no encoder
     assert response.status_code == 200, response.text
     assert after["search_device"] == "cpu" and after["query_device"] == str(open_index(recorded_on_gpus, gpu="off")
@@ -327,9 +331,9 @@ def test_without_a_service_placement_a_swap_opens_the_index_as_its_build_recorde
     with faiss-gpu on a GPU host, the index is sharded over the GPUs)."""
     import faiss
 
-    with TestClient(create_app(open_index(folders["A"]), admin_token=TOKEN)) as client:
+    with TestClient(create_app(open_index(folders["A"]), admin_token=TOKEN, index_roots=ROOTS)) as client:
         response = _swap(client, recorded_on_gpus)
-        health = client.get("/health").json()
+        health = client.get("/health", headers=AUTH).json()
     if getattr(faiss, "get_num_gpus", lambda: 0)() == 0:
         assert response.status_code == 422 and "gpu=on but FAISS sees no GPU" in response.json()["detail"]
         assert health["generation"] == 0 and health["index_dir"] == folders["A"]
