@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shlex
 import signal
 import subprocess
@@ -27,6 +28,7 @@ from urllib.parse import urlsplit
 import httpx
 import yaml
 
+from ..client import API_KEY_ENV
 from ..jsonl import atomic_write
 from ..sessions import command_words, log_tail, start_session, stop_all, stop_session
 
@@ -146,6 +148,11 @@ def concatenate(parts: Iterable[Path], out: Path) -> int:
     return rows
 
 
+#: Variables of the loop's process that the processes it starts on other nodes need too (`ray_placement`): the
+#: retrieval service's API key, and each step server's ``api_key_env``.
+FORWARDED: set[str] = {API_KEY_ENV}
+
+
 @dataclass(frozen=True)
 class ServiceSpec:
     """A server some steps need (``loop.services.NAME``): started before the first of its steps runs, stopped
@@ -157,6 +164,7 @@ class ServiceSpec:
     steps: tuple[str, ...]
     devices: str = ""           # CUDA_VISIBLE_DEVICES of the server: GPU numbers, "cpu", or "" to inherit
     start_timeout_s: float = 1800.0
+    api_key_env: str = ""       # the variable the server and its clients read a shared key from (`StepServices`)
 
     @property
     def gpu_count(self) -> int:
@@ -167,11 +175,11 @@ class ServiceSpec:
     def from_mapping(cls, name: str, value: Any, steps: Sequence[str]) -> ServiceSpec:
         where = f"loop.services.{name}"
         if not isinstance(value, dict):
-            raise ValueError(f"{where}: expected a mapping (command, health_url, steps, devices, start_timeout_s)")
-        unknown = set(value) - {"command", "health_url", "steps", "devices", "start_timeout_s"}
+            raise ValueError(f"{where}: expected a mapping ({', '.join(_SERVICE_FIELDS)})")
+        unknown = set(value) - set(_SERVICE_FIELDS)
         if unknown:
-            raise ValueError(f"{where}: unknown field(s) {', '.join(sorted(unknown))} (known: command, health_url, "
-                             "steps, devices, start_timeout_s)")
+            raise ValueError(f"{where}: unknown field(s) {', '.join(sorted(unknown))} (known: "
+                             f"{', '.join(_SERVICE_FIELDS)})")
         for key in ("command", "health_url"):
             if not isinstance(value.get(key), str) or not value[key].strip():
                 raise ValueError(f"{where}.{key}: required, a non-empty string")
@@ -185,7 +193,13 @@ class ServiceSpec:
         timeout = float(value.get("start_timeout_s", 1800.0))
         if timeout <= 0:
             raise ValueError(f"{where}.start_timeout_s must be positive, got {timeout}")
-        return cls(name, value["command"], value["health_url"], tuple(needed), devices, timeout)
+        key_env = value.get("api_key_env", "")
+        if not isinstance(key_env, str) or key_env and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key_env):
+            raise ValueError(f"{where}.api_key_env: the name of an environment variable, got {key_env!r}")
+        return cls(name, value["command"], value["health_url"], tuple(needed), devices, timeout, key_env)
+
+
+_SERVICE_FIELDS = ("command", "health_url", "steps", "devices", "start_timeout_s", "api_key_env")
 
 
 def service_specs(services: dict[str, Any], steps: Sequence[str]) -> list[ServiceSpec]:
@@ -213,7 +227,9 @@ class _LocalServer:
 class StepServices:
     """The servers of ``loop.services`` brought up and down around the steps: `before(step)` stops every running
     server that `step` does not name and starts (and waits for the health URL of) every one it does; leaving the
-    context stops them all. Each server logs to ``log_dir/NAME.log``. With `ray` (``loop.ray`` under
+    context stops them all. A server with ``api_key_env`` finds a key in that variable (a fresh random one unless
+    the user set it), which the loop's own processes inherit and Ray's are handed: vLLM's OpenAI server reads
+    ``VLLM_API_KEY`` and the ``openai`` scorer backend sends the variable its ``api_key_env`` names. Each server logs to ``log_dir/NAME.log``. With `ray` (``loop.ray`` under
     ``loop.placement: ray``) each runs as a Ray actor asking for as many GPUs as its ``devices`` list names, on
     whichever node has them free (`ray_placement.RayServer`), and its loopback URLs point at that node
     (`reachable`)."""
@@ -254,13 +270,18 @@ class StepServices:
         print(f"starting service {spec.name} for {', '.join(spec.steps)}: {spec.command} (log {log_path})",
               flush=True)
         started = time.monotonic()
+        if spec.api_key_env:  # the server and every client read it there, on this node and the others
+            if not os.environ.get(spec.api_key_env):
+                os.environ[spec.api_key_env] = secrets.token_urlsafe(32)
+            FORWARDED.add(spec.api_key_env)
         if self.ray is None:
             server = _LocalServer(spec, log_path)
         else:
             from .ray_placement import RayServer
 
             server = RayServer.start(command_words(spec.command), log_path, spec.gpu_count, self.ray.cpus_per_process,
-                                     spec.start_timeout_s, f"service {spec.name}")
+                                     spec.start_timeout_s, f"service {spec.name}",
+                                     forward=[spec.api_key_env] if spec.api_key_env else [])
             print(f"service {spec.name} placed by Ray on node {server.address}, GPUs {server.place['gpus'] or 'none'}",
                   flush=True)
         self.running[spec.name] = server

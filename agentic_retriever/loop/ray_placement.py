@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from ..client import API_KEY_ENV
 from ..sessions import log_tail, start_session, stop_session
+from .processes import FORWARDED
 
 try:
     import ray
@@ -87,13 +87,10 @@ class ProcessActor:
         return process.returncode
 
 
-#: Variables of the loop's process that its processes on other nodes need too: the retrieval service's API key.
-FORWARDED_VARIABLES = (API_KEY_ENV,)
-
-
-def forwarded_environment() -> dict[str, str]:
-    """This process's values of `FORWARDED_VARIABLES` that are set, for the processes Ray starts elsewhere."""
-    return {name: os.environ[name] for name in FORWARDED_VARIABLES if os.environ.get(name)}
+def forwarded_environment(extra: Sequence[str] = ()) -> dict[str, str]:
+    """This process's values of the variables the loop's processes on other nodes need too (`processes.FORWARDED`:
+    the retrieval service's API key, the keys of step servers) and of `extra`, those that are set."""
+    return {name: os.environ[name] for name in (*sorted(FORWARDED), *extra) if os.environ.get(name)}
 
 
 def connect(address: str) -> None:
@@ -227,13 +224,14 @@ class RayServer:
 
     @classmethod
     def start(cls, command: Sequence[str], log_path: Path, gpus: float, cpus: float, timeout_s: float,
-              what: str) -> RayServer:
-        """Wait (up to `timeout_s`) for Ray to place the server's actor, then start the server there."""
+              what: str, forward: Sequence[str] = ()) -> RayServer:
+        """Wait (up to `timeout_s`) for Ray to place the server's actor, then start the server there, with this
+        process's values of the variables `forward` names (its API key) and of `processes.FORWARDED`."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
         actor = _actor(gpus, cpus)
         try:
             place = _get(actor.start.remote(list(map(str, command)), str(log_path), os.getcwd(),
-                                            forwarded_environment()), timeout_s)
+                                            forwarded_environment(forward)), timeout_s)
         except ray.exceptions.GetTimeoutError:
             ray.kill(actor)
             raise TimeoutError(f"{what}: no node of the Ray cluster had {gpus:g} free GPUs and {cpus:g} CPUs within "

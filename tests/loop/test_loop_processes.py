@@ -186,3 +186,31 @@ def test_ray_placement_without_ray_names_the_extra(monkeypatch):
     monkeypatch.delitem(sys.modules, "agentic_retriever.loop.ray_placement", raising=False)
     with pytest.raises(ImportError, match=r"pip install 'agentic-retriever\[ray\]'"):
         importlib.import_module("agentic_retriever.loop.ray_placement")
+
+
+def test_a_step_server_with_api_key_env_shares_a_fresh_key_with_the_loops_processes(tmp_path, monkeypatch):
+    """The paper config's scorer: the loop puts a random key in the variable (vLLM's server reads VLLM_API_KEY),
+    the server sees it, the loop's own processes inherit it and Ray's are handed it; a key the user set stands."""
+    from agentic_retriever.loop.processes import FORWARDED
+
+    monkeypatch.delenv("TEST_SCORER_KEY", raising=False)
+    monkeypatch.setattr("agentic_retriever.loop.processes.FORWARDED", set(FORWARDED))
+    port, seen = free_port(), tmp_path / "seen"
+    serve = (f"import os, sys, http.server; open({str(seen)!r}, 'w').write(os.environ['TEST_SCORER_KEY']); "
+             f"http.server.test(HandlerClass=http.server.SimpleHTTPRequestHandler, port={port}, bind='127.0.0.1')")
+    specs = service_specs({"scorer": {"command": f"{sys.executable} -c \"{serve}\"", "api_key_env": "TEST_SCORER_KEY",
+                                      "health_url": f"http://127.0.0.1:{port}/", "steps": ["mining"]}}, STEPS)
+    with StepServices(specs, tmp_path / "services") as services:
+        services.before("mining")
+        key = os.environ["TEST_SCORER_KEY"]
+        assert len(key) >= 40 and seen.read_text() == key
+        from agentic_retriever.loop import processes
+
+        assert "TEST_SCORER_KEY" in processes.FORWARDED
+    monkeypatch.setenv("TEST_SCORER_KEY", "chosen-by-the-user")
+    with StepServices(specs, tmp_path / "services") as services:
+        services.before("mining")
+        assert seen.read_text() == "chosen-by-the-user"
+    with pytest.raises(ValueError, match=r"loop.services.scorer.api_key_env: the name of an environment variable"):
+        service_specs({"scorer": {"command": "x", "health_url": "http://h/", "steps": ["mining"],
+                                  "api_key_env": "not a name"}}, STEPS)
