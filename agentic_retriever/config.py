@@ -14,7 +14,10 @@ YAML key and a flag: ``--out``, nested ``--encoder.model``, ``--dense.ef-search`
 Field metadata: ``help``; ``required`` (an empty value is an error naming the setting, and ``--help`` says
 "required"); ``derive`` (the default's template); ``alias`` (a second flag, e.g. ``--index``).
 
-Unknown sections and keys are errors naming the file and the valid names. Names of the previous release (a
+Every value is checked against its field's declared type when it is read, file and flags alike (pydantic's
+validation: an error names the file, section, field and the type expected, before any work), and non-UTF-8
+bytes in a config file are an error naming its line. Unknown sections and keys are errors naming the file and the
+valid names. Names of the previous release (a
 section ``mine``, a key ``llm``, ``dtype: float32``) are still read, with a deprecation warning: a class lists
 its renamed keys in a ``RENAMED`` class attribute (old key -> new dotted key). A key that moved to another command's
 section is refused, naming where it lives now: a class lists it in ``MOVED`` (old key -> the new place, in words).
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import types
 import typing
@@ -33,6 +37,7 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
+from .jsonl import read_utf8_text
 from .precision import PRECISION_ALIASES
 
 T = TypeVar("T")
@@ -197,7 +202,8 @@ def _apply(obj, values: dict, where: str) -> None:
         elif key == "precision" and isinstance(value, str):
             setattr(obj, key, normalize_precision(value, f"{where}.{key}"))
         else:
-            setattr(obj, key, _checked_choice(type(obj), key, value, f"{where}.{key}"))
+            value = _checked_choice(type(obj), key, value, f"{where}.{key}")
+            setattr(obj, key, _checked_type(type(obj), key, value, f"{where}.{key}"))
 
 
 def _checked_choice(cls: type, name: str, value, where: str):
@@ -215,6 +221,35 @@ def _checked_choice(cls: type, name: str, value, where: str):
     return value
 
 
+@functools.cache
+def _type_adapter(hint):
+    """pydantic's validator of `hint` (lax: YAML's ``1e-5`` is a string that a float field takes as 1e-05, and a
+    number where a string is expected is read as its text, ``shard: 0`` as "0")."""
+    from pydantic import ConfigDict, TypeAdapter
+
+    return TypeAdapter(hint, config=ConfigDict(coerce_numbers_to_str=True))
+
+
+def _checked_type(cls: type, name: str, value, where: str):
+    """`value` checked against the declared type of field `name` of `cls` (by pydantic), converted where the
+    conversion is lossless; a value of another type is an error naming the setting and the type expected."""
+    from pydantic import ValidationError
+
+    hint = typing.get_type_hints(cls)[name]
+    if hint is Any:
+        return value
+    try:
+        return _type_adapter(hint).validate_python(value)
+    except ValidationError as error:
+        problem = error.errors()[0]
+        at = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in problem["loc"])
+        raise ValueError(f"{where}{at}: expected {_type_name(hint)}, got {value!r} ({problem['msg']})") from None
+
+
+def _type_name(hint) -> str:
+    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
+
+
 def load_config_file(path: str | Path, extra_sections: tuple[str, ...] = ()) -> dict:
     """A config file's top-level mapping, with sections of the previous release renamed (and a warning).
 
@@ -222,7 +257,7 @@ def load_config_file(path: str | Path, extra_sections: tuple[str, ...] = ()) -> 
     e.g. a benchmark's); otherwise the error names the file and the valid names."""
     from .commands import DEPRECATED_SECTIONS, section_names
 
-    data = yaml.safe_load(Path(path).read_text()) or {}
+    data = yaml.safe_load(read_utf8_text(path)) or {}
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping of sections at the top level")
     valid = section_names() + list(extra_sections)

@@ -132,8 +132,9 @@ def iter_jsonl(path: str | os.PathLike, start: int = 0, stop: int | None = None)
     `start`/`stop` select the non-blank lines with index start..stop-1 (a shard's slice): only those are parsed.
     """
     index = 0
-    with open(path, encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
+    with open(path, "rb") as handle:
+        for line_no, raw in enumerate(handle, start=1):
+            line = utf8_line(raw, path, line_no)
             if not line.strip():
                 continue
             if stop is not None and index >= stop:
@@ -148,6 +149,30 @@ def iter_jsonl(path: str | os.PathLike, start: int = 0, stop: int | None = None)
             if not isinstance(row, dict):
                 raise DataFormatError(path, line_no, f"expected a JSON object, got {type(row).__name__}")
             yield line_no, row
+
+
+def utf8_line(raw: bytes, path: str | os.PathLike, line: int) -> str:
+    """`raw` (line `line` of `path`) as text, or DataFormatError naming the file, the line and the column of the
+    first byte that is not UTF-8."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise DataFormatError(path, line, f"not UTF-8 text (byte 0x{raw[error.start]:02x} at column "
+                              f"{len(raw[:error.start].decode('utf-8', 'replace')) + 1}); save the file as "
+                              "UTF-8") from None
+
+
+def read_utf8_text(path: str | os.PathLike) -> str:
+    """The whole of a text file, or DataFormatError naming the line of its first byte that is not UTF-8."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        start = data.rfind(b"\n", 0, error.start) + 1
+        end = data.find(b"\n", error.start)
+        utf8_line(data[start:end if end >= 0 else len(data)], path, line)
+        raise  # not reached: the line holds the byte
 
 
 def json_error_text(error: json.JSONDecodeError) -> str:

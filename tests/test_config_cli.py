@@ -45,6 +45,45 @@ def test_a_value_its_settings_class_rejects_is_an_error_from_the_file_and_from_a
     assert build_config(RolloutConfig, "agent_rollout", None, str(config_file)).env.max_turns == 4
 
 
+def test_a_value_of_the_wrong_type_is_an_error_naming_file_section_field_and_type_before_any_work(tmp_path, capsys):
+    from agentic_retriever.mining.job import MineJobConfig
+    from agentic_retriever.server import ServeConfig
+    from agentic_retriever.training.config import RetrieverTrainConfig
+
+    config_file = tmp_path / "c.yaml"
+    config_file.write_text("index_serve:\n  port: eighty\n")
+    assert main(["index", "serve", "--config", str(config_file)]) == 2  # before the (missing) index is opened
+    assert capsys.readouterr().err.strip().startswith(
+        f"error: {config_file}: index_serve.port: expected int, got 'eighty'")
+    config_file.write_text("mine_run:\n  mining:\n    num_candidates: twenty\n")
+    with pytest.raises(ValueError, match=r"c\.yaml: mine_run\.mining\.num_candidates: expected int, got 'twenty'"):
+        build_config(MineJobConfig, "mine_run", None, str(config_file), set_by_caller=("trajectories", "out"))
+    config_file.write_text("index_serve:\n  index_roots: runs\n")
+    with pytest.raises(ValueError, match=r"index_serve\.index_roots: expected list\[str\], got 'runs'"):
+        build_config(ServeConfig, "index_serve", None, str(config_file))
+    # what YAML 1.1 reads as a string but the field's type reads losslessly is taken as that type
+    config_file.write_text("retriever_train:\n  learning_rate: 1e-5\n  save_steps: '50'\n")
+    config = build_config(RetrieverTrainConfig, "retriever_train", None, str(config_file),
+                          set_by_caller=("data", "out", "corpus"))
+    assert config.learning_rate == 1e-5 and isinstance(config.learning_rate, float) and config.save_steps == 50
+    config_file.write_text("index_serve:\n  max_batch_ms: 2.5.1\n")
+    with pytest.raises(ValueError, match=r"index_serve\.max_batch_ms: expected float, got '2\.5\.1'"):
+        build_config(ServeConfig, "index_serve", None, str(config_file))
+
+
+def test_bytes_that_are_not_utf8_are_named_by_file_and_line(tmp_path):
+    from agentic_retriever.jsonl import DataFormatError, iter_jsonl
+
+    config_file = tmp_path / "c.yaml"
+    config_file.write_bytes(b"index_serve:\n  host: caf\xe9\n")
+    with pytest.raises(DataFormatError, match=r"c\.yaml:2: not UTF-8 text \(byte 0xe9 at column 12\)"):
+        build_config(IndexBuildConfig, "index_build", None, str(config_file))
+    rows = tmp_path / "qa.jsonl"
+    rows.write_bytes(b'{"id": "1"}\n\n{"id": "caf\xe9"}\n')
+    with pytest.raises(DataFormatError, match=r"qa\.jsonl:3: not UTF-8 text \(byte 0xe9 at column 12\)"):
+        list(iter_jsonl(rows))
+
+
 def test_invalid_choice_is_rejected_by_the_parser():
     with pytest.raises(SystemExit):
         _parse(["index", "build", "--dense.type", "annoy"])
