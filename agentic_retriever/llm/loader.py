@@ -42,6 +42,9 @@ class LLMConfig:
     timeout: float = dataclasses.field(default=120.0, metadata={"help": "openai: seconds per request"})
     max_retries: int = dataclasses.field(
         default=5, metadata={"help": "openai: retries on 429, 5xx and connection errors"})
+    deadline_s: float = dataclasses.field(default=600.0, metadata={
+        "help": "openai: longest time one request may take, every attempt and wait included (a hung server is "
+                "an error after this long, not after timeout x retries)"})
     retry_backoff: float = dataclasses.field(
         default=1.0, metadata={"help": "openai: first wait in seconds, doubled per retry"})
     gpu_memory_utilization: float = dataclasses.field(
@@ -84,5 +87,5 @@ def load_llm(config: LLMConfig) -> LLM:
         return OpenAILLM(config.model, base_url=config.base_url, api_key_env=config.api_key_env,
                          endpoint=config.endpoint, tokenizer=config.tokenizer, max_concurrency=config.max_concurrency,
                          timeout=config.timeout, max_retries=config.max_retries, retry_backoff=config.retry_backoff,
-                         progress=config.progress)
+                         progress=config.progress, deadline_s=config.deadline_s)
     raise ValueError(f"unknown LLM backend '{config.backend}' (use transformers, vllm or openai)")

@@ -7,7 +7,14 @@ applies the template; `chat_prompt` returns the message unchanged; token-id prom
 
 Requests run concurrently (`max_concurrency` threads over one HTTP connection pool); a request that
 meets a connection error, a timeout, 429 or a 5xx is retried with exponential back-off (honouring
-``Retry-After``); any other error status raises `OpenAIError` with the server's message.
+``Retry-After``) until `max_retries` or its `deadline_s` (all attempts and waits together) runs out; any other
+error status raises `OpenAIError` with the server's message.
+
+Finished work is kept: with a `reply_store` (mining gives its own, ``stages/llm_replies.jsonl``), every reply is
+stored the moment it arrives, keyed by a hash of the URL and the request's whole body (model, prompt, sampling,
+seed), and a request whose key is stored is answered from the store without being sent. A call that fails after
+hundreds of replies (a server that died, a hung one past its deadline) loses only the requests in flight, and the
+same call again, after a restart, sends only those.
 
 Stop strings: requests carry vLLM's ``include_stop_str_in_output``; when a server trims the stop
 string anyway but names it (vLLM's ``stop_reason``), it is put back, so the text follows the protocol.
@@ -18,11 +25,13 @@ re-tokenizing the text reproduces the model's tokens, which holds for the usual 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import httpx
 from tqdm.auto import tqdm
@@ -74,6 +83,22 @@ def _choice_parts(choice: dict, endpoint: str) -> tuple[str, list[str], list[flo
     return choice.get("text") or "", list(logprobs.get("tokens") or []), list(logprobs.get("token_logprobs") or [])
 
 
+class ReplyStore(Protocol):
+    """Where `OpenAILLM` keeps replies: a durable mapping of key -> reply (mining's `StageStore` is one)."""
+
+    def __contains__(self, key: str) -> bool: ...
+
+    def get(self, key: str) -> Any: ...
+
+    def put(self, records: dict[str, Any]) -> int: ...
+
+
+def reply_key(url: str, body: dict) -> str:
+    """The content key of one request: a hash of the URL and the whole body (sorted keys)."""
+    text = json.dumps({"url": url, "body": body}, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
+
+
 class OpenAILLM:
     """The `LLM` protocol over an OpenAI-compatible HTTP server.
 
@@ -84,13 +109,15 @@ class OpenAILLM:
     def __init__(self, model: str, base_url: str = "http://127.0.0.1:8000/v1", api_key_env: str = "OPENAI_API_KEY",
                  endpoint: Literal["completions", "chat"] = "completions", tokenizer: str | None = None,
                  max_concurrency: int = 8, timeout: float = 120.0, max_retries: int = 5, retry_backoff: float = 1.0,
-                 progress: bool = False):
+                 progress: bool = False, deadline_s: float = 600.0):
         if endpoint not in ("completions", "chat"):
             raise ValueError(f"unknown endpoint '{endpoint}' (use completions or chat)")
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be at least 1, got {max_concurrency}")
         if max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        if deadline_s <= 0:
+            raise ValueError(f"deadline_s must be positive, got {deadline_s}")
         self.name = model
         self.endpoint = endpoint
         self.url = base_url.rstrip("/") + ("/chat/completions" if endpoint == "chat" else "/completions")
@@ -99,6 +126,9 @@ class OpenAILLM:
         self.max_retries = max_retries
         self.retry_backoff = retry_backoff
         self.progress = progress
+        self.deadline_s, self.timeout = deadline_s, timeout
+        #: Where replies are kept as they arrive (`ReplyStore`; None: nowhere).
+        self.reply_store: ReplyStore | None = None
         headers = {"Authorization": f"Bearer {os.environ[api_key_env]}"} if os.environ.get(api_key_env) else {}
         self._client = httpx.Client(timeout=timeout, headers=headers,
                                     limits=httpx.Limits(max_connections=max_concurrency))
@@ -129,13 +159,20 @@ class OpenAILLM:
                                  f"use endpoint=completions")
         bodies = [request_body(self.name, prompt, params, self.endpoint, seed)
                   for prompt, seed in zip(prompts, params.prompt_seeds(len(prompts)))]
+        store = self.reply_store
+        keys = [reply_key(self.url, body) for body in bodies]
         answers: list[dict | None] = [None] * len(bodies)
+        if store is not None:
+            answers = [store.get(key) if key in store else None for key in keys]
         with ThreadPoolExecutor(max_workers=self.max_concurrency) as pool:
-            futures = {pool.submit(self._post, body): i for i, body in enumerate(bodies)}
+            futures = {pool.submit(self._post, body): i for i, body in enumerate(bodies) if answers[i] is None}
             try:
                 for future in tqdm(as_completed(futures), total=len(futures), desc="generating", unit=" prompts",
                                    disable=not self.progress):
-                    answers[futures[future]] = future.result()
+                    i = futures[future]
+                    answers[i] = future.result()
+                    if store is not None:
+                        store.put({keys[i]: answers[i]})
             except BaseException:
                 for future in futures:
                     future.cancel()
@@ -153,11 +190,12 @@ class OpenAILLM:
 
     def _post(self, body: dict) -> dict:
         """POST with retries on connection errors, timeouts, 429 and 5xx; the decoded JSON answer."""
-        problem = ""
+        problem, deadline = "", time.monotonic() + self.deadline_s
         for attempt in range(self.max_retries + 1):
             wait = self.retry_backoff * 2 ** attempt
+            left = deadline - time.monotonic()
             try:
-                response = self._client.post(self.url, json=body)
+                response = self._client.post(self.url, json=body, timeout=max(0.001, min(self.timeout, left)))
             except httpx.TransportError as error:
                 problem = f"{type(error).__name__}: {error}"
             else:
@@ -174,7 +212,12 @@ class OpenAILLM:
                 if retry_after.replace(".", "", 1).isdigit():
                     wait = max(wait, float(retry_after))
             if attempt < self.max_retries:
-                time.sleep(min(wait, _MAX_BACKOFF))
+                wait = min(wait, _MAX_BACKOFF)
+                if time.monotonic() + wait >= deadline:
+                    raise OpenAIError(f"{self.url} gave no answer within the request's deadline of "
+                                      f"{self.deadline_s:g} s ({attempt + 1} attempts; last error: {problem}; LLM "
+                                      "setting deadline_s)")
+                time.sleep(wait)
         raise OpenAIError(f"{self.url} failed {self.max_retries + 1} times; last error: {problem}")
 
     @staticmethod

@@ -60,6 +60,7 @@ from tqdm.auto import tqdm
 
 from ..client import RetrievalClient
 from ..eval.qa import contains_match
+from ..llm.openai import OpenAILLM
 from .candidates import passage_from_record, passage_record, retrieve_candidates
 from .config import MiningConfig
 from .environment import Trajectory, trajectory_id
@@ -78,6 +79,9 @@ from .plan import PlanConfig, llm_token_counter, plan_mining
 from .usage import CountingLLM, Usage
 
 __all__ = ["mine"]
+
+#: The store of an HTTP LLM's replies, kept as they arrive (`llm.openai`), beside the stages' stores.
+REPLIES = "llm_replies"
 
 log = logging.getLogger(__name__)
 
@@ -445,7 +449,10 @@ def mine(trajectories_path: str | os.PathLike, client: RetrievalClient | None, a
     log.info("mining %d of %d trajectories from %s (shard %d/%d) into %s", len(trajectories), total,
              trajectories_path, shard[0], shard[1], work)
     retriever = _retriever_identity(client)
-    stores = open_stores(work / "stages", STAGES)
+    stores = open_stores(work / "stages", (*STAGES, REPLIES))
+    http_llms = [llm for llm in (agent_llm, scorer_llm) if isinstance(llm, OpenAILLM)]
+    for llm in http_llms:  # each reply kept as it arrives: a failed call loses only the requests in flight
+        llm.reply_store = stores[REPLIES]
     try:
         miner = _Miner(config, client, agent, scorer, stores, retriever, gac_rounds)
         miner.counters["trajectories"] = len(trajectories)
@@ -456,6 +463,8 @@ def mine(trajectories_path: str | os.PathLike, client: RetrievalClient | None, a
         rows, round_records = miner.select(trajectories, with_candidates, sub_answers, scorer_used,
                                            config.dataset or Path(trajectories_path).stem)
     finally:
+        for llm in http_llms:
+            llm.reply_store = None
         for store in stores.values():
             store.close()
     info = run_info(config, selection, scorer_used, agent, scorer, shard, total, time.perf_counter() - started,

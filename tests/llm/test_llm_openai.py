@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 
 import pytest
 from fastapi import FastAPI, Request
@@ -12,6 +18,8 @@ from fastapi.responses import JSONResponse
 from agentic_retriever.llm import LLM, LLMConfig, SamplingParams, load_llm
 from agentic_retriever.llm.openai import OpenAIError, OpenAILLM
 from agentic_retriever.server import ServerThread
+from tests.fakes import free_port
+from tests.faults.harness import ROOT
 
 #: What the fake model "generates" after any prompt, cut by the server at the request's stop strings.
 SCRIPT = "Let me look. <search>capital of France</search> then more text"
@@ -207,3 +215,84 @@ def test_every_request_carries_its_seed_and_vllms_sampling_fields(server, tiny_c
     assert aborted.finish_reason == "abort"  # vLLM's server gave up on it: not a stop, not a length
     with pytest.raises(ValueError, match="2 seeds for 3 prompts"):
         llm.generate(["SEEDS"] * 3, SamplingParams(seeds=[1, 2]))
+
+
+_DYING_SERVER = """
+import os, signal, sys
+import uvicorn
+from tests.llm.test_llm_openai import fake_openai_app
+
+port, answers, log = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+app = fake_openai_app()
+served = [0]
+
+@app.middleware("http")
+async def dies_after_its_answers(request, call_next):
+    served[0] += 1
+    if served[0] > answers:  # the scorer's process dies (OOM killer, a node failure): connections reset
+        os.kill(os.getpid(), signal.SIGKILL)
+    response = await call_next(request)
+    with open(log, "a") as handle:
+        handle.write("answered\\n")
+    return response
+
+uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+"""
+
+
+def _start_server(port: int, answers: int, log) -> subprocess.Popen:
+    process = subprocess.Popen([sys.executable, "-c", _DYING_SERVER, str(port), str(answers), str(log)],
+                               cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)})
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return process
+        except OSError:
+            time.sleep(0.1)
+    process.kill()
+    raise RuntimeError("the fake server did not start")
+
+
+def test_a_server_that_dies_mid_call_loses_only_the_requests_in_flight(tmp_path, tiny_causal_lm_dir):
+    """A real server process SIGKILLed after 5 of 12 replies: the call fails, the 5 replies are in the store, and
+    the same call against a restarted server sends only the other 7 and gives what an uninterrupted call gives."""
+    from agentic_retriever.mining.store import StageStore
+
+    port, log = free_port(), tmp_path / "answered.log"
+    prompts = [f"Rate passage {i}" for i in range(12)]
+    params = SamplingParams(max_new_tokens=4, seed=7)
+    server = _start_server(port, answers=5, log=log)
+    try:
+        with StageStore(tmp_path / "replies.jsonl") as store:
+            llm = make_llm(f"http://127.0.0.1:{port}/v1", tiny_causal_lm_dir, max_concurrency=1, max_retries=1)
+            llm.reply_store = store
+            with pytest.raises(OpenAIError, match="failed 2 times"):
+                llm.generate(prompts, params)
+            assert len(list(store.keys())) == 5 and server.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        server.kill()
+    assert len(log.read_text().splitlines()) == 5
+
+    server = _start_server(port, answers=100, log=log)
+    try:
+        with StageStore(tmp_path / "replies.jsonl") as store:
+            llm = make_llm(f"http://127.0.0.1:{port}/v1", tiny_causal_lm_dir)
+            llm.reply_store = store
+            resumed = llm.generate(prompts, params)
+            assert len(log.read_text().splitlines()) == 5 + 7  # the 5 stored replies were not asked again
+            llm.reply_store = None
+            uninterrupted = llm.generate(prompts, params)
+    finally:
+        server.kill()
+        server.wait()
+    assert [[g.text for g in gens] for gens in resumed] == [[g.text for g in gens] for gens in uninterrupted]
+
+
+def test_a_hung_server_is_an_error_after_the_requests_deadline_not_after_every_retry(server, tiny_causal_lm_dir):
+    app, url = server
+    llm = make_llm(url, tiny_causal_lm_dir, timeout=0.3, max_retries=50, deadline_s=1.0)
+    started = time.monotonic()
+    with pytest.raises(OpenAIError, match=r"no answer within the request's deadline of 1 s .*deadline_s"):
+        llm.generate(["SLOW to answer"], SamplingParams(max_new_tokens=2))
+    assert time.monotonic() - started < 3.0 and app.state.attempts["SLOW to answer"] <= 4
