@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +25,11 @@ def command_words(command: str) -> list[str]:
     """`command` split like a shell, each `PYTHON` word replaced by this interpreter (``sys.executable``)."""
     return [sys.executable if word == PYTHON else word for word in shlex.split(command)]
 
+
+#: How a child's guard starts: this package imported from where this process found it, whatever the child's working
+#: folder and PYTHONPATH (which its command inherits unchanged).
+_GUARD = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r}); "
+          "from agentic_retriever.session_guard import main; sys.exit(main(sys.argv[1:]))")
 
 #: Lines of a failed process's log quoted in the error.
 _TAIL_LINES = 20
@@ -51,18 +57,22 @@ def session_members(session: int) -> list[int]:
     return members
 
 
-def kill_session(session: int, grace_s: float) -> None:
+def kill_session(session: int, grace_s: float, leader: int | None = None, spare: int | None = None) -> None:
     """SIGTERM to the session leader's process group, then, once the leader is gone or after `grace_s`, SIGKILL to
     every process left in the session: a leader that exited first, or workers in process groups of their own
-    (Ray's, vLLM's), are stopped all the same."""
+    (Ray's, vLLM's), are stopped all the same. `leader`: the process whose exit ends the grace period (default: the
+    session's leader); `spare`: a process of the session that is killed by no one (the caller)."""
     try:
         os.killpg(session, signal.SIGTERM)
     except ProcessLookupError:
         pass
+    leader = session if leader is None else leader
     deadline = time.monotonic() + grace_s
-    while session in session_members(session) and time.monotonic() < deadline:
+    while leader in session_members(session) and time.monotonic() < deadline:
         time.sleep(0.2)
     for pid in session_members(session):
+        if pid == spare:
+            continue
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -76,10 +86,16 @@ _CHILDREN: set[subprocess.Popen] = set()
 def start_session(command: Sequence[str], log_path: Path, env: dict[str, str] | None = None,
                   cwd: Path | None = None) -> subprocess.Popen:
     """`command` in a session of its own (so that stopping it stops everything it starts), stdout and stderr
-    appended to `log_path`, registered until `stop_session`."""
+    appended to `log_path`, registered until `stop_session`. The session's leader is `session_guard`, which runs
+    `command` and stops the whole session when this process dies, even by SIGKILL (FileNotFoundError at once for
+    a command that is not there)."""
+    command = list(command)
+    if shutil.which(command[0], path=(env or os.environ).get("PATH")) is None and not os.path.isfile(command[0]):
+        raise FileNotFoundError(f"no such program: {command[0]!r} (command {shlex.join(command)})")
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    guarded = [sys.executable, "-c", _GUARD, str(os.getpid()), *command]
     with open(log_path, "ab") as handle:  # the child keeps its own descriptor
-        process = subprocess.Popen(list(command), env=env, cwd=cwd, stdout=handle, stderr=subprocess.STDOUT,
+        process = subprocess.Popen(guarded, env=env, cwd=cwd, stdout=handle, stderr=subprocess.STDOUT,
                                    start_new_session=True)
     _CHILDREN.add(process)
     return process

@@ -16,6 +16,7 @@ import pytest
 
 from agentic_retriever.loop.processes import ServiceSpec, StepServices, signals_stop_children
 from agentic_retriever.sessions import session_members, start_session, stop_session
+from tests.faults.harness import ROOT
 
 
 def _tree(pid_file: Path, then: str) -> list[str]:
@@ -97,6 +98,28 @@ def test_a_loop_killed_with_sigterm_mid_step_stops_every_process_and_exits_with_
     loop_process.send_signal(signal.SIGTERM)
     assert loop_process.wait(timeout=120) == 128 + signal.SIGTERM
     assert _gone(worker)
+
+
+def test_a_loop_killed_with_sigkill_leaves_no_step_server_or_worker_behind(tmp_path):
+    """SIGKILL cannot be caught: the loop's own cleanup never runs. Each child's session guard hears of its parent's
+    death from the kernel and stops the whole session: the server (a leader) and the worker it moved to a process
+    group of its own (as vLLM's engine processes do)."""
+    loop = textwrap.dedent(f"""
+        import time
+        from pathlib import Path
+        from agentic_retriever.loop.processes import ServiceSpec, StepServices
+        spec = ServiceSpec(name="scorer", command={" ".join(_quote(_tree(tmp_path / "worker", "time.sleep(600)")))!r},
+                           health_url="http://127.0.0.1:9/health", steps=("mining",), start_timeout_s=600)
+        with StepServices([spec], Path({str(tmp_path / "services")!r})) as services:
+            services.before("mining")   # waits for a health URL that never answers
+    """)
+    loop_process = subprocess.Popen([sys.executable, "-c", loop], env=os.environ | {"PYTHONPATH": str(ROOT)})
+    worker = _wait_for(tmp_path / "worker")
+    server = os.getsid(worker)
+    assert _alive(server)
+    loop_process.send_signal(signal.SIGKILL)
+    assert loop_process.wait(timeout=60) == -signal.SIGKILL
+    assert _gone(worker, timeout_s=30) and _gone(server, timeout_s=30) and session_members(server) == []
 
 
 def test_the_signal_handlers_before_are_restored(tmp_path):
