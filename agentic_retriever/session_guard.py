@@ -57,7 +57,8 @@ def main(argv: list[str]) -> int:
         except InterruptedError:
             continue
     if status < 0:  # die of the same signal, so the caller sees what the command saw
-        signal.signal(-status, signal.SIG_DFL)
+        if -status not in (signal.SIGKILL, signal.SIGSTOP):  # those two have no handler to reset
+            signal.signal(-status, signal.SIG_DFL)
         os.kill(os.getpid(), -status)
     return status
 

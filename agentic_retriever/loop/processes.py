@@ -237,6 +237,7 @@ class StepServices:
     def __init__(self, specs: Sequence[ServiceSpec], log_dir: Path, ray: Any = None):
         self.specs, self.log_dir, self.ray = list(specs), Path(log_dir), ray
         self.running: dict[str, Any] = {}
+        self._made_keys: set[str] = set()  # keys put in the environment here, removed when the servers go
 
     def __enter__(self) -> StepServices:
         return self
@@ -244,6 +245,9 @@ class StepServices:
     def __exit__(self, *exc) -> None:
         for name in list(self.running):
             self._stop(name)
+        for variable in self._made_keys:
+            os.environ.pop(variable, None)
+        self._made_keys.clear()
 
     def before(self, step: str) -> None:
         for name in [n for n in self.running if step not in self._spec(n).steps]:
@@ -273,6 +277,7 @@ class StepServices:
         if spec.api_key_env:  # the server and every client read it there, on this node and the others
             if not os.environ.get(spec.api_key_env):
                 os.environ[spec.api_key_env] = secrets.token_urlsafe(32)
+                self._made_keys.add(spec.api_key_env)
             FORWARDED.add(spec.api_key_env)
         if self.ray is None:
             server = _LocalServer(spec, log_path)

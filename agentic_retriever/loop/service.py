@@ -38,6 +38,7 @@ class LoopService:
         self.index_roots = [os.path.dirname(os.path.abspath(first_index)), *map(os.path.abspath, index_roots)]
         self.url = settings.url.rstrip("/").removesuffix("/retrieve")
         self._thread = None
+        self._made_key = False
         self.token = os.environ.get(settings.admin_token_env, "") if settings.url else secrets.token_urlsafe(32)
         self.swaps: list[dict] = []
 
@@ -59,6 +60,7 @@ class LoopService:
         loopback = is_loopback(self.settings.host)
         if not loopback and not os.environ.get(API_KEY_ENV):
             os.environ[API_KEY_ENV] = secrets.token_urlsafe(32)  # inherited by every process the loop starts
+            self._made_key = True
         index = open_index(self.first_index, gpu=self.settings.open_gpu)
         app = create_app(index, admin_token=self.token, index_gpu=self.settings.open_gpu,
                          api_key=None if loopback else os.environ[API_KEY_ENV], loopback_only_hosts=loopback,
@@ -78,6 +80,9 @@ class LoopService:
         if self._thread is not None:
             self._thread.stop()
             self._thread = None
+        if self._made_key:  # the key lives as long as the service
+            os.environ.pop(API_KEY_ENV, None)
+            self._made_key = False
 
     def serving(self) -> str:
         """The index folder the service holds now (its ``/health``)."""

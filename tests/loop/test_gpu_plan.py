@@ -43,16 +43,17 @@ def recorded_on_gpus(workdir, tiny_model_dir, tiny_causal_lm_dir) -> tuple:
     return job, "index/first", "index/second"
 
 
-def _health(url: str) -> dict:
-    return httpx.get(f"{url}/health", timeout=30).json()
+def _health(service: LoopService) -> dict:
+    """The service's /health as the loop reads it (with its admin token: the index folder in full)."""
+    return httpx.get(f"{service.url}/health", headers={"Authorization": f"Bearer {service.token}"}, timeout=30).json()
 
 
 def test_index_gpu_off_keeps_the_services_index_in_host_memory_across_swaps(recorded_on_gpus, capsys):
     _, first, second = recorded_on_gpus
     with LoopService(LoopServiceConfig(index_gpu="off"), first) as service:
-        started = _health(service.url)
+        started = _health(service)
         service.serve(second)
-        swapped = _health(service.url)
+        swapped = _health(service)
     assert started["search_device"] == "cpu" and swapped["search_device"] == "cpu"
     assert swapped["index_dir"] == str(Path(second).resolve()) and swapped["generation"] == 1
     assert started["query_device"] == swapped["query_device"] is not None

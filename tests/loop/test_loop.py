@@ -117,12 +117,15 @@ def served_index(monkeypatch) -> list[tuple[str, str]]:
     """Record, for every call of the steps that search the service (agent RL, rollouts, mining), the index folder
     the service held at that moment (its ``/health``), in call order."""
     served = []
+    token = "loop-admin-token"  # the loop's admin token, known here so the recorder reads /health as the loop does
+    monkeypatch.setattr("agentic_retriever.loop.service.secrets.token_urlsafe", lambda nbytes=None: token)
     for name in ("train_agent", "roll_out", "mine_rows"):
         real = getattr(loop_steps, name)
 
         def recorded(*args, _real=real, _name=name, **kwargs):
             url = next(a for a in args if isinstance(a, str) and a.startswith("http"))
-            served.append((_name, httpx.get(f"{url}/health", timeout=30).json()["index_dir"]))
+            health = httpx.get(f"{url}/health", headers={"Authorization": f"Bearer {token}"}, timeout=30).json()
+            served.append((_name, health["index_dir"]))
             return _real(*args, **kwargs)
 
         monkeypatch.setattr(loop_steps, name, recorded)

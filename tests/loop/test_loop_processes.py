@@ -207,6 +207,7 @@ def test_a_step_server_with_api_key_env_shares_a_fresh_key_with_the_loops_proces
         from agentic_retriever.loop import processes
 
         assert "TEST_SCORER_KEY" in processes.FORWARDED
+    assert "TEST_SCORER_KEY" not in os.environ  # the key the loop made goes with its server
     monkeypatch.setenv("TEST_SCORER_KEY", "chosen-by-the-user")
     with StepServices(specs, tmp_path / "services") as services:
         services.before("mining")
