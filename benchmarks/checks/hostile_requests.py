@@ -53,11 +53,12 @@ def _start(index: str, port: int, *extra: str, env: dict | None = None) -> subpr
 
 def _row(name: str, response: httpx.Response) -> dict:
     try:
-        detail = response.json().get("detail", "")
+        body = response.json()
     except ValueError:
-        detail = response.text[:80]
-    detail = detail if isinstance(detail, str) else json.dumps(detail)
-    return {"request": name, "status": response.status_code, "answer": detail[:110] or "(results)"}
+        body = {"detail": response.text[:80]}
+    answer = (f"{len(body['result'])} result list(s)" if "result" in body
+              else body.get("detail") if isinstance(body.get("detail"), str) else json.dumps(body))
+    return {"request": name, "status": response.status_code, "answer": answer[:110]}
 
 
 def main() -> None:

@@ -40,10 +40,16 @@ def _answers(path: Path) -> list[tuple]:
     return [(row["question_id"], row["answer"], row["em"]) for row in map(json.loads, path.open(encoding="utf-8"))]
 
 
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """The trajectory file of an uninterrupted run."""
+    path = tmp_path_factory.mktemp("rollouts") / "reference.jsonl"
+    succeeded(run_child(_ROLLOUTS.format(path=str(path))))
+    return path
+
+
 @pytest.mark.slow
-def test_rollouts_killed_in_the_middle_of_an_append_finish_with_every_trajectory_once(tmp_path):
-    reference = tmp_path / "reference.jsonl"
-    succeeded(run_child(_ROLLOUTS.format(path=str(reference))))
+def test_rollouts_killed_in_the_middle_of_an_append_finish_with_every_trajectory_once(tmp_path, reference):
     path = tmp_path / "t.jsonl"
     # the second batch's append: 40% of its bytes reach the file, then SIGKILL
     assert killed(run_child(_ROLLOUTS.format(path=str(path)), kill_at="os:write", nth=2, when="part",
@@ -56,10 +62,8 @@ def test_rollouts_killed_in_the_middle_of_an_append_finish_with_every_trajectory
 
 
 @pytest.mark.slow
-def test_a_full_disk_during_rollouts_names_the_file_and_keeps_whole_lines(tmp_path):
+def test_a_full_disk_during_rollouts_names_the_file_and_keeps_whole_lines(tmp_path, reference):
     path = tmp_path / "t.jsonl"
-    reference = tmp_path / "reference.jsonl"
-    succeeded(run_child(_ROLLOUTS.format(path=str(reference))))
     lines = reference.read_bytes().splitlines(keepends=True)
     limit = len(b"".join(lines[:2])) + len(lines[2]) // 2  # room for the first batch and half a line more
     full = run_child(_ROLLOUTS.format(path=str(path)), fsize=limit)
