@@ -22,6 +22,8 @@ fingerprints instead:
   corpus sha256, encoder fingerprint (with the dtype of the passages' encoding when it was a half precision), and
   the parameters that change what a search returns (the index type's
   structural fields and its search beam / probes; not threads, GPU, memory mapping or build chunking).
+* `stable_hash(obj)`: 32 hex digits of BLAKE2b over the canonical JSON of `obj`, the content key of mining's
+  stage stores and of an HTTP LLM's stored replies.
 * `service_identity(url, health)`: a retrieval service by its ``GET /health`` document: its fingerprints when it
   reports them, else its URL and self-description, with a warning that a changed service behind the same URL
   and description is not noticed.
@@ -46,9 +48,25 @@ from .defaults import DEFAULT_LLM, cache_root, resolve_llm_name
 from .jsonl import write_json
 
 __all__ = ["MODEL_FILES", "RACY_SECONDS", "SIDECAR", "index_identity", "llm_fingerprint", "model_fingerprint",
-           "service_identity"]
+           "service_identity", "stable_hash"]
 
 log = logging.getLogger(__name__)
+
+
+def stable_hash(obj: Any) -> str:
+    """32 hex digits of BLAKE2b over the canonical JSON of `obj` (sorted keys): equal inputs, equal hashes."""
+    text = json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=_jsonable)
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
+
+
+def _jsonable(obj: Any) -> Any:
+    if hasattr(obj, "__dataclass_fields__"):
+        from dataclasses import asdict
+        return asdict(obj)
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj)
+    raise TypeError(f"cannot hash a {type(obj).__name__}")
+
 
 #: The sidecar file beside the weights that stores a folder's fingerprint.
 SIDECAR = ".agentic_retriever_fingerprint.json"

@@ -25,8 +25,6 @@ re-tokenizing the text reproduces the model's tokens, which holds for the usual 
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import time
 from collections.abc import Sequence
@@ -37,6 +35,7 @@ import httpx
 from tqdm.auto import tqdm
 
 from ..defaults import resolve_llm_name
+from ..fingerprint import stable_hash
 from .base import Generation, Prompt, SamplingParams
 from .text import find_stop, render_chat_prompt
 
@@ -94,9 +93,8 @@ class ReplyStore(Protocol):
 
 
 def reply_key(url: str, body: dict) -> str:
-    """The content key of one request: a hash of the URL and the whole body (sorted keys)."""
-    text = json.dumps({"url": url, "body": body}, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
+    """The content key of one request: the canonical hash of the URL and the whole body."""
+    return stable_hash({"url": url, "body": body})
 
 
 class OpenAILLM:

@@ -24,14 +24,14 @@ One process owns a store folder at a time (an advisory lock says so); mining sha
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Self
+from typing import Self
 
+from ..fingerprint import stable_hash
 from ..jsonl import DataFormatError, append_whole, atomic_write, json_error_text
 from ..writer_lock import WriterLock, WriterLockedError, lock_beside
 
@@ -40,21 +40,6 @@ __all__ = ["StageStore", "StoreLockedError", "open_stores", "stable_hash"]
 log = logging.getLogger(__name__)
 
 _PREFIX = b'{"key": "'
-
-
-def stable_hash(obj: Any) -> str:
-    """32 hex digits of BLAKE2b over the canonical JSON of `obj` (sorted keys): equal inputs, equal hashes."""
-    text = json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=_jsonable)
-    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
-
-
-def _jsonable(obj: Any) -> Any:
-    if hasattr(obj, "__dataclass_fields__"):
-        from dataclasses import asdict
-        return asdict(obj)
-    if isinstance(obj, (set, frozenset)):
-        return sorted(obj)
-    raise TypeError(f"cannot hash a {type(obj).__name__}")
 
 
 class StoreLockedError(WriterLockedError):
