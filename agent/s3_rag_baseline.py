@@ -26,7 +26,6 @@ is a `DataFormatError` naming the file and the line. One process uses a cache fi
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import hashlib
 import json
 import logging
@@ -40,8 +39,9 @@ from agentic_retriever.client import RetrievalClient
 from agentic_retriever.eval.qa import YES_NO, is_yes_no  # re-exported: s3 drops yes/no questions (section 4.1)
 from agentic_retriever.jsonl import DataFormatError, json_error_text, write_json
 from agentic_retriever.llm.base import LLM
-
 from agentic_retriever.qa_sources import QARow
+from agentic_retriever.writer_lock import WriterLock, lock_beside
+
 from .rewards.generation import GENERATOR_PROMPT, GENERATOR_SAMPLING, JUDGE_PROMPT, JUDGE_SAMPLING, generation_accuracy
 
 __all__ = ["YES_NO", "NaiveRagCache", "is_yes_no", "retriever_identity",
@@ -146,12 +146,7 @@ class NaiveRagCache:
     def _open(self) -> Iterator[IO[bytes]]:
         """The cache file, locked, opened for reading and appending; its key fields written beside it once."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a+b") as handle:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                raise RuntimeError(f"{self.path} is in use by another process (one naive-RAG run per cache "
-                                   "file at a time)") from None
+        with WriterLock(lock_beside(self.path), f"the naive-RAG cache {self.path}"), open(self.path, "a+b") as handle:
             key_file = self.path.with_name(self.path.stem + ".key.json")
             if not key_file.exists():
                 write_json(key_file, self.key_fields)

@@ -14,6 +14,7 @@ from agentic_retriever.qa_sources import QARow
 from agentic_retriever.corpus import ScoredPassage
 from agentic_retriever.jsonl import DataFormatError
 from agentic_retriever.llm.base import Generation, SamplingParams
+from agentic_retriever.writer_lock import WriterLockedError
 from tests.fakes import FakeClient, Killed
 
 
@@ -89,6 +90,16 @@ def test_a_killed_run_resumes_without_losing_or_duplicating_rows(tmp_path):
     assert cache.accuracies(ROWS, client, generator, None, batch_size=2) == EXPECTED
     assert [queries for queries, _ in client.calls] == [["question 2", "question 3"], ["question 4"]]
     assert sorted(row["id"] for row in lines(cache)) == ["q0", "q1", "q2", "q3", "q4"]
+
+
+def test_a_second_run_on_the_same_cache_file_is_refused_while_the_first_holds_it(tmp_path):
+    from agentic_retriever.writer_lock import WriterLock, lock_beside
+
+    cache = NaiveRagCache(tmp_path, "retriever-a", "generator-a", None)
+    with WriterLock(lock_beside(cache.path), "another naive-RAG run"):  # held as a run in another process holds it
+        with pytest.raises(WriterLockedError, match=r"the naive-RAG cache .* is being written by another process"):
+            cache.accuracies(ROWS, QuestionClient(ANSWERS), AnsweringLLM(), None, batch_size=2)
+    assert cache.accuracies(ROWS, QuestionClient(ANSWERS), AnsweringLLM(), None, batch_size=2) == EXPECTED
 
 
 def test_a_partial_last_line_is_cut_off_and_a_corrupt_line_names_file_and_line(tmp_path):
