@@ -255,13 +255,14 @@ def replace_folder(building: str | os.PathLike, out: str | os.PathLike) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_write(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
+def atomic_write(path: str | os.PathLike, mode: str = "w", private: bool = False) -> Iterator[IO]:
     """Open a temp file beside `path`; on success rename it over `path`, on error remove it. The file gets the
-    mode a new file from ``open()`` gets (0666 less the umask); a full disk is a DiskFullError naming `path`."""
+    mode a new file from ``open()`` gets (0666 less the umask), or 0600 when `private` (a secret: readable by its
+    owner alone from its first byte on); a full disk is a DiskFullError naming `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with naming_disk_full(path):
-        tmp, fd = _create_beside(path, lambda candidate: os.open(candidate, _FILE_FLAGS, 0o666))
+        tmp, fd = _create_beside(path, lambda candidate: os.open(candidate, _FILE_FLAGS, 0o600 if private else 0o666))
         try:
             with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as handle:
                 yield handle

@@ -16,6 +16,7 @@ import dataclasses
 import importlib
 import importlib.util
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -31,9 +32,9 @@ import yaml
 from agent.dialects import SearchR1Dialect
 from agent.env import EnvConfig
 from agent.rl.config import RLConfig, SecondStage
-from agentic_retriever.client import HttpRetrievalClient
+from agentic_retriever.client import API_KEY_ENV, HttpRetrievalClient
 from agent.rl.verl.validate import compose_verl_config
-from agent.rl.verl import (AGENT_LOOP_NAME, REWARD_FILE, SearchTool, VerlRun, VerlSettings,
+from agent.rl.verl import (AGENT_LOOP_NAME, REWARD_FILE, TOOL_AGENT_LOOP_NAME, SearchTool, VerlRun, VerlSettings,
                                          prepare_verl_run, start_verl_run, wait_for_checkpoint)
 
 URL = "http://127.0.0.1:8123"
@@ -107,7 +108,8 @@ def test_parquet_rows_hold_the_fields_verl_reads_and_name_our_agent_loop(run):
     assert loop == [{"name": AGENT_LOOP_NAME, "_target_": "agent.rl.verl.agent_loop.DialectAgentLoop",
                      "_convert_": "all", "retrieval_service_url": URL, "timeout": 60.0,
                      "env": {"dialect": "search_r1", "max_turns": 4, "topk": 3, "max_new_tokens_per_turn": 512,
-                             "observation_max_tokens": 500, "max_context_tokens": 4096}}]
+                             "observation_max_tokens": 500, "max_context_tokens": 4096}},
+                    {"name": TOOL_AGENT_LOOP_NAME, "_target_": "agent.rl.verl.agent_loop.SearchToolAgentLoop"}]
 
 
 def test_validation_holds_out_training_questions_whole(run):
@@ -172,11 +174,36 @@ def test_the_tool_loop_writes_verls_tool_config_and_the_question_for_create(tmp_
                                 "/m", _qa(tmp_path / "train.jsonl", TRAIN))
     config = _compose((tool_run.out_dir / "overrides.txt").read_text().splitlines())
     turn = config.actor_rollout_ref.rollout.multi_turn
-    assert config.actor_rollout_ref.rollout.agent.default_agent_loop == "tool_agent" and turn.format == "hermes"
+    agent = config.actor_rollout_ref.rollout.agent  # verl's tool loop as ours (a failed search fails the trajectory)
+    assert agent.default_agent_loop == TOOL_AGENT_LOOP_NAME and turn.format == "hermes"
+    assert agent.agent_loop_config_path == str(tool_run.out_dir / "agent_loop.yaml")
     assert turn.tool_config_path == str(tool_run.out_dir / "search_tool.yaml") and turn.max_user_turns == 4
     row = pq.read_table(tool_run.out_dir / "train.parquet").to_pylist()[0]
-    assert row["agent_name"] == "tool_agent" and "<search>" not in row["prompt"][0]["content"]
+    assert row["agent_name"] == TOOL_AGENT_LOOP_NAME and "<search>" not in row["prompt"][0]["content"]
     assert row["extra_info"]["tools_kwargs"] == {"search": {"create_kwargs": {"question": row["extra_info"]["question"]}}}
+
+
+@pytest.mark.parametrize("key", ["", "s3cret-key"])
+def test_the_services_key_reaches_both_config_files_readable_by_their_owner_alone(tmp_path, monkeypatch, key):
+    """verl's workers on other nodes do not inherit the loop's environment: the key travels in the files, which
+    no other user may read; without a key the files carry none and keep the umask's mode."""
+    monkeypatch.setenv(API_KEY_ENV, key)
+    tool_run = prepare_verl_run(tmp_path / "verl", _settings(agent_loop="tool_agent", val_questions=1), _rl(), URL,
+                                "/m", _qa(tmp_path / "train.jsonl", TRAIN))
+    tool = tool_run.out_dir / "search_tool.yaml"
+    loops = tool_run.out_dir / "agent_loop.yaml"
+    assert yaml.safe_load(tool.read_text())["tools"][0]["config"].get("api_key") == (key or None)
+    assert yaml.safe_load(loops.read_text())[0].get("api_key") == (key or None)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert {path.stat().st_mode & 0o777 for path in (tool, loops)} == {0o600 if key else 0o666 & ~umask}
+    if key:
+        module, _, name = yaml.safe_load(tool.read_text())["tools"][0]["class_name"].rpartition(".")
+        tool_class = getattr(importlib.import_module(module), name)
+        config = yaml.safe_load(tool.read_text())["tools"][0]["config"]
+        monkeypatch.delenv(API_KEY_ENV)  # a worker on another node
+        assert tool_class(config, SimpleNamespace(function=SimpleNamespace(name="search")))._client._http.headers[
+            "X-API-Key"] == key
 
 
 def test_search_tool_yaml_points_at_the_service_and_the_tool_speaks_its_api(tmp_path):

@@ -16,8 +16,13 @@ imports (ray, tensordict, TransferQueue, ...); without them these tests skip, sa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import importlib.util
+import logging
+import re
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from uuid import uuid4
@@ -28,12 +33,12 @@ import yaml
 from agent.dialects import SearchR1Dialect
 from agent.env import EnvConfig
 from agent.rl.config import RLConfig
-from agentic_retriever.client import LocalRetrievalClient
+from agentic_retriever.client import API_KEY_ENV, LocalRetrievalClient, RetrievalServiceError
 from agentic_retriever.encoder import EncoderConfig
 from agentic_retriever.index import IndexBuildConfig, build_index, open_index
 from agent.rl.verl import AGENT_LOOP_NAME, VerlSettings, prepare_verl_run
 from agentic_retriever.server import ServerThread, create_app
-from tests.fakes import ray_temp_dir, synthetic_rows, write_jsonl
+from tests.fakes import free_port, ray_temp_dir, synthetic_rows, wait_until, write_jsonl
 
 hydra = pytest.importorskip("hydra", reason="hydra-core is not installed (the dev extra has it)")
 pytest.importorskip("ray", reason="ray is not installed (the dev extra has it: verl's agent loop imports it)")
@@ -146,10 +151,12 @@ def _v1_worker(config, server):
     return AgentLoopWorkerTQ.__ray_metadata__.modified_class(config, llm_client=server)
 
 
-def _rows_of_v1(worker, batch_dict, tq) -> list[dict]:
+def _rows_of_v1(worker, batch_dict, tq, groups: list | None = None) -> list[dict]:
     """One step as verl's V1 trainer submits it (``_fetch_one_gen_batch``: a uid per row, then a TensorDict with
     ``global_steps``): wait for the worker's fire-and-forget tasks, then read what its post-processing put into
-    TransferQueue (one key ``{uid}_0_0`` per row, as ``rollout.n`` is 1)."""
+    TransferQueue (one key ``{uid}_0_0`` per row, as ``rollout.n`` is 1). Every row must have succeeded, unless
+    `groups` is given: it then receives each row's group status (``finished`` or ``failure``), and only the
+    trajectories verl stored are returned, as its replay buffer would read them."""
     import numpy as np
     from verl.utils import tensordict_utils as tu
 
@@ -162,11 +169,15 @@ def _rows_of_v1(worker, batch_dict, tq) -> list[dict]:
         await asyncio.gather(*list(worker.background_tasks))
 
     asyncio.run(generate())
-    keys = [f"{uid}_0_0" for uid in batch_dict["uid"]]
     tags = tq.kv_list("train")["train"]
+    if groups is not None:
+        groups += [tags[uid]["status"] for uid in batch_dict["uid"]]
+    keys = [f"{uid}_0_0" for uid in batch_dict["uid"] if groups is None or f"{uid}_0_0" in tags]
     assert [tags[key]["status"] for key in keys] == ["success"] * len(keys)  # not "failure": our output packed
     data = tq.kv_batch_get(keys=keys, partition_id="train")
     tq.kv_clear(keys=keys + list(batch_dict["uid"]), partition_id="train")
+    if not keys:
+        return []
     fields = {name: data[name].unbind() for name in ("prompts", "responses", "response_mask", "rollout_log_probs")}
     extras, turns = list(data["extra_fields"]), list(data["num_turns"])  # as verl reads non-tensor fields back
     return [{**{name: values[i].tolist() for name, values in fields.items()}, "num_turns": turns[i],
@@ -189,20 +200,26 @@ def _rows_of_legacy(output: DataProto) -> list[dict]:
 
 
 def roll_out(request, tmp_path: Path, served, model_dir: str, reply, rl: RLConfig, questions: int = 2,
-             registered_only: bool = False, **settings) -> tuple[list[dict], ScriptedServer, SimpleNamespace]:
+             registered_only: bool = False, failures_allowed: bool = False, service_url: str | None = None,
+             preparing_env: dict[str, str] | None = None, **settings) -> tuple[list[dict], ScriptedServer, SimpleNamespace]:
     """One rollout step of the run `prepare_verl_run` writes, through verl's dataset, collate and agent-loop worker
     of the trainer path ``request.param`` (the `roll` fixture's): (the rows verl trains on, each with ``prompts``,
     ``responses``, ``response_mask``, ``rollout_log_probs``, ``num_turns`` and our fields; the server; the run, with
     ``questions``: what each row asks, in order, ``trainer``: the path, and ``output``: the legacy worker's padded
     batch).
-    `registered_only`: the loop is built from verl's ``register`` entry, which holds the class and no settings."""
+    `registered_only`: the loop is built from verl's ``register`` entry, which holds the class and no settings.
+    `failures_allowed` (v1): rows may fail; ``run.groups`` then holds each row's group status. `service_url`: a
+    service other than `served`'s."""
     qa = _qa(tmp_path / "train.jsonl", QUESTIONS + ["A held-out question?"])
     settings = {"val_questions": 1, "n_gpus_per_node": 1, "max_prompt_length": PROMPT_LENGTH,
                 "max_response_length": RESPONSE_LENGTH} | settings
     if request.param == "legacy":
         settings["overrides"] = ["trainer.use_v1=false"]
-    run = SimpleNamespace(**vars(prepare_verl_run(tmp_path / "verl", VerlSettings(**settings), rl, served["url"],
-                                                  model_dir, qa)))
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in (preparing_env or {}).items():
+            patch.setenv(name, value)
+        run = SimpleNamespace(**vars(prepare_verl_run(tmp_path / "verl", VerlSettings(**settings), rl,
+                                                      service_url or served["url"], model_dir, qa)))
     overrides = (run.out_dir / "overrides.txt").read_text().splitlines()
     config_dir = Path(list(importlib.util.find_spec("verl").submodule_search_locations)[0]) / "trainer" / "config"
     with hydra.initialize_config_dir(config_dir=str(config_dir), version_base=None):
@@ -220,9 +237,9 @@ def roll_out(request, tmp_path: Path, served, model_dir: str, reply, rl: RLConfi
                           config=config.data)
     rows = [dataset[i] for i in range(questions)]
     run.questions = [row["extra_info"]["question"] for row in rows]  # what each row of the batch asks
-    run.trainer = request.param
+    run.trainer, run.groups = request.param, []
     if tq:
-        return _rows_of_v1(worker, collate_fn(rows), tq), server, run
+        return _rows_of_v1(worker, collate_fn(rows), tq, run.groups if failures_allowed else None), server, run
     batch = DataProto.from_single_dict(collate_fn(rows))
     batch.meta_info = {"global_steps": 1, "validate": False}
     run.output = asyncio.run(worker.generate_sequences(batch))
@@ -356,3 +373,93 @@ def test_the_hermes_tool_loop_hands_the_question_to_our_search_tool(roll, served
     assert searched(served) == [("river castle", run.questions[0])]
     _, inserted = _split(rows[0], server.tokenizer)
     assert '<information>Doc 1(Title: "Topic' in inserted
+
+
+@pytest.fixture(scope="module")
+def bm25_index(tmp_path_factory) -> Path:
+    """A BM25 index over the synthetic corpus, for a service in a process of its own."""
+    root = tmp_path_factory.mktemp("bm25-service")
+    corpus = write_jsonl(root / "corpus.jsonl", synthetic_rows(60))
+    build_index(IndexBuildConfig(corpus=str(corpus), out=str(root / "index"), backend="bm25",
+                                 corpus_cache=str(root / "cache")))
+    return root / "index"
+
+
+@contextlib.contextmanager
+def serving_process(index: Path, log: Path, *flags: str):
+    """``index serve`` in a process of its own, as users and the loop's step servers run it: {"url", "process"}."""
+    port = free_port()
+    with log.open("w") as sink:
+        process = subprocess.Popen([sys.executable, "-m", "agentic_retriever.cli", "index", "serve", "--index",
+                                    str(index), "--port", str(port), *flags], stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: "Uvicorn running" in log.read_text() or process.poll() is not None, "the service")
+        assert process.poll() is None, log.read_text()
+        yield {"url": f"http://127.0.0.1:{port}", "process": process}
+    finally:
+        process.kill()
+        process.wait(30)
+
+
+@pytest.fixture
+def mortal_service(bm25_index, tmp_path):
+    """A service in a process of its own, for a test to SIGKILL mid-step."""
+    with serving_process(bm25_index, tmp_path / "serve.log") as service:
+        yield service
+
+
+SEARCHES = {"dialect": " <search> river castle </search>",
+            "tool_agent": '<tool_call>\n{"name": "search", "arguments": {"query_list": ["river castle"]}}\n'
+                          '</tool_call>'}
+
+
+@pytest.mark.parametrize("loop", ["dialect", "tool_agent"])
+def test_a_search_the_dead_service_fails_is_never_trained_on(request, roll, mortal_service, loop, caplog):
+    """The service is SIGKILLed mid-step, when the first trajectory comes back from its search: that trajectory
+    answers and is trained on; the other's search (retried by the client, then refused) fails its trajectory, in
+    our dialect loop and in verl's tool loop alike (which alone would make "Error executing tool ..." its
+    observation). verl's V1 trainer marks that group ``failure`` and stores none of it (its replay buffer trains on
+    the finished groups); the legacy trainer fails the step with our error, naming the service and the question."""
+    killed = []
+
+    def reply(context: str, turn: int) -> str:
+        if turn == 0:
+            return SEARCHES[loop]
+        if turn == 1 and not killed:  # the first trajectory back from its search: the service dies now
+            mortal_service["process"].kill()
+            mortal_service["process"].wait(30)
+            killed.append(context)
+            return "<answer> Paris </answer>"
+        return SEARCHES[loop] if turn == 1 else "<answer> Paris </answer>"
+
+    step = functools.partial(roll, reply, _rl(), questions=2, failures_allowed=True, service_url=mortal_service["url"],
+                             **({"agent_loop": loop} if loop == "tool_agent" else {}))
+    url = f"{mortal_service['url']}/retrieve"
+    if request.node.callspec.params["roll"] == "legacy":
+        with pytest.raises(RetrievalServiceError, match=r"the search of the trajectory of '.+' failed: .*"
+                                                        + re.escape(url)):
+            step()
+        return
+    with caplog.at_level(logging.ERROR):
+        rows, server, run = step()
+    survivor = next(q for q in run.questions if q in killed[0])
+    assert run.groups == ["finished" if q == survivor else "failure" for q in run.questions]
+    assert len(rows) == 1 and rows[0]["num_turns"] == 4  # the survivor: prompt, search, observation, answer
+    _, inserted = _split(rows[0], server.tokenizer)
+    assert "<information>Doc 1(Title:" in inserted and "Error" not in inserted
+    failed = next(q for q in run.questions if q != survivor)
+    assert any(f"the search of the trajectory of {failed!r} failed" in record.getMessage() + str(record.exc_info)
+               and url in str(record.exc_info) for record in caplog.records), "verl logs our error"
+
+
+def test_verls_workers_reach_a_keyed_service_with_the_key_the_run_folder_hands_them(roll, bm25_index, tmp_path):
+    """A service off loopback takes a key (the loop under Ray makes one, in ``$AGENTIC_RETRIEVER_API_KEY``); verl's
+    workers on other nodes do not inherit the loop's environment, so the run folder hands it over: here the
+    variable is set only while the folder is written, and the trajectories still search."""
+    key = "k3y-" + "x" * 28
+    with serving_process(bm25_index, tmp_path / "serve.log", "--api-key", key) as service:
+        rows, _, run = roll(search_then_answer, _rl(), questions=2, service_url=service["url"],
+                            preparing_env={API_KEY_ENV: key})
+    assert [(row["searches"], row["finish_reason"]) for row in rows] == [(1, "answer")] * 2
+    loops = run.out_dir / "agent_loop.yaml"
+    assert yaml.safe_load(loops.read_text())[0]["api_key"] == key and (loops.stat().st_mode & 0o777) == 0o600

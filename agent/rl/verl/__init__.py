@@ -22,7 +22,8 @@ tool-calling models, ``agent_loop: tool_agent`` runs verl's hermes tool loop wit
   reward file, and the RLConfig fields verl has no counterpart for;
 * `run_folder`: the files of one run (`prepare_verl_run`: parquet data with a held-out validation slice of the
   training questions, the agent-loop or tool config, overrides, launch script);
-* `agent_loop`: `DialectAgentLoop`, verl's ``AgentLoopBase`` over our environment (imports verl: not imported here);
+* `agent_loop`: `DialectAgentLoop`, verl's ``AgentLoopBase`` over our environment, and `SearchToolAgentLoop`, verl's
+  tool loop failing a trajectory whose search failed (imports verl: not imported here);
 * `search_tool`: `SearchTool`, the native verl tool of the ``tool_agent`` loop, and its config;
 * `checkpoint`: starting a run (`start_verl_run`), picking up its final checkpoint (`wait_for_checkpoint`) and
   stopping every process of it (`agentic_retriever.sessions.stop_session`);
@@ -35,12 +36,13 @@ tool-calling models, ``agent_loop: tool_agent`` runs verl's hermes tool loop wit
 
 from .checkpoint import finished_checkpoint, start_verl_run, wait_for_checkpoint
 from .job import run_verl_job
-from .overrides import AGENT_LOOP_NAME, REWARD_FILE, epochs_for_steps, per_gpu_micro_batches, verl_overrides
+from .overrides import (AGENT_LOOP_NAME, REWARD_FILE, TOOL_AGENT_LOOP_NAME, epochs_for_steps, per_gpu_micro_batches,
+                        verl_overrides)
 from .run_folder import agent_loop_config, prepare_verl_run, split_heldout, write_verl_parquet
 from .search_tool import SearchTool, search_tool_config
 from .settings import VerlRun, VerlSettings
 
-__all__ = ["AGENT_LOOP_NAME", "REWARD_FILE", "SearchTool", "VerlRun", "VerlSettings", "agent_loop_config",
-           "epochs_for_steps", "finished_checkpoint", "per_gpu_micro_batches", "prepare_verl_run", "run_verl_job",
-           "search_tool_config", "split_heldout", "start_verl_run", "verl_overrides", "write_verl_parquet",
+__all__ = ["AGENT_LOOP_NAME", "REWARD_FILE", "TOOL_AGENT_LOOP_NAME", "SearchTool", "VerlRun", "VerlSettings",
+           "agent_loop_config", "epochs_for_steps", "finished_checkpoint", "per_gpu_micro_batches", "prepare_verl_run",
+           "run_verl_job", "search_tool_config", "split_heldout", "start_verl_run", "verl_overrides", "write_verl_parquet",
            "wait_for_checkpoint"]

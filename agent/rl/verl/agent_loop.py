@@ -1,4 +1,5 @@
-"""verl's agent loop for our search agents: `DialectAgentLoop`, registered as ``agentic_retriever_agent``.
+"""verl's agent loops for our search agents: `DialectAgentLoop`, registered as ``agentic_retriever_agent``, and
+`SearchToolAgentLoop` (verl's hermes ``tool_agent`` loop around our `SearchTool`), as ``agentic_retriever_tool_agent``.
 
 verl ("HybridFlow: A Flexible and Efficient RLHF Framework", arXiv 2409.19256; written against verl 0.9.1) runs
 one `AgentLoopBase` coroutine per trajectory and trains on what it returns. This one runs the environment of our
@@ -23,6 +24,15 @@ The settings come from the agent-loop config file the run folder writes (`run_fo
 ``retrieval_service_url`` and ``timeout`` (read from that file when verl builds the loop from its ``register``
 entry, which keeps the class only). This module imports verl, so it is imported only where verl runs
 (`agent.rl.verl` does not import it).
+
+**A failed search fails its trajectory, in both loops.** A search the service does not answer after the client's
+retries (`HttpRetrievalClient`: connection errors, timeouts, 5xx and 429, with back-off) raises
+`RetrievalServiceError`, naming the service and the trajectory's question, out of the loop's ``run``: verl never
+trains on it. On verl's trainer (``use_v1``, which our overrides pin) the question's group is marked ``failure`` and
+only its finished trajectories reach the batch (verl logs the error; ``trainer.v1.sampler.sync_refill_failed_groups``
+draws replacements; a step where nothing finished stops with verl's error); on the legacy trainer the step fails with
+it. Left to itself, verl's ``tool_agent`` would hand the policy the text "Error executing tool ..." as an observation
+and train on it; `SearchToolAgentLoop` raises instead.
 """
 
 from __future__ import annotations
@@ -37,23 +47,26 @@ from uuid import uuid4
 import yaml
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
+from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
 
 from agent.env import EnvConfig, Environment, Episode, retrieve_checked
-from agentic_retriever.client import HttpRetrievalClient
+from agentic_retriever.client import HttpRetrievalClient, RetrievalServiceError
 from agentic_retriever.llm.base import Generation
 
-from .overrides import AGENT_LOOP_NAME
+from .overrides import AGENT_LOOP_NAME, TOOL_AGENT_LOOP_NAME
+from .search_tool import SEARCH_FAILED
 
-__all__ = ["AGENT_LOOP_NAME", "DialectAgentLoop"]
+__all__ = ["AGENT_LOOP_NAME", "TOOL_AGENT_LOOP_NAME", "DialectAgentLoop", "SearchToolAgentLoop"]
 
 #: What each rollout engine needs to keep a stop string in the returned tokens (the dialect parses it).
 _KEEP_STOP_STRING = {"vllm": {"include_stop_str_in_output": True}, "sglang": {"no_stop_trim": True}}
 
 
 @functools.cache
-def _client(url: str, timeout: float) -> HttpRetrievalClient:
-    """One HTTP client per service and worker process (verl builds a loop object per trajectory)."""
-    return HttpRetrievalClient(url, timeout=timeout)
+def _client(url: str, timeout: float, api_key: str | None) -> HttpRetrievalClient:
+    """One HTTP client per service and worker process (verl builds a loop object per trajectory); `api_key` None
+    sends ``$AGENTIC_RETRIEVER_API_KEY`` when set."""
+    return HttpRetrievalClient(url, timeout=timeout, api_key=api_key)
 
 
 @functools.cache
@@ -67,7 +80,7 @@ def _config_entry(path: str | None) -> dict[str, Any]:
     found = [entry for entry in entries if entry.get("name") == AGENT_LOOP_NAME]
     if not found or not {"env", "retrieval_service_url"} <= found[0].keys():
         raise ValueError(f"{path}: no entry named {AGENT_LOOP_NAME} with the fields env and retrieval_service_url")
-    return {"timeout": 60.0, **found[0]}
+    return {"timeout": 60.0, "api_key": None, **found[0]}
 
 
 @register(AGENT_LOOP_NAME)
@@ -75,22 +88,24 @@ class DialectAgentLoop(AgentLoopBase):
     """One trajectory of our search agent in any dialect (``search_r1``, ``s3``, ``qagent``, ``reflect``) on verl.
 
     ``env``: `EnvConfig` fields (dialect and budgets; ``max_response_tokens`` is verl's response length);
-    ``retrieval_service_url``: our service (``index serve`` or the loop's); ``timeout``: seconds per request.
+    ``retrieval_service_url``: our service (``index serve`` or the loop's); ``timeout``: seconds per request;
+    ``api_key``: the service's key, when it takes one.
     """
 
     def __init__(self, *args: Any, env: dict[str, Any] | None = None, retrieval_service_url: str | None = None,
-                 timeout: float = 60.0, **kwargs: Any):
+                 timeout: float = 60.0, api_key: str | None = None, **kwargs: Any):
         kwargs.pop("tools", None)  # verl hands every loop its tool list; the dialect is our tool
         kwargs.pop("name", None)   # the config entry's own name
         super().__init__(*args, **kwargs)
         if env is None or retrieval_service_url is None:  # built from `register`'s bare entry: read the file's
             entry = _config_entry(self.rollout_config.agent.agent_loop_config_path)
-            env, retrieval_service_url, timeout = entry["env"], entry["retrieval_service_url"], entry["timeout"]
+            env, retrieval_service_url = entry["env"], entry["retrieval_service_url"]
+            timeout, api_key = entry["timeout"], entry["api_key"]
         self.prompt_length = self.rollout_config.prompt_length
         self.response_length = self.rollout_config.response_length
         config = EnvConfig(**{**env, "max_response_tokens": self.response_length})
         self.environment = Environment(self.tokenizer, config)
-        self.client = _client(retrieval_service_url, float(timeout))
+        self.client = _client(retrieval_service_url, float(timeout), api_key)
         engine = self.rollout_config.name
         if engine not in _KEEP_STOP_STRING:
             raise ValueError(f"{AGENT_LOOP_NAME} supports the rollout engines {', '.join(_KEEP_STOP_STRING)}, "
@@ -124,7 +139,11 @@ class DialectAgentLoop(AgentLoopBase):
     async def _retrieve(self, queries: list[str], question: str, timing: dict[str, float], topk: int):
         """The service's top-`topk` for each of `queries`, each sent with the trajectory's `question`."""
         start = time.perf_counter()
-        results = await asyncio.to_thread(retrieve_checked, self.client, queries, [question] * len(queries), topk)
+        try:
+            results = await asyncio.to_thread(retrieve_checked, self.client, queries, [question] * len(queries), topk)
+        except RetrievalServiceError as error:  # after the client's retries: the trajectory fails (module docstring)
+            raise RetrievalServiceError(f"the search of the trajectory of {question!r} failed: {error}",
+                                        error.status_code, error.url) from error
         timing["tool_calls"] += time.perf_counter() - start
         return results
 
@@ -156,6 +175,19 @@ class DialectAgentLoop(AgentLoopBase):
         return AgentLoopOutput(prompt_ids=episode.prompt_ids, response_ids=response_ids[:cut], response_mask=mask[:cut],
                                response_logprobs=logprobs[:cut] if with_logprobs else None,
                                num_turns=1 + len(episode.segments), metrics=timing, extra_fields=extra)
+
+
+@register(TOOL_AGENT_LOOP_NAME)
+class SearchToolAgentLoop(ToolAgentLoop):
+    """verl's hermes tool loop, except that a search the service failed (`SearchTool`'s ``SEARCH_FAILED``) fails
+    the trajectory instead of becoming the observation the policy trains on."""
+
+    async def _call_tool(self, tool_call: Any, tools_kwargs: dict[str, Any],
+                         agent_data: Any) -> tuple[Any, float, dict]:
+        response, reward, metrics = await super()._call_tool(tool_call, tools_kwargs, agent_data)
+        if isinstance(metrics, dict) and metrics.get(SEARCH_FAILED):
+            raise RetrievalServiceError(metrics[SEARCH_FAILED])
+        return response, reward, metrics
 
 
 def _merge_server_fields(fields: dict[str, Any], new: dict[str, Any]) -> None:

@@ -18,8 +18,9 @@ per-GPU micro-batch that does not divide the per-GPU mini-batch, is refused. ``p
 **agent loop** (`VerlSettings.agent_loop`): ``dialect`` points ``rollout.agent.agent_loop_config_path`` at the run's
 ``agent_loop.yaml`` (our `DialectAgentLoop`, with ``env.dialect``, ``env.max_turns``, ``env.topk``,
 ``env.max_new_tokens_per_turn``, ``env.observation_max_tokens``, ``env.max_context_tokens`` and the service URL);
-``tool_agent`` sets verl's hermes tool loop (``multi_turn``: ``env.max_turns`` as its turn limits,
-``env.observation_max_tokens`` x 4 characters as its tool-answer cut, ``search_tool.yaml``).
+``tool_agent`` sets verl's hermes tool loop as `SearchToolAgentLoop` (in the same file: a failed search fails the
+trajectory) with ``multi_turn``: ``env.max_turns`` as its turn limits, ``env.observation_max_tokens`` x 4
+characters as its tool-answer cut, ``search_tool.yaml``.
 
 RLConfig fields without a verl counterpart (refused when they differ from what verl does, else ignored):
 ``whiten_advantages`` (verl always whitens GAE advantages; False is refused), ``value_clip`` None (verl always
@@ -50,6 +51,7 @@ from .settings import VerlSettings
 CHARS_PER_TOKEN = 4  # verl cuts tool responses by characters; our observation cut is in tokens
 REWARD_FILE = Path(verl_rewards.__file__).resolve()
 AGENT_LOOP_NAME = "agentic_retriever_agent"  # the name `agent_loop.DialectAgentLoop` is registered under
+TOOL_AGENT_LOOP_NAME = "agentic_retriever_tool_agent"  # `agent_loop.SearchToolAgentLoop`: verl's tool loop, ours
 AGENT_LOOP_FILE = "agent_loop.yaml"          # verl's agent-loop config file in the run folder
 TOOL_FILE = "search_tool.yaml"               # verl's tool config file (agent_loop tool_agent)
 
@@ -220,9 +222,10 @@ def _run_overrides(settings: VerlSettings, rl: RLConfig, out_dir: Path, init_mod
         f"{rollout}.tensor_model_parallel_size": settings.tensor_parallel_size,
         f"{rollout}.gpu_memory_utilization": settings.gpu_memory_utilization,
         f"{turn}.enable": True,
-        **(_tool_agent_overrides(rl, out_dir) if settings.agent_loop == "tool_agent" else {
-            f"{rollout}.agent.default_agent_loop": AGENT_LOOP_NAME,
-            f"{rollout}.agent.agent_loop_config_path": str(out_dir / AGENT_LOOP_FILE)}),
+        f"{rollout}.agent.default_agent_loop": TOOL_AGENT_LOOP_NAME if settings.agent_loop == "tool_agent"
+        else AGENT_LOOP_NAME,
+        f"{rollout}.agent.agent_loop_config_path": str(out_dir / AGENT_LOOP_FILE),
+        **(_tool_agent_overrides(rl, out_dir) if settings.agent_loop == "tool_agent" else {}),
         "reward.custom_reward_function.path": str(REWARD_FILE),
         "actor_rollout_ref.actor.checkpoint.save_contents": ["model", "optimizer", "extra", "hf_model"],
         "trainer.default_local_dir": str(out_dir / "checkpoints"),
@@ -243,9 +246,8 @@ def _run_overrides(settings: VerlSettings, rl: RLConfig, out_dir: Path, init_mod
 
 def _tool_agent_overrides(rl: RLConfig, out_dir: Path) -> dict[str, Any]:
     """verl's hermes tool loop with our search tool (``agent_loop: tool_agent``)."""
-    rollout, turn = "actor_rollout_ref.rollout", "actor_rollout_ref.rollout.multi_turn"
+    turn = "actor_rollout_ref.rollout.multi_turn"
     return {
-        f"{rollout}.agent.default_agent_loop": "tool_agent",
         f"{turn}.format": "hermes",
         f"{turn}.tool_config_path": str(out_dir / TOOL_FILE),
         f"{turn}.tool_response_truncate_side": "right",

@@ -28,13 +28,14 @@ import yaml
 from agent.dialects import get_dialect
 from agent.env import EnvConfig
 from agent.rl.config import RLConfig
+from agentic_retriever.client import API_KEY_ENV
 from agentic_retriever.eval.qa import normalize_answer
 from agentic_retriever.jsonl import atomic_write
 from agentic_retriever.qa_sources import QARow, read_qa_rows
 from agentic_retriever.sessions import command_words
 
-from .overrides import (AGENT_LOOP_FILE, AGENT_LOOP_NAME, TOOL_FILE, check_mappable, epochs_for_steps,
-                        final_step, verl_overrides)
+from .overrides import (AGENT_LOOP_FILE, AGENT_LOOP_NAME, TOOL_AGENT_LOOP_NAME, TOOL_FILE, check_mappable,
+                        epochs_for_steps, final_step, verl_overrides)
 from .search_tool import TOOL_NAME, search_tool_config
 from .checkpoint import KILL_GRACE_SECONDS, TRAPPED_SIGNALS
 from .cpu import cpu_environment
@@ -48,13 +49,18 @@ TOOL_PROMPT = ("Answer the given question. Call the search tool whenever you lac
                "illustrations, for example <answer> Beijing </answer>. Question: {question}\n")
 
 
-def agent_loop_config(env: EnvConfig, service_url: str, timeout: float = 60.0) -> list[dict[str, Any]]:
+def agent_loop_config(env: EnvConfig, service_url: str, timeout: float = 60.0,
+                      api_key: str | None = None) -> list[dict[str, Any]]:
     """verl's agent-loop config file (a list of Hydra ``instantiate`` entries): `agent_loop.DialectAgentLoop` with
-    the environment settings of `env` (sampling is verl's) and our retrieval service at `service_url`."""
+    the environment settings of `env` (sampling is verl's) and our retrieval service at `service_url` (with its
+    `api_key`, when it takes one), and `agent_loop.SearchToolAgentLoop` (verl's tool loop, which reads its settings
+    from verl's ``multi_turn``)."""
     settings = {name: getattr(env, name) for name in ("dialect", "max_turns", "topk", "max_new_tokens_per_turn",
                                                       "observation_max_tokens", "max_context_tokens")}
     return [{"name": AGENT_LOOP_NAME, "_target_": f"{__package__}.agent_loop.DialectAgentLoop", "_convert_": "all",
-             "env": settings, "retrieval_service_url": service_url, "timeout": timeout}]
+             "env": settings, "retrieval_service_url": service_url, "timeout": timeout}
+            | ({"api_key": api_key} if api_key else {}),
+            {"name": TOOL_AGENT_LOOP_NAME, "_target_": f"{__package__}.agent_loop.SearchToolAgentLoop"}]
 
 
 def _prompt(qa: QARow, agent_loop: str, dialect: str) -> str:
@@ -74,7 +80,7 @@ def _row(qa: QARow, split: str, index: int, agent_loop: str, dialect: str) -> di
         "extra_info": {"split": split, "index": index, "id": qa.id, "question": qa.question} | ({
             "need_tools_kwargs": True, "tools_kwargs": {TOOL_NAME: {"create_kwargs": {"question": qa.question}}}}
             if agent_loop == "tool_agent" else {}),
-        "agent_name": AGENT_LOOP_NAME if agent_loop == "dialect" else "tool_agent",
+        "agent_name": AGENT_LOOP_NAME if agent_loop == "dialect" else TOOL_AGENT_LOOP_NAME,
     }
 
 
@@ -102,8 +108,8 @@ def write_verl_parquet(rows: list[QARow], split: str, path: Path, agent_loop: st
     return len(rows)
 
 
-def _write_text(path: Path, text: str, executable: bool = False) -> None:
-    with atomic_write(path) as handle:
+def _write_text(path: Path, text: str, executable: bool = False, private: bool = False) -> None:
+    with atomic_write(path, private=private) as handle:
         handle.write(text)
     if executable:
         path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
@@ -137,10 +143,12 @@ def prepare_verl_run(out_dir: str | os.PathLike, settings: VerlSettings, rl: RLC
     """Write a verl PPO run of the agent against the retrieval service at `service_url` into `out_dir`.
 
     Files: ``train.parquet`` / ``val.parquet`` (the questions of `train_qa`, `settings.val_questions` of them held
-    out for validation; see the module docstring), ``agent_loop.yaml`` (`agent_loop_config`; agent loop
-    ``dialect``) or ``search_tool.yaml`` (`search_tool_config`; ``tool_agent``), ``overrides.txt`` (one Hydra
+    out for validation; see the module docstring), ``agent_loop.yaml`` (`agent_loop_config`: both of our loops),
+    ``search_tool.yaml`` (`search_tool_config`; agent loop ``tool_agent`` only), ``overrides.txt`` (one Hydra
     override a line, `verl_overrides`) and ``launch.sh`` (``LAUNCHER -m verl.trainer.main_ppo OVERRIDES...``, run
-    from `out_dir`). ``trainer.total_epochs`` follows from the training rows (`epochs_for_steps`). Checkpoints go
+    from `out_dir`). When ``$AGENTIC_RETRIEVER_API_KEY`` holds the service's key (the loop puts a fresh one there
+    when its service leaves loopback), both config files carry it, readable by their owner alone (0600): verl's
+    workers on other nodes do not inherit this process's environment. ``trainer.total_epochs`` follows from the training rows (`epochs_for_steps`). Checkpoints go
     to ``out_dir/checkpoints``; the log of a launched run to ``out_dir/verl.log``.
     """
     if not service_url:
@@ -152,11 +160,12 @@ def prepare_verl_run(out_dir: str | os.PathLike, settings: VerlSettings, rl: RLC
     out.mkdir(parents=True, exist_ok=True)
     write_verl_parquet(train, "train", out / "train.parquet", settings.agent_loop, rl.env.dialect)
     write_verl_parquet(held_out, "heldout", out / "val.parquet", settings.agent_loop, rl.env.dialect)
-    if settings.agent_loop == "dialect":
-        config = agent_loop_config(rl.env, service_url)
-        _write_text(out / AGENT_LOOP_FILE, yaml.safe_dump(config, sort_keys=False))
-    else:
-        _write_text(out / TOOL_FILE, yaml.safe_dump(search_tool_config(service_url, rl.env.topk), sort_keys=False))
+    api_key = os.environ.get(API_KEY_ENV) or None  # the service's key, for verl's workers on every node
+    loops = agent_loop_config(rl.env, service_url, api_key=api_key)
+    if settings.agent_loop == "tool_agent":
+        _write_text(out / TOOL_FILE, yaml.safe_dump(search_tool_config(service_url, rl.env.topk, api_key),
+                                                     sort_keys=False), private=api_key is not None)
+    _write_text(out / AGENT_LOOP_FILE, yaml.safe_dump(loops, sort_keys=False), private=api_key is not None)
     _write_text(out / "overrides.txt", "\n".join(overrides) + "\n")
     command = [*command_words(settings.launcher), "-m", "verl.trainer.main_ppo", *overrides]
     _write_text(out / "launch.sh", launch_script(command, out, settings), executable=True)

@@ -5,6 +5,12 @@ of earlier verl releases is gone), so the tool config names `SearchTool`, a nati
 service through `HttpRetrievalClient` (``POST /retrieve`` with ``{"queries", "topk", "return_scores": true}``, the
 request verl's former search tool sent) and returns Search-R1's ``<information>Doc 1(Title: ...) ...</information>``
 text (`SearchR1Dialect.format_observation`).
+
+A search the service still fails after the client's retries is never handed to the policy as an observation:
+verl's hermes loop turns any exception of a tool into the text "Error executing tool ..." and trains on it, so
+`SearchTool.execute` answers such a search with the failure in its metrics (``SEARCH_FAILED``), and our tool loop
+(`agent_loop.SearchToolAgentLoop`, which `prepare_verl_run` names) raises it, failing the trajectory (docs/verl.md,
+"When the service fails").
 """
 
 from __future__ import annotations
@@ -14,16 +20,20 @@ from typing import Any
 from uuid import uuid4
 
 from agent.dialects.search_r1 import SearchR1Dialect
-from agentic_retriever.client import HttpRetrievalClient
+from agentic_retriever.client import HttpRetrievalClient, RetrievalServiceError
 
 TOOL_NAME = "search"
+#: The key of `SearchTool.execute`'s metrics that carries a failed search's error (the service's URL and cause).
+SEARCH_FAILED = "search_failed"
 
 
-def search_tool_config(service_url: str, topk: int) -> dict[str, Any]:
-    """verl's native-tool config (``multi_turn.tool_config_path``): `SearchTool` at our service."""
+def search_tool_config(service_url: str, topk: int, api_key: str | None = None) -> dict[str, Any]:
+    """verl's native-tool config (``multi_turn.tool_config_path``): `SearchTool` at our service (with its `api_key`,
+    when it takes one)."""
     return {"tools": [{
         "class_name": f"{__name__}.SearchTool",
-        "config": {"type": "native", "retrieval_service_url": service_url, "topk": topk, "timeout": 60},
+        "config": {"type": "native", "retrieval_service_url": service_url, "topk": topk, "timeout": 60}
+        | ({"api_key": api_key} if api_key else {}),
         "tool_schema": {"type": "function", "function": {
             "name": TOOL_NAME,
             "description": "Searches the knowledge corpus for passages relevant to each query.",
@@ -35,7 +45,8 @@ def search_tool_config(service_url: str, topk: int) -> dict[str, Any]:
 class SearchTool:
     """A native verl tool (``verl.tools.base_tool.BaseTool``'s interface) searching our retrieval service.
 
-    verl builds it from `search_tool_config`: ``config`` holds ``retrieval_service_url``, ``topk`` and ``timeout``;
+    verl builds it from `search_tool_config`: ``config`` holds ``retrieval_service_url``, ``topk``, ``timeout`` and
+    the service's ``api_key`` when it takes one (else ``$AGENTIC_RETRIEVER_API_KEY`` is sent, when set);
     ``tool_schema`` is verl's ``OpenAIFunctionToolSchema``. The model calls it with ``{"query_list": [...]}``; the
     answer is Search-R1's observation of all passages (`SearchR1Dialect.format_observation`). Each instance keeps
     the row's question (``create(create_kwargs={"question": ...})``) and sends it along with every query, so a
@@ -47,7 +58,8 @@ class SearchTool:
         self.config, self.tool_schema = config, tool_schema
         self.name = tool_schema.function.name
         self.topk = int(config.get("topk", 3))
-        self._client = HttpRetrievalClient(config["retrieval_service_url"], timeout=float(config.get("timeout", 60)))
+        self._client = HttpRetrievalClient(config["retrieval_service_url"], timeout=float(config.get("timeout", 60)),
+                                           api_key=config.get("api_key"))
         self._questions: dict[str, str | None] = {}
 
     def get_openai_tool_schema(self) -> Any:
@@ -76,7 +88,12 @@ class SearchTool:
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any) -> tuple[Any, float, dict]:
         from verl.tools.schemas import ToolResponse
 
-        text = await asyncio.to_thread(self.search, parameters.get("query_list", []), self._questions.get(instance_id))
+        question = self._questions.get(instance_id)
+        try:
+            text = await asyncio.to_thread(self.search, parameters.get("query_list", []), question)
+        except RetrievalServiceError as error:  # after the client's retries: not an observation (module docstring)
+            failure = f"the search of the trajectory of {question!r} failed: {error}"
+            return ToolResponse(text=f"Error executing tool '{self.name}': {failure}"), 0.0, {SEARCH_FAILED: failure}
         return ToolResponse(text=text), 0.0, {}
 
     async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
