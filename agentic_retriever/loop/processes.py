@@ -165,6 +165,7 @@ class ServiceSpec:
     devices: str = ""           # CUDA_VISIBLE_DEVICES of the server: GPU numbers, "cpu", or "" to inherit
     start_timeout_s: float = 1800.0
     api_key_env: str = ""       # the variable the server and its clients read a shared key from (`StepServices`)
+    max_restarts: int = 2       # how often a run of the loop restarts it after it died (`StepServices.revive`)
 
     @property
     def gpu_count(self) -> int:
@@ -196,10 +197,13 @@ class ServiceSpec:
         key_env = value.get("api_key_env", "")
         if not isinstance(key_env, str) or key_env and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key_env):
             raise ValueError(f"{where}.api_key_env: the name of an environment variable, got {key_env!r}")
-        return cls(name, value["command"], value["health_url"], tuple(needed), devices, timeout, key_env)
+        restarts = value.get("max_restarts", 2)
+        if not isinstance(restarts, int) or isinstance(restarts, bool) or restarts < 0:
+            raise ValueError(f"{where}.max_restarts: a whole number >= 0, got {restarts!r}")
+        return cls(name, value["command"], value["health_url"], tuple(needed), devices, timeout, key_env, restarts)
 
 
-_SERVICE_FIELDS = ("command", "health_url", "steps", "devices", "start_timeout_s", "api_key_env")
+_SERVICE_FIELDS = ("command", "health_url", "steps", "devices", "start_timeout_s", "api_key_env", "max_restarts")
 
 
 def service_specs(services: dict[str, Any], steps: Sequence[str]) -> list[ServiceSpec]:
@@ -229,7 +233,9 @@ class StepServices:
     server that `step` does not name and starts (and waits for the health URL of) every one it does; leaving the
     context stops them all. A server with ``api_key_env`` finds a key in that variable (a fresh random one unless
     the user set it), which the loop's own processes inherit and Ray's are handed: vLLM's OpenAI server reads
-    ``VLLM_API_KEY`` and the ``openai`` scorer backend sends the variable its ``api_key_env`` names. Each server logs to ``log_dir/NAME.log``. With `ray` (``loop.ray`` under
+    ``VLLM_API_KEY`` and the ``openai`` scorer backend sends the variable its ``api_key_env`` names. A server that
+    died is started again (`revive`), at most ``max_restarts`` times in a run. Each server logs to
+    ``log_dir/NAME.log``. With `ray` (``loop.ray`` under
     ``loop.placement: ray``) each runs as a Ray actor asking for as many GPUs as its ``devices`` list names, on
     whichever node has them free (`ray_placement.RayServer`), and its loopback URLs point at that node
     (`reachable`)."""
@@ -237,6 +243,7 @@ class StepServices:
     def __init__(self, specs: Sequence[ServiceSpec], log_dir: Path, ray: Any = None):
         self.specs, self.log_dir, self.ray = list(specs), Path(log_dir), ray
         self.running: dict[str, Any] = {}
+        self.restarts: dict[str, int] = {}  # restarts of each server in this run
         self._made_keys: set[str] = set()  # keys put in the environment here, removed when the servers go
 
     def __enter__(self) -> StepServices:
@@ -252,9 +259,30 @@ class StepServices:
     def before(self, step: str) -> None:
         for name in [n for n in self.running if step not in self._spec(n).steps]:
             self._stop(name)
+        self.revive(step)  # one that died since the last step
         for spec in self.specs:
             if step in spec.steps and spec.name not in self.running:
                 self._start(spec)
+
+    def revive(self, step: str) -> list[str]:
+        """Start again every server of `step` that died (its process exited): the names started. Each is started
+        at most its ``max_restarts`` times in a run; past that a RuntimeError names it, its log and the log's last
+        lines. The loop calls this when a step failed, and runs the step again (it resumes from its stores) when a
+        server came back."""
+        dead = [(name, status) for name, server in self.running.items()
+                if step in self._spec(name).steps and (status := server.poll()) is not None]
+        for name, status in dead:
+            spec, log_path = self._spec(name), self.log_dir / f"{name}.log"
+            self._stop(name)  # what its session left
+            death = f"service {name} died with status {status} during {step} ({log_path}):\n{log_tail(log_path)}"
+            if self.restarts.get(name, 0) >= spec.max_restarts:
+                raise RuntimeError(f"{death}\nit was restarted {spec.max_restarts} time(s) in this run "
+                                   f"(loop.services.{name}.max_restarts); fix the server, then run the loop again: "
+                                   f"the step continues from what it stored")
+            self.restarts[name] = self.restarts.get(name, 0) + 1
+            print(f"{death}\nrestarting it ({self.restarts[name]} of {spec.max_restarts})", flush=True)
+            self._start(spec)
+        return [name for name, _ in dead]
 
     def reachable(self, url: str) -> str:
         """`url` as the loop's processes reach it: a loopback URL on the port of a server Ray placed on another

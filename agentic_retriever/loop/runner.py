@@ -104,7 +104,7 @@ class _Loop:
             self.services.before(name)
         started = time.perf_counter()
         try:
-            summary = run(folder)
+            summary = self._run_reviving(name, run, folder)
         except BaseException:
             self.manifest.add_time(iteration, name, time.perf_counter() - started)
             raise
@@ -114,6 +114,18 @@ class _Loop:
                                       identity(summary) if identity else "")
         print(f"{label}: done in {record.seconds:.0f} s", flush=True)
         return record
+
+    def _run_reviving(self, name: str, run: Callable[[Path], dict], folder: Path) -> dict:
+        """`run(folder)`; when it fails and a server of the step had died (`StepServices.revive` started it again),
+        once more, continuing from what the step stored (a scorer's replies, finished rounds, checkpoints)."""
+        while True:
+            try:
+                return run(folder)
+            except Exception as error:
+                if self.services is None or not self.services.revive(name):
+                    raise
+                print(f"{name} failed while its server was down ({type(error).__name__}: {error}); running it again "
+                      "from what it stored", flush=True)
 
     def record(self, iteration: int, name: str) -> StepRecord:
         record = self.manifest.get(iteration, name)

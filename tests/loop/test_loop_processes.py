@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -18,10 +19,11 @@ from agentic_retriever.client import RetrievalConfig
 from agentic_retriever.config import build_config
 from agentic_retriever.index import build_index
 from agentic_retriever.llm import LLMConfig
-from agentic_retriever.loop import STEPS, LoopConfig, LoopServiceConfig
+from agentic_retriever.loop import STEPS, LoopConfig, LoopJob, LoopServiceConfig
 from agentic_retriever.loop import steps as loop_steps
 from agentic_retriever.loop.processes import (StepServices, concatenate, device_env, run_on_devices, service_specs,
                                               write_section)
+from agentic_retriever.loop.runner import _Loop
 from agentic_retriever.loop.service import LoopService
 from agentic_retriever.mining.config import MiningConfig
 from agentic_retriever.mining.selection import SelectionConfig
@@ -118,6 +120,46 @@ def test_a_server_that_dies_or_never_answers_is_an_error_naming_its_log(tmp_path
     with StepServices(mute, tmp_path) as services, pytest.raises(TimeoutError, match="did not answer 200 within 2 s"):
         services.before("mining")
     assert not services.running
+
+
+def _kill_server(server) -> None:
+    """SIGKILL the server's own process (as the kernel's OOM killer would), not the guard that started it."""
+    guard = server.process.pid
+    children = Path(f"/proc/{guard}/task/{guard}/children").read_text().split()
+    os.kill(int(children[0]), signal.SIGKILL)
+    server.process.wait(30)  # the guard ends with its command's signal
+
+
+def test_a_step_server_killed_mid_step_is_restarted_and_the_step_run_again_within_its_bound(tmp_path):
+    """A real SIGKILL of the server under a running step: the loop starts the server again and runs the step again
+    (it continues from what it stored); past ``max_restarts`` the error names the server, its log and the log's
+    last lines."""
+    port = free_port()
+    health = f"http://127.0.0.1:{port}/"
+    specs = service_specs({"scorer": {"command": f"{sys.executable} -m http.server {port} --bind 127.0.0.1",
+                                      "health_url": health, "steps": ["mining"], "max_restarts": 1}}, STEPS)
+    state = _Loop(LoopJob(loop=LoopConfig(out=str(tmp_path / "loop")), agent_train=None, rollout=None, mine=None,
+                          train=None, index=None))
+    servers = []
+
+    def mine(kills: int):
+        def run(folder: Path) -> dict:
+            servers.append(services.running["scorer"])
+            if len(servers) <= kills:
+                _kill_server(servers[-1])
+            return {"status": httpx.get(health, timeout=5.0).status_code}  # refused while the server is dead
+        return run
+
+    with StepServices(specs, tmp_path / "services") as services:
+        state.services = services
+        record = state.step(1, "mining", {"try": 1}, mine(kills=1))
+        assert record.summary == {"status": 200} and record.attempts == 1
+        assert len(servers) == 2 and servers[0] is not servers[1] and services.restarts == {"scorer": 1}
+        with pytest.raises(RuntimeError, match=r"service scorer died with status -9 during mining \(.*scorer.log\)"
+                                               r"[\s\S]*GET / HTTP[\s\S]*max_restarts") as error:
+            state.step(1, "mining", {"try": 2}, mine(kills=3))
+        assert isinstance(error.value.__context__, httpx.ConnectError)  # what the step itself met
+    assert state.manifest.get(1, "mining").status == "running"  # the loop's next run continues it
 
 
 def test_a_written_section_reads_back_as_the_same_settings(tmp_path):
