@@ -23,6 +23,7 @@ from ..defaults import DEFAULT_ENCODER
 from ..encoder import Encoder, EncoderConfig
 from .base import ScoredPassage, SearchIndex, SearchResult
 from .dense import DenseIndex, DenseParams, build_dense_index, portable_config, same_structure
+from .generations import remove_superseded
 from .manifest import IndexManifest, IndexMismatchError
 from .sparse import BM25Index, BM25Params, build_bm25_index
 
@@ -97,6 +98,8 @@ def _reuse(existing: IndexManifest, out: str, corpus: Corpus, encoder: Encoder |
     """Keep a complete index; point its manifest at this build's corpus and encoder when they moved (the same
     content: same sha256, same fingerprint), and write an earlier version's manifest with portable paths."""
     log.info("index %s is already built", out)
+    if existing.data_dir is not None:  # what a build killed after its commit left (`generations`)
+        remove_superseded(Path(out), keep=existing.data_dir)
     changed = existing.path_base is None
     if _where(existing.corpus_path) != _where(str(corpus.source)):
         existing.set_path("corpus_path", str(corpus.source))

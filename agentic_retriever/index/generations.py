@@ -15,7 +15,8 @@ before (`IndexManifest.data_folder`); the first build over it removes those top-
 A build holds an exclusive lock (``flock``) on its generation folder until it has committed or failed; one that
 fails with an exception removes its folder. After committing, a build removes every generation folder that the
 manifest does not name and no build holds: the one it replaced, and those left by a build killed outright or by
-the loser of two builds that committed at the same time.
+the loser of two builds that committed at the same time. A build that finds its index already complete removes them
+too, so a kill between a commit and its removal leaves nothing for good.
 
     with NewGeneration(index_dir) as generation:
         faiss.write_index(index, str(generation.path / FAISS_FILE))
@@ -69,7 +70,7 @@ class NewGeneration:
         manifest.save(self.index_dir)
         self._committed = True
         log.info("index %s now opens its data files from %s", self.index_dir, self.path.name)
-        _remove_superseded(self.index_dir, keep=self.path.name)
+        remove_superseded(self.index_dir, keep=self.path.name)
 
     def __exit__(self, *exc) -> None:
         if not self._committed:
@@ -94,10 +95,12 @@ def _create_locked(index_dir: Path) -> tuple[Path, int]:
     return index_dir / name, lock
 
 
-def _remove_superseded(index_dir: Path, keep: str) -> None:
+def remove_superseded(index_dir: Path, keep: str) -> None:
     """Remove what the index folder's manifest no longer names: the top-level data files of an earlier version,
     and the generation folders other than `keep` that no build holds. Nothing is removed when the manifest names
-    no generation (an earlier version's build committed last)."""
+    no generation (an earlier version's build committed last). A build calls it after its commit, and a build that
+    finds its index complete calls it too (with the generation the manifest names): a build killed between its
+    commit and this removal left the generation it replaced."""
     named = IndexManifest.load(index_dir).data_dir
     if named is None:
         return

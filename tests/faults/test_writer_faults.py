@@ -210,3 +210,41 @@ def test_a_disk_that_fills_while_encoding_is_an_error_naming_the_file_not_a_sigb
     assert full.returncode == 1, (full.returncode, full.stderr[-2000:])
     assert "DiskFullError" in full.stderr and f"no space left while writing {small}/embeddings-" in full.stderr
     _assert_same_index(_answers_of(succeeded(run_child(code))), built_uninterrupted)
+
+
+# ------------------------------------------------------------------------------------ index generation and manifest
+
+def _bm25_code(corpus: Path, out: Path) -> str:
+    return f"""
+        import json
+        from agentic_retriever.index import IndexBuildConfig, build_index, open_index
+        build_index(IndexBuildConfig(corpus={str(corpus)!r}, out={str(out)!r}, backend="bm25"))
+        print(json.dumps(open_index({str(out)!r}).search({_QUERIES!r}, 5).ids))
+    """
+
+
+def _searched_ids(index: Path) -> list:
+    return _answers_of(succeeded(run_child(f"""
+        import json
+        from agentic_retriever.index import open_index
+        print(json.dumps(open_index({str(index)!r}).search({_QUERIES!r}, 5).ids))
+    """)))
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_rebuild_killed_at_its_manifest_leaves_one_whole_index_and_the_rerun_gives_the_new_one(tmp_path, when):
+    """An index rebuilt on a new corpus, SIGKILLed just before its manifest is written (the new generation's files
+    are there, the old manifest names the old one) or just after (the new manifest is in, the old generation not yet
+    removed): the folder opens as one whole index, the old or the new, and the same command again gives exactly
+    the index an uninterrupted build gives, with one generation folder left."""
+    old_corpus = write_jsonl(tmp_path / "old.jsonl", synthetic_rows(200))
+    new_corpus = write_jsonl(tmp_path / "new.jsonl", synthetic_rows(300)[100:])
+    index = tmp_path / "idx"
+    old = _answers_of(succeeded(run_child(_bm25_code(old_corpus, index))))
+    new = _answers_of(succeeded(run_child(_bm25_code(new_corpus, tmp_path / "reference"))))
+    assert old != new
+    assert killed(run_child(_bm25_code(new_corpus, index), kill_at="agentic_retriever.index.manifest:IndexManifest.save",
+                            when=when))
+    assert _searched_ids(index) == (old if when == "before" else new)
+    assert _answers_of(succeeded(run_child(_bm25_code(new_corpus, index)))) == new
+    assert len([p for p in index.iterdir() if p.is_dir() and p.name.startswith("data-")]) == 1
