@@ -248,3 +248,51 @@ def test_a_rebuild_killed_at_its_manifest_leaves_one_whole_index_and_the_rerun_g
     assert _searched_ids(index) == (old if when == "before" else new)
     assert _answers_of(succeeded(run_child(_bm25_code(new_corpus, index)))) == new
     assert len([p for p in index.iterdir() if p.is_dir() and p.name.startswith("data-")]) == 1
+
+
+# ------------------------------------------------------------------------------------------------------- loop.json
+
+_LOOP = """
+    import json
+    from pathlib import Path
+    from agentic_retriever.loop import LoopConfig, LoopJob
+    from agentic_retriever.loop.runner import _Loop
+
+    state = _Loop(LoopJob(loop=LoopConfig(out={out!r}), agent_train=None, rollout=None, mine=None, train=None,
+                          index=None))
+
+    def step(name):
+        def run(folder):
+            folder.mkdir(parents=True, exist_ok=True)  # the step's artifact
+            with open({out!r} + "/runs.log", "a") as log:
+                log.write(name + "\\n")
+            return {{"made": name}}
+        return run
+
+    for i, name in enumerate(["agent", "trajectories", "mining", "retriever"]):
+        state.step(1, name, {{"n": i}}, step(name))
+    print(json.dumps({{name: [record.status, record.summary] for name, record in state.manifest.steps.items()}}))
+"""
+
+
+@pytest.fixture(scope="module")
+def loop_reference(tmp_path_factory) -> dict:
+    return _answers_of(succeeded(run_child(_LOOP.format(out=str(tmp_path_factory.mktemp("loop") / "reference")))))
+
+
+@pytest.mark.parametrize("kill", [dict(kill_at="os:fsync", nth=3, when="before"),
+                                  dict(kill_at="os:replace", nth=4, when="before"),
+                                  dict(kill_at="os:replace", nth=5, when="after")])
+def test_a_loop_killed_while_writing_its_record_continues_with_every_step_done_once(tmp_path, kill, loop_reference):
+    """``loop.json`` is rewritten at every step's start and end: a SIGKILL while its temp file is being made whole
+    (before the fsync), before its rename or after it leaves a record the next run reads, and that run does what
+    is left: the same record as an uninterrupted run's, and no finished step run twice."""
+    reference = loop_reference
+    out = tmp_path / "loop"
+    assert killed(run_child(_LOOP.format(out=str(out)), **kill))
+    before = (out / "runs.log").read_text().split() if (out / "runs.log").exists() else []
+    assert _answers_of(succeeded(run_child(_LOOP.format(out=str(out))))) == reference
+    runs = (out / "runs.log").read_text().split()
+    assert sorted(f"1/{name}" for name in set(runs)) == sorted(reference)
+    assert len(runs) - len(set(runs)) <= 1  # the step the kill interrupted may run again, no other
+    assert runs[:len(before)] == before
