@@ -175,7 +175,8 @@ def plot(timeline: Path) -> None:
     t0 = rows[0]["t"]
     minutes = [(r["t"] - t0) / 60 for r in rows]
     fig, ax = plt.subplots(figsize=(11, 4.5))
-    for key, name in (("rss", "RSS"), ("heap_in_use", "heap in use"), ("heap_free_kept", "heap free, kept")):
+    for key, name in (("rss", "RSS"), ("heap_in_use", "heap in use"),
+                      ("heap_free_kept", "heap free (held by glibc, resident or not)")):
         ax.plot(minutes, [r.get(key, 0) / GIB for r in rows], label=name, linewidth=1)
     census = [(m, r["tensor_bytes"] / GIB) for m, r in zip(minutes, rows) if "tensor_bytes" in r]
     if census:
