@@ -243,8 +243,8 @@ def test_a_rebuild_killed_at_its_manifest_leaves_one_whole_index_and_the_rerun_g
     old = _answers_of(succeeded(run_child(_bm25_code(old_corpus, index))))
     new = _answers_of(succeeded(run_child(_bm25_code(new_corpus, tmp_path / "reference"))))
     assert old != new
-    assert killed(run_child(_bm25_code(new_corpus, index), kill_at="agentic_retriever.index.manifest:IndexManifest.save",
-                            when=when))
+    assert killed(run_child(_bm25_code(new_corpus, index),
+                            kill_at="agentic_retriever.index.manifest:IndexManifest.save", when=when))
     assert _searched_ids(index) == (old if when == "before" else new)
     assert _answers_of(succeeded(run_child(_bm25_code(new_corpus, index)))) == new
     assert len([p for p in index.iterdir() if p.is_dir() and p.name.startswith("data-")]) == 1

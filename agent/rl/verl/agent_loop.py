@@ -1,5 +1,6 @@
 """verl's agent loops for our search agents: `DialectAgentLoop`, registered as ``agentic_retriever_agent``, and
-`SearchToolAgentLoop` (verl's hermes ``tool_agent`` loop around our `SearchTool`), as ``agentic_retriever_tool_agent``.
+`SearchToolAgentLoop` (verl's hermes ``tool_agent`` loop around our `SearchTool`), registered as
+``agentic_retriever_tool_agent``.
 
 verl ("HybridFlow: A Flexible and Efficient RLHF Framework", arXiv 2409.19256; written against verl 0.9.1) runs
 one `AgentLoopBase` coroutine per trajectory and trains on what it returns. This one runs the environment of our

@@ -148,8 +148,9 @@ def prepare_verl_run(out_dir: str | os.PathLike, settings: VerlSettings, rl: RLC
     override a line, `verl_overrides`) and ``launch.sh`` (``LAUNCHER -m verl.trainer.main_ppo OVERRIDES...``, run
     from `out_dir`). When ``$AGENTIC_RETRIEVER_API_KEY`` holds the service's key (the loop puts a fresh one there
     when its service leaves loopback), both config files carry it, readable by their owner alone (0600): verl's
-    workers on other nodes do not inherit this process's environment. ``trainer.total_epochs`` follows from the training rows (`epochs_for_steps`). Checkpoints go
-    to ``out_dir/checkpoints``; the log of a launched run to ``out_dir/verl.log``.
+    workers on other nodes do not inherit this process's environment. ``trainer.total_epochs`` follows from the
+    training rows (`epochs_for_steps`). Checkpoints go to ``out_dir/checkpoints``; the log of a launched run to
+    ``out_dir/verl.log``.
     """
     if not service_url:
         raise ValueError("prepare_verl_run needs the retrieval service URL (the agent loop calls it)")
