@@ -66,6 +66,9 @@ class WarmStartConfig:
 _KEY_VERSION = 2
 #: Training settings that do not change the trained weights (where logs go, how often): not in the key.
 _NOT_IN_KEY = ("report_to", "logging_steps", "save_steps")
+#: Settings that change how the weights are computed, not what they are (gradient checkpointing recomputes the same
+#: activations in the backward pass): hashed at their defaults, so a warm start made either way is found either way.
+_AS_DEFAULT_IN_KEY = ("gradient_checkpointing",)
 #: The training settings the previous release had, all of them in its key.
 _LEGACY_SETTINGS = ("epochs", "learning_rate", "batch_size", "gradient_accumulation", "max_length", "warmup_ratio",
                     "weight_decay", "lora", "lora_r", "lora_alpha", "lora_dropout", "gradient_checkpointing",
@@ -81,7 +84,9 @@ def _key_dtype(precision: str) -> str:
 def _cache_key(examples_sha256: str, base_fingerprint: str, config: SFTConfig, agent: LLMConfig) -> str:
     """The cache folder's key: contents only (the examples, the base model's fingerprint, the settings that change
     the weights, the precision)."""
-    settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in _NOT_IN_KEY}
+    defaults = dataclasses.asdict(SFTConfig())
+    settings = {k: defaults[k] if k in _AS_DEFAULT_IN_KEY else v for k, v in dataclasses.asdict(config).items()
+                if k not in _NOT_IN_KEY}
     text = json.dumps(settings | {"dtype": _key_dtype(agent.precision)}, sort_keys=True)
     return hashlib.sha256(f"v{_KEY_VERSION}|{examples_sha256}|{base_fingerprint}|{text}".encode()).hexdigest()[:16]
 

@@ -316,6 +316,8 @@ def test_the_warm_started_agent_is_cached_by_its_inputs(tmp_path, tiny_causal_lm
                                         agent=LLMConfig(model=tiny_causal_lm_dir))
     first = warm_start.warm_start_agent(config)
     assert warm_start.warm_start_agent(config) == first and len(trained) == 1, "same inputs: reused"
+    config.train.gradient_checkpointing = True  # the same weights, computed in less memory
+    assert warm_start.warm_start_agent(config) == first and len(trained) == 1, "gradient checkpointing: reused"
     assert len(read_sft_examples(first.with_name(first.name + ".examples.jsonl"))) == 3
     config.train.epochs = 3
     assert warm_start.warm_start_agent(config) != first and len(trained) == 2, "other settings: trained again"
