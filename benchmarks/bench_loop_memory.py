@@ -145,10 +145,12 @@ def run_loop_here(config: str, out: Path, overrides: list[str]) -> Path:
     labelled_loop(sampler)
     sampler.start()
     try:
-        main(["loop", "--config", config, *overrides])
+        status = main(["loop", "--config", config, *overrides])
     finally:
         sampler.halt.set()
         sampler.join()
+    if status:
+        raise SystemExit(f"the loop exited with status {status}; the timeline so far is in {timeline}")
     return timeline
 
 
