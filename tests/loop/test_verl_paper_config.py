@@ -25,7 +25,7 @@ from agent.rl.config import RLConfig
 from agent.rl.verl.validate import validate_verl_run
 from agentic_retriever.config import build_config
 from agentic_retriever.loop.config import LoopConfig
-from agent.rl.verl import AGENT_LOOP_NAME, VerlSettings, prepare_verl_run
+from agent.rl.verl import AGENT_LOOP_NAME, TOOL_AGENT_LOOP_NAME, VerlSettings, prepare_verl_run
 from tests.loop.test_verl import URL, _compose
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -132,7 +132,8 @@ def test_the_paper_config_gives_verl_the_papers_budgets(paper):
     run, config = paper
     assert config.data.max_prompt_length + config.data.max_response_length == 4096
     assert config.data.max_response_length >= 3 * (500 + 500)  # room for several searches, not one
-    (entry,) = yaml.safe_load((run.out_dir / "agent_loop.yaml").read_text())
+    entry, tool_loop = yaml.safe_load((run.out_dir / "agent_loop.yaml").read_text())  # ours, then the tool loop's
+    assert entry["name"] == AGENT_LOOP_NAME and tool_loop["name"] == TOOL_AGENT_LOOP_NAME
     assert entry["env"] == {"dialect": "search_r1", "max_turns": 5, "topk": 3, "max_new_tokens_per_turn": 500,
                             "observation_max_tokens": 500, "max_context_tokens": 4096}
     assert config.actor_rollout_ref.rollout.agent.default_agent_loop == AGENT_LOOP_NAME
