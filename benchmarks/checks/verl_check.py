@@ -11,7 +11,10 @@ Each step runs in its own process with a timeout:
   agent   the warm-started agent (``agent sft`` of configs/quickstart.yaml, cached by content), unless --agent;
   ppo     2 PPO steps (critic, GAE: the paper config's algorithm) of 4 questions x 2 samples;
   grpo    2 GRPO steps of the same;
-  pickup  a run's checkpoint as the loop picks it up (`wait_for_checkpoint`), loaded by ``agent rollout``.
+  pickup  a run's checkpoint as the loop picks it up (`wait_for_checkpoint`), loaded by ``agent rollout``;
+  resume  a GRPO run saving every step, SIGKILLed (its whole session) once files of its final checkpoint appear,
+          then run again as the loop's rerun runs it (`run_verl_job`): the pickup must not take the partial save,
+          verl must resume from the step before, and the checkpoint picked up must load, whole and trained further.
 
 A failure inside verl that no setting avoids (`UPSTREAM_BLOCKS`: PPO's critic on verl 0.9.1 needs flash-attn) is
 reported as blocked with its reason; the check then passes only if every other step does.
@@ -42,7 +45,7 @@ from _common import check_parser, cpu_model, earlier_steps, enter_check, run_che
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-STEPS = {"agent": 2400, "ppo": 2400, "grpo": 2400, "pickup": 900}  # seconds each step may take
+STEPS = {"agent": 2400, "ppo": 2400, "grpo": 2400, "pickup": 900, "resume": 2400}  # seconds each step may take
 RUN_LIMIT = 2100  # launch.sh's wall-clock limit for one verl run (VerlSettings.timeout_seconds)
 PROMPTS, SAMPLES, VERL_STEPS = 4, 2, 2
 #: Failures inside verl that no setting of ours avoids, recognised by a line of verl's log: the step is reported as
@@ -297,6 +300,88 @@ def step_pickup(out: Path) -> dict:
             "first": "".join(turn["text"] for turn in rows[0]["turns"])[:300] if rows else ""}
 
 
+def _kill_session_now(session: int) -> None:
+    """SIGKILL to every process of `session` at once, as the kernel's OOM killer or a lost node ends a run: no
+    SIGTERM first, so nothing of verl's (or Ray's) gets to tidy up."""
+    import signal
+
+    from agentic_retriever.sessions import session_members
+
+    for pid in session_members(session):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+
+
+def _wait_for_files(folder: Path, process, timeout_s: float) -> list[str]:
+    """The files under `folder` once there is one (polled every 20 ms); fails when the run exits or times out
+    first."""
+    deadline = time.monotonic() + timeout_s
+    while not (files := sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())):
+        if process.poll() is not None:
+            raise RuntimeError(f"verl exited with status {process.returncode} before writing into {folder}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"nothing written into {folder} after {timeout_s:g} s")
+        time.sleep(0.02)
+    return files
+
+
+def step_resume(out: Path) -> dict:
+    """The checkpoint pickup under a real fault: a GRPO run saving every step is SIGKILLed, its whole session, as
+    soon as a file of its final checkpoint (``global_step_2``) appears; then the loop's own call (`run_verl_job`, as
+    a rerun of the loop makes it) prepares the same folder again and starts verl. Passes when the pickup refused the
+    partial save, verl found ``global_step_1`` to resume from and trained step 2 alone (no step lost or run twice:
+    steps 1 then 2 in the log), and the picked-up folder loads with transformers, every tensor finite and moved from
+    step 1's."""
+    import dataclasses
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from agent.rl.verl import finished_checkpoint, prepare_verl_run, run_verl_job, start_verl_run
+    from agent.rl.verl.checkpoint import running_launch
+    from agent.rl.verl.console import step_metrics
+    from vllm_check import _service, prepare
+
+    work = out / "resume"
+    shutil.rmtree(work, ignore_errors=True)  # verl resumes from a checkpoint it finds: the check starts afresh
+    prepare(out / "data", questions=PROMPTS * 3 + 4)
+    agent, settings = _agent(out), _verl_settings(work)
+    rl = dataclasses.replace(_rl_config("grpo", out), save_steps=1)  # a checkpoint at step 1 to resume from
+    started = time.time()
+    with _service(out / "data") as url:
+        run = prepare_verl_run(work / "run", settings, rl, url, agent, out / "data" / "qa.jsonl")
+        process = start_verl_run(run)
+        final = run.checkpoint_root / f"global_step_{run.final_step}"
+        try:
+            partial = _wait_for_files(final, process, RUN_LIMIT)
+        finally:
+            _kill_session_now(process.pid)  # also when the wait failed: no verl of the first launch left running
+        killed_status = process.wait(timeout=60)
+        marker = (run.checkpoint_root / "latest_checkpointed_iteration.txt").read_text().strip()
+        refused = finished_checkpoint(run) is None and running_launch(run) is None
+        log_lines_before = len(run.log_path.read_text(encoding="utf-8", errors="replace").splitlines())
+        killed_s = round(time.time() - started, 1)
+        job = run_verl_job(settings, rl, agent, url, work / "run")
+    lines = run.log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+    # verl's find_latest_ckpt_path prints "Found checkpoint" with the folder it resumes from
+    resumed = [line for line in lines[log_lines_before:] if "Found checkpoint" in line and "global_step_1" in line]
+    steps = [int(step["step"]) for step in step_metrics("\n".join(lines))]
+    model = AutoModelForCausalLM.from_pretrained(job["model"], dtype=torch.float32)
+    step_1 = AutoModelForCausalLM.from_pretrained(run.checkpoint_root / "global_step_1" / "actor" / "huggingface",
+                                                  dtype=torch.float32)
+    before = dict(step_1.named_parameters())
+    finite = all(torch.isfinite(p).all().item() for p in model.parameters())
+    moved = sum(not torch.equal(p, before[name]) for name, p in model.named_parameters())
+    ok = (refused and marker == "1" and bool(resumed) and steps == [1, 2] and finite and moved > 0
+          and Path(job["model"]) == final / "actor" / "huggingface")
+    return {"ok": ok, "killed_after_s": killed_s, "killed_status": killed_status, "files_at_kill": partial[:20],
+            "marker_at_kill": marker, "pickup_refused_partial": refused, "resume_lines": resumed[:3],
+            "steps_logged": steps, "checkpoint": job["model"], "finite": finite, "tensors_moved_from_step_1": moved,
+            "wall_s": round(time.time() - started, 1)}
+
+
 def markdown(results: dict) -> str:
     lines = [f"verl {results['verl']} with vLLM {results['vllm']} on {results['machine']}; agent {results['agent']}",
              "", "| step | ok | seconds | figures |", "|---|---|---|---|"]
@@ -308,7 +393,7 @@ def markdown(results: dict) -> str:
 
 
 def main() -> None:
-    parser = check_parser(__doc__, "runs/verl_check", STEPS, "agent,ppo,grpo,pickup",
+    parser = check_parser(__doc__, "runs/verl_check", STEPS, "agent,ppo,grpo,pickup,resume",
                           "which steps to run, comma-separated",
                           "the agent's model folder (default: the warm-started SmolLM2)")
     parser.add_argument("command", nargs="?", choices=["run", "record-vllm"], default="run")
