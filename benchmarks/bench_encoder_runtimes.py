@@ -96,7 +96,7 @@ def onnx_runtime(hf_model, example: dict, folder: Path, int8: bool, threads: int
 
 def pool_and_questions(data: Path, pool_size: int):
     """(passage texts, their titles, judged leaf dev questions whose evidence page is in the pool)."""
-    from agentic_retriever.corpus import Corpus
+    from agentic_retriever.base.corpus import Corpus
     from agentic_retriever.eval.retrieval import load_judged_questions
 
     questions = load_judged_questions(str(data / "fanoutqa_leaf_dev.jsonl"), relevance="title")
@@ -134,9 +134,9 @@ def main() -> None:
 
     import torch
 
-    from agentic_retriever.precision import cpu_computes_bf16_natively
-    from agentic_retriever.data.prepare import PrepareConfig, prepare_defaults
-    from agentic_retriever.encoder import Encoder, EncoderConfig
+    from agentic_retriever.base.precision import cpu_computes_bf16_natively
+    from agentic_retriever.base.data.prepare import PrepareConfig, prepare_defaults
+    from agentic_retriever.base.encoder import Encoder, EncoderConfig
 
     data = Path(args.data)
     if not (data / "fanoutqa_leaf_dev.jsonl").is_file():

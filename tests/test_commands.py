@@ -15,10 +15,10 @@ import pytest
 
 from agent.rollouts import RolloutConfig
 from agent.sft import WarmStartConfig
-from agentic_retriever.cli import HANDLERS, build_parser, main, modernize
-from agentic_retriever.commands import COMMANDS, DEPRECATED_COMMANDS, DEPRECATED_SECTIONS
-from agentic_retriever.config import build_config, load_config_file
-from agentic_retriever.encoder import EncoderConfig
+from agentic_retriever.app.cli import HANDLERS, build_parser, main, modernize
+from agentic_retriever.app.commands import COMMANDS, DEPRECATED_COMMANDS, DEPRECATED_SECTIONS
+from agentic_retriever.app.config_loader import build_config, load_config_file
+from agentic_retriever.base.encoder import EncoderConfig
 from agentic_retriever.index import IndexBuildConfig
 from agentic_retriever.mining.job import MineJobConfig
 from agentic_retriever.training.config import RetrieverTrainConfig
@@ -272,7 +272,7 @@ def test_retriever_export_pushes_the_exported_folder_to_the_hub(tmp_path, tiny_m
 
 
 def test_demo_reads_the_sections_of_the_steps_it_runs(tmp_path, monkeypatch):
-    import agentic_retriever.demo as demo
+    import agentic_retriever.app.demo as demo
 
     seen = {}
     monkeypatch.setattr(demo, "run_demo", lambda job: seen.setdefault("job", job))
@@ -286,7 +286,7 @@ def test_demo_reads_the_sections_of_the_steps_it_runs(tmp_path, monkeypatch):
 
 def test_loop_reads_its_section_and_the_steps_sections_and_trains_the_agent_with_ppo_unless_told(tmp_path,
                                                                                                  monkeypatch):
-    import agentic_retriever.loop as loop
+    import agentic_retriever.app.loop as loop
 
     seen = []
     monkeypatch.setattr(loop, "run_loop", lambda job, i, s: seen.append((job, i, s)))
@@ -326,7 +326,7 @@ def test_readme_is_a_front_door_whose_commands_all_parse():
     import shlex
     from pathlib import Path
 
-    from agentic_retriever.cli import build_parser
+    from agentic_retriever.app.cli import build_parser
 
     text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     assert len(text.splitlines()) <= 160

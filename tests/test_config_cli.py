@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from agentic_retriever.cli import build_parser, main
-from agentic_retriever.config import build_config
+from agentic_retriever.app.cli import build_parser, main
+from agentic_retriever.app.config_loader import build_config
 from agentic_retriever.index import IndexBuildConfig, IndexManifest
 
 
@@ -72,7 +72,7 @@ def test_a_value_of_the_wrong_type_is_an_error_naming_file_section_field_and_typ
 
 
 def test_bytes_that_are_not_utf8_are_named_by_file_and_line(tmp_path):
-    from agentic_retriever.jsonl import DataFormatError, iter_jsonl
+    from agentic_retriever.base.jsonl import DataFormatError, iter_jsonl
 
     config_file = tmp_path / "c.yaml"
     config_file.write_bytes(b"index_serve:\n  host: caf\xe9\n")
@@ -154,8 +154,8 @@ def test_every_section_of_the_shipped_configs_builds_its_command_config(config_f
     """A typo in a shipped config (an unknown field, a bad nesting, an old name) fails here, not on a user's GPU."""
     from pathlib import Path
 
-    from agentic_retriever.commands import command
-    from agentic_retriever.config import SHARED_SETTINGS, load_config_file
+    from agentic_retriever.app.commands import command
+    from agentic_retriever.app.config_loader import SHARED_SETTINGS, load_config_file
 
     path = Path(__file__).resolve().parent.parent / config_file
     sections = load_config_file(path)  # raises on unknown sections
@@ -173,7 +173,7 @@ def test_the_paper_configs_train_the_retriever_without_weight_decay_as_the_relea
     library's own default (0.01) is for the CPU configs."""
     from pathlib import Path
 
-    from agentic_retriever.commands import command
+    from agentic_retriever.app.commands import command
 
     path = Path(__file__).resolve().parent.parent / config_file
     config = build_config(command("retriever_train").config_class(), "retriever_train", None, str(path))

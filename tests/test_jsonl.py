@@ -1,4 +1,4 @@
-"""JSONL I/O (agentic_retriever/jsonl.py): atomic writes leave the mode open() would give under the umask, and
+"""JSONL I/O (agentic_retriever/base/jsonl.py): atomic writes leave the mode open() would give under the umask, and
 invalid-JSON errors read cleanly."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import stat
 
 import pytest
 
-from agentic_retriever.jsonl import (DataFormatError, atomic_write, iter_jsonl, read_json, replace_folder,
+from agentic_retriever.base.jsonl import (DataFormatError, atomic_write, iter_jsonl, read_json, replace_folder,
                                      temp_folder_beside, write_json, write_jsonl)
 
 
@@ -52,7 +52,7 @@ def test_atomic_writes_get_the_mode_open_would_give_under_the_umask(tmp_path, ma
 
 
 def test_a_real_writer_replacing_a_private_file_gets_the_umask_mode(tmp_path):
-    from agentic_retriever.encoder import SETTINGS_FILE, EncoderSettings, save_model_settings
+    from agentic_retriever.base.encoder import SETTINGS_FILE, EncoderSettings, save_model_settings
 
     target = tmp_path / SETTINGS_FILE
     target.write_text("{}")
@@ -96,7 +96,7 @@ def test_a_replaced_folder_gets_new_file_modes_whatever_its_writers_left(tmp_pat
 
 @pytest.mark.parametrize("mask", [0o022, 0o077], ids=["umask-022", "umask-077"])
 def test_the_converted_default_llm_folder_gets_the_umask_mode(tmp_path, monkeypatch, mask):
-    import agentic_retriever.defaults as defaults
+    import agentic_retriever.base.defaults as defaults
 
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"gguf")

@@ -9,8 +9,8 @@ import threading
 import psutil
 import pytest
 
-from agentic_retriever import demo
-from agentic_retriever.memory_release import release_freed_memory
+from agentic_retriever.app import demo
+from agentic_retriever.base.memory_release import release_freed_memory
 
 glibc = pytest.mark.skipif(not ctypes.util.find_library("c") or not hasattr(ctypes.CDLL(ctypes.util.find_library("c")),
                                                                           "malloc_trim"), reason="glibc's malloc_trim")

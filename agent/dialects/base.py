@@ -32,8 +32,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from agentic_retriever.corpus import Passage, ScoredPassage
-from agentic_retriever.llm.text import find_stop
+from agentic_retriever.base.corpus import Passage, ScoredPassage
+from agentic_retriever.base.llm.text import find_stop
 
 __all__ = ["Action", "ActionKind", "Dialect", "DocumentTracker", "SelectedDocuments"]
 

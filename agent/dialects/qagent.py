@@ -43,7 +43,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from agentic_retriever.corpus import Passage, ScoredPassage
+from agentic_retriever.base.corpus import Passage, ScoredPassage
 
 from .base import Action, DocumentTracker, SelectedDocuments
 from .search_r1 import SearchR1Dialect

@@ -37,7 +37,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agentic_retriever.corpus import ScoredPassage
+from agentic_retriever.base.corpus import ScoredPassage
 
 from .reflect_shape import ShapeCheck, check_shape
 from .search_r1 import SearchR1Dialect, search_r1_question

@@ -46,7 +46,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import ClassVar
 
-from agentic_retriever.corpus import Passage, ScoredPassage
+from agentic_retriever.base.corpus import Passage, ScoredPassage
 
 from .base import Action, Dialect, DocumentTracker, SelectedDocuments
 from .search_r1 import search_r1_question

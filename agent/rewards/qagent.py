@@ -8,9 +8,9 @@ arXiv 2510.08383, sections 3.3 and 3.4, Eqs. 7-10; docs/rl.md, "QAgent").
   information block, an answer);
 * EM_s: strict EM, "the same as Search-R1": SQuAD-normalised equality of the last ``<answer>`` of the response
   with a golden answer (`QAgentDialect.extract_answer`, which reads ``<answer >`` as the dialect's parser does;
-  `agentic_retriever.eval.qa.exact_match`);
+  `agentic_retriever.base.qa_metrics.exact_match`);
 * EM in Eq. 10 is "relaxed to non-strict EM": EM_contains, a normalised gold occurs in the normalised answer on
-  word boundaries (`agentic_retriever.eval.qa.contains_match`, the paper's evaluation EM, section 4.1);
+  word boundaries (`agentic_retriever.base.qa_metrics.contains_match`, the paper's evaluation EM, section 4.1);
 * Hit: "the entire trajectory contains the gold answer": EM_contains over the response text, i.e. everything
   generated plus the inserted ``<information>`` blocks, the prompt excluded (`qagent_hit`);
 * K: every passage retrieved in the episode, deduplicated by id, first seen first (the QAgent dialect's
@@ -34,8 +34,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from agentic_retriever.corpus import Passage
-from agentic_retriever.eval.qa import Golden, contains_match, exact_match
+from agentic_retriever.base.corpus import Passage
+from agentic_retriever.base.qa_metrics import Golden, contains_match, exact_match
 
 from ..dialects.qagent import QAgentDialect
 from .base import Response, response_text

@@ -1,7 +1,7 @@
 """The reward registry: every reward under a name, so configs and verl pick one by string.
 
 A registered reward is a pure function ``reward(response, golden, *, options...) -> float`` of the response
-(`base.Response`: text, `Trajectory` or `Rollout`) and the golden answers (`agentic_retriever.eval.qa.Golden`:
+(`base.Response`: text, `Trajectory` or `Rollout`) and the golden answers (`agentic_retriever.base.qa_metrics.Golden`:
 a string, or a list of alternatives). Its keyword-only arguments are its whole configuration.
 
     from agent.rewards import get_reward

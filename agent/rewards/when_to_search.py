@@ -42,7 +42,7 @@ from typing import NamedTuple
 import numpy as np
 
 from agent.dialects.reflect import check_shape, search_queries
-from agentic_retriever.eval.qa import Golden
+from agentic_retriever.base.qa_metrics import Golden
 
 from .base import Response, response_text
 from .registry import bind, register, register_in

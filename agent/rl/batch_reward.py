@@ -46,13 +46,13 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from agentic_retriever.client import RetrievalClient
-from agentic_retriever.corpus import Passage
-from agentic_retriever.encoder import Encoder
-from agentic_retriever.eval.qa import contains_match
-from agentic_retriever.fingerprint import llm_fingerprint
-from agentic_retriever.llm import LLM, load_llm
-from agentic_retriever.qa_sources import QARow
+from agentic_retriever.base.client import RetrievalClient
+from agentic_retriever.base.corpus import Passage
+from agentic_retriever.base.encoder import Encoder
+from agentic_retriever.base.qa_metrics import contains_match
+from agentic_retriever.base.fingerprint import llm_fingerprint
+from agentic_retriever.base.llm import LLM, load_llm
+from agentic_retriever.base.qa_sources import QARow
 
 from ..dialects.reflect import search_queries
 from ..dialects.s3 import NAIVE_RAG_TOPK
@@ -183,7 +183,7 @@ class SubmoduleReward:
 
 
 class QueryEncoder(Protocol):
-    """What `WhenToSearchReward` embeds queries with (`agentic_retriever.encoder.Encoder`)."""
+    """What `WhenToSearchReward` embeds queries with (`agentic_retriever.base.encoder.Encoder`)."""
 
     def encode_queries(self, queries: Sequence[str]) -> np.ndarray: ...
 

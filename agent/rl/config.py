@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from agentic_retriever.client import RetrievalConfig
-from agentic_retriever.encoder import EncoderConfig
-from agentic_retriever.llm import LLMConfig
+from agentic_retriever.base.client import RetrievalConfig
+from agentic_retriever.base.encoder import EncoderConfig
+from agentic_retriever.base.llm import LLMConfig
 
 from ..env import EnvConfig
 from ..rewards import REWARDS

@@ -46,14 +46,14 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from agentic_retriever.client import RetrievalClient
-from agentic_retriever.curves import ScalarLogger, resolve_report_to, write_training_curves
-from agentic_retriever.jsonl import replace_folder
-from agentic_retriever.llm import LLM
-from agentic_retriever.llm.device import resolve_device
-from agentic_retriever.llm.transformers import TransformersLLM
-from agentic_retriever.precision import resolve
-from agentic_retriever.qa_sources import QARow
+from agentic_retriever.base.client import RetrievalClient
+from agentic_retriever.base.curves import ScalarLogger, resolve_report_to, write_training_curves
+from agentic_retriever.base.jsonl import replace_folder
+from agentic_retriever.base.llm import LLM
+from agentic_retriever.base.llm.device import resolve_device
+from agentic_retriever.base.llm.transformers import TransformersLLM
+from agentic_retriever.base.precision import resolve
+from agentic_retriever.base.qa_sources import QARow
 
 from ..env import Rollout
 from .batch import Collated, Sample, collate, token_logprobs, token_values
@@ -83,7 +83,7 @@ class RLTrainer:
                  reward_fn: RewardFn | None = None, generator: LLM | None = None):
         from transformers import AutoTokenizer
 
-        from agentic_retriever.defaults import resolve_llm_name
+        from agentic_retriever.base.defaults import resolve_llm_name
 
         config.validate()
         if not rows:

@@ -1,13 +1,13 @@
 """`agentic-retriever agent sft`: synthesise warm-start trajectories, then fine-tune the agent on them.
 
 The result is cached under ``cache_root()/agents/sft-<key>``, the key a hash of contents, not of paths: the
-examples, the base model's fingerprint (a hash of its config and weights, `agentic_retriever.fingerprint`) and the
+examples, the base model's fingerprint (a hash of its config and weights, `agentic_retriever.base.fingerprint`) and the
 training settings. So the demo (and anyone calling `warm_start_agent` again with the same inputs) reuses the
 model instead of training it twice, also after the cache root moved, and a base model retrained in place is
 trained on again. A folder cached by the previous release (keyed by the base model's path) is adopted when
 found: renamed to its new key. Pass `out` to write it somewhere of your choosing instead.
 
-    from agentic_retriever.client import RetrievalConfig
+    from agentic_retriever.base.client import RetrievalConfig
     path = warm_start_agent(WarmStartConfig(qa="runs/quickstart/data/fanoutqa_leaf_train_warmstart.jsonl",
                                             retrieval=RetrievalConfig(index="runs/quickstart/index/minilm-flat")))
 """
@@ -23,12 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from agentic_retriever.client import RetrievalConfig, open_client
-from agentic_retriever.defaults import cache_root, resolve_llm_name
-from agentic_retriever.fingerprint import model_fingerprint
-from agentic_retriever.llm import LLMConfig
-from agentic_retriever.precision import TORCH_NAMES
-from agentic_retriever.qa_sources import read_qa_rows
+from agentic_retriever.base.client import RetrievalConfig
+from agentic_retriever.retrieval import open_client
+from agentic_retriever.base.defaults import cache_root, resolve_llm_name
+from agentic_retriever.base.fingerprint import model_fingerprint
+from agentic_retriever.base.llm import LLMConfig
+from agentic_retriever.base.precision import TORCH_NAMES
+from agentic_retriever.base.qa_sources import read_qa_rows
 
 from .data import SynthesisConfig, synthesize_sft_examples
 from .multihop import read_multihop_rows, synthesize_multihop_examples

@@ -44,7 +44,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from ..jsonl import DataFormatError, iter_jsonl
+from agentic_retriever.base.jsonl import DataFormatError, iter_jsonl
 from .retrieval import keys_in_corpus
 
 __all__ = ["BeirDataset", "beir_mrr_at_k", "beir_ndcg_at_k", "beir_recall_at_k", "corpus_size_warning", "evaluate_beir",

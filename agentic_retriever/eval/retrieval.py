@@ -46,14 +46,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..client import RetrievalConfig
+from agentic_retriever.base.client import RetrievalConfig
 from tqdm.auto import tqdm
 
-from ..corpus import Corpus
-from ..encoder import COMPOSE_WITH
-from ..jsonl import DataFormatError
-from ..qa_sources import read_qa_source_rows
-from .qa import contains_match, golden_strings, is_yes_no
+from agentic_retriever.base.corpus import Corpus
+from agentic_retriever.base.encoder import COMPOSE_WITH
+from agentic_retriever.base.jsonl import DataFormatError
+from agentic_retriever.base.qa_sources import read_qa_source_rows
+from agentic_retriever.base.qa_metrics import contains_match, golden_strings, is_yes_no
 
 ID_FIELDS = ("supporting_ids", "positive_ids")
 TITLE_FIELD = "supporting_titles"

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..corpus import ScoredPassage
+from agentic_retriever.base.corpus import ScoredPassage
 from .environment import Prefix, Trajectory, trajectory_id
 from .store import stable_hash
 

@@ -41,7 +41,7 @@ import numpy as np
 
 from ..eval.retrieval import (composition_questions, keys_in_corpus, load_judged_questions, mrr_at_k, ndcg_at_k,
                               recall_at_k)
-from ..jsonl import read_json, replace_folder, write_json
+from agentic_retriever.base.jsonl import read_json, replace_folder, write_json
 from .config import SELECT_METRIC_PATTERN
 
 __all__ = ["HeldOutPool", "SelectionRecord", "build_heldout_pool", "evaluate_on_pool", "heldout_callback",

@@ -1,7 +1,7 @@
 import pytest
 
 from agent.dialects import Action, SearchR1Dialect, get_dialect
-from agentic_retriever.corpus import ScoredPassage
+from agentic_retriever.base.corpus import ScoredPassage
 
 EXPECTED_PROMPT = (
     "Answer the given question. You must conduct reasoning inside <think> and </think> first every time you get "

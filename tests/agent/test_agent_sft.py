@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from agent.dialects import SearchR1Dialect
-from agentic_retriever.qa_sources import QARow
+from agentic_retriever.base.qa_sources import QARow
 from agent.sft import IGNORE_INDEX, SFTConfig, SFTExample, read_sft_examples, tokenize_example, train_sft, write_sft_examples
 from agent.sft import SynthesisConfig, query_phrasings, synthesize_sft_examples
-from agentic_retriever.client import RetrievalConfig
-from agentic_retriever.corpus import ScoredPassage
-from agentic_retriever.jsonl import DataFormatError
-from agentic_retriever.llm import LLMConfig
+from agentic_retriever.base.client import RetrievalConfig
+from agentic_retriever.base.corpus import ScoredPassage
+from agentic_retriever.base.jsonl import DataFormatError
+from agentic_retriever.base.llm import LLMConfig
 
 EVIDENCE = ScoredPassage("7", "Islamabad", "Islamabad is the capital city of Pakistan. It lies in the north.", 0.9)
 OTHER = ScoredPassage("8", "Lahore", "Lahore is the second-largest city of Pakistan.", 0.5)

@@ -12,7 +12,7 @@ from agent.dialects.qagent import (PROMPT_TEMPLATE, QUESTION_PLACEHOLDER, QAgent
                                    search_queries)
 from agent.dialects.search_r1 import INVALID_ACTION_MESSAGE
 from agent.env import EnvConfig
-from agentic_retriever.corpus import Passage, ScoredPassage
+from agentic_retriever.base.corpus import Passage, ScoredPassage
 from tests.agent.paper_text import QAGENT_PAPER, table_text
 
 

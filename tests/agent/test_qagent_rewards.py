@@ -12,7 +12,7 @@ import pytest
 from agent.dialects import QAgentDialect, SelectedDocuments
 from agent.env import Rollout, Segment
 from agent.evaluate import AgentEvalConfig, evaluate_agent, evaluate_submodule, generator_protocol
-from agentic_retriever.qa_sources import QARow
+from agentic_retriever.base.qa_sources import QARow
 from agent.rewards import REWARDS, check_format, get_reward
 from agent.rl.verl import reward as verl_rewards
 from agent.rewards.generation import S3_GENERATOR, generate_answers
@@ -20,8 +20,8 @@ from agent.rewards.qagent import QAGENT_GENERATOR, SUBMODULE_REWARDS, get_submod
 from agent.rl.batch_reward import ResponseReward, SubmoduleReward
 from agent.rl.reward_schedule import RewardSchedule
 from agent.trajectory import TrajectoryWriter
-from agentic_retriever.corpus import Passage
-from agentic_retriever.llm.base import Generation
+from agentic_retriever.base.corpus import Passage
+from agentic_retriever.base.llm.protocol import Generation
 from tests.fakes import ClosableLLM, make_trajectory
 
 PLAN = "<plan> find the capital </plan>\n"
@@ -223,7 +223,7 @@ def test_the_protocol_follows_the_dialect_unless_named(qagent_file, tmp_path, mo
     with TrajectoryWriter(other) as writer:
         writer.write([make_trajectory("q", "x", ["y"], [], answer="y")])
     assert generator_protocol("auto", other) == "s3" and generator_protocol("qagent", other) == "qagent"
-    monkeypatch.setattr("agentic_retriever.llm.load_llm", lambda config: ScriptedGenerator())
+    monkeypatch.setattr("agentic_retriever.base.llm.load_llm", lambda config: ScriptedGenerator())
     config = AgentEvalConfig(trajectories=str(qagent_file))
     config.generator.model = "frozen"
     assert evaluate_agent(config)["submodule_contains_em"] == 0.5  # no retriever opened: none configured

@@ -10,11 +10,11 @@ import json
 import pytest
 
 from agent.env import EnvConfig
-from agentic_retriever.qa_sources import QARow
+from agentic_retriever.base.qa_sources import QARow
 from agent.rl import RLConfig, RLTrainer
 from agent.rl.batch_reward import ResponseReward, SubmoduleReward, prepare_reward
 from agent.rl.config import SecondStage
-from agentic_retriever.llm import LLMConfig
+from agentic_retriever.base.llm import LLMConfig
 from tests.agent.test_qagent_rewards import ScriptedGenerator
 from tests.fakes import FakeClient
 
@@ -138,7 +138,7 @@ def test_a_run_scores_stage_1_by_eq_7_and_stage_2_by_eq_10_with_the_frozen_gener
 def test_the_shipped_qagent_configs_build_and_switch_to_stage_2(config_file):
     from pathlib import Path
 
-    from agentic_retriever.config import build_config
+    from agentic_retriever.app.config_loader import build_config
 
     path = Path(__file__).resolve().parents[2] / config_file
     config = build_config(RLConfig, "agent_train", None, str(path))

@@ -12,7 +12,7 @@ from agent.dialects import Action, ReflectDialect, SearchR1Dialect, get_dialect
 from agent.dialects.reflect import INSTRUCTION, ReflectSettings, ShapeCheck, check_shape, search_queries
 from agent.dialects.search_r1 import INVALID_ACTION_MESSAGE
 from agent.env import EnvConfig
-from agentic_retriever.corpus import ScoredPassage
+from agentic_retriever.base.corpus import ScoredPassage
 from tests.agent.paper_text import WHEN_TO_SEARCH_PAPER, span_text
 
 FIRST_WORDS = "Please answer the given question by following the structured reasoning protocol below:"

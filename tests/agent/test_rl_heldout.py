@@ -14,8 +14,8 @@ from agent.rl import RLConfig, RLTrainer
 from agent.rl.batch_reward import prepare_reward
 from agent.rl.config import SecondStage
 from agent.rl.heldout import constant_reward_control, score_on_heldout, train_between_scores
-from agentic_retriever.config import build_config
-from agentic_retriever.qa_sources import QARow
+from agentic_retriever.app.config_loader import build_config
+from agentic_retriever.base.qa_sources import QARow
 from tests.agent.test_rl_trainer import ROWS, config
 from tests.fakes import FakeClient
 

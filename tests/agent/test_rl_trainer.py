@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from agent.env import EnvConfig
-from agentic_retriever.qa_sources import QARow
+from agentic_retriever.base.qa_sources import QARow
 from agent.rl import RLConfig, RLTrainer
 from agent.rl.batch import Sample, collate, token_logprobs
 from agent.rl.core import group_advantages
 from agent.rl.rollout import questions_at
-from agentic_retriever.llm import LLMConfig
+from agentic_retriever.base.llm import LLMConfig
 from tests.fakes import FakeClient, RecordingSummaryWriter
 
 ROWS = [QARow(str(i), f"which city is number {i}?", (f"city {i}",)) for i in range(6)]
@@ -248,7 +248,7 @@ def test_settings_that_cannot_work_are_refused(tmp_path, tiny_causal_lm_dir):
 
 @pytest.mark.slow
 def test_agent_train_cli_runs_ppo_from_a_config_file(tmp_path, tiny_causal_lm_dir, monkeypatch):
-    from agentic_retriever.cli import main
+    from agentic_retriever.app.cli import main
 
     qa = tmp_path / "qa.jsonl"
     qa.write_text("".join(json.dumps({"id": r.id, "question": r.question, "golden_answers": list(r.golden_answers)})
@@ -362,7 +362,7 @@ def fake_loggers(monkeypatch):
     import sys
     import types
 
-    import agentic_retriever.curves as curves
+    import agentic_retriever.base.curves as curves
 
     writers, runs = [], []
     tensorboard = types.ModuleType("torch.utils.tensorboard")
@@ -404,7 +404,7 @@ def test_rl_steps_log_their_metrics_to_tensorboard_and_wandb(tmp_path, tiny_caus
 
 
 def test_rl_without_the_asked_for_package_names_it_before_loading_models(tmp_path, tiny_causal_lm_dir, monkeypatch):
-    import agentic_retriever.curves as curves
+    import agentic_retriever.base.curves as curves
 
     monkeypatch.setattr(curves, "integration_installed", lambda name: False)
     monkeypatch.setattr("agent.rl.trainer.load_policy", lambda *a, **k: pytest.fail("loaded the policy first"))

@@ -10,7 +10,7 @@ import pytest
 from agent.dialects import Action, S3Dialect, get_dialect
 from agent.dialects.s3 import (INVALID_ACTION_MESSAGE, NAIVE_RAG_TOPK, SEARCHER_PROMPT, S3Selection, S3Settings,
                               parse_turn)
-from agentic_retriever.corpus import ScoredPassage
+from agentic_retriever.base.corpus import ScoredPassage
 from tests.agent.paper_text import S3_PAPER, figure_text
 
 @pytest.mark.skipif(not S3_PAPER.exists(), reason="the s3 paper's text is not next to this checkout")

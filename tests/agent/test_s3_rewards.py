@@ -18,8 +18,8 @@ from agent.rewards.generation import (
     judge_check,
     span_check,
 )
-from agentic_retriever.corpus import Passage
-from agentic_retriever.llm.base import Generation, SamplingParams
+from agentic_retriever.base.corpus import Passage
+from agentic_retriever.base.llm.protocol import Generation, SamplingParams
 from tests.agent.paper_text import S3_PAPER, figure_text
 
 @pytest.mark.skipif(not S3_PAPER.exists(), reason="the s3 paper's text is not next to this checkout")

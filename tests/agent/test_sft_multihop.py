@@ -10,10 +10,10 @@ from agent.dialects import SearchR1Dialect
 from agent.env import cut_to_tokens
 from agent.sft import SynthesisConfig
 from agent.sft.multihop import read_multihop_rows, synthesize_multihop_examples
-from agentic_retriever.client import RetrievalConfig
-from agentic_retriever.corpus import ScoredPassage
-from agentic_retriever.jsonl import DataFormatError
-from agentic_retriever.llm import LLMConfig
+from agentic_retriever.base.client import RetrievalConfig
+from agentic_retriever.base.corpus import ScoredPassage
+from agentic_retriever.base.jsonl import DataFormatError
+from agentic_retriever.base.llm import LLMConfig
 from tests.agent.test_agent_sft import OTHER, TableClient, recording_trainer
 
 LIST_PAGE = ScoredPassage("1", "Nordic countries", "The Nordic countries are Denmark, Finland and Norway.", 0.9)

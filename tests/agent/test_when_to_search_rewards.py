@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from agent.env import EnvConfig
-from agentic_retriever.qa_sources import QARow
+from agentic_retriever.base.qa_sources import QARow
 from agent.rewards import REWARDS
 from agent.rl.verl import reward as verl_rewards
 from agent.rewards.answer_judge import JUDGE_PROMPT, judge_answers, judge_prompt
@@ -30,10 +30,10 @@ from agent.rl.batch_reward import ResponseReward, WhenToSearchReward, prepare_re
 from agent.rl.config import SecondStage
 from agent.rl.reward_schedule import RewardSchedule
 from agent.rl.rollout import RolloutCollector
-from agentic_retriever.client import LocalRetrievalClient
-from agentic_retriever.encoder import Encoder, EncoderConfig
-from agentic_retriever.llm import LLMConfig
-from agentic_retriever.llm.base import Generation
+from agentic_retriever.retrieval import LocalRetrievalClient
+from agentic_retriever.base.encoder import Encoder, EncoderConfig
+from agentic_retriever.base.llm import LLMConfig
+from agentic_retriever.base.llm.protocol import Generation
 from tests.fakes import ClosableLLM, FakeClient
 
 THINK = "<think> I am not sure </think>\n"
@@ -374,7 +374,7 @@ def test_the_report_gives_the_share_of_questions_answered_without_search(tmp_pat
 def test_the_shipped_when_to_search_configs_build_and_switch_to_stage_2(config_file):
     from pathlib import Path
 
-    from agentic_retriever.config import build_config
+    from agentic_retriever.app.config_loader import build_config
 
     path = Path(__file__).resolve().parents[2] / config_file
     config = build_config(RLConfig, "agent_train", None, str(path))

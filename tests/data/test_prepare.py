@@ -2,9 +2,9 @@ import json
 
 import pytest
 
-from agentic_retriever.data.prepare import (PrepareConfig, answer_parts, answer_strings, assert_disjoint,
+from agentic_retriever.base.data.prepare import (PrepareConfig, answer_parts, answer_strings, assert_disjoint,
                                              fanoutqa_rows, prepare_defaults)
-from agentic_retriever.corpus import Corpus
+from agentic_retriever.base.corpus import Corpus
 
 
 @pytest.mark.parametrize("answer, expected", [
@@ -158,7 +158,7 @@ def test_prepare_defaults_stops_when_the_splits_it_made_share_a_question(tmp_pat
     """`fanoutqa_rows` keeps dev's questions out of train; should it ever fail to, the disjointness checks in
     `prepare_defaults` are what stop the files: a leaf asked again (new id, same question after normalisation)
     under a train question of another role, or under a train question while dev asks it."""
-    import agentic_retriever.data.prepare as prepare
+    import agentic_retriever.base.data.prepare as prepare
 
     made = prepare.fanoutqa_rows
 

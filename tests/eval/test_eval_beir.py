@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from agentic_retriever.corpus import Corpus
+from agentic_retriever.base.corpus import Corpus
 from agentic_retriever.eval.beir import (beir_mrr_at_k, beir_ndcg_at_k, beir_recall_at_k, evaluate_beir,
                                          load_beir)
-from agentic_retriever.jsonl import DataFormatError
+from agentic_retriever.base.jsonl import DataFormatError
 from tests.fakes import write_jsonl
 
 DOCS = {  # BEIR corpus rows; "q3" is also a query id (as in ArguAna, where queries are documents)
@@ -161,7 +161,7 @@ def test_index_build_reads_the_beir_corpus_as_it_is(tmp_path):
 
 
 def test_cli_evaluates_a_beir_folder_and_keeps_the_qa_path(tmp_path, capsys):
-    from agentic_retriever.cli import main
+    from agentic_retriever.app.cli import main
     from agentic_retriever.index import IndexBuildConfig, build_index
 
     folder = write_beir(tmp_path / "beir")

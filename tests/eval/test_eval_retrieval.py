@@ -6,7 +6,7 @@ from agentic_retriever.eval.retrieval import (
     evaluate_retrieval, load_judged_questions, mrr_at_k, ndcg_at_k, recall_at_k,
 )
 from agentic_retriever.index import IndexBuildConfig, build_index, open_index
-from agentic_retriever.jsonl import DataFormatError
+from agentic_retriever.base.jsonl import DataFormatError
 from tests.fakes import write_jsonl
 
 
@@ -197,7 +197,7 @@ def test_bm25_ignores_the_composition_questions(tmp_path):
 
 
 def test_cli_compares_two_reports_question_by_question(tmp_path, capsys):
-    from agentic_retriever.cli import main
+    from agentic_retriever.app.cli import main
 
     _answer_corpus(tmp_path)
     leaves, parents = _leaf_and_parents(tmp_path)

@@ -1,6 +1,6 @@
 import pytest
 
-from agentic_retriever.eval.qa import (
+from agentic_retriever.base.qa_metrics import (
     contains_match, exact_match, f1_score, golden_strings, normalize_answer, qa_scores, span_match,
 )
 

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from agentic_retriever.defaults import gguf_tokenizer, resolve_llm_name, smollm2_gguf_path, smollm2_hf_dir
-from agentic_retriever.llm import LLMConfig, SamplingParams, load_llm
+from agentic_retriever.base.defaults import gguf_tokenizer, resolve_llm_name, smollm2_gguf_path, smollm2_hf_dir
+from agentic_retriever.base.llm import LLMConfig, SamplingParams, load_llm
 
 
 @pytest.mark.slow

@@ -10,10 +10,10 @@ import types
 import pytest
 
 from agent.env import EnvConfig, rollout
-from agentic_retriever.llm import LLMConfig, SamplingParams, load_llm
-from agentic_retriever.llm.base import Generation
-from agentic_retriever.llm.transformers import TransformersLLM
-from agentic_retriever.llm.vllm import to_generation
+from agentic_retriever.base.llm import LLMConfig, SamplingParams, load_llm
+from agentic_retriever.base.llm.protocol import Generation
+from agentic_retriever.base.llm.transformers import TransformersLLM
+from agentic_retriever.base.llm.vllm import to_generation
 from tests.fakes import ClosableLLM, FakeAgent, FakeClient, FakeScorer, load_smollm2_tokenizer, write_jsonl
 
 
@@ -77,7 +77,7 @@ def test_the_commands_close_the_engines_they_load_when_their_step_ends(tmp_path,
     from agentic_retriever.mining.job import MineJobConfig, run_mine_job
 
     events: list[str] = []
-    monkeypatch.setattr("agentic_retriever.llm.load_llm", lambda config: Recording(
+    monkeypatch.setattr("agentic_retriever.base.llm.load_llm", lambda config: Recording(
         FakeScorer() if config.model == "scorer" else FakeAgent(), config.model, events))
     monkeypatch.setattr("agent.rollouts.open_client", lambda config: FakeClient())
     qa = write_jsonl(tmp_path / "qa.jsonl", [{"id": "q1", "question": "Which city?", "golden_answers": ["x"]}])

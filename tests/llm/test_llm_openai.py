@@ -15,8 +15,8 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from agentic_retriever.llm import LLM, LLMConfig, SamplingParams, load_llm
-from agentic_retriever.llm.openai import OpenAIError, OpenAILLM
+from agentic_retriever.base.llm import LLM, LLMConfig, SamplingParams, load_llm
+from agentic_retriever.base.llm.openai import OpenAIError, OpenAILLM
 from agentic_retriever.server import ServerThread
 from tests.fakes import free_port
 from tests.faults.harness import ROOT

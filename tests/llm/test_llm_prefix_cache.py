@@ -10,9 +10,9 @@ import random
 import pytest
 import torch
 
-from agentic_retriever.llm import SamplingParams
-from agentic_retriever.llm.prefix_cache import PrefixCache
-from agentic_retriever.llm.transformers import TransformersLLM
+from agentic_retriever.base.llm import SamplingParams
+from agentic_retriever.base.llm.prefix_cache import PrefixCache
+from agentic_retriever.base.llm.transformers import TransformersLLM
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -236,8 +236,8 @@ def test_prefix_cache_drops_what_a_sequence_extends_then_the_least_recently_used
 def test_the_default_budget_follows_the_device_the_cache_measured_faster_on(model_and_tokenizer):
     """Unset, the budget is the device's (on a CPU, off on CUDA, where it measured slower); a set budget, 0
     included, holds on any device; the loader's setting reaches the backend."""
-    from agentic_retriever.llm import LLMConfig, load_llm
-    from agentic_retriever.llm.prefix_cache import DEFAULT_PREFIX_CACHE_TOKENS, prefix_cache_budget
+    from agentic_retriever.base.llm import LLMConfig, load_llm
+    from agentic_retriever.base.llm.prefix_cache import DEFAULT_PREFIX_CACHE_TOKENS, prefix_cache_budget
 
     model, tokenizer = model_and_tokenizer
     assert TransformersLLM(model, tokenizer).prefix_cache.max_tokens == DEFAULT_PREFIX_CACHE_TOKENS  # a CPU model
@@ -275,7 +275,7 @@ def test_scoring_many_golds_per_candidate_computes_the_agent_context_once(model_
 def test_the_backend_takes_its_default_budget_from_the_device_its_model_is_on(model_and_tokenizer, monkeypatch):
     """`TransformersLLM` itself reads its model's device: a model on a device the table does not name (the meta
     device stands in for an accelerator) gets no cache, and the table's entry for that device when it has one."""
-    import agentic_retriever.llm.prefix_cache as prefix_cache
+    import agentic_retriever.base.llm.prefix_cache as prefix_cache
     from transformers import AutoModelForCausalLM
 
     model, tokenizer = model_and_tokenizer

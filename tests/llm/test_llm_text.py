@@ -1,6 +1,6 @@
 """Where a stop string ends a generation (shared by every backend)."""
 
-from agentic_retriever.llm.text import find_stop
+from agentic_retriever.base.llm.text import find_stop
 
 
 def test_the_stop_that_ends_first_wins_and_ties_go_to_the_longest():

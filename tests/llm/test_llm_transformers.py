@@ -7,10 +7,10 @@ import random
 import pytest
 import torch
 
-from agentic_retriever.llm import LLM, LLMConfig, SamplingParams, load_llm
-from agentic_retriever.llm.text import find_stop
-from agentic_retriever.llm.batching import batch_order, common_prefix_length, length_groups, prefix_groups
-from agentic_retriever.llm.transformers import TransformersLLM
+from agentic_retriever.base.llm import LLM, LLMConfig, SamplingParams, load_llm
+from agentic_retriever.base.llm.text import find_stop
+from agentic_retriever.base.llm.batching import batch_order, common_prefix_length, length_groups, prefix_groups
+from agentic_retriever.base.llm.transformers import TransformersLLM
 
 PROMPTS = ["The river", "A castle on the mountain near the old harbor", "Question: who wrote Hamlet?\n", "x"]
 CONTEXT = "Context: the falcon flew over the glacier toward the library at dawn. " * 4

@@ -7,8 +7,8 @@ import types
 
 import pytest
 
-from agentic_retriever.llm import LLMConfig, SamplingParams, load_llm
-from agentic_retriever.llm.vllm import VLLMLLM, sampling_kwargs
+from agentic_retriever.base.llm import LLMConfig, SamplingParams, load_llm
+from agentic_retriever.base.llm.vllm import VLLMLLM, sampling_kwargs
 
 
 def test_a_missing_vllm_names_the_extra_to_install(monkeypatch):

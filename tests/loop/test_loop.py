@@ -1,4 +1,4 @@
-"""The co-training loop (agentic_retriever.loop) end to end on tiny fixtures: a real two-iteration run (RL of a tiny
+"""The co-training loop (agentic_retriever.app.loop) end to end on tiny fixtures: a real two-iteration run (RL of a tiny
 random Llama against a served index of a tiny random BERT, rollouts, mining, retriever training, re-indexing, index
 swaps, evaluation) with scripted LLMs where the agent must search and answer (a random-weight model never writes a
 search tag): resume after a kill in every step, recomputation from the first changed setting, the manifest's
@@ -17,13 +17,13 @@ import pytest
 from agent.env import EnvConfig
 from agent.rl import RLConfig
 from agent.rollouts import RolloutConfig
-from agentic_retriever.cli import main
-from agentic_retriever.encoder import EncoderConfig
+from agentic_retriever.app.cli import main
+from agentic_retriever.base.encoder import EncoderConfig
 from agentic_retriever.index import DenseParams, IndexBuildConfig
-from agentic_retriever.llm import LLMConfig
-from agentic_retriever.loop import STEPS, LoopConfig, LoopEvalConfig, LoopJob, LoopManifest, LoopManifestError, run_loop
-from agentic_retriever.loop import runner as loop_runner
-from agentic_retriever.loop import steps as loop_steps
+from agentic_retriever.base.llm import LLMConfig
+from agentic_retriever.app.loop import STEPS, LoopConfig, LoopEvalConfig, LoopJob, LoopManifest, LoopManifestError, run_loop
+from agentic_retriever.app.loop import runner as loop_runner
+from agentic_retriever.app.loop import steps as loop_steps
 from agentic_retriever.mining.config import MiningConfig
 from agentic_retriever.mining.job import MineJobConfig
 from agentic_retriever.mining.selection import SelectionConfig
@@ -84,7 +84,7 @@ def workdir(tmp_path, monkeypatch) -> Path:
     (the RL step trains the real tiny Llama)."""
     _write_data(tmp_path / "data")
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("agentic_retriever.llm.load_llm",
+    monkeypatch.setattr("agentic_retriever.base.llm.load_llm",
                         lambda config: FakeScorer() if config.model == "fake-scorer" else FakeAgent())
     return tmp_path
 
@@ -118,7 +118,7 @@ def served_index(monkeypatch) -> list[tuple[str, str]]:
     the service held at that moment (its ``/health``), in call order."""
     served = []
     token = "loop-admin-token"  # the loop's admin token, known here so the recorder reads /health as the loop does
-    monkeypatch.setattr("agentic_retriever.loop.service.secrets.token_urlsafe", lambda nbytes=None: token)
+    monkeypatch.setattr("agentic_retriever.app.loop.service.secrets.token_urlsafe", lambda nbytes=None: token)
     for name in ("train_agent", "roll_out", "mine_rows"):
         real = getattr(loop_steps, name)
 
@@ -193,7 +193,7 @@ def test_a_run_killed_in_every_step_resumes_to_the_uninterrupted_manifest(tmp_pa
     """Each step is killed once, after its work and before it is recorded as done (the worst moment: the work
     exists, the record says running); every rerun continues where the last stopped and the final record equals
     the one of a run never interrupted."""
-    monkeypatch.setattr("agentic_retriever.llm.load_llm",
+    monkeypatch.setattr("agentic_retriever.base.llm.load_llm",
                         lambda config: FakeScorer() if config.model == "fake-scorer" else FakeAgent())
     manifests = {}
     for name in ("straight", "killed"):
@@ -252,7 +252,7 @@ def test_a_changed_mining_setting_reruns_mining_and_after_and_nothing_before(wor
 
 def test_keys_hold_only_settings_that_differ_from_the_defaults():
     """A setting added with its default by a later release leaves the keys of a finished loop as they were."""
-    from agentic_retriever.loop.runner import _settings
+    from agentic_retriever.app.loop.runner import _settings
 
     assert _settings(RLConfig(), ("out",)) == {}
     config = RLConfig(steps=3, env=EnvConfig(temperature=1.0, max_turns=2), agent=LLMConfig(model="m"))
@@ -321,8 +321,8 @@ def test_the_retriever_step_runs_under_a_launcher_from_the_config_file(workdir, 
 
 def test_the_paper_loop_trains_the_retriever_under_torchrun_with_the_papers_4096_passages_a_step():
     """Appendix B: per-device batch 32 x 8 GPUs x 16 passages, in-batch and cross-device negatives."""
-    from agentic_retriever.config import build_config
-    from agentic_retriever.sessions import command_words
+    from agentic_retriever.app.config_loader import build_config
+    from agentic_retriever.base.sessions import command_words
     from agentic_retriever.training.config import RetrieverTrainConfig
 
     path = str(Path(__file__).resolve().parents[2] / "configs" / "agentic_r_loop.yaml")

@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from agentic_retriever.cli import main
-from agentic_retriever.loop.plan import RATES, plan_loop, plan_table
+from agentic_retriever.app.cli import main
+from agentic_retriever.app.loop.plan import RATES, plan_loop, plan_table
 from tests.fakes import write_jsonl
 from tests.loop.test_loop import make_job
 

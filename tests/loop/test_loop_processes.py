@@ -1,4 +1,4 @@
-"""The loop's processes on named devices (agentic_retriever.loop.processes): shards with the CUDA_VISIBLE_DEVICES
+"""The loop's processes on named devices (agentic_retriever.app.loop.processes): shards with the CUDA_VISIBLE_DEVICES
 their entry names, the step servers of ``loop.services`` up exactly while their steps run, and the rollout and
 mining steps split over processes giving what one process gives."""
 
@@ -15,19 +15,19 @@ import httpx
 import pytest
 
 from agent.trajectory import read_trajectories
-from agentic_retriever.client import RetrievalConfig
-from agentic_retriever.config import build_config
+from agentic_retriever.base.client import RetrievalConfig
+from agentic_retriever.app.config_loader import build_config
 from agentic_retriever.index import build_index
-from agentic_retriever.llm import LLMConfig
-from agentic_retriever.loop import STEPS, LoopConfig, LoopJob, LoopServiceConfig
-from agentic_retriever.loop import steps as loop_steps
-from agentic_retriever.loop.processes import (StepServices, concatenate, device_env, run_on_devices, service_specs,
+from agentic_retriever.base.llm import LLMConfig
+from agentic_retriever.app.loop import STEPS, LoopConfig, LoopJob, LoopServiceConfig
+from agentic_retriever.app.loop import steps as loop_steps
+from agentic_retriever.app.loop.processes import (StepServices, concatenate, device_env, run_on_devices, service_specs,
                                               write_section)
-from agentic_retriever.loop.runner import _Loop
-from agentic_retriever.loop.service import LoopService
+from agentic_retriever.app.loop.runner import _Loop
+from agentic_retriever.app.loop.service import LoopService
 from agentic_retriever.mining.config import MiningConfig
 from agentic_retriever.mining.selection import SelectionConfig
-from agentic_retriever.corpus import ScoredPassage
+from agentic_retriever.base.corpus import ScoredPassage
 from tests.fakes import answer_turn, free_port, make_trajectory, search_turn, write_jsonl
 from tests.loop.test_loop import make_job, workdir  # noqa: F401  (the fixture)
 
@@ -225,18 +225,18 @@ def test_ray_placement_without_ray_names_the_extra(monkeypatch):
     import importlib
 
     monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed
-    monkeypatch.delitem(sys.modules, "agentic_retriever.loop.ray_placement", raising=False)
+    monkeypatch.delitem(sys.modules, "agentic_retriever.app.loop.ray_placement", raising=False)
     with pytest.raises(ImportError, match=r"pip install 'agentic-retriever\[ray\]'"):
-        importlib.import_module("agentic_retriever.loop.ray_placement")
+        importlib.import_module("agentic_retriever.app.loop.ray_placement")
 
 
 def test_a_step_server_with_api_key_env_shares_a_fresh_key_with_the_loops_processes(tmp_path, monkeypatch):
     """The paper config's scorer: the loop puts a random key in the variable (vLLM's server reads VLLM_API_KEY),
     the server sees it, the loop's own processes inherit it and Ray's are handed it; a key the user set stands."""
-    from agentic_retriever.loop.processes import FORWARDED
+    from agentic_retriever.app.loop.processes import FORWARDED
 
     monkeypatch.delenv("TEST_SCORER_KEY", raising=False)
-    monkeypatch.setattr("agentic_retriever.loop.processes.FORWARDED", set(FORWARDED))
+    monkeypatch.setattr("agentic_retriever.app.loop.processes.FORWARDED", set(FORWARDED))
     port, seen = free_port(), tmp_path / "seen"
     serve = (f"import os, sys, http.server; open({str(seen)!r}, 'w').write(os.environ['TEST_SCORER_KEY']); "
              f"http.server.test(HandlerClass=http.server.SimpleHTTPRequestHandler, port={port}, bind='127.0.0.1')")
@@ -246,7 +246,7 @@ def test_a_step_server_with_api_key_env_shares_a_fresh_key_with_the_loops_proces
         services.before("mining")
         key = os.environ["TEST_SCORER_KEY"]
         assert len(key) >= 40 and seen.read_text() == key
-        from agentic_retriever.loop import processes
+        from agentic_retriever.app.loop import processes
 
         assert "TEST_SCORER_KEY" in processes.FORWARDED
     assert "TEST_SCORER_KEY" not in os.environ  # the key the loop made goes with its server

@@ -1,4 +1,4 @@
-"""The loop's child processes under failure (agentic_retriever.loop.processes): real process trees, each with a
+"""The loop's child processes under failure (agentic_retriever.app.loop.processes): real process trees, each with a
 worker that leaves its parent's process group (as Ray's and vLLM's workers do), stopped whatever way their step
 ends: a leader that exits first, a server that dies before its health check, a loop killed with SIGTERM mid-step."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from agentic_retriever.loop.processes import ServiceSpec, StepServices, signals_stop_children
-from agentic_retriever.sessions import session_members, start_session, stop_session
+from agentic_retriever.app.loop.processes import ServiceSpec, StepServices, signals_stop_children
+from agentic_retriever.base.sessions import session_members, start_session, stop_session
 from tests.faults.harness import ROOT
 
 
@@ -85,7 +85,7 @@ def test_a_loop_killed_with_sigterm_mid_step_stops_every_process_and_exits_with_
     loop = textwrap.dedent(f"""
         import sys
         from pathlib import Path
-        from agentic_retriever.loop.processes import LoopSignal, run_on_devices, signals_stop_children
+        from agentic_retriever.app.loop.processes import LoopSignal, run_on_devices, signals_stop_children
         tree = {_tree(tmp_path / "worker", "time.sleep(600)")!r}
         try:
             with signals_stop_children():
@@ -107,7 +107,7 @@ def test_a_loop_killed_with_sigkill_leaves_no_step_server_or_worker_behind(tmp_p
     loop = textwrap.dedent(f"""
         import time
         from pathlib import Path
-        from agentic_retriever.loop.processes import ServiceSpec, StepServices
+        from agentic_retriever.app.loop.processes import ServiceSpec, StepServices
         spec = ServiceSpec(name="scorer", command={" ".join(_quote(_tree(tmp_path / "worker", "time.sleep(600)")))!r},
                            health_url="http://127.0.0.1:9/health", steps=("mining",), start_timeout_s=600)
         with StepServices([spec], Path({str(tmp_path / "services")!r})) as services:

@@ -1,4 +1,4 @@
-"""The loop keeps its question sets apart (agentic_retriever/loop/splits.py): no training set of the loop shares a
+"""The loop keeps its question sets apart (agentic_retriever/app/loop/splits.py): no training set of the loop shares a
 question with the retriever's selection slice or a dev set, by id, parent or normalised question."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from agentic_retriever.commands import command
-from agentic_retriever.config import build_config
-from agentic_retriever.data.prepare import prepare_defaults
-from agentic_retriever.loop.config import LoopConfig, LoopEvalConfig, LoopJob
-from agentic_retriever.loop.splits import check_splits
+from agentic_retriever.app.commands import command
+from agentic_retriever.app.config_loader import build_config
+from agentic_retriever.base.data.prepare import prepare_defaults
+from agentic_retriever.app.loop.config import LoopConfig, LoopEvalConfig, LoopJob
+from agentic_retriever.app.loop.splits import check_splits
 from tests.fakes import write_jsonl
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "configs" / "loop_quickstart.yaml"

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import yaml
 
-from agentic_retriever.qa_sources import read_qa_rows
+from agentic_retriever.base.qa_sources import read_qa_rows
 from agentic_retriever.standins import scripted_scorer as scripted
-from agentic_retriever.commands import command
-from agentic_retriever.config import build_config
+from agentic_retriever.app.commands import command
+from agentic_retriever.app.config_loader import build_config
 from tests.fakes import import_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,7 +73,7 @@ def test_the_merged_config_is_read_by_every_section_of_the_loop(tmp_path, monkey
     """The file the dry run writes, read as `agentic-retriever loop` reads it: the loop's services, the shard devices,
     verl's stand-in, each step's section."""
     script = _script()
-    monkeypatch.setattr("agentic_retriever.defaults.smollm2_hf_dir", lambda: Path("/models/smollm2"))
+    monkeypatch.setattr("agentic_retriever.base.defaults.smollm2_hf_dir", lambda: Path("/models/smollm2"))
     path = script.write_config(tmp_path, "/models/agent")
     text = path.read_text()
     assert "{" + "python}" not in text and sys.executable in text and "/models/smollm2" in text
@@ -102,12 +102,12 @@ def test_with_verl_the_agent_step_is_verls_own_trainer_on_the_cpu_and_its_run_is
     from agent.rl.verl.validate import validate_verl_run
 
     script = _script()
-    monkeypatch.setattr("agentic_retriever.defaults.smollm2_hf_dir", lambda: Path("/models/smollm2"))
+    monkeypatch.setattr("agentic_retriever.base.defaults.smollm2_hf_dir", lambda: Path("/models/smollm2"))
     path = script.write_config(tmp_path, "/models/agent", verl=True)
     loop = build_config(command("loop").config_class(), "loop", None, str(path))
     rl = build_config(RLConfig, "agent_train", None, str(path))
     assert not loop.verl.stand_in and loop.verl.launch and loop.verl.device == "cpu"
-    from agentic_retriever.sessions import command_words
+    from agentic_retriever.base.sessions import command_words
 
     assert command_words(loop.verl.launcher) == [sys.executable]  # the loop's own interpreter
     assert rl.algorithm == "grpo" and rl.samples_per_prompt == 2
@@ -121,7 +121,7 @@ def test_with_verl_the_agent_step_is_verls_own_trainer_on_the_cpu_and_its_run_is
 def test_the_stand_in_files_are_flashrag_rows_without_evidence_labels(tmp_path, monkeypatch):
     """The dry run's QA files carry what FlashRAG's do (so the loop's evaluation must judge by answers), and its
     corpus is wiki-18's form holding every chosen question's evidence page."""
-    from agentic_retriever.corpus import split_contents
+    from agentic_retriever.base.corpus import split_contents
 
     script = _script()
     summary = script.make_data(tmp_path)
@@ -160,7 +160,7 @@ def test_with_ray_the_merged_config_places_the_same_shards_by_ray(tmp_path, monk
     """`--ray`: the loop's own shards and scorer placed by Ray, as many as the local placement's (two a step), the
     service and the scorer bound where the cluster's nodes reach them; nothing else of the local dry run changes."""
     script = _script()
-    monkeypatch.setattr("agentic_retriever.defaults.smollm2_hf_dir", lambda: Path("/models/smollm2"))
+    monkeypatch.setattr("agentic_retriever.base.defaults.smollm2_hf_dir", lambda: Path("/models/smollm2"))
     local = build_config(command("loop").config_class(), "loop", None, str(script.write_config(tmp_path, "/m")))
     placed = build_config(command("loop").config_class(), "loop", None,
                           str(script.write_config(tmp_path, "/m", ray=True)))

@@ -19,14 +19,14 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="ray is not installed (the dev extra has it)")
 
-from agentic_retriever.loop import steps as loop_steps  # noqa: E402
-from agentic_retriever.loop.config import LoopConfig, LoopRayConfig, LoopServiceConfig  # noqa: E402
-from agentic_retriever.loop.placement import shard_count  # noqa: E402
-from agentic_retriever.loop.processes import (  # noqa: E402
+from agentic_retriever.app.loop import steps as loop_steps  # noqa: E402
+from agentic_retriever.app.loop.config import LoopConfig, LoopRayConfig, LoopServiceConfig  # noqa: E402
+from agentic_retriever.app.loop.placement import shard_count  # noqa: E402
+from agentic_retriever.app.loop.processes import (  # noqa: E402
     LoopSignal, ServiceSpec, StepServices, signals_stop_children,
 )
-from agentic_retriever.loop.ray_placement import RayServer, reachable_url, run_on_ray  # noqa: E402
-from agentic_retriever.loop.service import LoopService  # noqa: E402
+from agentic_retriever.app.loop.ray_placement import RayServer, reachable_url, run_on_ray  # noqa: E402
+from agentic_retriever.app.loop.service import LoopService  # noqa: E402
 from tests.fakes import free_port, ray_temp_dir  # noqa: E402
 from tests.loop.test_loop import make_job, workdir  # noqa: E402,F401  (the fixture)
 
@@ -198,7 +198,7 @@ def test_rollouts_and_mining_placed_by_ray_give_the_rows_of_one_process(cluster,
     loop's process: the same trajectories in question order, exactly the same mined rows."""
     from agent.trajectory import read_trajectories
     from agentic_retriever.index import build_index
-    from agentic_retriever.llm import LLMConfig
+    from agentic_retriever.base.llm import LLMConfig
     from agentic_retriever.mining.selection import SelectionConfig
 
     _wait_all_gpus_free()
@@ -230,7 +230,7 @@ def test_rollouts_and_mining_placed_by_ray_give_the_rows_of_one_process(cluster,
 def test_a_process_stopped_before_its_start_never_runs(cluster, tmp_path):
     """The loop stops a step's actors while their starts may still be on the way (an interrupt right after the
     step began): a start that comes after the stop refuses, so no process is left behind the actor."""
-    from agentic_retriever.loop.ray_placement import ProcessActor
+    from agentic_retriever.app.loop.ray_placement import ProcessActor
 
     actor = ProcessActor.options(num_cpus=0).remote()
     assert ray.get(actor.stop.remote(1.0)) is None

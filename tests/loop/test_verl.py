@@ -32,7 +32,7 @@ import yaml
 from agent.dialects import SearchR1Dialect
 from agent.env import EnvConfig
 from agent.rl.config import RLConfig, SecondStage
-from agentic_retriever.client import API_KEY_ENV, HttpRetrievalClient
+from agentic_retriever.base.client import API_KEY_ENV, HttpRetrievalClient
 from agent.rl.verl.validate import compose_verl_config
 from agent.rl.verl import (AGENT_LOOP_NAME, REWARD_FILE, TOOL_AGENT_LOOP_NAME, SearchTool, VerlRun, VerlSettings,
                                          prepare_verl_run, start_verl_run, wait_for_checkpoint)
@@ -134,8 +134,8 @@ def _fake_checkpoint(root: Path, step: int, weights: bool = True) -> Path:
 def test_the_loops_verl_step_validates_on_training_questions_not_on_the_dev_set(tmp_path):
     """The loop's agent step on verl (`steps.train_agent_on_verl`, as the runner calls it) with a dev set in
     loop.eval: verl's validation rows come from agent_train.qa, none from the dev set."""
-    from agentic_retriever.loop.config import LoopConfig, LoopEvalConfig, LoopJob
-    from agentic_retriever.loop.steps import train_agent_on_verl
+    from agentic_retriever.app.loop.config import LoopConfig, LoopEvalConfig, LoopJob
+    from agentic_retriever.app.loop.steps import train_agent_on_verl
 
     rows = TRAIN + [("q5", "tallest mountain", ["Everest"]), ("q6", "fastest animal", ["cheetah"])]
     train = _qa(tmp_path / "train.jsonl", rows)

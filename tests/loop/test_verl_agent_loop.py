@@ -33,8 +33,9 @@ import yaml
 from agent.dialects import SearchR1Dialect
 from agent.env import EnvConfig
 from agent.rl.config import RLConfig
-from agentic_retriever.client import API_KEY_ENV, LocalRetrievalClient, RetrievalServiceError
-from agentic_retriever.encoder import EncoderConfig
+from agentic_retriever.base.client import API_KEY_ENV, RetrievalServiceError
+from agentic_retriever.retrieval import LocalRetrievalClient
+from agentic_retriever.base.encoder import EncoderConfig
 from agentic_retriever.index import IndexBuildConfig, build_index, open_index
 from agent.rl.verl import AGENT_LOOP_NAME, VerlSettings, prepare_verl_run
 from agentic_retriever.server import ServerThread, create_app
@@ -390,7 +391,7 @@ def serving_process(index: Path, log: Path, *flags: str):
     """``index serve`` in a process of its own, as users and the loop's step servers run it: {"url", "process"}."""
     port = free_port()
     with log.open("w") as sink:
-        process = subprocess.Popen([sys.executable, "-m", "agentic_retriever.cli", "index", "serve", "--index",
+        process = subprocess.Popen([sys.executable, "-m", "agentic_retriever.app.cli", "index", "serve", "--index",
                                     str(index), "--port", str(port), *flags], stdout=sink, stderr=subprocess.STDOUT)
     try:
         wait_until(lambda: "Uvicorn running" in log.read_text() or process.poll() is not None, "the service")

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from agent.rl.config import RLConfig
-from agentic_retriever.sessions import stop_session
+from agentic_retriever.base.sessions import stop_session
 from agent.rl.verl import VerlSettings, prepare_verl_run, start_verl_run, wait_for_checkpoint
 from agent.rl.verl.cpu import PLATFORM_MODULE, cpu_environment
 from agent.rl.verl.leftovers import leftovers, remove_leftovers

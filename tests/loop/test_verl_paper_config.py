@@ -23,8 +23,8 @@ import yaml
 
 from agent.rl.config import RLConfig
 from agent.rl.verl.validate import validate_verl_run
-from agentic_retriever.config import build_config
-from agentic_retriever.loop.config import LoopConfig
+from agentic_retriever.app.config_loader import build_config
+from agentic_retriever.app.loop.config import LoopConfig
 from agent.rl.verl import AGENT_LOOP_NAME, TOOL_AGENT_LOOP_NAME, VerlSettings, prepare_verl_run
 from tests.loop.test_verl import URL, _compose
 
@@ -153,7 +153,7 @@ def test_epochs_let_verls_loop_reach_the_last_step_on_a_small_set(tmp_path):
     pytest.importorskip("ray", reason="ray is not installed (the dev extra has it: verl's package imports it)")
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
-    from agentic_retriever.defaults import gguf_tokenizer, smollm2_gguf_path
+    from agentic_retriever.base.defaults import gguf_tokenizer, smollm2_gguf_path
 
     rl = RLConfig(qa="unused", algorithm="ppo", steps=11, prompts_per_step=4, samples_per_prompt=1, micro_batch_size=1)
     run = prepare_verl_run(tmp_path / "verl", VerlSettings(n_gpus_per_node=1, val_questions=2), rl, URL, "/m",
@@ -218,8 +218,8 @@ def test_every_agent_of_the_paper_loop_starts_from_the_base_model():
 def test_the_paper_configs_commands_run_with_the_loops_own_interpreter(monkeypatch):
     """torchrun, the 72B scorer's vLLM server and verl's launcher as `{python} -m ...`: with an unactivated venv, PATH's
     `torchrun` or `vllm` belongs to another interpreter or to none."""
-    from agentic_retriever.loop.processes import service_specs
-    from agentic_retriever.sessions import command_words
+    from agentic_retriever.app.loop.processes import service_specs
+    from agentic_retriever.base.sessions import command_words
 
     monkeypatch.setattr(sys, "executable", "/opt/loop-venv/bin/python")
     loop = build_config(LoopConfig, "loop", None, str(CONFIGS / "agentic_r_loop.yaml"))

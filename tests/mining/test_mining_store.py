@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from agentic_retriever.jsonl import DataFormatError
+from agentic_retriever.base.jsonl import DataFormatError
 from agentic_retriever.mining.store import StageStore, StoreLockedError, stable_hash
 
 

@@ -4,9 +4,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from agentic_retriever import corpus as corpus_module
-from agentic_retriever.corpus import Corpus, split_contents
-from agentic_retriever.jsonl import DataFormatError
+from agentic_retriever.base import corpus as corpus_module
+from agentic_retriever.base.corpus import Corpus, split_contents
+from agentic_retriever.base.jsonl import DataFormatError
 from tests.fakes import write_jsonl
 
 

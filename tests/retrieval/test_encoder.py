@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 from sentence_transformers import SentenceTransformer, models
 
-from agentic_retriever.defaults import minilm_model_dir
-from agentic_retriever.encoder import (
+from agentic_retriever.base.defaults import minilm_model_dir
+from agentic_retriever.base.encoder import (
     BGE_QUERY_INSTRUCTION, EncoderSettings, Encoder, EncoderConfig, compose_query, family_prefixes, save_model_settings,
 )
 

@@ -96,7 +96,7 @@ def test_two_gloo_processes_train_every_row_each_epoch_without_a_shared_text_in_
 
     import torch.multiprocessing as mp
 
-    from agentic_retriever.encoder import EncoderConfig
+    from agentic_retriever.base.encoder import EncoderConfig
     from agentic_retriever.index import IndexBuildConfig, build_index
     from tests.fakes import free_port
     from tests.training.test_training import PASSAGES, _config, agentic_row, write_rows

@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from agent.rewards.registry import REWARDS, get_reward
-from agentic_retriever.eval.qa import golden_strings
+from agentic_retriever.base.qa_metrics import golden_strings
 
 __all__ = ["compute_score", "golden_answers_from_ground_truth", "search_r1_em", "search_r1_format",
            "qagent_hit", "qagent_stage1", "qagent_valid_format", "search_r1_format_paper", "search_r1_retrieval",
