@@ -59,21 +59,21 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from agentic_retriever.base.client import RetrievalClient, RetrievalConfig
-from agentic_retriever.retrieval import open_client
 from agentic_retriever.base.corpus import Passage
-from agentic_retriever.base.qa_metrics import contains_match, f1_score, qa_scores
 from agentic_retriever.base.fingerprint import llm_fingerprint
 from agentic_retriever.base.llm import LLMConfig
 from agentic_retriever.base.llm.protocol import LLM
-from agentic_retriever.base.qa_sources import qa_set_name
+from agentic_retriever.base.qa_metrics import contains_match, f1_score, qa_scores
 from agentic_retriever.base.qa_sources import QARow, as_qa_rows
+from agentic_retriever.base.qa_sources import qa_set_name
+from agentic_retriever.retrieval import open_client
 
 from .dialects.s3 import NAIVE_RAG_TOPK
-from .s3_rag_baseline import NaiveRagCache, retriever_identity
 from .rewards.answer_judge import judge_answers
 from .rewards.gbr import gain_beyond_rag, gain_beyond_rag_paper
 from .rewards.generation import generate_answers, generation_accuracy
 from .rewards.qagent import QAGENT_GENERATOR
+from .s3_rag_baseline import NaiveRagCache, retriever_identity
 from .trajectory import Trajectory, Turn, read_trajectories
 
 __all__ = ["AgentEvalConfig", "GeneratorProtocol", "evaluate_agent", "evaluate_generation", "evaluate_judged",

@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from agentic_retriever.base.client import RetrievalClient, RetrievalConfig
-from agentic_retriever.retrieval import open_client
 from agentic_retriever.base.jsonl import atomic_write, write_json
 from agentic_retriever.base.llm import LLMConfig
 from agentic_retriever.base.llm.protocol import LLM
 from agentic_retriever.base.qa_sources import QARow, read_qa_rows
+from agentic_retriever.retrieval import open_client
 
 from .env import EnvConfig
 from .evaluate import evaluate_trajectories

@@ -15,12 +15,12 @@ from typing import Any, ClassVar
 from tqdm.auto import tqdm
 
 from agentic_retriever.base.client import RetrievalClient, RetrievalConfig
-from agentic_retriever.retrieval import open_client
-from agentic_retriever.base.qa_metrics import qa_scores
 from agentic_retriever.base.jsonl import parse_shard, read_json, shard_bounds, write_json
 from agentic_retriever.base.llm import LLMConfig
 from agentic_retriever.base.llm.protocol import LLM, derived_seed
+from agentic_retriever.base.qa_metrics import qa_scores
 from agentic_retriever.base.qa_sources import QARow, as_qa_rows, read_qa_rows
+from agentic_retriever.retrieval import open_client
 
 from .env import EnvConfig, Rollout, rollout
 from .trajectory import Trajectory, TrajectoryWriter, trajectory_id

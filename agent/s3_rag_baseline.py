@@ -26,7 +26,6 @@ is a `DataFormatError` naming the file and the line. One process uses a cache fi
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -36,9 +35,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from agentic_retriever.base.client import RetrievalClient
-from agentic_retriever.base.qa_metrics import YES_NO, is_yes_no  # re-exported: s3 drops yes/no questions (section 4.1)
+from agentic_retriever.base.fingerprint import stable_hash
 from agentic_retriever.base.jsonl import DataFormatError, json_error_text, write_json
 from agentic_retriever.base.llm.protocol import LLM
+from agentic_retriever.base.qa_metrics import YES_NO, is_yes_no  # re-exported: s3 drops yes/no questions (section 4.1)
 from agentic_retriever.base.qa_sources import QARow
 from agentic_retriever.base.writer_lock import WriterLock, lock_beside
 
@@ -64,13 +64,8 @@ def retriever_identity(client: RetrievalClient) -> str:
     return json.dumps(identity(), sort_keys=True, ensure_ascii=False)
 
 
-def _digest(obj: Any, size: int = 16) -> str:
-    text = json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:size]
-
-
 def _question_key(row: QARow) -> str:
-    return _digest([row.id, row.question, list(row.golden_answers)], 32)
+    return stable_hash([row.id, row.question, list(row.golden_answers)], 32, "sha256")
 
 
 class NaiveRagCache:
@@ -103,7 +98,7 @@ class NaiveRagCache:
             "judge_prompt": JUDGE_PROMPT if judged else None,
             "judge_sampling": dataclasses.asdict(JUDGE_SAMPLING) if judged else None,
         }
-        self.path = self.folder / f"naive_rag-{_digest(self.key_fields)}.jsonl"
+        self.path = self.folder / f"naive_rag-{stable_hash(self.key_fields, 16, 'sha256')}.jsonl"
 
     def accuracies(self, rows: Sequence[QARow], client: RetrievalClient, generator: LLM, judge: LLM | None,
                    batch_size: int = 64) -> dict[str, float]:

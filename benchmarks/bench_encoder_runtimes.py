@@ -134,9 +134,9 @@ def main() -> None:
 
     import torch
 
-    from agentic_retriever.base.precision import cpu_computes_bf16_natively
     from agentic_retriever.base.data.prepare import PrepareConfig, prepare_defaults
     from agentic_retriever.base.encoder import Encoder, EncoderConfig
+    from agentic_retriever.base.precision import cpu_computes_bf16_natively
 
     data = Path(args.data)
     if not (data / "fanoutqa_leaf_dev.jsonl").is_file():

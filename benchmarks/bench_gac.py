@@ -77,8 +77,8 @@ class CountedGenerate:
 
 
 def scored_passages(count: int, corpus: str | None, seed: int = 0):
-    from agentic_retriever.base.corpus import split_contents
     from agentic_retriever.base.corpus import ScoredPassage
+    from agentic_retriever.base.corpus import split_contents
 
     texts, source = load_passages(count, corpus, seed=seed)
     return [ScoredPassage(f"p{i}", *split_contents(t), score=1.0) for i, t in enumerate(texts)], source
@@ -168,8 +168,8 @@ def main() -> None:
     env = EnvConfig(max_turns=args.max_turns, max_new_tokens_per_turn=args.max_new_tokens)
     client = None
     if Path(args.index).is_dir():
-        from agentic_retriever.retrieval import LocalRetrievalClient
         from agentic_retriever.index import open_index
+        from agentic_retriever.retrieval import LocalRetrievalClient
 
         client = LocalRetrievalClient(open_index(args.index))
     if args.trajectories:

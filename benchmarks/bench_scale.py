@@ -58,8 +58,8 @@ from _common import (
     start_worker, usable_cores,
 )
 
-from agentic_retriever.index.dense import DenseParams, fill_faiss_index, set_search_knobs
 from agentic_retriever.base.jsonl import atomic_write, write_json
+from agentic_retriever.index.dense import DenseParams, fill_faiss_index, set_search_knobs
 
 WIKI18_ROWS = 21_015_324
 E5_DIM = 768

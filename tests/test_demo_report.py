@@ -5,8 +5,8 @@ import dataclasses
 from pathlib import Path
 
 from agent.rollouts import RolloutConfig
-from agentic_retriever.base.client import RetrievalConfig
 from agentic_retriever.app.demo import keyed_rollout, selection_note
+from agentic_retriever.base.client import RetrievalConfig
 
 
 def test_selection_note_names_the_inputs_that_decided_and_the_scores():

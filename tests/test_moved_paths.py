@@ -42,8 +42,8 @@ def test_a_submodule_of_a_moved_package_is_one_module_under_both_names():
     from agentic_retriever.base.llm.transformers import TransformersLLM
 
     assert old.TransformersLLM is TransformersLLM and old.__spec__.name == "agentic_retriever.base.llm.transformers"
-    from agentic_retriever.llm.base import LLM  # the module renamed inside a moved package
     from agentic_retriever.base.llm.protocol import LLM as new_llm
+    from agentic_retriever.llm.base import LLM  # the module renamed inside a moved package
 
     assert LLM is new_llm
 

@@ -11,13 +11,13 @@ import yaml
 from agent.rollouts import RolloutConfig
 from agent.sft import WarmStartConfig
 from agent.sft.warm_start import _cache_key
-from agentic_retriever.base import precision as precision_module
 from agentic_retriever.app.config_loader import build_config
+from agentic_retriever.base import precision as precision_module
 from agentic_retriever.base.encoder import Encoder, EncoderConfig
-from agentic_retriever.index import IndexBuildConfig
 from agentic_retriever.base.llm import LLMConfig
-from agentic_retriever.mining.job import MineJobConfig
 from agentic_retriever.base.precision import ROLES, resolve, resolve_native
+from agentic_retriever.index import IndexBuildConfig
+from agentic_retriever.mining.job import MineJobConfig
 from agentic_retriever.training.config import RetrieverTrainConfig
 from agentic_retriever.training.trainer import _precision
 

@@ -30,8 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from agentic_retriever.base.qa_metrics import Golden, exact_match, golden_strings, normalize_answer
 from agentic_retriever.base.llm.protocol import LLM, SamplingParams, generate_checked
+from agentic_retriever.base.qa_metrics import Golden, exact_match, golden_strings, normalize_answer
 
 from .generation import JUDGE_SAMPLING, judge_check
 

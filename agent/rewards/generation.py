@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from agentic_retriever.base.corpus import Passage
-from agentic_retriever.base.qa_metrics import Golden, golden_strings, span_match
 from agentic_retriever.base.llm.protocol import LLM, Generation, Prompt, SamplingParams, generate_checked
+from agentic_retriever.base.qa_metrics import Golden, golden_strings, span_match
 
 __all__ = ["GENERATOR_PROMPT", "GENERATOR_SAMPLING", "JUDGE_PROMPT", "JUDGE_SAMPLING", "S3_GENERATOR",
            "FirstDocumentsReader", "GenAcc", "GenAccResult", "GeneratorPrompt", "format_context", "gen_acc",

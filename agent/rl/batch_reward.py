@@ -49,21 +49,21 @@ import numpy as np
 from agentic_retriever.base.client import RetrievalClient
 from agentic_retriever.base.corpus import Passage
 from agentic_retriever.base.encoder import Encoder
-from agentic_retriever.base.qa_metrics import contains_match
 from agentic_retriever.base.fingerprint import llm_fingerprint
 from agentic_retriever.base.llm import LLM, load_llm
+from agentic_retriever.base.qa_metrics import contains_match
 from agentic_retriever.base.qa_sources import QARow
 
 from ..dialects.reflect import search_queries
 from ..dialects.s3 import NAIVE_RAG_TOPK
 from ..env import Rollout
-from ..s3_rag_baseline import NaiveRagCache, retriever_identity, training_filter_counts, training_rows
 from ..rewards import get_reward
 from ..rewards.answer_judge import judge_answers
 from ..rewards.gbr import GAINS, gain_beyond_rag_paper, get_gain
 from ..rewards.generation import GeneratorPrompt, generate_answers, generation_accuracy
 from ..rewards.qagent import QAGENT_GENERATOR, SUBMODULE_REWARDS, get_submodule_reward
 from ..rewards.when_to_search import WHEN_TO_SEARCH_REWARDS, get_when_to_search_reward
+from ..s3_rag_baseline import NaiveRagCache, retriever_identity, training_filter_counts, training_rows
 from .config import RLConfig
 
 __all__ = ["BatchReward", "BatchScores", "GainBeyondRagReward", "PreparedReward", "QueryEncoder", "ResponseReward",

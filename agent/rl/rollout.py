@@ -31,8 +31,8 @@ from typing import NamedTuple
 import torch
 
 from agentic_retriever.base.client import RetrievalClient
-from agentic_retriever.base.qa_metrics import qa_scores
 from agentic_retriever.base.llm import LLM
+from agentic_retriever.base.qa_metrics import qa_scores
 from agentic_retriever.base.qa_sources import QARow
 
 from ..dialects.reflect import check_shape

@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 
 from agentic_retriever.base.client import RetrievalClient
 from agentic_retriever.base.corpus import ScoredPassage
-from agentic_retriever.base.qa_metrics import normalize_answer
 from agentic_retriever.base.llm.text import render_chat_prompt
+from agentic_retriever.base.qa_metrics import normalize_answer
 from agentic_retriever.base.qa_sources import QARow
 
 from ..dialects import get_dialect

@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 
 from agentic_retriever.base.client import RetrievalClient
 from agentic_retriever.base.corpus import ScoredPassage
-from agentic_retriever.base.qa_metrics import part_answers
 from agentic_retriever.base.jsonl import DataFormatError, iter_jsonl
+from agentic_retriever.base.qa_metrics import part_answers
 from agentic_retriever.base.qa_sources import QARow
 
 from .data import SynthesisConfig, _Builder, _evidence_hit, content_words, query_phrasings

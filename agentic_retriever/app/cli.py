@@ -112,10 +112,10 @@ def _index_swap(config) -> None:
 
 
 def _eval_retrieval(config) -> None:
+    from agentic_retriever.base.jsonl import read_json, write_json
     from agentic_retriever.eval.bootstrap import compare_reports
     from agentic_retriever.eval.report import render_table
     from agentic_retriever.eval.retrieval import composition_questions, evaluate_retrieval, load_judged_questions
-    from agentic_retriever.base.jsonl import read_json, write_json
 
     if bool(config.qa) == bool(config.beir):
         raise ValueError("eval retrieval: give exactly one of --qa FILE (a QA JSONL with supporting_ids or "

@@ -39,13 +39,13 @@ from typing import Any
 from agentic_retriever.base.client import RetrievalConfig
 from agentic_retriever.base.data.prepare import PrepareConfig, prepare_defaults
 from agentic_retriever.base.encoder import EncoderConfig
+from agentic_retriever.base.fingerprint import stable_hash
+from agentic_retriever.base.jsonl import read_json, write_json
+from agentic_retriever.base.memory_release import release_freed_memory
 from agentic_retriever.eval.bootstrap import compare_reports
 from agentic_retriever.eval.report import plot_metrics, render_table
 from agentic_retriever.eval.retrieval import composition_questions, evaluate_retrieval, load_judged_questions
-from agentic_retriever.base.memory_release import release_freed_memory
 from agentic_retriever.index import BM25Params, DenseParams, IndexBuildConfig, build_index, open_index
-from agentic_retriever.base.jsonl import read_json, write_json
-from agentic_retriever.mining.store import stable_hash
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ from typing import ClassVar, Literal
 
 import numpy as np
 
-from .precision import PRECISION_ALIASES, Precision, resolve, resolve_native, torch_dtype
 from .defaults import resolve_model_name
+from .precision import PRECISION_ALIASES, Precision, resolve, resolve_native, torch_dtype
 
 CompositionMode = Literal["query", "question_sep_query", "history"]
 COMPOSITION_MODES: tuple[str, ...] = ("query", "question_sep_query", "history")

@@ -20,8 +20,9 @@ fingerprints instead:
   OpenAI-compatible server's served model name, with a warning; else `model_fingerprint` of its name).
 * a local index is identified by its manifest's content: `agentic_retriever.index.identity.index_identity`, on
   the retriever's side, which knows the index types.
-* `stable_hash(obj)`: 32 hex digits of BLAKE2b over the canonical JSON of `obj`, the content key of mining's
-  stage stores and of an HTTP LLM's stored replies.
+* `stable_hash(obj)`: 32 hex digits of BLAKE2b over the canonical JSON of `obj` (`canonical_json`): the one
+  content hash of the project (mining's stage stores, an HTTP LLM's stored replies, the loop's step keys, the
+  demo's caches, s3's naive-RAG cache and the warm-started agents).
 * `service_identity(url, health)`: a retrieval service by its ``GET /health`` document: its fingerprints when it
   reports them, else its URL and self-description, with a warning that a changed service behind the same URL
   and description is not noticed.
@@ -45,16 +46,30 @@ from typing import Any
 from .defaults import DEFAULT_LLM, cache_root, resolve_llm_name
 from .jsonl import write_json
 
-__all__ = ["MODEL_FILES", "RACY_SECONDS", "SIDECAR", "llm_fingerprint", "model_fingerprint",
+__all__ = ["MODEL_FILES", "RACY_SECONDS", "SIDECAR", "canonical_json", "llm_fingerprint", "model_fingerprint",
            "service_identity", "stable_hash"]
 
 log = logging.getLogger(__name__)
 
 
-def stable_hash(obj: Any) -> str:
-    """32 hex digits of BLAKE2b over the canonical JSON of `obj` (sorted keys): equal inputs, equal hashes."""
-    text = json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=_jsonable)
-    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
+def canonical_json(obj: Any) -> str:
+    """`obj` as canonical JSON: sorted keys, no spaces, UTF-8 text as is; dataclasses as their fields."""
+    return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=_jsonable)
+
+
+def stable_hash(obj: Any, digits: int = 32, algorithm: str = "blake2b") -> str:
+    """`digits` hex digits of a hash of `canonical_json(obj)`: equal inputs, equal hashes, on every machine.
+
+    BLAKE2b (its digest sized to `digits`) keys everything new; ``sha256`` (its first `digits`) keys the caches
+    first written with it (s3's naive-RAG accuracies, the warm-started agents), so theirs stay valid."""
+    text = canonical_json(obj).encode("utf-8")
+    if algorithm == "blake2b":
+        if digits % 2 or not 2 <= digits <= 128:
+            raise ValueError(f"BLAKE2b gives an even number of hex digits from 2 to 128, not {digits}")
+        return hashlib.blake2b(text, digest_size=digits // 2).hexdigest()
+    if algorithm == "sha256":
+        return hashlib.sha256(text).hexdigest()[:digits]
+    raise ValueError(f"stable_hash knows blake2b and sha256, not {algorithm!r}")
 
 
 def _jsonable(obj: Any) -> Any:

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from .qa_metrics import golden_strings
 from .jsonl import DataFormatError, iter_jsonl
+from .qa_metrics import golden_strings
 
 __all__ = ["QARow", "QASource", "QASourceRow", "as_qa_rows", "iter_search_r1_file", "parse_qa_sources", "qa_set_name",
            "qa_set_sha256", "question_after_marker", "read_qa_rows", "read_qa_source_rows", "search_r1_qa_row"]

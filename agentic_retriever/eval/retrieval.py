@@ -52,8 +52,8 @@ from tqdm.auto import tqdm
 from agentic_retriever.base.corpus import Corpus
 from agentic_retriever.base.encoder import COMPOSE_WITH
 from agentic_retriever.base.jsonl import DataFormatError
-from agentic_retriever.base.qa_sources import read_qa_source_rows
 from agentic_retriever.base.qa_metrics import contains_match, golden_strings, is_yes_no
+from agentic_retriever.base.qa_sources import read_qa_source_rows
 
 ID_FIELDS = ("supporting_ids", "positive_ids")
 TITLE_FIELD = "supporting_titles"

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import ClassVar
 
 from agentic_retriever.base.client import RetrievalConfig
-from agentic_retriever.retrieval import open_client
 from agentic_retriever.base.jsonl import shard_bounds
 from agentic_retriever.base.llm.loader import LLMConfig
 from agentic_retriever.base.qa_sources import read_qa_source_rows
+from agentic_retriever.retrieval import open_client
 from .config import MiningConfig
 from .outputs import MiningResult
 from .pipeline import GACRoundFilter, mine

@@ -30,8 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agentic_retriever.base.corpus import ScoredPassage
+from agentic_retriever.base.fingerprint import stable_hash
 from .environment import Prefix, Trajectory, trajectory_id
-from .store import stable_hash
 
 __all__ = ["Round", "RoundDrop", "extract_rounds", "search_queries"]
 

@@ -79,10 +79,10 @@ def rl_step(model: str, corpus: str, questions: int, max_new_tokens: int | None,
     import torch
     from bench_rollout import FixedPassages
 
-    from agentic_retriever.base.qa_sources import QARow
     from agent.rl.config import RLConfig
     from agent.rl.trainer import RLTrainer
     from agentic_retriever.app.config_loader import build_config
+    from agentic_retriever.base.qa_sources import QARow
 
     config = build_config(RLConfig, "agent_train", None, str(REPO_ROOT / "configs" / "search_r1_quickstart.yaml"))
     rows = [QARow(f"q{i}", f"Which river runs through city number {i}?", (f"river {i}",)) for i in range(questions)]

@@ -62,8 +62,8 @@ def prepare(out: Path, questions: int = QUESTIONS) -> dict:
     from agentic_retriever.base.corpus import split_contents
     from agentic_retriever.base.data.prepare import PrepareConfig, prepare_defaults
     from agentic_retriever.base.encoder import EncoderConfig
-    from agentic_retriever.index import DenseParams, IndexBuildConfig, build_index
     from agentic_retriever.base.jsonl import iter_jsonl, write_jsonl
+    from agentic_retriever.index import DenseParams, IndexBuildConfig, build_index
 
     prepare_defaults(PrepareConfig(out=str(out / "data")))
     rows = [row for _, row in iter_jsonl(out / "data" / "fanoutqa_leaf_train_answerable.jsonl")][:questions]
@@ -177,9 +177,9 @@ def step_c(out: Path) -> dict:
 def step_d(out: Path) -> dict:
     """`vllm serve` with our OpenAI backend as the listwise LR scorer and the sub-answer writer; the server started
     and stopped as the loop does its step servers (`StepServices`)."""
+    from agentic_retriever.app.loop.processes import ServiceSpec, StepServices
     from agentic_retriever.base.client import HttpRetrievalClient
     from agentic_retriever.base.llm import LLMConfig, load_llm
-    from agentic_retriever.app.loop.processes import ServiceSpec, StepServices
     from agentic_retriever.mining.config import MiningConfig
     from agentic_retriever.mining.pipeline import mine
     from agentic_retriever.mining.selection import SelectionConfig

@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from agent.dialects import SearchR1Dialect
-from agentic_retriever.base.qa_sources import QARow
 from agent.sft import IGNORE_INDEX, SFTConfig, SFTExample, read_sft_examples, tokenize_example, train_sft, write_sft_examples
 from agent.sft import SynthesisConfig, query_phrasings, synthesize_sft_examples
 from agentic_retriever.base.client import RetrievalConfig
 from agentic_retriever.base.corpus import ScoredPassage
 from agentic_retriever.base.jsonl import DataFormatError
 from agentic_retriever.base.llm import LLMConfig
+from agentic_retriever.base.qa_sources import QARow
 
 EVIDENCE = ScoredPassage("7", "Islamabad", "Islamabad is the capital city of Pakistan. It lies in the north.", 0.9)
 OTHER = ScoredPassage("8", "Lahore", "Lahore is the second-largest city of Pakistan.", 0.5)
@@ -390,19 +390,19 @@ def test_the_warm_start_cache_survives_a_moved_cache_root_and_sees_a_base_retrai
 
 def test_a_warm_start_cached_by_the_previous_release_is_adopted(tmp_path, tiny_causal_lm_dir, monkeypatch):
     warm_start, config, base, trained = _warm_start_setup(tmp_path, tiny_causal_lm_dir, monkeypatch)
-    from agent.sft import data_fingerprint
-
+    import dataclasses
     import hashlib
 
+    from agent.sft import data_fingerprint
+    from agentic_retriever.base.fingerprint import model_fingerprint
+
     current = warm_start.warm_start_agent(config)
-    # make it what the previous release left: a folder named by its key, a hash of the base model's path, its
-    # name and the training settings it had
-    previous = ("epochs", "learning_rate", "batch_size", "gradient_accumulation", "max_length", "warmup_ratio",
-                "weight_decay", "lora", "lora_r", "lora_alpha", "lora_dropout", "gradient_checkpointing",
-                "save_steps", "logging_steps", "seed")
-    settings = json.dumps({k: getattr(config.train, k) for k in previous} | {"model": "default", "dtype": "auto"},
-                          sort_keys=True)
-    legacy_key = hashlib.sha256(f"{data_fingerprint(trained[0])}|{base}|{settings}".encode()).hexdigest()[:16]
+    # make it what the previous release left: a folder named by its key, a SHA-256 of a text of its own holding
+    # the examples' and base model's fingerprints and the settings that change the weights
+    settings = {k: v for k, v in dataclasses.asdict(config.train).items()
+                if k not in ("report_to", "logging_steps", "save_steps")} | {"dtype": "auto"}
+    text = f"v2|{data_fingerprint(trained[0])}|{model_fingerprint(base)}|{json.dumps(settings, sort_keys=True)}"
+    legacy_key = hashlib.sha256(text.encode()).hexdigest()[:16]
     legacy = current.with_name(f"sft-{legacy_key}")
     current.rename(legacy)
     current.with_name(current.name + ".examples.jsonl").rename(legacy.with_name(legacy.name + ".examples.jsonl"))

@@ -12,16 +12,16 @@ import pytest
 from agent.dialects import QAgentDialect, SelectedDocuments
 from agent.env import Rollout, Segment
 from agent.evaluate import AgentEvalConfig, evaluate_agent, evaluate_submodule, generator_protocol
-from agentic_retriever.base.qa_sources import QARow
 from agent.rewards import REWARDS, check_format, get_reward
-from agent.rl.verl import reward as verl_rewards
 from agent.rewards.generation import S3_GENERATOR, generate_answers
 from agent.rewards.qagent import QAGENT_GENERATOR, SUBMODULE_REWARDS, get_submodule_reward, hit
 from agent.rl.batch_reward import ResponseReward, SubmoduleReward
 from agent.rl.reward_schedule import RewardSchedule
+from agent.rl.verl import reward as verl_rewards
 from agent.trajectory import TrajectoryWriter
 from agentic_retriever.base.corpus import Passage
 from agentic_retriever.base.llm.protocol import Generation
+from agentic_retriever.base.qa_sources import QARow
 from tests.fakes import ClosableLLM, make_trajectory
 
 PLAN = "<plan> find the capital </plan>\n"

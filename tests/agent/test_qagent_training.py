@@ -10,11 +10,11 @@ import json
 import pytest
 
 from agent.env import EnvConfig
-from agentic_retriever.base.qa_sources import QARow
 from agent.rl import RLConfig, RLTrainer
 from agent.rl.batch_reward import ResponseReward, SubmoduleReward, prepare_reward
 from agent.rl.config import SecondStage
 from agentic_retriever.base.llm import LLMConfig
+from agentic_retriever.base.qa_sources import QARow
 from tests.agent.test_qagent_rewards import ScriptedGenerator
 from tests.fakes import FakeClient
 

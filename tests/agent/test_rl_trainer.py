@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from agent.env import EnvConfig
-from agentic_retriever.base.qa_sources import QARow
 from agent.rl import RLConfig, RLTrainer
 from agent.rl.batch import Sample, collate, token_logprobs
 from agent.rl.core import group_advantages
 from agent.rl.rollout import questions_at
 from agentic_retriever.base.llm import LLMConfig
+from agentic_retriever.base.qa_sources import QARow
 from tests.fakes import FakeClient, RecordingSummaryWriter
 
 ROWS = [QARow(str(i), f"which city is number {i}?", (f"city {i}",)) for i in range(6)]

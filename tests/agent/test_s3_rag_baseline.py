@@ -10,10 +10,10 @@ import re
 import pytest
 
 from agent.s3_rag_baseline import NaiveRagCache, is_yes_no, retriever_identity, training_filter_counts, training_rows
-from agentic_retriever.base.qa_sources import QARow
 from agentic_retriever.base.corpus import ScoredPassage
 from agentic_retriever.base.jsonl import DataFormatError
 from agentic_retriever.base.llm.protocol import Generation, SamplingParams
+from agentic_retriever.base.qa_sources import QARow
 from agentic_retriever.base.writer_lock import WriterLockedError
 from tests.fakes import FakeClient, Killed
 

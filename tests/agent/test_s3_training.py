@@ -12,13 +12,13 @@ import pytest
 
 from agent.dialects import SelectedDocuments
 from agent.env import EnvConfig, Rollout
-from agentic_retriever.base.qa_sources import QARow
 from agent.rewards.gbr import get_gain
 from agent.rl import RLConfig, RLTrainer
 from agent.rl.batch_reward import GainBeyondRagReward, prepare_reward
 from agentic_retriever.base.corpus import Passage, ScoredPassage
 from agentic_retriever.base.llm import LLMConfig
 from agentic_retriever.base.llm.protocol import Generation
+from agentic_retriever.base.qa_sources import QARow
 from tests.fakes import FakeClient
 
 ANSWER = re.compile(r"ANSWER: ([^\n]*)")

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from agent.env import EnvConfig
-from agentic_retriever.base.qa_sources import QARow
 from agent.rewards import REWARDS
-from agent.rl.verl import reward as verl_rewards
 from agent.rewards.answer_judge import JUDGE_PROMPT, judge_answers, judge_prompt
+from agent.rl.verl import reward as verl_rewards
+from agentic_retriever.base.qa_sources import QARow
 from agent.rewards.when_to_search import (
     WHEN_TO_SEARCH_REWARDS,
     answer_reward,
@@ -30,10 +30,10 @@ from agent.rl.batch_reward import ResponseReward, WhenToSearchReward, prepare_re
 from agent.rl.config import SecondStage
 from agent.rl.reward_schedule import RewardSchedule
 from agent.rl.rollout import RolloutCollector
-from agentic_retriever.retrieval import LocalRetrievalClient
 from agentic_retriever.base.encoder import Encoder, EncoderConfig
 from agentic_retriever.base.llm import LLMConfig
 from agentic_retriever.base.llm.protocol import Generation
+from agentic_retriever.retrieval import LocalRetrievalClient
 from tests.fakes import ClosableLLM, FakeClient
 
 THINK = "<think> I am not sure </think>\n"

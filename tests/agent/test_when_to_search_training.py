@@ -9,11 +9,11 @@ import json
 import pytest
 
 from agent.env import EnvConfig
-from agentic_retriever.base.qa_sources import QARow
 from agent.rl import RLConfig, RLTrainer
 from agent.rl.config import SecondStage
 from agentic_retriever.base.encoder import EncoderConfig
 from agentic_retriever.base.llm import LLMConfig
+from agentic_retriever.base.qa_sources import QARow
 from tests.fakes import FakeClient
 
 ROWS = [QARow("a", "capital of france?", ("Paris",)), QARow("b", "capital of norway?", ("Oslo",))]

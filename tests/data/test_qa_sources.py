@@ -6,10 +6,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from agentic_retriever.base.qa_sources import read_qa_rows
 from agentic_retriever.app.cli import main
 from agentic_retriever.base.jsonl import DataFormatError
 from agentic_retriever.base.qa_sources import parse_qa_sources, read_qa_source_rows
+from agentic_retriever.base.qa_sources import read_qa_rows
 from tests.fakes import write_jsonl
 
 SEARCH_R1_TEMPLATE = ("Answer the given question. You must conduct reasoning inside <think> and </think> first every "

@@ -5,8 +5,8 @@ import pytest
 from agentic_retriever.eval.retrieval import (
     evaluate_retrieval, load_judged_questions, mrr_at_k, ndcg_at_k, recall_at_k,
 )
-from agentic_retriever.index import IndexBuildConfig, build_index, open_index
 from agentic_retriever.base.jsonl import DataFormatError
+from agentic_retriever.index import IndexBuildConfig, build_index, open_index
 from tests.fakes import write_jsonl
 
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from agentic_retriever.base.llm import LLM, LLMConfig, SamplingParams, load_llm
-from agentic_retriever.base.llm.text import find_stop
 from agentic_retriever.base.llm.batching import batch_order, common_prefix_length, length_groups, prefix_groups
+from agentic_retriever.base.llm.text import find_stop
 from agentic_retriever.base.llm.transformers import TransformersLLM
 
 PROMPTS = ["The river", "A castle on the mountain near the old harbor", "Question: who wrote Hamlet?\n", "x"]

@@ -15,13 +15,13 @@ import pytest
 
 from agentic_retriever.app.commands import command
 from agentic_retriever.app.config_loader import build_config
-from agentic_retriever.index import DenseParams, build_index
 from agentic_retriever.app.loop import STEPS
 from agentic_retriever.app.loop import steps as loop_steps
 from agentic_retriever.app.loop.config import LoopConfig, LoopServiceConfig
 from agentic_retriever.app.loop.processes import service_specs
-from agentic_retriever.base.sessions import command_words
 from agentic_retriever.app.loop.service import LoopService
+from agentic_retriever.base.sessions import command_words
+from agentic_retriever.index import DenseParams, build_index
 from tests.loop.test_loop import make_job, workdir  # noqa: F401  (the fixture)
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,12 +18,12 @@ from agent.env import EnvConfig
 from agent.rl import RLConfig
 from agent.rollouts import RolloutConfig
 from agentic_retriever.app.cli import main
-from agentic_retriever.base.encoder import EncoderConfig
-from agentic_retriever.index import DenseParams, IndexBuildConfig
-from agentic_retriever.base.llm import LLMConfig
 from agentic_retriever.app.loop import STEPS, LoopConfig, LoopEvalConfig, LoopJob, LoopManifest, LoopManifestError, run_loop
 from agentic_retriever.app.loop import runner as loop_runner
 from agentic_retriever.app.loop import steps as loop_steps
+from agentic_retriever.base.encoder import EncoderConfig
+from agentic_retriever.base.llm import LLMConfig
+from agentic_retriever.index import DenseParams, IndexBuildConfig
 from agentic_retriever.mining.config import MiningConfig
 from agentic_retriever.mining.job import MineJobConfig
 from agentic_retriever.mining.selection import SelectionConfig

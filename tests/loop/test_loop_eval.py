@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from agentic_retriever.base.client import RetrievalConfig
-from agentic_retriever.base.encoder import EncoderConfig
-from agentic_retriever.index import IndexBuildConfig, build_index, open_index
 from agentic_retriever.app.loop.config import LoopConfig, LoopEvalConfig, LoopJob
 from agentic_retriever.app.loop.report import _retriever_metrics
 from agentic_retriever.app.loop.steps import evaluate_iteration
+from agentic_retriever.base.client import RetrievalConfig
+from agentic_retriever.base.encoder import EncoderConfig
+from agentic_retriever.index import IndexBuildConfig, build_index, open_index
 from tests.fakes import synthetic_rows, write_jsonl
 
 #: FlashRAG's row format (``{id, question, golden_answers, metadata}``), as in its hotpotqa/dev.jsonl.
@@ -65,9 +65,9 @@ def test_the_loop_evaluates_flashrag_rows_by_answer_recall_composing_each_with_i
 def test_the_agent_is_reported_per_dataset_as_the_papers_tables(tmp_path, composing_index, monkeypatch):
     """A merged dev set (rows with ``dataset``) gives EM and F1 per dataset; a FlashRAG file without the field
     counts under its file's name; the report's table has one column pair per dataset."""
+    from agent.rollouts import RolloutConfig
     from agentic_retriever.app.loop.report import _dataset_table
     from agentic_retriever.app.loop.steps import _agent
-    from agent.rollouts import RolloutConfig
     from tests.fakes import FakeAgent
 
     monkeypatch.setattr("agentic_retriever.base.llm.load_llm", lambda config: FakeAgent())

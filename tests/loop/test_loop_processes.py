@@ -15,19 +15,19 @@ import httpx
 import pytest
 
 from agent.trajectory import read_trajectories
-from agentic_retriever.base.client import RetrievalConfig
 from agentic_retriever.app.config_loader import build_config
-from agentic_retriever.index import build_index
-from agentic_retriever.base.llm import LLMConfig
 from agentic_retriever.app.loop import STEPS, LoopConfig, LoopJob, LoopServiceConfig
 from agentic_retriever.app.loop import steps as loop_steps
+from agentic_retriever.base.client import RetrievalConfig
+from agentic_retriever.base.llm import LLMConfig
+from agentic_retriever.index import build_index
 from agentic_retriever.app.loop.processes import (StepServices, concatenate, device_env, run_on_devices, service_specs,
                                               write_section)
 from agentic_retriever.app.loop.runner import _Loop
 from agentic_retriever.app.loop.service import LoopService
+from agentic_retriever.base.corpus import ScoredPassage
 from agentic_retriever.mining.config import MiningConfig
 from agentic_retriever.mining.selection import SelectionConfig
-from agentic_retriever.base.corpus import ScoredPassage
 from tests.fakes import answer_turn, free_port, make_trajectory, search_turn, write_jsonl
 from tests.loop.test_loop import make_job, workdir  # noqa: F401  (the fixture)
 

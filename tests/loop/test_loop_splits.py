@@ -11,9 +11,9 @@ import pytest
 
 from agentic_retriever.app.commands import command
 from agentic_retriever.app.config_loader import build_config
-from agentic_retriever.base.data.prepare import prepare_defaults
 from agentic_retriever.app.loop.config import LoopConfig, LoopEvalConfig, LoopJob
 from agentic_retriever.app.loop.splits import check_splits
+from agentic_retriever.base.data.prepare import prepare_defaults
 from tests.fakes import write_jsonl
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "configs" / "loop_quickstart.yaml"

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import yaml
 
-from agentic_retriever.base.qa_sources import read_qa_rows
-from agentic_retriever.standins import scripted_scorer as scripted
 from agentic_retriever.app.commands import command
 from agentic_retriever.app.config_loader import build_config
+from agentic_retriever.base.qa_sources import read_qa_rows
+from agentic_retriever.standins import scripted_scorer as scripted
 from tests.fakes import import_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]

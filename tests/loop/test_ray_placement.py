@@ -197,8 +197,8 @@ def test_rollouts_and_mining_placed_by_ray_give_the_rows_of_one_process(cluster,
     """Steps 2 and 3 as two Ray-placed shards each (CPU work on GPU-labelled actors) against the same steps in the
     loop's process: the same trajectories in question order, exactly the same mined rows."""
     from agent.trajectory import read_trajectories
-    from agentic_retriever.index import build_index
     from agentic_retriever.base.llm import LLMConfig
+    from agentic_retriever.index import build_index
     from agentic_retriever.mining.selection import SelectionConfig
 
     _wait_all_gpus_free()

@@ -32,8 +32,8 @@ import yaml
 from agent.dialects import SearchR1Dialect
 from agent.env import EnvConfig
 from agent.rl.config import RLConfig, SecondStage
-from agentic_retriever.base.client import API_KEY_ENV, HttpRetrievalClient
 from agent.rl.verl.validate import compose_verl_config
+from agentic_retriever.base.client import API_KEY_ENV, HttpRetrievalClient
 from agent.rl.verl import (AGENT_LOOP_NAME, REWARD_FILE, TOOL_AGENT_LOOP_NAME, SearchTool, VerlRun, VerlSettings,
                                          prepare_verl_run, start_verl_run, wait_for_checkpoint)
 

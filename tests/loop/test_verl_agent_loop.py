@@ -33,11 +33,11 @@ import yaml
 from agent.dialects import SearchR1Dialect
 from agent.env import EnvConfig
 from agent.rl.config import RLConfig
+from agent.rl.verl import AGENT_LOOP_NAME, VerlSettings, prepare_verl_run
 from agentic_retriever.base.client import API_KEY_ENV, RetrievalServiceError
-from agentic_retriever.retrieval import LocalRetrievalClient
 from agentic_retriever.base.encoder import EncoderConfig
 from agentic_retriever.index import IndexBuildConfig, build_index, open_index
-from agent.rl.verl import AGENT_LOOP_NAME, VerlSettings, prepare_verl_run
+from agentic_retriever.retrieval import LocalRetrievalClient
 from agentic_retriever.server import ServerThread, create_app
 from tests.fakes import free_port, ray_temp_dir, synthetic_rows, wait_until, write_jsonl
 

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from agent.rl.config import RLConfig
-from agentic_retriever.base.sessions import stop_session
 from agent.rl.verl import VerlSettings, prepare_verl_run, start_verl_run, wait_for_checkpoint
 from agent.rl.verl.cpu import PLATFORM_MODULE, cpu_environment
 from agent.rl.verl.leftovers import leftovers, remove_leftovers
+from agentic_retriever.base.sessions import stop_session
 
 URL = "http://127.0.0.1:8123"
 QUESTIONS = [("q1", "capital of France", ["Paris"]), ("q2", "who wrote Hamlet?", ["Shakespeare"]),

@@ -22,10 +22,10 @@ import pytest
 import yaml
 
 from agent.rl.config import RLConfig
+from agent.rl.verl import AGENT_LOOP_NAME, TOOL_AGENT_LOOP_NAME, VerlSettings, prepare_verl_run
 from agent.rl.verl.validate import validate_verl_run
 from agentic_retriever.app.config_loader import build_config
 from agentic_retriever.app.loop.config import LoopConfig
-from agent.rl.verl import AGENT_LOOP_NAME, TOOL_AGENT_LOOP_NAME, VerlSettings, prepare_verl_run
 from tests.loop.test_verl import URL, _compose
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

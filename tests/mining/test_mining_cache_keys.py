@@ -14,10 +14,10 @@ import pytest
 
 from agentic_retriever.base import fingerprint
 from agentic_retriever.base.client import HttpRetrievalClient
-from agentic_retriever.retrieval import LocalRetrievalClient
 from agentic_retriever.base.fingerprint import SIDECAR, llm_fingerprint, model_fingerprint
 from agentic_retriever.index import IndexBuildConfig, build_index, open_index
 from agentic_retriever.mining import MiningConfig, SelectionConfig, mine
+from agentic_retriever.retrieval import LocalRetrievalClient
 from tests.fakes import FakeAgent, FakeScorer, answer_turn, make_trajectory, make_world, search_turn
 
 OLD = 1_600_000_000 * 10**9  # a modification time long before any fingerprint is computed

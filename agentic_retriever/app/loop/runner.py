@@ -20,8 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agentic_retriever.base.fingerprint import stable_hash
 from agentic_retriever.base.memory_release import release_freed_memory
-from agentic_retriever.mining.store import stable_hash
 from agentic_retriever.base.qa_sources import qa_set_sha256
 from agentic_retriever.base.writer_lock import WriterLock
 from . import steps
@@ -137,8 +137,8 @@ class _Loop:
     def inputs(self) -> None:
         from agentic_retriever.base.corpus import Corpus
         from agentic_retriever.base.fingerprint import model_fingerprint
-        from agentic_retriever.index.identity import index_identity
         from agentic_retriever.index import build_index
+        from agentic_retriever.index.identity import index_identity
         from agentic_retriever.index.manifest import IndexManifest
 
         job = self.job

@@ -83,8 +83,8 @@ def _run_rollouts(job: LoopJob, config, folder: Path, label: str) -> tuple[int, 
     """`agent rollout` with `config` in this process, or as ``--shard i/n`` processes (one per entry of
     ``loop.rollout_devices``, or placed by Ray: `placement`), each searching the service of ``config.retrieval.url``,
     joined into ``config.out`` in question order; the number of questions and of processes (0: this one)."""
-    from agentic_retriever.base.qa_sources import read_qa_rows
     from agent.rollouts import run_rollout_job
+    from agentic_retriever.base.qa_sources import read_qa_rows
 
     n = shard_count(job.loop, "rollout", folder, label)
     if not n:

@@ -45,8 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..defaults import fanoutqa_dev_path, wiki_summaries_path
-from ..qa_metrics import contains_match, normalize_answer
 from ..jsonl import atomic_write, write_json
+from ..qa_metrics import contains_match, normalize_answer
 
 
 @dataclass

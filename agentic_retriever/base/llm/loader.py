@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from ..precision import TORCH_NAMES, Precision, resolve_native
-from .protocol import LLM
 from .prefix_cache import DEFAULT_PREFIX_CACHE_TOKENS
+from .protocol import LLM
 
 
 @dataclass

@@ -46,12 +46,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from ..defaults import resolve_llm_name
-from .protocol import release_device_memory
-from .protocol import Generation, Prompt, SamplingParams
 from .batching import batch_order, length_groups, prefix_groups
 from .device import resolve_device, resolve_dtype
 from .kv_rows import cached_row, pass_row, row_kv, stack_rows
 from .prefix_cache import PrefixCache, prefix_cache_budget
+from .protocol import Generation, Prompt, SamplingParams
+from .protocol import release_device_memory
 from .text import find_stop, render_chat_prompt
 
 log = logging.getLogger(__name__)

@@ -76,11 +76,11 @@ def warm_start(args, client) -> str:
     from transformers import AutoTokenizer
 
     from agent.dialects.s3 import S3Dialect, S3Selection, S3Settings
-    from agentic_retriever.base.qa_sources import read_qa_rows
     from agent.sft import SFTConfig, SFTExample, data_fingerprint, train_sft
     from agentic_retriever.base.defaults import resolve_llm_name
     from agentic_retriever.base.llm import LLMConfig
     from agentic_retriever.base.llm.text import render_chat_prompt
+    from agentic_retriever.base.qa_sources import read_qa_rows
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_llm_name("default"))
     rows = read_qa_rows(args.train)
@@ -111,13 +111,13 @@ def _worker(name: str, args: dict) -> dict:
     import torch
 
     from agent.dialects.s3 import parse_turn
-    from agentic_retriever.base.qa_sources import QARow
     from agent.rewards.generation import FirstDocumentsReader
     from agent.rl import RLConfig, RLTrainer
     from agent.rl.heldout import train_between_scores
-    from agentic_retriever.base.client import RetrievalConfig
-    from agentic_retriever.retrieval import open_client
     from agentic_retriever.app.config_loader import build_config
+    from agentic_retriever.base.client import RetrievalConfig
+    from agentic_retriever.base.qa_sources import QARow
+    from agentic_retriever.retrieval import open_client
 
     torch.set_num_threads(args["threads"])
     config = build_config(RLConfig, "agent_train", None, args["config"])

@@ -80,13 +80,13 @@ def _worker(name: str, args: dict) -> dict:
     """One run: evaluate on the held-out questions, train ``args["steps"]`` steps, evaluate again."""
     import torch
 
-    from agentic_retriever.base.qa_sources import read_qa_rows
     from agent.rl import RLConfig, RLTrainer
     from agent.rl.batch_reward import prepare_reward
     from agent.rl.heldout import constant_reward_control, score_on_heldout, train_between_scores
-    from agentic_retriever.base.client import RetrievalConfig
-    from agentic_retriever.retrieval import open_client
     from agentic_retriever.app.config_loader import build_config
+    from agentic_retriever.base.client import RetrievalConfig
+    from agentic_retriever.base.qa_sources import read_qa_rows
+    from agentic_retriever.retrieval import open_client
 
     torch.set_num_threads(args["threads"])
     config = build_config(RLConfig, "agent_train", None, args["config"])
