@@ -14,7 +14,7 @@ from agent.env import Rollout, Segment
 from agent.evaluate import AgentEvalConfig, evaluate_agent, evaluate_submodule, generator_protocol
 from agent.rewards import REWARDS, check_format, get_reward
 from agent.rewards.generation import S3_GENERATOR, generate_answers
-from agent.rewards.qagent import QAGENT_GENERATOR, SUBMODULE_REWARDS, get_submodule_reward, hit
+from agent.rewards.qagent import QAGENT_GENERATOR, hit
 from agent.rl.batch_reward import ResponseReward, SubmoduleReward
 from agent.rl.reward_schedule import RewardSchedule
 from agent.rl.verl import reward as verl_rewards
@@ -132,26 +132,26 @@ def test_stage2_scores_the_generators_answer_and_hit_in_one_batched_call():
                rollout("<plan>x</plan>", [])]                   # nothing: 0
     rows = [QARow("q", "capital of france?", ("Paris",))] * 4
     generator = ScriptedGenerator()
-    scores, components = SubmoduleReward(get_submodule_reward("qagent_stage2"), generator).score(results, rows)
+    scores, components = SubmoduleReward(get_reward("qagent_stage2"), generator).score(results, rows)
     assert scores == [1.5, 1.0, 0.5, 0.0]
     assert [c["submodule_contains_em"] for c in components] == [1.0, 1.0, 0.0, 0.0]
     assert len(generator.calls) == 1 and len(generator.calls[0]) == 4
     assert generator.calls[0][0] == ("Doc 1(Title: Paris) the capital\nDoc 2(Title: Lyon) a city\n\nAnswer the given "
                                      "question. The answer should be a few short words. Question: capital of france?")
-    weighted = SubmoduleReward(get_submodule_reward("qagent_stage2", hit_weight=1.0), ScriptedGenerator())
+    weighted = SubmoduleReward(get_reward("qagent_stage2", hit_weight=1.0), ScriptedGenerator())
     assert weighted.score(results[:1], rows[:1]).scores == [2.0]
     with pytest.raises(ValueError, match="env.dialect qagent"):
-        SubmoduleReward(get_submodule_reward("qagent_stage2"), generator).score(
+        SubmoduleReward(get_reward("qagent_stage2"), generator).score(
             [dataclasses.replace(results[0], selection=None)], rows[:1])
 
 
-def test_stage2_lives_outside_the_response_registry_and_checks_its_options():
-    assert "qagent_stage2" in SUBMODULE_REWARDS and "qagent_stage2" not in REWARDS
+def test_stage2_is_a_submodule_reward_verl_cannot_run_and_checks_its_options():
+    assert REWARDS["qagent_stage2"].kind == "submodule" and REWARDS["qagent_stage2"].dialect == "qagent"
     assert not hasattr(verl_rewards, "qagent_stage2")
-    with pytest.raises(ValueError, match="submodule reward 'qagent_stage2' takes no option lambda_f"):
-        get_submodule_reward("qagent_stage2", lambda_f=0.2)
+    with pytest.raises(ValueError, match="reward 'qagent_stage2' takes no option lambda_f"):
+        get_reward("qagent_stage2", lambda_f=0.2)
     with pytest.raises(ValueError, match="hit_weight must be >= 0"):
-        get_submodule_reward("qagent_stage2", hit_weight=-1)("Paris", GOOD, GOLD)
+        get_reward("qagent_stage2", hit_weight=-1)("Paris", GOOD, GOLD)
 
 
 def test_the_generator_prompt_is_a_parameter_and_s3s_stays_the_default():

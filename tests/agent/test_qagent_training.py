@@ -39,8 +39,8 @@ def qagent_config(tmp_path, policy: str = "policy", **overrides) -> RLConfig:
     ({"stage2": SecondStage("", {"hit_weight": 1.0})}, r"need stage2.reward"),
     ({"stage2": SecondStage("stage_two", after_step=1)}, r"unknown stage2.reward 'stage_two'.*qagent_stage2"),
     ({"generator": LLMConfig(model="")}, r"reward qagent_stage2 .* set generator\.model"),
-    ({"env": EnvConfig()}, r"reward qagent_stage2 scores every passage a QAgent rollout retrieved: set env.dialect "
-                           r"qagent \(got 'search_r1'\)"),
+    ({"env": EnvConfig()}, r"reward qagent_stage2 \(a reward of a frozen generator's answer\) scores rollouts of "
+                           r"the qagent dialect: set env.dialect qagent \(got 'search_r1'\)"),
     ({"reward": "s3_gbr", "naive_rag_cache": "cache"}, r"filters the training questions for the whole run"),
 ])
 def test_bad_stage_settings_are_refused_before_any_model_loads(tmp_path, monkeypatch, overrides, message):
@@ -52,7 +52,7 @@ def test_bad_stage_settings_are_refused_before_any_model_loads(tmp_path, monkeyp
 
 def test_a_bad_stage_option_is_refused_before_the_generator_loads(tmp_path, monkeypatch):
     monkeypatch.setattr("agent.rl.batch_reward.load_llm", lambda *a, **k: pytest.fail("loaded the generator"))
-    with pytest.raises(ValueError, match="submodule reward 'qagent_stage2' takes no option lambda_f"):
+    with pytest.raises(ValueError, match="reward 'qagent_stage2' takes no option lambda_f"):
         prepare_reward(qagent_config(tmp_path, stage2=SecondStage("qagent_stage2", {"lambda_f": 0.2}, 1)),
                        FakeClient(), ROWS)
 

@@ -11,6 +11,7 @@ import pytest
 
 from agent.dialects.search_r1 import INVALID_ACTION_MESSAGE
 from agent.rewards import (
+    KINDS,
     QWEN_ASSISTANT_MARKER,
     REWARDS,
     em_reward,
@@ -22,6 +23,7 @@ from agent.rewards import (
     information_blocks,
     is_valid_sequence,
     judge,
+    register,
     retrieval_hit_reward,
     retrieval_reward,
     retrieval_reward_paper,
@@ -97,7 +99,7 @@ def test_a_trajectory_scores_like_its_response_text():
     trajectory = Trajectory("q1", "What is the tallest structure in Paris?", GOLD, "search_r1", "m", "r", turns,
                             "Louvre", 1, 0.0, 0.0, 0.0, "answer")
     assert trajectory.response_text == WRONG_VALID_HIT
-    for name in REWARDS:
+    for name in (name for name, entry in REWARDS.items() if entry.kind == "response"):
         assert get_reward(name)(trajectory, GOLD) == get_reward(name)(WRONG_VALID_HIT, GOLD), name
     assert retrieval_reward(trajectory, GOLD) == pytest.approx(0.3)
     with pytest.raises(TypeError, match="response_text"):
@@ -245,17 +247,26 @@ def test_judgement_exposes_each_term_and_bad_weights_are_rejected():
 
 # --- the registry ----------------------------------------------------------------------------------------------
 
-def test_registry_names_every_reward_and_binds_options():
-    assert set(REWARDS) == {"search_r1_em", "search_r1_valid_format", "search_r1_retrieval_hit", "search_r1_format",
-                            "search_r1_format_paper", "search_r1_retrieval", "search_r1_retrieval_paper", "constant",
-                            "qagent_valid_format", "qagent_hit", "qagent_stage1",  # tests/agent/test_qagent_rewards.py
-                            "when_to_search_format"}  # tests/agent/test_when_to_search_rewards.py
+def test_one_table_holds_every_methods_rewards_each_saying_what_it_needs_and_binds_options():
+    kinds = {kind: {name for name, r in REWARDS.items() if r.kind == kind} for kind in KINDS}
+    assert {"search_r1_em", "search_r1_format", "qagent_stage1", "when_to_search_format"} <= kinds["response"]
+    assert (kinds["gain"], kinds["submodule"]) == ({"s3_gbr", "s3_gbr_paper"}, {"qagent_stage2"})
+    assert kinds["when_to_search"] == {"when_to_search_stage1", "when_to_search_stage2"}
+    assert all(not REWARDS[name].needs and REWARDS[name].dialect is None for name in kinds["response"]), \
+        "a response reward reads the response alone, whatever the dialect"
+    assert REWARDS["s3_gbr"].dialect == "s3" and "naive_rag_cache" in REWARDS["s3_gbr"].needs
+    assert REWARDS["qagent_stage2"].needs == ("generator",) and REWARDS["when_to_search_stage1"].dialect == "reflect"
+    with pytest.raises(ValueError, match="already registered"):
+        register("search_r1_em")(lambda response, golden: 0.0)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        register("new_reward", kind="listwise")
     assert reward_options("search_r1_retrieval") == {"lambda_f": 0.2, "lambda_r": 0.1, "variant": "release",
                                                      "match": "substring"}
     assert get_reward("search_r1_format", lambda_f=0.4)(WRONG_VALID_MISS, GOLD) == pytest.approx(0.4)
     assert get_reward("search_r1_em") is em_reward
     assert get_reward("constant", value=0.5)(WRONG_VALID_MISS, GOLD) == 0.5
-    with pytest.raises(ValueError, match="unknown reward 'exact'; choose one of constant, qagent_hit, .*, search_r1_em"):
+    with pytest.raises(ValueError, match="unknown reward 'exact'; choose a response reward: constant, qagent_hit, "
+                                         ".*search_r1_em.*; a gain over naive RAG .*: s3_gbr, s3_gbr_paper"):
         get_reward("exact")
     with pytest.raises(ValueError, match="takes no option lambda_r; its options: lambda_f"):
         get_reward("search_r1_format_paper", lambda_r=0.1)
@@ -278,7 +289,9 @@ def test_verl_wrappers_accept_search_r1_ground_truth_shapes(ground_truth):
 
 
 def test_verl_wrappers_score_like_the_registered_rewards_with_reward_kwargs():
-    for name, reward in REWARDS.items():
+    response_rewards = {name: entry.fn for name, entry in REWARDS.items() if entry.kind == "response"}
+    assert set(verl_rewards.VERL_REWARDS) == set(response_rewards)
+    for name, reward in response_rewards.items():
         wrapper = getattr(verl_rewards, name)
         assert wrapper.__name__ == name
         for response in (CORRECT_VALID, CORRECT_INVALID, WRONG_VALID_HIT, WRONG_INVALID_HIT, NO_ANSWER_INVALID):
@@ -286,6 +299,8 @@ def test_verl_wrappers_score_like_the_registered_rewards_with_reward_kwargs():
             assert isinstance(score, float) and score == reward(response, GOLD), (name, response)
     assert verl_rewards.search_r1_format("nq", WRONG_VALID_MISS, {"target": GOLD}, lambda_f=0.4) == pytest.approx(0.4)
     assert verl_rewards.compute_score("nq", WRONG_INVALID_HIT, GOLD, reward="search_r1_format") == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="reward 's3_gbr' is a gain over naive RAG .* embedded trainer"):
+        verl_rewards.compute_score("nq", CORRECT_VALID, GOLD, reward="s3_gbr")
 
 
 @pytest.mark.parametrize("ground_truth, message", [

@@ -7,7 +7,8 @@ import hashlib
 
 import pytest
 
-from agent.rewards.gbr import GAINS, gain_beyond_rag, gain_beyond_rag_paper, get_gain
+from agent.rewards import REWARDS, get_reward
+from agent.rewards.gbr import gain_beyond_rag, gain_beyond_rag_paper
 from agent.rewards.generation import (
     GENERATOR_PROMPT,
     JUDGE_PROMPT,
@@ -145,16 +146,16 @@ def test_the_first_documents_reader_answers_with_its_window_so_genacc_is_answer_
 def test_gain_beyond_rag_both_variants(acc_s3, acc_rag, paper, release):
     assert gain_beyond_rag_paper(acc_s3, acc_rag) == pytest.approx(paper)
     assert gain_beyond_rag(acc_s3, acc_rag) == pytest.approx(release)
-    assert get_gain("s3_gbr_paper")(acc_s3, acc_rag) == pytest.approx(paper)
-    assert get_gain("s3_gbr")(acc_s3, acc_rag) == pytest.approx(release)
+    assert get_reward("s3_gbr_paper")(acc_s3, acc_rag) == pytest.approx(paper)
+    assert get_reward("s3_gbr")(acc_s3, acc_rag) == pytest.approx(release)
 
 
 def test_gain_registry_validates_names_options_and_accuracies():
-    assert set(GAINS) == {"s3_gbr", "s3_gbr_paper"}
-    with pytest.raises(ValueError, match="unknown gain 'gbr'; choose one of s3_gbr, s3_gbr_paper"):
-        get_gain("gbr")
+    assert {name for name, entry in REWARDS.items() if entry.kind == "gain"} == {"s3_gbr", "s3_gbr_paper"}
+    with pytest.raises(ValueError, match="unknown reward 'gbr'; .*a gain over naive RAG .*: s3_gbr, s3_gbr_paper"):
+        get_reward("gbr")
     with pytest.raises(ValueError, match="takes no option scale; its options: none"):
-        get_gain("s3_gbr", scale=2.0)
+        get_reward("s3_gbr", scale=2.0)
     for bad in (1.5, -0.1, float("nan"), True, "1"):
         with pytest.raises(ValueError, match="acc_s3 must be an accuracy"):
             gain_beyond_rag(bad, 0.0)

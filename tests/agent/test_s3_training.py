@@ -12,7 +12,7 @@ import pytest
 
 from agent.dialects import SelectedDocuments
 from agent.env import EnvConfig, Rollout
-from agent.rewards.gbr import get_gain
+from agent.rewards import get_reward
 from agent.rl import RLConfig, RLTrainer
 from agent.rl.batch_reward import GainBeyondRagReward, prepare_reward
 from agentic_retriever.base.corpus import Passage, ScoredPassage
@@ -98,7 +98,7 @@ def gbr_step(gain: str, judge):
         asked.append([q.id for q in questions])
         return {q.id: NAIVE[q.id] for q in questions}
 
-    scores, components = GainBeyondRagReward(get_gain(gain), generator, judge, naive_rag).score(results, rows)
+    scores, components = GainBeyondRagReward(get_reward(gain), generator, judge, naive_rag).score(results, rows)
     return scores, components, generator, asked
 
 
@@ -122,7 +122,7 @@ def test_the_paper_variant_scores_eq_1_and_without_a_judge_the_span_check_decide
     assert scores == [1.0, 0.0, -1.0, 0.0]  # Acc_s3 - Acc_RAG; "the French capital" fails the span check
     assert "judge_asked" not in components[0]
     with pytest.raises(ValueError, match="env.dialect s3"):
-        GainBeyondRagReward(get_gain("s3_gbr"), DocumentReader(), None, lambda rows: NAIVE).score(
+        GainBeyondRagReward(get_reward("s3_gbr"), DocumentReader(), None, lambda rows: NAIVE).score(
             [Rollout("q", "p", [1], [], [], "a", "answer")], [ROWS["q0"]])
 
 
@@ -221,7 +221,7 @@ def test_an_s3_reward_without_a_generator_is_refused_before_any_model_loads(tmp_
         RLTrainer(s3_config(tmp_path, "policy", env=EnvConfig()), client, TRAIN)
     with pytest.raises(ValueError, match="unknown reward 'gbr'.*s3_gbr, s3_gbr_paper"):
         RLTrainer(s3_config(tmp_path, "policy", reward="gbr"), client, TRAIN)
-    with pytest.raises(ValueError, match="gain 's3_gbr' takes no option lambda_f"):
+    with pytest.raises(ValueError, match="reward 's3_gbr' takes no option lambda_f"):
         RLTrainer(s3_config(tmp_path, "policy", reward_options={"lambda_f": 0.4}), client, TRAIN)
 
 
@@ -250,7 +250,7 @@ def test_a_searcher_that_completes_at_once_gains_nothing_beyond_naive_rag(tmp_pa
     env = EnvConfig(dialect="s3", topk=8, max_turns=2, max_new_tokens_per_turn=60, max_context_tokens=20000)
     [result] = rollout(["capital of france"], llm, client, env)
     naive = NaiveRagCache(tmp_path / "naive", retriever_identity(client), "scripted-generator", None, NAIVE_RAG_TOPK)
-    reward = GainBeyondRagReward(get_gain("s3_gbr_paper"), generator, None,
+    reward = GainBeyondRagReward(get_reward("s3_gbr_paper"), generator, None,
                                  lambda rows: naive.accuracies(rows, client, generator, None))
     scores, components = reward.score([result], [QARow("q0", "capital of france", ("Paris",))])
     d_rag = client.retrieve(["capital of france"], NAIVE_RAG_TOPK, ["capital of france"])[0]

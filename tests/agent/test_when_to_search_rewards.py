@@ -12,22 +12,15 @@ import numpy as np
 import pytest
 
 from agent.env import EnvConfig
-from agent.rewards import REWARDS
+from agent.rewards import REWARDS, get_reward
 from agent.rewards.answer_judge import JUDGE_PROMPT, judge_answers, judge_prompt
-from agent.rl.verl import reward as verl_rewards
-from agentic_retriever.base.qa_sources import QARow
-from agent.rewards.when_to_search import (
-    WHEN_TO_SEARCH_REWARDS,
-    answer_reward,
-    get_when_to_search_reward,
-    is_concise,
-    mean_pairwise_cosine,
-    search_reward,
-)
+from agent.rewards.when_to_search import answer_reward, is_concise, mean_pairwise_cosine, search_reward
 from agent.rl import RLConfig
 from agent.rl.batch import Sample
 from agent.rl.batch_reward import ResponseReward, WhenToSearchReward, prepare_reward, query_encoder
 from agent.rl.config import SecondStage
+from agent.rl.verl import reward as verl_rewards
+from agentic_retriever.base.qa_sources import QARow
 from agent.rl.reward_schedule import RewardSchedule
 from agent.rl.rollout import RolloutCollector
 from agentic_retriever.base.encoder import Encoder, EncoderConfig
@@ -60,7 +53,7 @@ THREE_SEARCHES = THINK + "".join(search(q) + REFLECT for q in ("France capital",
     (THINK + REFLECT, -1.0),                                  # no answer
 ])
 def test_the_format_reward_is_plus_one_for_the_allowed_shapes_and_minus_one_otherwise(response, expected):
-    assert REWARDS["when_to_search_format"](response, ["Paris"]) == expected
+    assert get_reward("when_to_search_format")(response, ["Paris"]) == expected
     assert verl_rewards.when_to_search_format("nq", response, {"target": ["Paris"]}) == expected
 
 
@@ -124,16 +117,17 @@ def test_the_answer_reward_of_each_stage(retrievals, stage1, stage2):
 
 
 def test_the_stage_rewards_add_the_three_terms():
-    assert set(WHEN_TO_SEARCH_REWARDS) == {"when_to_search_stage1", "when_to_search_stage2"}
-    stage1, stage2 = (get_when_to_search_reward(f"when_to_search_stage{i}") for i in (1, 2))
+    assert {n for n, r in REWARDS.items() if r.kind == "when_to_search"} == {"when_to_search_stage1",
+                                                                             "when_to_search_stage2"}
+    stage1, stage2 = (get_reward(f"when_to_search_stage{i}") for i in (1, 2))
     assert stage1(True, NO_SEARCH) == (1.0, 0.0, 1.0) and stage1(True, NO_SEARCH).total == 2.0
     assert stage2(True, ONE_SEARCH).total == pytest.approx(0.7 + 0.0 + 1.0)
     embeddings = np.eye(3)  # orthogonal queries: r_search 0
     assert stage1(False, THREE_SEARCHES, embeddings).total == pytest.approx(-0.1 + 0.0 + 1.0)
     assert stage2(False, THINK + ANSWER).total == -1.0 + 0.0 - 1.0
-    assert get_when_to_search_reward("when_to_search_stage2", beta=0.5)(True, ONE_SEARCH).answer == 0.5
+    assert get_reward("when_to_search_stage2", beta=0.5)(True, ONE_SEARCH).answer == 0.5
     with pytest.raises(ValueError, match="takes no option lambda_f"):
-        get_when_to_search_reward("when_to_search_stage1", lambda_f=0.1)
+        get_reward("when_to_search_stage1", lambda_f=0.1)
 
 
 # --- the judge ----------------------------------------------------------------------------------------------
@@ -202,14 +196,14 @@ def test_the_batch_reward_asks_the_judge_and_the_encoder_once_per_step():
     results = [rollout(NO_SEARCH, "Paris", 0), rollout(twice, "Lyon", 2), rollout(apart, "Paname", 2)]
     rows = [QARow("q", "capital of france?", ("Paris",))] * 3
     judge, encoder = ScriptedJudge(["NO", "YES"]), RecordingEncoder()
-    reward = WhenToSearchReward(get_when_to_search_reward("when_to_search_stage1"), encoder, judge)
+    reward = WhenToSearchReward(get_reward("when_to_search_stage1"), encoder, judge)
     scores, components = reward.score(results, rows)
     assert encoder.calls == [["alpha one", "alpha two", "beta", "gamma"]] and len(judge.calls) == 1
     assert scores == pytest.approx([2.0, (-1.0 + 0.6) - 1.0 + 1.0, 1.0 + 0.0 + 1.0])
     assert components[1] == {"r_answer": pytest.approx(-0.4), "r_search": -1.0, "r_format": 1.0,
                              "answer_correct": 0.0, "correct_by_judge": 1.0, "judge_asked": 1.0}
     assert components[0]["judge_asked"] == 0.0
-    stage2 = WhenToSearchReward(get_when_to_search_reward("when_to_search_stage2"), RecordingEncoder(), None)
+    stage2 = WhenToSearchReward(get_reward("when_to_search_stage2"), RecordingEncoder(), None)
     scores, components = stage2.score(results, rows)
     assert scores == pytest.approx([2.0, -1.0 - 1.0 + 1.0, -1.0 + 0.0 + 1.0])  # exact match: Paname is wrong
     assert components[2]["correct_by_judge"] == 0.0 and "judge_asked" not in components[2]
@@ -230,10 +224,10 @@ def when_to_search_config(tmp_path, **overrides) -> RLConfig:
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"env": EnvConfig()}, r"reward when_to_search_stage1 scores the think/search/reflect/answer shapes of the "
+    ({"env": EnvConfig()}, r"reward when_to_search_stage1 \(a when-to-search reward\) scores rollouts of the "
                            r"reflect dialect: set env.dialect reflect \(got 'search_r1'\)"),
     ({"stage2": SecondStage("when_to_search_stage3", after_step=1)},
-     r"unknown stage2.reward 'when_to_search_stage3'.*when-to-search reward \(when_to_search_stage1, "),
+     r"unknown stage2.reward 'when_to_search_stage3'.*a when-to-search reward: when_to_search_stage1, "),
     ({"stage2": SecondStage("when_to_search_stage2")}, r"needs stage2.after_step >= 1"),
 ])
 def test_bad_when_to_search_settings_are_refused(tmp_path, overrides, message):

@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Any
 
 import agent.rl.verl.reward as verl_rewards
-from agent.rewards import REWARDS
 from agent.rl.config import RLConfig
 
 from .cpu import cpu_overrides
@@ -76,7 +75,7 @@ def check_mappable(settings: VerlSettings, rl: RLConfig) -> None:
         "whiten_advantages=False": rl.uses_critic and not rl.whiten_advantages,
         "value_clip=None": rl.uses_critic and rl.value_clip is None,
         "dynamic_sampling=True": rl.dynamic_sampling,
-        f"reward={rl.reward} (not a response reward; docs/verl.md)": rl.reward not in REWARDS,
+        f"reward={rl.reward} (not a response reward; docs/verl.md)": rl.reward not in verl_rewards.VERL_REWARDS,
         f"stage2.reward={rl.stage2.reward} (one reward per verl run)": bool(rl.stage2.reward),
         f"env.dialect={rl.env.dialect} with agent_loop tool_agent (hermes tool calls; use agent_loop dialect)":
             settings.agent_loop == "tool_agent" and rl.env.dialect != "search_r1",
