@@ -235,6 +235,18 @@ class RLConfig:
         return self.algorithm == "ppo"
 
     @property
+    def advantage_estimator(self) -> str:
+        """The algorithm's advantage estimator, a name in `agent.rl.core.ADVANTAGE_ESTIMATORS`."""
+        return {"ppo": "gae", "grpo": "grpo"}[self.algorithm]
+
+    @property
+    def advantage_options(self) -> dict[str, object]:
+        """The options of `advantage_estimator` these settings give."""
+        if self.advantage_estimator == "gae":
+            return {"gamma": self.gamma, "lam": self.lam, "whiten": self.whiten_advantages}
+        return {"normalize_std": self.grpo_normalize_std}
+
+    @property
     def kl_in_reward(self) -> bool:
         if self.kl_placement == "auto":
             return self.algorithm == "ppo"

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from agent.rl.core import (aggregate, entropy_from_logits, gae_advantages, group_advantages, kl_estimate,
-                           kl_penalised_scores, masked_whiten, policy_loss, value_loss)
+from agent.rl.core import (ADVANTAGE_ESTIMATORS, aggregate, entropy_from_logits, estimate_advantages, gae_advantages,
+                           group_advantages, kl_estimate, kl_penalised_scores, masked_whiten, policy_loss, value_loss)
 
 
 def t(*rows) -> torch.Tensor:
@@ -165,3 +165,23 @@ def test_changing_masked_tokens_changes_no_loss_and_no_gradient():
     changed = losses(noise, noise)
     for a, b in zip(base, changed):
         assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_advantage_estimators_are_chosen_by_name_over_one_steps_tensors():
+    """The trainer asks `estimate_advantages` by the algorithm's name; GRPO's is the group-normalised score on every
+    generated token, GAE's puts the score on each row's last generated token."""
+    scores, groups = torch.tensor([1.0, 0.0, 0.5]), torch.tensor([0, 0, 1])
+    mask = t([0, 1, 1], [1, 1, 0], [1, 1, 1])
+    last = torch.tensor([2, 1, 2])
+    grpo, returns = estimate_advantages("grpo", scores, groups, mask, last, None, None)
+    assert returns is None and torch.equal(grpo, group_advantages(scores, groups)[:, None] * mask)
+    values = torch.zeros(3, 3)
+    gae, gae_returns = estimate_advantages("gae", scores, groups, mask, last, values, None, whiten=False)
+    rewards = torch.zeros(3, 3)
+    rewards[0, 2], rewards[1, 1], rewards[2, 2] = 1.0, 0.0, 0.5
+    assert torch.equal(gae, gae_advantages(rewards, values, mask)[0]) and gae_returns is not None
+    with pytest.raises(ValueError, match="unknown advantage estimator 'rloo'; choose one of gae, grpo"):
+        estimate_advantages("rloo", scores, groups, mask, last, None, None)
+    with pytest.raises(ValueError, match="GAE needs the critic's values"):
+        estimate_advantages("gae", scores, groups, mask, last, None, None)
+    assert set(ADVANTAGE_ESTIMATORS) == {"gae", "grpo"}
