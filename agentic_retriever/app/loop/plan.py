@@ -161,21 +161,24 @@ def plan_loop(job: LoopJob, gpus: int, gpu_type: str = "H100", gpus_per_node: in
     n_questions = _questions(job.loop.mining_qa, questions)
     steps: list[dict[str, Any]] = []
 
-    def add(step: str, work: str, gpu_seconds: float, on: int, keys: list[str], hours: float | None = None):
-        """A step doing `gpu_seconds` of work on `on` GPUs (in `hours`, when its parts do not spread evenly);
-        its GPU-hours are the hours times the GPUs it holds."""
+    def add(name: str, work: str, gpu_seconds: float, on: int, keys: list[str], hours: float | None = None,
+            how: str = ""):
+        """Step `name` of `STEPS` (labelled by its place there, and `how` it runs) doing `gpu_seconds` of work on
+        `on` GPUs (in `hours`, when its parts do not spread evenly); its GPU-hours are the hours times the GPUs
+        it holds."""
         hours = hours if hours is not None else gpu_seconds / on / 3600
+        step = f"{STEPS.index(name) + 1} {name}" + (f" ({how})" if how else "")
         steps.append({"step": step, "work": work, "gpus": on, "hours": hours, "gpu_hours": hours * on,
                       "rates": keys})
 
     rl = job.agent_train
     sequences = rl.steps * rl.prompts_per_step * (rl.samples_per_prompt if rl.algorithm == "grpo" else 1)
-    add("1 agent (verl)", f"{rl.steps} steps x {rl.prompts_per_step} prompts"
+    add("agent", f"{rl.steps} steps x {rl.prompts_per_step} prompts"
         + (f" x {rl.samples_per_prompt} samples" if rl.algorithm == "grpo" else "") + f" = {sequences:,} sequences",
-        sequences * rates["rl_seconds_per_sequence"].value, gpus, ["rl_seconds_per_sequence"])
+        sequences * rates["rl_seconds_per_sequence"].value, gpus, ["rl_seconds_per_sequence"], how="verl")
 
     prompt, generated = _trajectory_tokens(job)
-    add("2 trajectories", f"{n_questions:,} trajectories of ~{prompt:,.0f} prompt + {generated:,.0f} generated tokens",
+    add("trajectories", f"{n_questions:,} trajectories of ~{prompt:,.0f} prompt + {generated:,.0f} generated tokens",
         n_questions * _llm_seconds(prompt, generated, rates, "7b"), gpus, ["llm_7b_prefill", "llm_7b_decode"])
 
     count, _ = token_counter("")
@@ -194,7 +197,7 @@ def plan_loop(job: LoopJob, gpus: int, gpu_type: str = "H100", gpus_per_node: in
     # a scorer server on GPUs of its own runs beside the shards; without one (no mining server with GPUs), the
     # scorer's work is counted on the shards' GPUs
     scorer_where = f"on {scorer_gpus} GPUs" if scorer_gpus else "on the shards' GPUs"
-    add("3 mining", f"{mining['rounds']:,} rounds: {_millions(scorer_tokens[0])} prompt + "
+    add("mining", f"{mining['rounds']:,} rounds: {_millions(scorer_tokens[0])} prompt + "
         f"{_millions(scorer_tokens[1])} generated tokens to the scorer {scorer_where}, "
         f"{_millions(gac.get('prompt_tokens', 0))} + {_millions(gac.get('completion_tokens', 0))} to GAC engines "
         f"on {shards}", scorer_s + gac_s, gpus,
@@ -205,14 +208,14 @@ def plan_loop(job: LoopJob, gpus: int, gpu_type: str = "H100", gpus_per_node: in
 
     train, negatives = job.train, job.mine.mining.selection.num_negatives
     passages = mining["rounds"] * (1 + negatives) * train.epochs
-    add("4 retriever", f"at most {mining['rounds']:,} rows x {1 + negatives} passages x {train.epochs:g} "
+    add("retriever", f"at most {mining['rounds']:,} rows x {1 + negatives} passages x {train.epochs:g} "
         f"epochs = {passages / 1e6:,.1f}M passages", passages / rates["train"].value, node, ["train"])
 
     corpus = _passages(job.index.corpus, corpus_passages)
-    add("5 index", f"{corpus:,} passages", corpus / rates["encode"].value, node, ["encode"])
+    add("index", f"{corpus:,} passages", corpus / rates["encode"].value, node, ["encode"])
 
     evaluated = 2 * job.loop.eval.agent_questions
-    add("6 evaluate", f"{evaluated:,} trajectories (Agent_i with each retriever)",
+    add("evaluate", f"{evaluated:,} trajectories (Agent_i with each retriever)",
         evaluated * _llm_seconds(prompt, generated, rates, "7b"), gpus, ["llm_7b_prefill", "llm_7b_decode"])
     return {"gpus": gpus, "gpu_type": gpu_type, "gpus_per_node": gpus_per_node, "questions": n_questions,
             "steps": steps, "hours": sum(s["hours"] for s in steps),
