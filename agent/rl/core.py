@@ -4,7 +4,7 @@ Every function takes a ``mask`` parallel to its token tensors: 1 where the agent
 padding and for what the environment inserted (``<information>`` blocks, invalid-action messages). That is
 Search-R1's state masking ("An Empirical Study on Reinforcement Learning for Reasoning-Search Interleaved LLM
 Agents", arXiv 2505.15117, section 2): masked tokens never enter a loss, a KL, an advantage or a value target,
-so their log-probabilities and values can be anything (``tests/agent/test_rl_core.py`` proves it by changing them).
+so their log-probabilities and values can be anything (``tests/agent/rl/test_rl_core.py`` proves it by changing them).
 
 Estimators and losses (names as in verl, whose Search-R1 and DAPO recipes these follow; DAPO is arXiv
 2503.14476, GRPO comes from "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language

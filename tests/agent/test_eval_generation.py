@@ -123,7 +123,7 @@ def test_without_a_generator_the_report_is_unchanged(trajectory_file):
 
 
 def test_a_judge_without_a_generator_judges_the_agents_own_answers(trajectory_file, monkeypatch):
-    from tests.agent.test_when_to_search_rewards import ScriptedJudge
+    from tests.agent.rewards.test_when_to_search_rewards import ScriptedJudge
 
     flags = argparse.Namespace(workdir="w", trajectories=str(trajectory_file))
     config = build_config(AgentEvalConfig, "eval_agent", flags)

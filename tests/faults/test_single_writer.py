@@ -41,7 +41,7 @@ def _run_in(cwd, code: str) -> subprocess.CompletedProcess:
 
 _LOOP = """
     from agentic_retriever.app.loop.runner import run_loop
-    from tests.loop.test_loop import make_job
+    from tests.app.loop.test_loop import make_job
     run_loop(make_job("unused-encoder", "unused-agent"))
 """
 

@@ -3,7 +3,7 @@
 **trainer path**: ``trainer.use_v1=true`` and ``trainer.v1.trainer_mode=sync``, pinned: verl 0.9.1's default V1
 trainer (``TaskRunnerV1``, its agent-loop worker ``AgentLoopWorkerTQ`` handing trajectories over through
 TransferQueue, which our ``verl`` extra installs), synchronous and so on-policy like Search-R1's PPO; the path the
-agent-loop tests drive (tests/loop/test_verl_agent_loop.py). ``trainer.total_epochs`` is derived from the training
+agent-loop tests drive (tests/agent/rl/verl/test_verl_agent_loop.py). ``trainer.total_epochs`` is derived from the training
 rows (`epochs_for_steps`), so verl's epoch limit never stops the run before ``total_training_steps``.
 
 **sizes** (`per_gpu_micro_batches`): verl 0.9 takes micro-batches per GPU; ours are global, all GPUs together, as

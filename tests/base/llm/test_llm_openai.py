@@ -220,7 +220,7 @@ def test_every_request_carries_its_seed_and_vllms_sampling_fields(server, tiny_c
 _DYING_SERVER = """
 import os, signal, sys
 import uvicorn
-from tests.llm.test_llm_openai import fake_openai_app
+from tests.base.llm.test_llm_openai import fake_openai_app
 
 port, answers, log = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 app = fake_openai_app()

@@ -16,10 +16,10 @@ from agent.rl.config import SecondStage
 from agent.rl.heldout import constant_reward_control, score_on_heldout, train_between_scores
 from agentic_retriever.app.config_loader import build_config
 from agentic_retriever.base.qa_sources import QARow
-from tests.agent.test_rl_trainer import ROWS, config
+from tests.agent.rl.test_rl_trainer import ROWS, config
 from tests.fakes import FakeClient
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 HELDOUT = [QARow("h1", "which river is number 1?", ("river 1",)), QARow("h2", "which hill is number 2?", ("hill 2",))]
 
 

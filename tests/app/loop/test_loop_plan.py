@@ -10,7 +10,7 @@ import pytest
 from agentic_retriever.app.cli import main
 from agentic_retriever.app.loop.plan import RATES, plan_loop, plan_table
 from tests.fakes import write_jsonl
-from tests.loop.test_loop import make_job
+from tests.app.loop.test_loop import make_job
 
 SCORER = {"lr_scorer": {"command": "serve", "health_url": "http://localhost:1/health", "steps": ["mining"],
                         "devices": "4,5,6,7"}}

@@ -15,7 +15,7 @@ from agentic_retriever.base.qa_sources import read_qa_rows
 from agentic_retriever.standins import scripted_scorer as scripted
 from tests.fakes import import_benchmark
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _script():

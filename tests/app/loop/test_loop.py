@@ -325,7 +325,7 @@ def test_the_paper_loop_trains_the_retriever_under_torchrun_with_the_papers_4096
     from agentic_retriever.base.sessions import command_words
     from agentic_retriever.training.config import RetrieverTrainConfig
 
-    path = str(Path(__file__).resolve().parents[2] / "configs" / "agentic_r_loop.yaml")
+    path = str(Path(__file__).resolve().parents[3] / "configs" / "agentic_r_loop.yaml")
     loop, train = build_config(LoopConfig, "loop", None, path), build_config(RetrieverTrainConfig, "retriever_train",
                                                                              None, path)
     launcher = command_words(loop.retriever_launcher)  # torchrun of the loop's own interpreter

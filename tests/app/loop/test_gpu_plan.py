@@ -22,9 +22,9 @@ from agentic_retriever.app.loop.processes import service_specs
 from agentic_retriever.app.loop.service import LoopService
 from agentic_retriever.base.sessions import command_words
 from agentic_retriever.index import DenseParams, build_index
-from tests.loop.test_loop import make_job, workdir  # noqa: F401  (the fixture)
+from tests.app.loop.test_loop import make_job, workdir  # noqa: F401  (the fixture)
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PAPER_CONFIG = ROOT / "configs" / "agentic_r_loop.yaml"
 
 

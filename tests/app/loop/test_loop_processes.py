@@ -29,7 +29,7 @@ from agentic_retriever.base.corpus import ScoredPassage
 from agentic_retriever.mining.config import MiningConfig
 from agentic_retriever.mining.selection import SelectionConfig
 from tests.fakes import answer_turn, free_port, make_trajectory, search_turn, write_jsonl
-from tests.loop.test_loop import make_job, workdir  # noqa: F401  (the fixture)
+from tests.app.loop.test_loop import make_job, workdir  # noqa: F401  (the fixture)
 
 PRINT_DEVICES = "import os, sys; open(sys.argv[1], 'w').write(repr(os.environ.get('CUDA_VISIBLE_DEVICES')))"
 

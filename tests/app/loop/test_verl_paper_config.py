@@ -7,7 +7,7 @@ repository root, with the defaults of its vendored ``verl/trainer/config/ppo_tra
 ``verl/workers/fsdp_workers.py``; "sh"). Search-R1's verl divided the micro-batch sizes it was given over the GPUs
 (``fsdp_workers.py``: ``ppo_micro_batch_size //= world_size``); verl 0.9 takes them per GPU. Every remaining
 difference is in docs/paper-deviations.md. verl's ``validate_config`` is the one ``verl.trainer.main_ppo`` calls
-before it starts anything; Hydra composes the config from the installed verl's own files (as tests/loop/test_verl.py).
+before it starts anything; Hydra composes the config from the installed verl's own files (as tests/agent/rl/verl/test_verl.py).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from agent.rl.verl import AGENT_LOOP_NAME, TOOL_AGENT_LOOP_NAME, VerlSettings, p
 from agent.rl.verl.validate import validate_verl_run
 from agentic_retriever.app.config_loader import build_config
 from agentic_retriever.app.loop.config import LoopConfig
-from tests.loop.test_verl import URL, _compose
+from tests.agent.rl.verl.test_verl import URL, _compose
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 ACTOR, REF, ROLLOUT = "actor_rollout_ref.actor", "actor_rollout_ref.ref", "actor_rollout_ref.rollout"
 
 #: verl key -> the value the paper config must give it. Comment: where the value comes from.

@@ -16,7 +16,7 @@ from agentic_retriever.app.loop.splits import check_splits
 from agentic_retriever.base.data.prepare import prepare_defaults
 from tests.fakes import write_jsonl
 
-QUICKSTART = Path(__file__).resolve().parents[2] / "configs" / "loop_quickstart.yaml"
+QUICKSTART = Path(__file__).resolve().parents[3] / "configs" / "loop_quickstart.yaml"
 
 
 def _section(section: str):

@@ -15,7 +15,7 @@ from agent.rl.batch_reward import ResponseReward, SubmoduleReward, prepare_rewar
 from agent.rl.config import SecondStage
 from agentic_retriever.base.llm import LLMConfig
 from agentic_retriever.base.qa_sources import QARow
-from tests.agent.test_qagent_rewards import ScriptedGenerator
+from tests.agent.rewards.test_qagent_rewards import ScriptedGenerator
 from tests.fakes import FakeClient
 
 ROWS = [QARow("a", "capital of france?", ("Paris",)), QARow("b", "capital of norway?", ("Oslo",))]
@@ -140,7 +140,7 @@ def test_the_shipped_qagent_configs_build_and_switch_to_stage_2(config_file):
 
     from agentic_retriever.app.config_loader import build_config
 
-    path = Path(__file__).resolve().parents[2] / config_file
+    path = Path(__file__).resolve().parents[3] / config_file
     config = build_config(RLConfig, "agent_train", None, str(path))
     config.validate()
     assert config.rewards == ["qagent_stage1", "qagent_stage2"] and config.uses_generator

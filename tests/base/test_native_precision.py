@@ -102,7 +102,7 @@ def test_a_trained_model_is_indexed_with_the_base_encoders_machine_settings_and_
 def _documented_roles() -> dict[str, tuple[str, str]]:
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
     table = text[text.index("| role | where |"):].split("\n\n")[0].splitlines()[2:]
     cells = [[cell.strip().strip("`") for cell in line.strip("|").split("|")] for line in table]
     return {row[0]: (row[2], row[3]) for row in cells}

@@ -28,7 +28,7 @@ from agentic_retriever.app.loop.processes import (  # noqa: E402
 from agentic_retriever.app.loop.ray_placement import RayServer, reachable_url, run_on_ray  # noqa: E402
 from agentic_retriever.app.loop.service import LoopService  # noqa: E402
 from tests.fakes import free_port, ray_temp_dir  # noqa: E402
-from tests.loop.test_loop import make_job, workdir  # noqa: E402,F401  (the fixture)
+from tests.app.loop.test_loop import make_job, workdir  # noqa: E402,F401  (the fixture)
 
 HEAD_GPUS, SECOND_GPUS = 2, 4
 
@@ -212,7 +212,7 @@ def test_rollouts_and_mining_placed_by_ray_give_the_rows_of_one_process(cluster,
     placed = dataclasses.replace(job, loop=dataclasses.replace(job.loop, placement="ray", ray=LoopRayConfig(
         rollout_shards=2, mining_shards=2, cpus_per_process=0.5)))
     build_index(dataclasses.replace(job.index, out="index/base"))
-    from tests.loop.test_loop_processes import _searched
+    from tests.app.loop.test_loop_processes import _searched
     from tests.fakes import write_jsonl
 
     write_jsonl(workdir / "trajectories.jsonl", [_searched(j) for j in range(4, 10)])

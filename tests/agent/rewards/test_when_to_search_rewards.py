@@ -370,7 +370,7 @@ def test_the_shipped_when_to_search_configs_build_and_switch_to_stage_2(config_f
 
     from agentic_retriever.app.config_loader import build_config
 
-    path = Path(__file__).resolve().parents[2] / config_file
+    path = Path(__file__).resolve().parents[3] / config_file
     config = build_config(RLConfig, "agent_train", None, str(path))
     config.validate()
     assert config.rewards == ["when_to_search_stage1", "when_to_search_stage2"] and config.uses_query_encoder

@@ -6,7 +6,7 @@ installed package's ``verl/trainer/config`` folder (found with `importlib.util.f
 ``verl/__init__.py`` and so needs none of verl's heavy dependencies; `make setup` installs verl with ``--no-deps``)
 with our overrides; Hydra refuses a key verl does not define, so composing proves every name, and the composed
 values are compared with ours. Without verl or hydra-core installed those tests skip, saying which is missing.
-verl's agent-loop machinery running our loop: tests/loop/test_verl_agent_loop.py.
+verl's agent-loop machinery running our loop: tests/agent/rl/verl/test_verl_agent_loop.py.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from agentic_retriever.base.client import RetrievalConfig
 from agentic_retriever.base.corpus import ScoredPassage
 from agentic_retriever.base.jsonl import DataFormatError
 from agentic_retriever.base.llm import LLMConfig
-from tests.agent.test_agent_sft import OTHER, TableClient, recording_trainer
+from tests.agent.sft.test_agent_sft import OTHER, TableClient, recording_trainer
 
 LIST_PAGE = ScoredPassage("1", "Nordic countries", "The Nordic countries are Denmark, Finland and Norway.", 0.9)
 OSLO = ScoredPassage("2", "Norway", "Norway is a country. Its capital is Oslo, on a fjord.", 0.8)
