@@ -92,3 +92,21 @@ def test_a_search_action_needs_a_query():
         Action("search")
     with pytest.raises(ValueError):
         Action("answer", queries=("q",))
+
+
+def test_every_dialects_settings_share_one_base_named_after_its_dialect():
+    """One validation and one environment share for all of them (`agent.dialects.base.DialectSettings`)."""
+    from agent.dialects.base import DialectSettings
+    from agent.dialects.qagent import QAgentDialect, QAgentSettings
+    from agent.dialects.reflect import ReflectDialect, ReflectSettings
+    from agent.dialects.s3 import S3Dialect, S3Settings
+    from agent.env import EnvConfig
+
+    for settings, dialect in ((QAgentSettings, QAgentDialect), (ReflectSettings, ReflectDialect),
+                              (S3Settings, S3Dialect)):
+        assert issubclass(settings, DialectSettings) and settings.DIALECT == dialect.name
+        env = EnvConfig(**settings().env_fields())  # every field not the dialect's own is the environment's
+        assert env.dialect == dialect.name and env.topk == settings().topk
+        with pytest.raises(ValueError, match=f"{settings.__name__}.max_turns must be at least 1, got 0"):
+            settings(max_turns=0)
+    assert set(S3Settings().env_fields()) == {"dialect", "topk", "max_turns", "max_context_tokens"}
