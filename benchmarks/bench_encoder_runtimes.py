@@ -114,12 +114,13 @@ def pool_and_questions(data: Path, pool_size: int):
 
 
 def retrieval_metrics(queries: np.ndarray, passages: np.ndarray, titles: list[str], questions) -> dict:
-    from agentic_retriever.eval.retrieval import mrr_at_k, recall_at_k
+    from agentic_retriever.eval.ranking import measure_rankings
 
     top = np.argsort(-(queries @ passages.T), axis=1)[:, :10]
-    ranked = [[titles[row] for row in rows] for rows in top]
-    return {"recall@1": float(np.mean([recall_at_k(r, q.relevant, 1) for r, q in zip(ranked, questions)])),
-            "mrr@10": float(np.mean([mrr_at_k(r, q.relevant, 10) for r, q in zip(ranked, questions)]))}
+    rankings = {str(i): [titles[row] for row in rows] for i, rows in enumerate(top)}
+    qrels = {str(i): dict.fromkeys(q.relevant, 1) for i, q in enumerate(questions)}
+    values = measure_rankings(rankings, qrels, ["recall@1", "mrr@10"])
+    return {name: float(np.mean([v[name] for v in values.values()])) for name in ("recall@1", "mrr@10")}
 
 
 def main() -> None:

@@ -2,12 +2,19 @@ import math
 
 import pytest
 
-from agentic_retriever.eval.retrieval import (
-    evaluate_retrieval, load_judged_questions, mrr_at_k, ndcg_at_k, recall_at_k,
-)
 from agentic_retriever.base.jsonl import DataFormatError
+from agentic_retriever.eval.ranking import measure_rankings, query_measures
+from agentic_retriever.eval.retrieval import evaluate_retrieval, load_judged_questions
 from agentic_retriever.index import IndexBuildConfig, build_index, open_index
 from tests.fakes import write_jsonl
+
+
+def _measure(name: str):
+    """One ranking measure as a function of (ranked keys, relevant keys, k), as trec_eval computes it."""
+    return lambda ranked, relevant, k: query_measures(ranked, relevant, [f"{name}@{k}"])[f"{name}@{k}"]
+
+
+recall_at_k, mrr_at_k, ndcg_at_k = _measure("recall"), _measure("mrr"), _measure("ndcg")
 
 
 def test_metrics_on_hand_computed_cases():
@@ -27,6 +34,17 @@ def test_a_relevant_title_counts_once_at_its_first_passage():
     ranked_titles = ["T", "T", "U", "T"]
     assert recall_at_k(ranked_titles, {"T"}, 4) == 1.0
     assert ndcg_at_k(ranked_titles, {"T", "U"}, 4) == pytest.approx((1 + 1 / math.log2(4)) / (1 + 1 / math.log2(3)))
+    # a repeated title keeps its place: U is third, not second
+    assert mrr_at_k(["T", "T", "U"], {"U"}, 10) == pytest.approx(1 / 3) and recall_at_k(["T", "T", "U"], {"U"}, 2) == 0
+
+
+def test_queries_without_a_relevant_key_or_a_ranking_score_zero_and_the_others_are_trec_evals():
+    values = measure_rankings({"a": ["x", "y"], "b": [], "c": ["y", "x"]}, {"a": {"x": 0}, "b": {"x": 1}, "c": {"x": 1}},
+                              ["recall@1", "mrr@10", "success@2"])
+    assert values["a"] == values["b"] == {"recall@1": 0.0, "mrr@10": 0.0, "success@2": 0.0}
+    assert values["c"] == {"recall@1": 0.0, "mrr@10": 0.5, "success@2": 1.0}
+    with pytest.raises(ValueError, match="unknown ranking measure 'map@5'"):
+        query_measures(["x"], {"x"}, ["map@5"])
 
 
 def test_evaluation_by_title_and_by_id_skips_questions_without_relevant_passages(tmp_path):
