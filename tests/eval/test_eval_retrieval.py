@@ -264,3 +264,34 @@ def test_parent_or_self_composes_a_row_without_a_parent_with_its_own_question(tm
     assert composition_questions(mixed[3:], "parent_or_self") == ["a top-level question?"]  # no parent file needed
     with pytest.raises(ValueError, match="needs parent_qa"):
         composition_questions(mixed, "parent_or_self")
+
+
+def test_trec_evals_figures_are_the_stated_definitions_on_random_title_rankings_with_repeats():
+    """The module's definitions, written out here as the oracle: a relevant key counts once at its first rank,
+    repeats keep their places; the figures our tables printed before ir-measures computed them."""
+    import random
+
+    def first_hits(ranked, relevant, k):
+        seen, ranks = set(), []
+        for rank, key in enumerate(ranked[:k], start=1):
+            if key in relevant and key not in seen:
+                seen.add(key)
+                ranks.append(rank)
+        return ranks
+
+    def oracle(ranked, relevant, k):
+        hits = first_hits(ranked, relevant, k)
+        ideal = sum(1 / math.log2(r + 1) for r in range(1, min(len(relevant), k) + 1))
+        return {f"recall@{k}": len(hits) / len(relevant), f"mrr@{k}": 1 / hits[0] if hits else 0.0,
+                f"ndcg@{k}": sum(1 / math.log2(r + 1) for r in hits) / ideal}
+
+    rng = random.Random(7)
+    titles = [f"title {i}" for i in range(25)]
+    rankings, qrels, expected = {}, {}, {}
+    for q in range(300):
+        ranked = [rng.choice(titles) for _ in range(20)]
+        relevant = set(rng.sample(titles, rng.randint(1, 4)))
+        rankings[str(q)], qrels[str(q)] = ranked, dict.fromkeys(relevant, 1)
+        expected[str(q)] = oracle(ranked, relevant, 1) | oracle(ranked, relevant, 5) | oracle(ranked, relevant, 10)
+    got = measure_rankings(rankings, qrels, list(expected["0"]))
+    assert all(got[q][name] == pytest.approx(value, abs=1e-12) for q in expected for name, value in expected[q].items())
