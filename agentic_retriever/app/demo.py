@@ -16,8 +16,10 @@ Steps, each reusing its artifact when it is already there (so a second run only 
    parent question), each against the base with paired-bootstrap 95% confidence intervals; evidence recall on
    the multi-hop dev questions; the agent (EM, F1, searches per question) on the leaf dev questions.
 
-Retriever training keeps the base weights when no epoch beats them on the held-out train slice
-(`training.checkpoint_selection`); the report then says "kept: base".
+Steps 4-7 are the co-training loop's own steps (`agentic_retriever.app.loop.steps`: `roll_out`, `mine_rows`,
+`train_retriever_step`, `build_index_step`), given the base index to search in this process where the loop gives
+its service: one iteration is written once. Retriever training keeps the base weights when no epoch beats them on
+the held-out train slice (`training.checkpoint_selection`); the report then says "kept: base".
 
 Each step takes its settings from its own command's section of the config file (``agent_sft``,
 ``agent_rollout``, ``mine_run``, ``retriever_train``), with the shared ``workdir``, ``retrieval`` and ``agent``
@@ -40,7 +42,7 @@ from agentic_retriever.base.client import RetrievalConfig
 from agentic_retriever.base.data.prepare import PrepareConfig, prepare_defaults
 from agentic_retriever.base.encoder import EncoderConfig
 from agentic_retriever.base.fingerprint import stable_hash
-from agentic_retriever.base.jsonl import read_json, write_json
+from agentic_retriever.base.jsonl import write_json
 from agentic_retriever.base.memory_release import release_freed_memory
 from agentic_retriever.eval.bootstrap import compare_reports
 from agentic_retriever.eval.report import plot_metrics, render_table
@@ -185,41 +187,37 @@ def run_demo(job: MainJob | DemoConfig) -> dict:
 
 
 def _agentic_r_iteration(job: MainJob, steps: Steps, work: Path, corpus: str, report: dict) -> str:
-    """Steps 3-7: warm start, rollouts, mining, training, re-indexing; returns the trained index folder."""
-    from agent.rollouts import run_rollout_job
+    """Steps 3-7, the retriever half of one iteration of Algorithm 1 by the loop's own steps
+    (`agentic_retriever.app.loop.steps`): Agent_1 is the warm-started agent (no RL here); its rollouts on the mining
+    questions and their mining search the base index in this process; then Agentic-R_1 from the base encoder and
+    its Flat index. Returns the trained index folder."""
     from agent.sft import warm_start_agent
 
-    from agentic_retriever.mining.job import run_mine_job
-    from agentic_retriever.training.trainer import train_retriever
+    from .loop import steps as iteration
+    from .loop.config import LoopConfig, LoopJob
 
     config = job.demo
-    agent_path = steps.run("warm-start the default agent (cached after the first run)",
-                           lambda: warm_start_agent(job.warm_start))
-    data = work / "data"
-    rollout = dataclasses.replace(job.rollout, qa=str(data / "fanoutqa_leaf_train_mining.jsonl"),
-                                  agent=dataclasses.replace(job.rollout.agent, model=str(agent_path)))
-    rollout = keyed_rollout(rollout, work / "agent", "trajectories_train_mining")
-    report["rollouts"] = dataclasses.asdict(steps.run("agent rollouts on the mining questions",
-                                                      lambda: run_rollout_job(rollout)))
-    mine = dataclasses.replace(job.mine, trajectories=rollout.out,
-                               agent=dataclasses.replace(job.mine.agent, model=str(agent_path)))
-    mined = steps.run("utility mining (candidates, local relevance, answer correctness, selection)",
-                      lambda: run_mine_job(mine))
-    report["mining"] = {k: mined.stats[k] for k in ("rounds", "rows", "gac", "local_relevance", "lr_scorer",
-                                                     "gac_mode") if k in mined.stats}
-    if not mined.stats.get("rows"):
-        raise RuntimeError(f"mining produced no training row (see {mined.stats_path}); the retriever cannot be "
-                           "trained. Mine more trajectories or relax the quickstart thresholds (docs/mining.md)")
-    train = dataclasses.replace(job.train, data=str(mined.rows_path), corpus=corpus)
-    trained = steps.run("contrastive training of the retriever", lambda: train_retriever(train))
-    selection = read_json(Path(trained) / "train_manifest.json").get("selection") or {}
-    report["training"] = {"model": str(trained), "kept": selection.get("kept"), "selection": selection}
-    out = work / "index" / f"agentic-r-{encoder_short_name(config.encoder.model)}-flat"
-    encoder = config.encoder.for_model(trained)  # the base encoder's machine settings
+    trained_index = work / "index" / f"agentic-r-{encoder_short_name(config.encoder.model)}-flat"
+    loop_job = LoopJob(LoopConfig(out=str(work), mining_qa=str(work / "data" / "fanoutqa_leaf_train_mining.jsonl")),
+                       agent_train=None, rollout=job.rollout, mine=job.mine, train=job.train,
+                       index=_dense_build(config, corpus, trained_index, config.encoder, "flat"))
+    base = job.rollout.retrieval  # the base index (the shared ``retrieval`` setting), searched in this process
+    agent = str(steps.run("warm-start the default agent (cached after the first run)",
+                          lambda: warm_start_agent(job.warm_start)))
+    rollout = keyed_rollout(dataclasses.replace(job.rollout, qa=loop_job.loop.mining_qa, limit=None, retrieval=base,
+                                                agent=dataclasses.replace(job.rollout.agent, model=agent)),
+                            work / "agent", "trajectories_train_mining")
+    report["rollouts"] = steps.run("agent rollouts on the mining questions", lambda: iteration.roll_out(
+        loop_job, agent, base, Path(rollout.out).with_suffix("")))
+    report["mining"] = steps.run("utility mining (candidates, local relevance, answer correctness, selection)",
+                                 lambda: iteration.mine_rows(loop_job, report["rollouts"]["trajectories"], agent, base,
+                                                             work / "mining"))
+    report["training"] = steps.run("contrastive training of the retriever", lambda: iteration.train_retriever_step(
+        loop_job, report["mining"]["rows_path"], job.train.encoder.model, work / "retriever"))
     steps.run("index the corpus with the trained encoder",
-              lambda: build_index(_dense_build(config, corpus, out, encoder, "flat")))
-    report["agent_model"] = str(agent_path)
-    return str(out)
+              lambda: iteration.build_index_step(loop_job, report["training"]["model"], trained_index))
+    report["agent_model"] = agent
+    return str(trained_index)
 
 
 _INPUT_NAMES = {"none": "the bare question", "parent": "composed with its parent question",

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agentic_retriever.base.client import RetrievalConfig
 from agentic_retriever.base.fingerprint import stable_hash
 from agentic_retriever.base.memory_release import release_freed_memory
 from agentic_retriever.base.qa_sources import qa_set_sha256
@@ -198,11 +199,11 @@ class _Loop:
         rollouts = self.step(i, "trajectories", {
             "rollout": _settings(job.rollout, ("qa", "out", "retrieval", "agent.model", "limit")),
             "qa": qa_set_sha256(loop.mining_qa), "agent": agent.identity, "retriever": retriever_id},
-            lambda out: steps.roll_out(job, model, url, out))
+            lambda out: steps.roll_out(job, model, RetrievalConfig(url=url), out))
         mining = self.step(i, "mining", {
             "mine": _settings(job.mine, ("trajectories", "out", "retrieval", "agent.model")),
             "trajectories": rollouts.identity, "agent": agent.identity, "retriever": retriever_id},
-            lambda out: steps.mine_rows(job, rollouts.summary["trajectories"], model, url, out,
+            lambda out: steps.mine_rows(job, rollouts.summary["trajectories"], model, RetrievalConfig(url=url), out,
                                         reach=self.services.reachable if self.services else None))
         if i == 1 or loop.retriever_init == "initial":
             init_encoder, init_id = job.train.encoder.model, job.train.encoder.model

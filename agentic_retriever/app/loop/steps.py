@@ -10,7 +10,8 @@
 6. `evaluate_iteration`: the iteration's row of the report (reads dev evidence labels; never training data).
 
 Each returns the summary the manifest keeps and the report reads. Every one resumes inside its folder when run
-again after a kill (the functions it calls resume), so the runner simply calls it again.
+again after a kill (the functions it calls resume), so the runner simply calls it again. Steps 2 to 5 are also the
+demo's iteration (`agentic_retriever.app.demo`): the loop hands them its service, the demo its base index.
 """
 
 from __future__ import annotations
@@ -70,11 +71,11 @@ def train_agent_on_verl(job: LoopJob, init_model: str, service_url: str, out: Pa
                         stand_in=lambda folder: train_agent(job, init_model, service_url, folder))
 
 
-def roll_out(job: LoopJob, agent_model: str, service_url: str, out: Path) -> dict[str, Any]:
-    """Step 2: Agent_i on the mining questions, searching with the service (Agentic-R_{i-1})."""
+def roll_out(job: LoopJob, agent_model: str, retrieval: RetrievalConfig, out: Path) -> dict[str, Any]:
+    """Step 2: Agent_i on the mining questions (``loop.mining_qa``, all of them), searching with `retrieval`
+    (Agentic-R_{i-1}: the loop's service, or an index folder)."""
     config = dataclasses.replace(job.rollout, qa=job.loop.mining_qa, out=str(out / "trajectories.jsonl"),
-                                 retrieval=RetrievalConfig(url=service_url), limit=None,
-                                 agent=with_model(job.rollout.agent, agent_model))
+                                 retrieval=retrieval, limit=None, agent=with_model(job.rollout.agent, agent_model))
     questions, processes = _run_rollouts(job, config, out, "rollout")
     return {"trajectories": config.out, "questions": questions} | ({"processes": processes} if processes else {})
 
@@ -105,13 +106,13 @@ def _cli(*args: Any) -> list[str]:
     return [sys.executable, "-m", "agentic_retriever.app.cli", *map(str, args)]
 
 
-def mine_rows(job: LoopJob, trajectories: str, agent_model: str, service_url: str, out: Path,
+def mine_rows(job: LoopJob, trajectories: str, agent_model: str, retrieval: RetrievalConfig, out: Path,
               reach: Callable[[str], str] | None = None) -> dict[str, Any]:
-    """Step 3: utility mining of Agent_i's trajectories; candidates and later GAC turns from the service. In this
-    process, or as `mine run --shard i/n` processes (one per entry of ``loop.mining_devices``, or placed by Ray:
-    `placement`), each with its own agent engine, all searching the one service, merged into `out` as `mine merge`
-    does; a finished shard is kept. `reach` (the runner's `StepServices.reachable`) points the scorer's URL at the
-    node a step server runs on."""
+    """Step 3: utility mining of Agent_i's trajectories; candidates and later GAC turns from `retrieval` (the
+    loop's service, or an index folder). In this process, or as `mine run --shard i/n` processes (one per entry of
+    ``loop.mining_devices``, or placed by Ray: `placement`), each with its own agent engine, all searching the one
+    service, merged into `out` as `mine merge` does; a finished shard is kept. `reach` (the runner's
+    `StepServices.reachable`) points the scorer's URL at the node a step server runs on."""
     from agentic_retriever.mining.job import run_mine_job
     from agentic_retriever.mining.outputs import ROWS_FILE, STATS_FILE
     from agentic_retriever.mining.shards import merge_shards, shard_dir
@@ -120,8 +121,7 @@ def mine_rows(job: LoopJob, trajectories: str, agent_model: str, service_url: st
     if reach is not None and scorer.base_url:  # a scorer server Ray placed on another node
         scorer = dataclasses.replace(scorer, base_url=reach(scorer.base_url))
     config = dataclasses.replace(job.mine, trajectories=trajectories, out=str(out), scorer=scorer,
-                                 retrieval=RetrievalConfig(url=service_url),
-                                 agent=with_model(job.mine.agent, agent_model))
+                                 retrieval=retrieval, agent=with_model(job.mine.agent, agent_model))
     n = shard_count(job.loop, "mining", out)
     if not n:
         result = run_mine_job(config)
@@ -135,9 +135,9 @@ def mine_rows(job: LoopJob, trajectories: str, agent_model: str, service_url: st
                                         for i in todo], todo, out / "logs", "mining")
         result = merge_shards(out, n, plot=config.mining.plot)
     if not result.rows:
-        raise RuntimeError(f"mining produced no training row (see {result.stats_path}); Agentic-R_i cannot be "
-                           "trained. Mine more questions (loop.mining_qa) or relax mine_run.mining.selection "
-                           "(docs/mining.md), then run the loop again: it continues at this step")
+        raise RuntimeError(f"mining produced no training row (see {result.stats_path}); the retriever cannot be "
+                           "trained. Mine more questions or relax mine_run.mining.selection (docs/mining.md), then "
+                           "run again: it continues at this step")
     return {"rows_path": str(result.rows_path)} | {k: result.stats[k] for k in MINING_STATS if k in result.stats}
 
 
@@ -149,7 +149,7 @@ def train_retriever_step(job: LoopJob, rows: str, init_encoder: str, out: Path) 
                                  encoder=dataclasses.replace(job.train.encoder, model=str(init_encoder)))
     trained = _launch_retriever_training(job, config) if job.loop.retriever_launcher else train_retriever(config)
     selection = read_json(trained / "train_manifest.json").get("selection") or {}
-    return {"model": str(trained), "init": str(init_encoder), "kept": selection.get("kept")}
+    return {"model": str(trained), "init": str(init_encoder), "kept": selection.get("kept"), "selection": selection}
 
 
 def _launch_retriever_training(job: LoopJob, config) -> Path:

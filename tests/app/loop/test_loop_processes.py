@@ -193,7 +193,8 @@ def test_rollouts_and_mining_split_over_two_processes_give_one_processs_results(
         job.rollout, env=dataclasses.replace(job.rollout.env, temperature=0.0, max_new_tokens_per_turn=6)))
     build_index(dataclasses.replace(job.index, out="index/base"))
     with LoopService(LoopServiceConfig(), "index/base") as service:
-        summary = loop_steps.roll_out(job, tiny_causal_lm_dir, service.url, workdir / "rollouts")
+        retrieval = RetrievalConfig(url=service.url)
+        summary = loop_steps.roll_out(job, tiny_causal_lm_dir, retrieval, workdir / "rollouts")
         ids = [t.question_id for t in read_trajectories(summary["trajectories"])]
         assert ids == [f"q{j}" for j in range(4, 10)] and summary == {
             "trajectories": str(workdir / "rollouts" / "trajectories.jsonl"), "questions": 6, "processes": 2}
@@ -204,10 +205,10 @@ def test_rollouts_and_mining_split_over_two_processes_give_one_processs_results(
             job.mine.mining, lr_scorer="retriever", use_sub_answers=False,
             selection=SelectionConfig(use_gac=False, lr_threshold=0, num_negatives=3, negatives="release",
                                       false_negative_filter=False)))
-        one = loop_steps.mine_rows(dataclasses.replace(job, mine=mine), "trajectories.jsonl", "unused", service.url,
+        one = loop_steps.mine_rows(dataclasses.replace(job, mine=mine), "trajectories.jsonl", "unused", retrieval,
                                    workdir / "one")
         sharded_job = dataclasses.replace(job, mine=mine, loop=dataclasses.replace(job.loop, mining_devices=["cpu"] * 2))
-        two = loop_steps.mine_rows(sharded_job, "trajectories.jsonl", "unused", service.url, workdir / "two")
+        two = loop_steps.mine_rows(sharded_job, "trajectories.jsonl", "unused", retrieval, workdir / "two")
     rows = [Path(s["rows_path"]).read_text().splitlines() for s in (one, two)]
     assert rows[0] and rows[0] == rows[1] and one["rounds"] == two["rounds"]
     assert (workdir / "two" / "mine_run.yaml").is_file() and (workdir / "two" / "shards" / "1-of-2").is_dir()

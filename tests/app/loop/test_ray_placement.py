@@ -20,6 +20,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="ray is not installed (the dev extra has it)")
 
 from agentic_retriever.app.loop import steps as loop_steps  # noqa: E402
+from agentic_retriever.base.client import RetrievalConfig  # noqa: E402
 from agentic_retriever.app.loop.config import LoopConfig, LoopRayConfig, LoopServiceConfig  # noqa: E402
 from agentic_retriever.app.loop.placement import shard_count  # noqa: E402
 from agentic_retriever.app.loop.processes import (  # noqa: E402
@@ -217,9 +218,10 @@ def test_rollouts_and_mining_placed_by_ray_give_the_rows_of_one_process(cluster,
 
     write_jsonl(workdir / "trajectories.jsonl", [_searched(j) for j in range(4, 10)])
     with LoopService(LoopServiceConfig(host="0.0.0.0"), "index/base", for_cluster=True) as service:
-        rolled = loop_steps.roll_out(placed, tiny_causal_lm_dir, service.url, workdir / "rollouts")
-        one = loop_steps.mine_rows(job, "trajectories.jsonl", "unused", service.url, workdir / "one")
-        two = loop_steps.mine_rows(placed, "trajectories.jsonl", "unused", service.url, workdir / "two")
+        retrieval = RetrievalConfig(url=service.url)
+        rolled = loop_steps.roll_out(placed, tiny_causal_lm_dir, retrieval, workdir / "rollouts")
+        one = loop_steps.mine_rows(job, "trajectories.jsonl", "unused", retrieval, workdir / "one")
+        two = loop_steps.mine_rows(placed, "trajectories.jsonl", "unused", retrieval, workdir / "two")
     ids = [t.question_id for t in read_trajectories(rolled["trajectories"])]
     assert ids == [f"q{j}" for j in range(4, 10)] and rolled["processes"] == 2
     rows = [Path(s["rows_path"]).read_text().splitlines() for s in (one, two)]
