@@ -310,7 +310,7 @@ def test_docs_cli_lists_exactly_the_commands_of_the_parser():
     import re
     from pathlib import Path
 
-    page = (Path(__file__).resolve().parent.parent / "docs" / "cli.md").read_text()
+    page = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
     documented = re.findall(r"^\| `agentic-retriever ([a-z -]+)` \| `([a-z_]+)` \|", page, flags=re.MULTILINE)
     assert documented, "docs/cli.md has no command table"
     assert sorted(documented) == sorted((c.name, c.section) for c in COMMANDS)
@@ -328,7 +328,7 @@ def test_readme_is_a_front_door_whose_commands_all_parse():
 
     from agentic_retriever.app.cli import build_parser
 
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert len(text.splitlines()) <= 160
     blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.DOTALL)
     commands = [line.split("#")[0] for block in blocks for line in block.splitlines()

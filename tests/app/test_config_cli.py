@@ -157,7 +157,7 @@ def test_every_section_of_the_shipped_configs_builds_its_command_config(config_f
     from agentic_retriever.app.commands import command
     from agentic_retriever.app.config_loader import SHARED_SETTINGS, load_config_file
 
-    path = Path(__file__).resolve().parent.parent / config_file
+    path = Path(__file__).resolve().parents[2] / config_file
     sections = load_config_file(path)  # raises on unknown sections
     assert set(sections) - set(SHARED_SETTINGS), f"{config_file} has no command section"
     for section in set(sections) - set(SHARED_SETTINGS):
@@ -175,7 +175,7 @@ def test_the_paper_configs_train_the_retriever_without_weight_decay_as_the_relea
 
     from agentic_retriever.app.commands import command
 
-    path = Path(__file__).resolve().parent.parent / config_file
+    path = Path(__file__).resolve().parents[2] / config_file
     config = build_config(command("retriever_train").config_class(), "retriever_train", None, str(path))
     assert config.weight_decay == 0.0 and config.learning_rate == 2e-5 and config.temperature == 0.01
 
