@@ -21,6 +21,7 @@ from agentic_retriever.app.cli import main
 from agentic_retriever.app.loop import STEPS, LoopConfig, LoopEvalConfig, LoopJob, LoopManifest, LoopManifestError, run_loop
 from agentic_retriever.app.loop import runner as loop_runner
 from agentic_retriever.app.loop import steps as loop_steps
+from agentic_retriever.base.client import RetrievalConfig
 from agentic_retriever.base.encoder import EncoderConfig
 from agentic_retriever.base.llm import LLMConfig
 from agentic_retriever.index import DenseParams, IndexBuildConfig
@@ -123,7 +124,8 @@ def served_index(monkeypatch) -> list[tuple[str, str]]:
         real = getattr(loop_steps, name)
 
         def recorded(*args, _real=real, _name=name, **kwargs):
-            url = next(a for a in args if isinstance(a, str) and a.startswith("http"))
+            url = next(a.url if isinstance(a, RetrievalConfig) else a for a in args
+                       if isinstance(a, RetrievalConfig) or isinstance(a, str) and a.startswith("http"))
             health = httpx.get(f"{url}/health", headers={"Authorization": f"Bearer {token}"}, timeout=30).json()
             served.append((_name, health["index_dir"]))
             return _real(*args, **kwargs)
