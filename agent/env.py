@@ -54,10 +54,10 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from agentic_retriever.client import RetrievalClient
-from agentic_retriever.corpus import ScoredPassage
-from agentic_retriever.llm.base import LLM, Generation, SamplingParams, derived_seed, generate_checked
-from agentic_retriever.llm.text import render_chat_prompt
+from agentic_retriever.base.client import RetrievalClient
+from agentic_retriever.base.corpus import ScoredPassage
+from agentic_retriever.base.llm.protocol import LLM, Generation, SamplingParams, derived_seed, generate_checked
+from agentic_retriever.base.llm.text import render_chat_prompt
 
 from .dialects import Action, Dialect, DocumentTracker, SelectedDocuments, get_dialect
 from .trajectory import FinishReason, Retrieved, Trajectory, Turn, trajectory_id

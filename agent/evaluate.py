@@ -1,6 +1,6 @@
 """Evaluate a trajectory file: answer quality, search behaviour and evidence recall.
 
-* ``em``, ``f1``, ``contains_em``: `agentic_retriever.eval.qa`, recomputed from each trajectory's answer and
+* ``em``, ``f1``, ``contains_em``: `agentic_retriever.base.qa_metrics`, recomputed from each trajectory's answer and
   golden answers, averaged over trajectories;
 * ``avg_searches``: searches whose passages the agent saw, per trajectory (the retrievals per question, RC of
   "Learning When to Search: Multi-Stage Reward Design for Efficient Agentic RAG with Reasoning Language Models");
@@ -58,21 +58,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from agentic_retriever.client import RetrievalClient, RetrievalConfig, open_client
-from agentic_retriever.corpus import Passage
-from agentic_retriever.eval.qa import contains_match, f1_score, qa_scores
-from agentic_retriever.fingerprint import llm_fingerprint
-from agentic_retriever.llm import LLMConfig
-from agentic_retriever.llm.base import LLM
-from agentic_retriever.qa_sources import qa_set_name
-from agentic_retriever.qa_sources import QARow, as_qa_rows
+from agentic_retriever.base.client import RetrievalClient, RetrievalConfig
+from agentic_retriever.base.corpus import Passage
+from agentic_retriever.base.fingerprint import llm_fingerprint
+from agentic_retriever.base.llm import LLMConfig
+from agentic_retriever.base.llm.protocol import LLM
+from agentic_retriever.base.qa_metrics import contains_match, f1_score, qa_scores
+from agentic_retriever.base.qa_sources import QARow, as_qa_rows
+from agentic_retriever.base.qa_sources import qa_set_name
+from agentic_retriever.retrieval import open_client
 
 from .dialects.s3 import NAIVE_RAG_TOPK
-from .s3_rag_baseline import NaiveRagCache, retriever_identity
 from .rewards.answer_judge import judge_answers
 from .rewards.gbr import gain_beyond_rag, gain_beyond_rag_paper
 from .rewards.generation import generate_answers, generation_accuracy
 from .rewards.qagent import QAGENT_GENERATOR
+from .s3_rag_baseline import NaiveRagCache, retriever_identity
 from .trajectory import Trajectory, Turn, read_trajectories
 
 __all__ = ["AgentEvalConfig", "GeneratorProtocol", "evaluate_agent", "evaluate_generation", "evaluate_judged",
@@ -295,7 +296,7 @@ def evaluate_agent(config: AgentEvalConfig) -> dict[str, Any]:
     judge reads the agent's own answers); with ``generator.model`` set, load the generator and, for the s3 protocol
     (`generator_protocol`), the judge when ``judge.model`` is set, open ``retrieval`` and run
     `evaluate_generation`; for the qagent protocol run `evaluate_submodule` (no retriever, no judge)."""
-    from agentic_retriever.llm import load_llm
+    from agentic_retriever.base.llm import load_llm
 
     if not config.generator.model:
         if config.judge.model:

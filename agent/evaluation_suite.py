@@ -5,7 +5,7 @@ search agent with each retriever on HotpotQA, 2WikiMultihopQA, MuSiQue, Bamboogl
 exact match, with the plain mean of the seven as "Avg.". The paper does not name the splits; it follows
 Search-R1, whose ``qa_search_test_merge.py`` takes each FlashRAG dataset's test split where it has one and its
 dev split otherwise: test for NQ, TriviaQA, PopQA and Bamboogle, dev for HotpotQA, 2Wiki and MuSiQue
-(`PAPER_SPLITS`, the default ``qa``). Any QA set spec works instead (`agentic_retriever.qa_sources`: local
+(`PAPER_SPLITS`, the default ``qa``). Any QA set spec works instead (`agentic_retriever.base.qa_sources`: local
 FlashRAG files, Search-R1's merged test parquet, whose ``data_source`` names each row's dataset).
 
 The rollouts go to ``OUT/trajectories.jsonl`` (greedy unless ``env.temperature`` says otherwise; a rerun
@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentic_retriever.client import RetrievalClient, RetrievalConfig, open_client
-from agentic_retriever.jsonl import atomic_write, write_json
-from agentic_retriever.llm import LLMConfig
-from agentic_retriever.llm.base import LLM
-from agentic_retriever.qa_sources import QARow, read_qa_rows
+from agentic_retriever.base.client import RetrievalClient, RetrievalConfig
+from agentic_retriever.base.jsonl import atomic_write, write_json
+from agentic_retriever.base.llm import LLMConfig
+from agentic_retriever.base.llm.protocol import LLM
+from agentic_retriever.base.qa_sources import QARow, read_qa_rows
+from agentic_retriever.retrieval import open_client
 
 from .env import EnvConfig
 from .evaluate import evaluate_trajectories
@@ -93,7 +94,7 @@ def run_suite(config: SuiteConfig, llm: LLM | None = None, client: RetrievalClie
     if llm is not None:
         run_rollouts(rows, llm, client, config.env, trajectories, config.batch_size, retriever)
     else:
-        from agentic_retriever.llm import load_llm
+        from agentic_retriever.base.llm import load_llm
 
         with load_llm(config.agent) as loaded:
             run_rollouts(rows, loaded, client, config.env, trajectories, config.batch_size, retriever)

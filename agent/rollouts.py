@@ -14,12 +14,13 @@ from typing import Any, ClassVar
 
 from tqdm.auto import tqdm
 
-from agentic_retriever.client import RetrievalClient, RetrievalConfig, open_client
-from agentic_retriever.eval.qa import qa_scores
-from agentic_retriever.jsonl import parse_shard, read_json, shard_bounds, write_json
-from agentic_retriever.llm import LLMConfig
-from agentic_retriever.llm.base import LLM, derived_seed
-from agentic_retriever.qa_sources import QARow, as_qa_rows, read_qa_rows
+from agentic_retriever.base.client import RetrievalClient, RetrievalConfig
+from agentic_retriever.base.jsonl import parse_shard, read_json, shard_bounds, write_json
+from agentic_retriever.base.llm import LLMConfig
+from agentic_retriever.base.llm.protocol import LLM, derived_seed
+from agentic_retriever.base.qa_metrics import qa_scores
+from agentic_retriever.base.qa_sources import QARow, as_qa_rows, read_qa_rows
+from agentic_retriever.retrieval import open_client
 
 from .env import EnvConfig, Rollout, rollout
 from .trajectory import Trajectory, TrajectoryWriter, trajectory_id
@@ -152,7 +153,7 @@ def run_rollouts(qa_rows: Sequence[QARow | dict[str, Any]] | str | os.PathLike, 
 
 def run_rollout_job(config: RolloutConfig) -> RolloutRunSummary:
     """`agentic-retriever agent rollout`: load the LLM, open the retriever, roll out `config.qa` into `config.out`."""
-    from agentic_retriever.llm import load_llm
+    from agentic_retriever.base.llm import load_llm
 
     rows = read_qa_rows(config.qa)[: config.limit]
     start, stop = shard_bounds(len(rows), parse_shard(config.shard))

@@ -26,7 +26,6 @@ is a `DataFormatError` naming the file and the line. One process uses a cache fi
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -35,12 +34,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from agentic_retriever.client import RetrievalClient
-from agentic_retriever.eval.qa import YES_NO, is_yes_no  # re-exported: s3 drops yes/no questions (section 4.1)
-from agentic_retriever.jsonl import DataFormatError, json_error_text, write_json
-from agentic_retriever.llm.base import LLM
-from agentic_retriever.qa_sources import QARow
-from agentic_retriever.writer_lock import WriterLock, lock_beside
+from agentic_retriever.base.client import RetrievalClient
+from agentic_retriever.base.fingerprint import stable_hash
+from agentic_retriever.base.jsonl import DataFormatError, json_error_text, write_json
+from agentic_retriever.base.llm.protocol import LLM
+from agentic_retriever.base.qa_metrics import YES_NO, is_yes_no  # re-exported: s3 drops yes/no questions (section 4.1)
+from agentic_retriever.base.qa_sources import QARow
+from agentic_retriever.base.writer_lock import WriterLock, lock_beside
 
 from .rewards.generation import GENERATOR_PROMPT, GENERATOR_SAMPLING, JUDGE_PROMPT, JUDGE_SAMPLING, generation_accuracy
 
@@ -55,7 +55,7 @@ _VERSION = 1
 
 def retriever_identity(client: RetrievalClient) -> str:
     """What decides a retriever's results, as a cache-key string: an index by its manifest's content
-    (`agentic_retriever.fingerprint.index_identity`), a service by its ``/health`` document
+    (`agentic_retriever.base.fingerprint.index_identity`), a service by its ``/health`` document
     (`fingerprint.service_identity`). `client` is what ``open_client(RetrievalConfig)`` returns."""
     identity = getattr(client, "identity", None)
     if not callable(identity):
@@ -64,20 +64,15 @@ def retriever_identity(client: RetrievalClient) -> str:
     return json.dumps(identity(), sort_keys=True, ensure_ascii=False)
 
 
-def _digest(obj: Any, size: int = 16) -> str:
-    text = json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:size]
-
-
 def _question_key(row: QARow) -> str:
-    return _digest([row.id, row.question, list(row.golden_answers)], 32)
+    return stable_hash([row.id, row.question, list(row.golden_answers)], 32, "sha256")
 
 
 class NaiveRagCache:
     """Acc(G(Q, top-`topk` passages of Q), A) per question, computed once and kept on disk (see the module).
 
     The identities are content keys: `retriever_identity(client)`, ``llm_fingerprint(generator)`` and
-    ``llm_fingerprint(judge)`` (`agentic_retriever.fingerprint`); `judge_identity` None means span check only.
+    ``llm_fingerprint(judge)`` (`agentic_retriever.base.fingerprint`); `judge_identity` None means span check only.
     """
 
     def __init__(self, folder: str | Path, retriever_identity: str, generator_identity: str,
@@ -103,7 +98,7 @@ class NaiveRagCache:
             "judge_prompt": JUDGE_PROMPT if judged else None,
             "judge_sampling": dataclasses.asdict(JUDGE_SAMPLING) if judged else None,
         }
-        self.path = self.folder / f"naive_rag-{_digest(self.key_fields)}.jsonl"
+        self.path = self.folder / f"naive_rag-{stable_hash(self.key_fields, 16, 'sha256')}.jsonl"
 
     def accuracies(self, rows: Sequence[QARow], client: RetrievalClient, generator: LLM, judge: LLM | None,
                    batch_size: int = 64) -> dict[str, float]:
@@ -188,7 +183,7 @@ def _unique_keys(rows: Sequence[QARow]) -> list[str]:
     keys, by_id = [], {}
     for row in rows:
         if not isinstance(row, QARow):
-            raise TypeError(f"rows must be QARow (agentic_retriever.qa_sources), got {type(row).__name__}")
+            raise TypeError(f"rows must be QARow (agentic_retriever.base.qa_sources), got {type(row).__name__}")
         key = _question_key(row)
         if by_id.setdefault(row.id, key) != key:
             raise ValueError(f"question id {row.id!r} is given twice with different questions or golden answers")

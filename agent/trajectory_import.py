@@ -33,12 +33,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from agentic_retriever.client import RetrievalClient, RetrievalConfig, open_client
-from agentic_retriever.corpus import split_contents
-from agentic_retriever.eval.qa import golden_strings, normalize_answer, qa_scores
-from agentic_retriever.jsonl import DataFormatError, iter_jsonl, read_json, write_json, write_jsonl
-from agentic_retriever.qa_sources import iter_search_r1_file, question_after_marker, search_r1_qa_row
-from agentic_retriever.qa_sources import read_qa_rows
+from agentic_retriever.base.client import RetrievalClient, RetrievalConfig
+from agentic_retriever.base.corpus import split_contents
+from agentic_retriever.base.jsonl import DataFormatError, iter_jsonl, read_json, write_json, write_jsonl
+from agentic_retriever.base.qa_metrics import golden_strings, normalize_answer, qa_scores
+from agentic_retriever.base.qa_sources import iter_search_r1_file, question_after_marker, search_r1_qa_row
+from agentic_retriever.base.qa_sources import read_qa_rows
+from agentic_retriever.retrieval import open_client
 
 from .dialects.search_r1 import INVALID_ACTION_MESSAGE, SearchR1Dialect
 from .trajectory import Retrieved, Trajectory, Turn

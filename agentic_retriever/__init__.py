@@ -5,3 +5,7 @@ pipeline.
 """
 
 __version__ = "0.1.0"
+
+from . import _moved
+
+_moved.install()  # the import paths of 0.1 that moved keep working for one release, with a DeprecationWarning

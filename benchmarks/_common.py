@@ -152,7 +152,7 @@ def load_passages(count: int, corpus: str | None = None, seed: int = 0) -> tuple
     path = Path(corpus) if corpus else QUICKSTART_CORPUS
     if corpus is None and not path.is_file():
         return synthetic_passages(count, seed=seed), f"synthetic ~100-word passages (no {QUICKSTART_CORPUS})"
-    from agentic_retriever.corpus import Corpus
+    from agentic_retriever.base.corpus import Corpus
 
     with tempfile.TemporaryDirectory(prefix="bench-corpus-cache-") as cache:
         opened = Corpus.open(path, cache_dir=cache)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from agentic_retriever.defaults import resolve_model_name
+from agentic_retriever.base.defaults import resolve_model_name
 from agentic_retriever.index.dense import DenseIndex
 
 

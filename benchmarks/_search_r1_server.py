@@ -34,7 +34,7 @@ from pathlib import Path
 
 def script_arguments(index_dir: str, topk: int) -> list[str]:
     """The script's own flags for the index folder `index_dir`: its FAISS file, corpus and encoder."""
-    from agentic_retriever.defaults import resolve_model_name
+    from agentic_retriever.base.defaults import resolve_model_name
     from agentic_retriever.index.generations import FAISS_FILE
     from agentic_retriever.index.manifest import IndexManifest
 

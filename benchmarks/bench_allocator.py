@@ -7,7 +7,7 @@ draw them).
 ``default`` is glibc's dynamic mmap threshold: it starts at 128 KiB and rises to the size of every mmapped block
 freed (up to 32 MiB), so after the first steps a tensor of up to 32 MiB comes from the heap and, once freed, stays
 in it, where a later allocation of another size seldom fits. A fixed threshold (``mallopt(M_MMAP_THRESHOLD)``, what
-`agentic_retriever.memory_release.fix_mmap_threshold` sets) keeps every block above it mmapped, returned to the
+`agentic_retriever.base.memory_release.fix_mmap_threshold` sets) keeps every block above it mmapped, returned to the
 system the moment it is freed. Each child prints its peak RSS (``VmHWM``), its RSS at the end and its seconds per
 step; the table gives each setting's ratio against ``default``, run in the same invocation.
 """
@@ -28,7 +28,7 @@ if threshold != "default":
     assert ctypes.CDLL("libc.so.6").mallopt(-3, int(threshold)) == 1  # M_MMAP_THRESHOLD
 import torch
 from transformers import AutoModelForCausalLM
-from agentic_retriever.defaults import smollm2_hf_dir
+from agentic_retriever.base.defaults import smollm2_hf_dir
 
 steps, batch = int(sys.argv[2]), int(sys.argv[3])
 torch.manual_seed(0)

@@ -37,8 +37,8 @@ def main() -> None:
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from agentic_retriever.defaults import minilm_model_dir
-    from agentic_retriever.encoder import Encoder, EncoderConfig
+    from agentic_retriever.base.defaults import minilm_model_dir
+    from agentic_retriever.base.encoder import Encoder, EncoderConfig
 
     device = describe_device()
     texts, source = load_passages(args.passages, args.corpus)

@@ -96,7 +96,7 @@ def onnx_runtime(hf_model, example: dict, folder: Path, int8: bool, threads: int
 
 def pool_and_questions(data: Path, pool_size: int):
     """(passage texts, their titles, judged leaf dev questions whose evidence page is in the pool)."""
-    from agentic_retriever.corpus import Corpus
+    from agentic_retriever.base.corpus import Corpus
     from agentic_retriever.eval.retrieval import load_judged_questions
 
     questions = load_judged_questions(str(data / "fanoutqa_leaf_dev.jsonl"), relevance="title")
@@ -114,12 +114,13 @@ def pool_and_questions(data: Path, pool_size: int):
 
 
 def retrieval_metrics(queries: np.ndarray, passages: np.ndarray, titles: list[str], questions) -> dict:
-    from agentic_retriever.eval.retrieval import mrr_at_k, recall_at_k
+    from agentic_retriever.eval.ranking import measure_rankings
 
     top = np.argsort(-(queries @ passages.T), axis=1)[:, :10]
-    ranked = [[titles[row] for row in rows] for rows in top]
-    return {"recall@1": float(np.mean([recall_at_k(r, q.relevant, 1) for r, q in zip(ranked, questions)])),
-            "mrr@10": float(np.mean([mrr_at_k(r, q.relevant, 10) for r, q in zip(ranked, questions)]))}
+    rankings = {str(i): [titles[row] for row in rows] for i, rows in enumerate(top)}
+    qrels = {str(i): dict.fromkeys(q.relevant, 1) for i, q in enumerate(questions)}
+    values = measure_rankings(rankings, qrels, ["recall@1", "mrr@10"])
+    return {name: float(np.mean([v[name] for v in values.values()])) for name in ("recall@1", "mrr@10")}
 
 
 def main() -> None:
@@ -134,9 +135,9 @@ def main() -> None:
 
     import torch
 
-    from agentic_retriever.precision import cpu_computes_bf16_natively
-    from agentic_retriever.data.prepare import PrepareConfig, prepare_defaults
-    from agentic_retriever.encoder import Encoder, EncoderConfig
+    from agentic_retriever.base.data.prepare import PrepareConfig, prepare_defaults
+    from agentic_retriever.base.encoder import Encoder, EncoderConfig
+    from agentic_retriever.base.precision import cpu_computes_bf16_natively
 
     data = Path(args.data)
     if not (data / "fanoutqa_leaf_dev.jsonl").is_file():

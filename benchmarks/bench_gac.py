@@ -77,8 +77,8 @@ class CountedGenerate:
 
 
 def scored_passages(count: int, corpus: str | None, seed: int = 0):
-    from agentic_retriever.corpus import split_contents
-    from agentic_retriever.corpus import ScoredPassage
+    from agentic_retriever.base.corpus import ScoredPassage
+    from agentic_retriever.base.corpus import split_contents
 
     texts, source = load_passages(count, corpus, seed=seed)
     return [ScoredPassage(f"p{i}", *split_contents(t), score=1.0) for i, t in enumerate(texts)], source
@@ -130,7 +130,7 @@ def trajectory_requests(path: str, rounds: int, candidates: int, client, max_tur
 
 
 def main() -> None:
-    from agentic_retriever.llm.prefix_cache import DEFAULT_PREFIX_CACHE_TOKENS
+    from agentic_retriever.base.llm.prefix_cache import DEFAULT_PREFIX_CACHE_TOKENS
 
     parser = base_parser(__doc__)
     parser.add_argument("--model", default="default", help="agent model (hub name, folder or 'default')")
@@ -159,8 +159,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     from agent.env import EnvConfig
-    from agentic_retriever.llm import LLMConfig, load_llm
-    from agentic_retriever.llm.transformers import TransformersLLM
+    from agentic_retriever.base.llm import LLMConfig, load_llm
+    from agentic_retriever.base.llm.transformers import TransformersLLM
     from agentic_retriever.mining.gac import rollout_gac
 
     device = describe_device()
@@ -168,8 +168,8 @@ def main() -> None:
     env = EnvConfig(max_turns=args.max_turns, max_new_tokens_per_turn=args.max_new_tokens)
     client = None
     if Path(args.index).is_dir():
-        from agentic_retriever.client import LocalRetrievalClient
         from agentic_retriever.index import open_index
+        from agentic_retriever.retrieval import LocalRetrievalClient
 
         client = LocalRetrievalClient(open_index(args.index))
     if args.trajectories:

@@ -38,18 +38,18 @@ def child(args) -> None:
     started = time.perf_counter()
     result: dict = {}
     if args.child == "convert":
-        from agentic_retriever.corpus import Corpus
+        from agentic_retriever.base.corpus import Corpus
 
         result["rows"] = len(Corpus.open(args.corpus))
     elif args.child == "baseline":
         import faiss  # noqa: F401  (the build imports it: part of the fixed cost)
 
         import agentic_retriever.index  # noqa: F401
-        from agentic_retriever.encoder import Encoder, EncoderConfig
+        from agentic_retriever.base.encoder import Encoder, EncoderConfig
 
         result["dim"] = Encoder(EncoderConfig(model=args.model)).dim
     else:
-        from agentic_retriever.encoder import EncoderConfig
+        from agentic_retriever.base.encoder import EncoderConfig
         from agentic_retriever.index import DenseParams, IndexBuildConfig, build_index
         from agentic_retriever.index.dense import FAISS_FILE
 
@@ -80,7 +80,7 @@ def make_tiny_model(out: Path, hidden: int, layers: int, max_tokens: int, dim: i
         from sentence_transformers import models as modules
     from sentence_transformers import SentenceTransformer
 
-    from agentic_retriever.defaults import minilm_model_dir
+    from agentic_retriever.base.defaults import minilm_model_dir
 
     hf_dir = out.with_name(out.name + "-hf")
     tokenizer = AutoTokenizer.from_pretrained(str(minilm_model_dir()))

@@ -6,7 +6,7 @@
 Every half second the sampler reads this process's resident set (``/proc/self/smaps_rollup``: RSS, anonymous),
 glibc's heap (``mallinfo2``: bytes in use, bytes free but kept, bytes in mmapped chunks) and its thread count;
 every 20 s it also counts the live torch tensors (unique storages, bytes). Each sample is labelled with the loop
-step running (`agentic_retriever.loop.runner._Loop.step`). The table printed at the end gives each step's peak;
+step running (`agentic_retriever.app.loop.runner._Loop.step`). The table printed at the end gives each step's peak;
 ``--alone`` (default: mining) then runs those steps of the last iteration again, each in a fresh process of its own
 (the same inputs and settings, a scratch folder), so each peak stands beside the same step with nothing before it.
 The timeline is appended to ``OUT/memory_timeline.jsonl`` (a resumed loop adds to it) and plotted as
@@ -121,7 +121,7 @@ def peaks(path: Path) -> dict[str, dict]:
 
 def labelled_loop(sampler: Sampler) -> None:
     """Make every loop step set the sampler's label while it runs."""
-    from agentic_retriever.loop import runner
+    from agentic_retriever.app.loop import runner
 
     original = runner._Loop.step
 
@@ -136,7 +136,7 @@ def labelled_loop(sampler: Sampler) -> None:
 
 
 def run_loop_here(config: str, out: Path, overrides: list[str]) -> Path:
-    from agentic_retriever.cli import main
+    from agentic_retriever.app.cli import main
 
     out.mkdir(parents=True, exist_ok=True)
     timeline = out / "memory_timeline.jsonl"
@@ -201,12 +201,12 @@ def alone_commands(config: str, loop_folder: Path, scratch: Path) -> dict[str, l
     """The commands that run a step of the loop's last iteration alone, on the inputs the loop gave it (read from
     ``loop.json``): mining (``mine run`` on the iteration's trajectories with its agent, searching the base index
     in its own process, as `mine run` runs by hand)."""
-    from agentic_retriever.loop import LoopManifest
+    from agentic_retriever.app.loop import LoopManifest
 
     manifest = LoopManifest.load(loop_folder)
     last = max(int(name.split("/")[0]) for name in manifest.steps)
     agent, rollouts = manifest.get(last, "agent"), manifest.get(last, "trajectories")
-    cli = [sys.executable, "-m", "agentic_retriever.cli"]
+    cli = [sys.executable, "-m", "agentic_retriever.app.cli"]
     commands = {}
     if agent and rollouts and agent.status == rollouts.status == "done":
         commands["mining"] = [*cli, "mine", "run", "--config", config, "--trajectories",

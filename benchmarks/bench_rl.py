@@ -38,10 +38,11 @@ RUNS = {  # name -> overrides of the config
 
 
 def _worker(name: str, args: dict) -> dict:
-    from agentic_retriever.qa_sources import read_qa_rows
     from agent.rl import RLConfig, RLTrainer
-    from agentic_retriever.client import RetrievalConfig, open_client
-    from agentic_retriever.config import build_config
+    from agentic_retriever.app.config_loader import build_config
+    from agentic_retriever.base.client import RetrievalConfig
+    from agentic_retriever.base.qa_sources import read_qa_rows
+    from agentic_retriever.retrieval import open_client
 
     config = build_config(RLConfig, "agent_train", None, args["config"])
     overrides = {key: args[key] for key in ("actor_lr", "critic_lr", "prompts_per_step") if args[key] is not None}

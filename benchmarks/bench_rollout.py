@@ -50,8 +50,8 @@ class FixedPassages:
     def __init__(self, corpus: str):
         import json
 
-        from agentic_retriever.corpus import split_contents
-        from agentic_retriever.corpus import ScoredPassage
+        from agentic_retriever.base.corpus import ScoredPassage
+        from agentic_retriever.base.corpus import split_contents
 
         with open(corpus, encoding="utf-8") as handle:
             rows = [json.loads(next(handle)) for _ in range(10)]
@@ -66,7 +66,7 @@ def random_weights_llm(folder: str, batch_size: int):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from agentic_retriever.llm.transformers import TransformersLLM
+    from agentic_retriever.base.llm.transformers import TransformersLLM
 
     torch.manual_seed(0)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -136,11 +136,11 @@ def main() -> None:
     import statistics
 
     from agent.env import EnvConfig, rollout
-    from agentic_retriever.qa_sources import read_qa_rows
-    from agentic_retriever.client import LocalRetrievalClient
-    from agentic_retriever.llm import LLMConfig, load_llm
-    from agentic_retriever.llm.prefix_cache import DEFAULT_PREFIX_CACHE_TOKENS
-    from agentic_retriever.llm.transformers import TransformersLLM
+    from agentic_retriever.base.llm import LLMConfig, load_llm
+    from agentic_retriever.base.llm.prefix_cache import DEFAULT_PREFIX_CACHE_TOKENS
+    from agentic_retriever.base.llm.transformers import TransformersLLM
+    from agentic_retriever.base.qa_sources import read_qa_rows
+    from agentic_retriever.retrieval import LocalRetrievalClient
 
     def open_index(folder):
         from agentic_retriever.index import open_index as open_folder

@@ -58,8 +58,8 @@ from _common import (
     start_worker, usable_cores,
 )
 
+from agentic_retriever.base.jsonl import atomic_write, write_json
 from agentic_retriever.index.dense import DenseParams, fill_faiss_index, set_search_knobs
-from agentic_retriever.jsonl import atomic_write, write_json
 
 WIKI18_ROWS = 21_015_324
 E5_DIM = 768
@@ -238,7 +238,7 @@ def service_over(index, args: dict) -> dict:
     64 clients sending one-query requests."""
     from _service_load import closed_loop
 
-    from agentic_retriever.corpus import Corpus
+    from agentic_retriever.base.corpus import Corpus
     from agentic_retriever.index.base import SearchIndex
     from agentic_retriever.index.manifest import IndexManifest
     from agentic_retriever.server import ServerThread, create_app
@@ -276,7 +276,7 @@ def service_over(index, args: dict) -> dict:
 
 def row_store(args: dict) -> dict:
     """Convert the synthetic JSONL corpus to Arrow, open it again, and read random rows."""
-    from agentic_retriever.corpus import Corpus
+    from agentic_retriever.base.corpus import Corpus
 
     sampler = PeakSampler()
     sampler.start()

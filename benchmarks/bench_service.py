@@ -178,7 +178,7 @@ def our_server(index_dir: str, **settings) -> list[str]:
     for name, value in settings.items():
         flag = "--" + name.replace("_", "-")
         flags += ([flag] if value is True else [f"--no-{flag[2:]}"] if value is False else [flag, str(value)])
-    return [sys.executable, "-m", "agentic_retriever.cli", "index", "serve", "--index", index_dir, *flags]
+    return [sys.executable, "-m", "agentic_retriever.app.cli", "index", "serve", "--index", index_dir, *flags]
 
 
 # ---------------------------------------------------------------------------------------------- throughput

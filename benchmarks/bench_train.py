@@ -46,7 +46,7 @@ def _worker(kind: str, data: str, batch: int, steps: int, negatives: int, max_le
 
     import torch
 
-    from agentic_retriever.encoder import EncoderConfig
+    from agentic_retriever.base.encoder import EncoderConfig
 
     torch.manual_seed(0)
     start_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -127,7 +127,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true",
                         help="one more run of each trainer under torch.profiler: the top operators by self time")
     args = parser.parse_args()
-    from agentic_retriever.defaults import minilm_model_dir
+    from agentic_retriever.base.defaults import minilm_model_dir
 
     model_dir = args.model or str(minilm_model_dir())
 

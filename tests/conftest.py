@@ -11,7 +11,7 @@ import pytest
 from tests.fakes import synthetic_rows, write_jsonl
 
 
-#: The cache the project writes to outside the tests (`agentic_retriever.defaults.cache_root`), as the user has it.
+#: The cache the project writes to outside the tests (`agentic_retriever.base.defaults.cache_root`), as the user has it.
 USER_CACHE = Path(os.environ.get("AGENTIC_RETRIEVER_CACHE") or Path.home() / ".cache" / "agentic_retriever")
 #: The `datasets` library's cache (hub QA sets, and the parquet files verl's dataset loads), as the user has it.
 USER_DATASETS_CACHE = Path(os.environ.get("HF_DATASETS_CACHE")
@@ -57,7 +57,7 @@ def tiny_model_dir(tmp_path_factory) -> str:
     import torch
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from agentic_retriever.defaults import minilm_model_dir
+    from agentic_retriever.base.defaults import minilm_model_dir
 
     out = tmp_path_factory.mktemp("tiny-bert")
     tokenizer = AutoTokenizer.from_pretrained(str(minilm_model_dir()))
@@ -76,7 +76,7 @@ def tiny_causal_lm_dir(tmp_path_factory) -> str:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from agentic_retriever.defaults import gguf_tokenizer, smollm2_gguf_path
+    from agentic_retriever.base.defaults import gguf_tokenizer, smollm2_gguf_path
 
     out = tmp_path_factory.mktemp("tiny-llama")
     tokenizer = gguf_tokenizer(smollm2_gguf_path())

@@ -36,8 +36,8 @@ import httpx
 
 from agent.dialects import SearchR1Dialect
 from agent.trajectory import Retrieved, Trajectory, Turn
-from agentic_retriever.corpus import ScoredPassage
-from agentic_retriever.llm.base import Generation, SamplingParams
+from agentic_retriever.base.corpus import ScoredPassage
+from agentic_retriever.base.llm.protocol import Generation, SamplingParams
 
 # ------------------------------------------------------------------------------------------- synthetic corpora
 
@@ -82,7 +82,7 @@ def synthetic_rows(n: int) -> list[dict]:
 
 @functools.cache
 def load_smollm2_tokenizer():
-    from agentic_retriever.defaults import gguf_tokenizer, smollm2_gguf_path
+    from agentic_retriever.base.defaults import gguf_tokenizer, smollm2_gguf_path
 
     return gguf_tokenizer(smollm2_gguf_path())
 
@@ -346,7 +346,7 @@ def make_trajectory(question_id: str, question: str, golden: list[str], turns: l
 
 def kill_training_after_first_checkpoint(monkeypatch) -> list[int]:
     """Make a Hugging Face trainer die (KeyboardInterrupt) right after it has saved its first checkpoint and the
-    save callbacks have run (so the checkpoint is marked whole, `agentic_retriever.hf_checkpoints`), as a process
+    save callbacks have run (so the checkpoint is marked whole, `agentic_retriever.base.hf_checkpoints`), as a process
     killed then would; returns the list of the steps at which checkpoints were saved (the rerun adds to it)."""
     from transformers.trainer_callback import CallbackHandler
 

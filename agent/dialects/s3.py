@@ -46,9 +46,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import ClassVar
 
-from agentic_retriever.corpus import Passage, ScoredPassage
+from agentic_retriever.base.corpus import Passage, ScoredPassage
 
-from .base import Action, Dialect, DocumentTracker, SelectedDocuments
+from .base import Action, Dialect, DialectSettings, DocumentTracker, SelectedDocuments
 from .search_r1 import search_r1_question
 
 __all__ = ["INVALID_ACTION_MESSAGE", "NAIVE_RAG_TOPK", "S3Counters", "S3Dialect", "S3Selection", "S3Settings", "S3Turn",
@@ -93,23 +93,21 @@ _INTEGER = re.compile(r"\d+")
 
 
 @dataclass(frozen=True)
-class S3Settings:
+class S3Settings(DialectSettings):
     """The s3 loop's sizes; defaults are [P]'s main run (8 -> 3, 3 turns; Appendix A.2 for the token budgets).
 
     The environment's share is ``EnvConfig(dialect="s3", topk=topk, max_turns=max_turns,
     max_context_tokens=max_context_tokens)``; the dialect's `S3Selection` takes `max_selected` and `max_doc_tokens`.
     """
 
+    DIALECT: ClassVar[str] = "s3"
+    OWN: ClassVar[tuple[str, ...]] = ("max_selected", "max_doc_tokens")
+
     topk: int = 8
     max_selected: int = 3
     max_turns: int = 3
     max_doc_tokens: int = 1400
     max_context_tokens: int = 8000
-
-    def __post_init__(self):
-        for name in ("topk", "max_selected", "max_turns", "max_doc_tokens", "max_context_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"S3Settings.{name} must be at least 1, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from agentic_retriever.corpus import ScoredPassage
+from agentic_retriever.base.corpus import ScoredPassage
 
 from .base import Action, Dialect
 

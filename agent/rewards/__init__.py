@@ -23,14 +23,13 @@ Interleaved LLM Agents", arXiv 2505.15117; docs/rl.md, "Rewards"):
 ``when_to_search_format``      "Learning when to search"'s r_f (Eq. 6): the reflect dialect's shapes (1 / -1)
 =============================  ===================================================================
 
-QAgent ("QAgent: A modular Search Agent with Interactive Query Understanding", arXiv 2510.08383, Eqs. 7 and 10;
-`agent.rewards.qagent`): stage 2 (``qagent_stage2``) reads a frozen generator's answer too, so it lives in
-`agent.rewards.qagent.SUBMODULE_REWARDS`, like s3's gains in `agent.rewards.gbr.GAINS`.
-
+The same table (`REWARDS`, `agent.rewards.registry`) holds the rewards that read more than the response, each
+entry saying what it needs: QAgent's stage 2 (``qagent_stage2``, "QAgent: A modular Search Agent with Interactive
+Query Understanding", arXiv 2510.08383, Eq. 10; `agent.rewards.qagent`) reads a frozen generator's answer; s3's
+gains (``s3_gbr``, ``s3_gbr_paper``; `agent.rewards.gbr`) a frozen generator's accuracies; the stage rewards of
 "Learning When to Search: Multi-Stage Reward Design for Efficient Agentic RAG with Reasoning Language Models"
-(Eqs. 6-12; `agent.rewards.when_to_search`): its stage rewards (``when_to_search_stage1``,
-``when_to_search_stage2``) read an LLM judge's verdict and the query embeddings, so they live in
-`agent.rewards.when_to_search.WHEN_TO_SEARCH_REWARDS`.
+(``when_to_search_stage1``, ``when_to_search_stage2``, Eqs. 10-12; `agent.rewards.when_to_search`) an LLM judge's
+verdict and the query embeddings.
 
     from agent.rewards import get_reward
     get_reward("search_r1_retrieval", lambda_f=0.4)(trajectory, trajectory.golden_answers)
@@ -48,10 +47,11 @@ from .format_reward import (
     retrieval_reward_paper,
     shaped_reward,
 )
+from .gbr import gain_beyond_rag, gain_beyond_rag_paper
 from .outcome import constant_reward, em_reward, extract_answer
 from .qagent import hit_reward, qagent_stage1_reward
 from .qagent_format import FormatCheck, check_format
-from .registry import REWARDS, get_reward, register, reward_options
+from .registry import KINDS, REWARDS, RegisteredReward, get_reward, register, reward_entry, reward_options
 from .retrieval import gold_in_information, information_blocks, retrieval_hit_reward
 from .sequence import (
     QWEN_ASSISTANT_MARKER,
@@ -61,9 +61,10 @@ from .sequence import (
 )
 from .when_to_search import format_reward as when_to_search_format_reward
 
-__all__ = ["QWEN_ASSISTANT_MARKER", "REWARDS", "FormatCheck", "Response", "SearchR1Judgement", "SequenceCheck",
-           "check_format", "constant_reward", "em_reward", "hit_reward", "qagent_stage1_reward",
-           "extract_answer", "format_reward", "format_reward_paper", "get_reward", "gold_in_information",
-           "information_blocks", "is_valid_sequence", "judge", "register", "response_text", "retrieval_hit_reward",
-           "retrieval_reward", "retrieval_reward_paper", "reward_options", "shaped_reward", "search_r1_valid_format_reward",
-           "when_to_search_format_reward"]
+__all__ = ["KINDS", "QWEN_ASSISTANT_MARKER", "REWARDS", "FormatCheck", "RegisteredReward", "Response",
+           "SearchR1Judgement", "SequenceCheck", "check_format", "constant_reward", "em_reward", "hit_reward",
+           "qagent_stage1_reward", "extract_answer", "format_reward", "format_reward_paper", "gain_beyond_rag",
+           "gain_beyond_rag_paper", "get_reward",
+           "gold_in_information", "information_blocks", "is_valid_sequence", "judge", "register", "response_text",
+           "retrieval_hit_reward", "retrieval_reward", "retrieval_reward_paper", "reward_entry", "reward_options",
+           "shaped_reward", "search_r1_valid_format_reward", "when_to_search_format_reward"]

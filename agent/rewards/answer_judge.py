@@ -11,7 +11,7 @@ What the paper leaves open, and what we chose [I]:
   we fill ``{prediction}`` with the SQuAD-normalised answer and ``{golden}`` with the normalised golden answers as
   a Python list literal (as s3's judge prompt, `agent.rewards.generation`); the rest of the text is byte for byte
   the paper's, its line breaks lost in the paper's text as we have it;
-* an answer that exactly matches a golden answer (`agentic_retriever.eval.qa.exact_match`) is correct without
+* an answer that exactly matches a golden answer (`agentic_retriever.base.qa_metrics.exact_match`) is correct without
   asking the judge (a same-string prediction "expresses the same meaning"), and a rollout without an answer is
   wrong without asking: the judge sees only the undecided rest, all in ONE batched `generate` call;
 * the verdict is read by `agent.rewards.generation.judge_check` (first word yes/no in any case, leading quotes or
@@ -30,8 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from agentic_retriever.eval.qa import Golden, exact_match, golden_strings, normalize_answer
-from agentic_retriever.llm.base import LLM, SamplingParams, generate_checked
+from agentic_retriever.base.llm.protocol import LLM, SamplingParams, generate_checked
+from agentic_retriever.base.qa_metrics import Golden, exact_match, golden_strings, normalize_answer
 
 from .generation import JUDGE_SAMPLING, judge_check
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from agentic_retriever.eval.qa import Golden, exact_match
+from agentic_retriever.base.qa_metrics import Golden, exact_match
 
 from .base import Response, response_text
 from .outcome import extract_answer

@@ -9,9 +9,9 @@ itself, whose accuracy [P] precomputes once per question (training keeps the que
 variants give 2 x Acc_s3 and Acc_s3). The release variant is the default, as it produced the reported numbers
 (docs/paper-deviations.md).
 
-These rewards score accuracies, not a response, so they live in a registry of their own (`GAINS`), chosen by
-name like the response rewards of `agent.rewards.registry` (``get_gain("s3_gbr")``), options validated the same
-way: an unknown name or option raises ValueError listing what exists.
+These rewards score accuracies, not a response: they are registered as gains (kind ``gain`` in
+`agent.rewards.registry.REWARDS`, needing the frozen generator and the naive-RAG cache, for the s3 dialect), chosen
+by name like every reward (``get_reward("s3_gbr")``).
 """
 
 from __future__ import annotations
@@ -19,17 +19,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from .registry import bind, keyword_options, register_in
+from .registry import register
 
-__all__ = ["GAINS", "GainFn", "gain_beyond_rag", "gain_beyond_rag_paper", "gain_options", "get_gain"]
-
-GainFn = Callable[..., float]
-
-GAINS: dict[str, GainFn] = {}
+__all__ = ["gain_beyond_rag", "gain_beyond_rag_paper"]
 
 
-def _register(name: str) -> Callable[[GainFn], GainFn]:
-    return register_in(GAINS, "gain", name)
+def _register(name: str) -> Callable[[Callable], Callable]:
+    """A gain: read by the embedded trainer over a whole step, with s3's dialect, generator and naive-RAG cache."""
+    return register(name, kind="gain", dialect="s3", needs=("generator", "judge", "naive_rag_cache"))
 
 
 def _accuracies(acc_s3: float, acc_rag: float) -> tuple[float, float]:
@@ -52,13 +49,3 @@ def gain_beyond_rag(acc_s3: float, acc_rag: float) -> float:
     """The release's GBR [R]: (Acc_s3 - Acc_RAG) + Acc_s3, in [-1, 2] (the gain plus the generation score)."""
     acc_s3, acc_rag = _accuracies(acc_s3, acc_rag)
     return (acc_s3 - acc_rag) + acc_s3
-
-
-def gain_options(name: str) -> dict[str, object]:
-    """The options (keyword-only arguments) of a registered gain, with their defaults."""
-    return keyword_options(GAINS, "gain", name)
-
-
-def get_gain(name: str, **options) -> Callable[[float, float], float]:
-    """The gain registered as `name`, as ``gain(acc_s3, acc_rag)`` with `options` bound."""
-    return bind(GAINS, "gain", name, **options)

@@ -21,9 +21,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from agentic_retriever.corpus import Passage
-from agentic_retriever.eval.qa import Golden, golden_strings, span_match
-from agentic_retriever.llm.base import LLM, Generation, Prompt, SamplingParams, generate_checked
+from agentic_retriever.base.corpus import Passage
+from agentic_retriever.base.llm.protocol import LLM, Generation, Prompt, SamplingParams, generate_checked
+from agentic_retriever.base.qa_metrics import Golden, golden_strings, span_match
 
 __all__ = ["GENERATOR_PROMPT", "GENERATOR_SAMPLING", "JUDGE_PROMPT", "JUDGE_SAMPLING", "S3_GENERATOR",
            "FirstDocumentsReader", "GenAcc", "GenAccResult", "GeneratorPrompt", "format_context", "gen_acc",
@@ -95,7 +95,7 @@ class FirstDocumentsReader:
             raise ValueError(f"FirstDocumentsReader reads at least one document, got documents={documents}")
         self.documents = documents
         self.name = f"first-documents-reader-{documents}"
-        self.fingerprint = f"{self.name}:v1"  # the naive-RAG cache's key (agentic_retriever.fingerprint)
+        self.fingerprint = f"{self.name}:v1"  # the naive-RAG cache's key (agentic_retriever.base.fingerprint)
 
     @property
     def tokenizer(self):
@@ -122,7 +122,7 @@ def span_check(prediction: str | None, golden: Golden) -> bool:
 
     Normalisation: lowercase, drop punctuation, drop the articles a/an/the, collapse whitespace; tokens are runs
     of word characters (pyserini's ``SimpleTokenizer``), so "cat" is not in "catalog"
-    (`agentic_retriever.eval.qa.span_match`). No prediction, or a gold that normalises to nothing, fails.
+    (`agentic_retriever.base.qa_metrics.span_match`). No prediction, or a gold that normalises to nothing, fails.
     """
     return span_match(prediction, golden) == 1.0
 

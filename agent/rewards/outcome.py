@@ -6,7 +6,7 @@ the reward of Search-R1 (Jin et al., 2025b; arXiv 2503.09516), restated as Eq. 2
 Empirical Study on Reinforcement Learning for Reasoning-Search Interleaved LLM Agents", arXiv 2505.15117).
 a_pred is the content of the last ``<answer>`` of the response, stripped (`SearchR1Dialect.extract_answer`, the
 extractor the environment uses); the comparison is SQuAD-normalised exact match, the max over the golden answers
-(`agentic_retriever.eval.qa.exact_match`, as in the authors' release). No answer scores 0.
+(`agentic_retriever.base.qa_metrics.exact_match`, as in the authors' release). No answer scores 0.
 
 The release scores prompt + response and so needs a second ``<answer>`` (the prompt's example holds one);
 scoring the response alone, the last ``<answer>`` of the response is the answer and that quirk is gone.
@@ -17,7 +17,7 @@ As in the release, the environment's invalid-action message counts as text of th
 from __future__ import annotations
 
 from agent.dialects.search_r1 import SearchR1Dialect
-from agentic_retriever.eval.qa import Golden, exact_match
+from agentic_retriever.base.qa_metrics import Golden, exact_match
 
 from .base import Response, response_text
 from .registry import register

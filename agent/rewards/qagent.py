@@ -8,21 +8,21 @@ arXiv 2510.08383, sections 3.3 and 3.4, Eqs. 7-10; docs/rl.md, "QAgent").
   information block, an answer);
 * EM_s: strict EM, "the same as Search-R1": SQuAD-normalised equality of the last ``<answer>`` of the response
   with a golden answer (`QAgentDialect.extract_answer`, which reads ``<answer >`` as the dialect's parser does;
-  `agentic_retriever.eval.qa.exact_match`);
+  `agentic_retriever.base.qa_metrics.exact_match`);
 * EM in Eq. 10 is "relaxed to non-strict EM": EM_contains, a normalised gold occurs in the normalised answer on
-  word boundaries (`agentic_retriever.eval.qa.contains_match`, the paper's evaluation EM, section 4.1);
+  word boundaries (`agentic_retriever.base.qa_metrics.contains_match`, the paper's evaluation EM, section 4.1);
 * Hit: "the entire trajectory contains the gold answer": EM_contains over the response text, i.e. everything
   generated plus the inserted ``<information>`` blocks, the prompt excluded (`qagent_hit`);
 * K: every passage retrieved in the episode, deduplicated by id, first seen first (the QAgent dialect's
   `agent.env.Rollout.selection`; section 4.1: "we retrieve 1 passage each query and deduplicate before sending
   to the generator"); G: a frozen generator asked with `QAGENT_GENERATOR`.
 
-Stage 1 and Hit are pure functions of (response, golden) in the response registry (`agent.rewards.REWARDS`,
-verl wrappers in `agent.rl.verl.reward`). Stage 2 also needs G's answer, so it is a function of (generated answer,
-response, golden) in a registry of its own, `SUBMODULE_REWARDS` ("the agent as a submodule": a frozen generator
-reads what it retrieved), scored a step at a time by `agent.rl.batch_reward.SubmoduleReward` with one batched
-generator call; it has no verl wrapper (verl's reward manager gives a reward only the decoded response and
-the ground truth, no generator and no retrieved documents).
+Stage 1 and Hit are pure functions of (response, golden): response rewards (`agent.rewards.REWARDS`, verl
+wrappers in `agent.rl.verl.reward`). Stage 2 also needs G's answer, so it is a function of (generated answer,
+response, golden), registered as a ``submodule`` reward ("the agent as a submodule": a frozen generator reads what
+it retrieved), scored a step at a time by `agent.rl.batch_reward.SubmoduleReward` with one batched generator
+call; it has no verl wrapper (verl's reward manager gives a reward only the decoded response and the ground truth,
+no generator and no retrieved documents).
 
 The generator prompt is the release's [R] (IMPLEMENTATION_NOTES, "QAgent"): ``{passage}\\n\\nAnswer the given
 question. The answer should be a few short words. Question: {question}.`` with ``{passage}`` written
@@ -32,20 +32,19 @@ question. The answer should be a few short words. Question: {question}.`` with `
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from agentic_retriever.corpus import Passage
-from agentic_retriever.eval.qa import Golden, contains_match, exact_match
+from agentic_retriever.base.corpus import Passage
+from agentic_retriever.base.qa_metrics import Golden, contains_match, exact_match
 
 from ..dialects.qagent import QAgentDialect
 from .base import Response, response_text
 from .generation import GeneratorPrompt
 from .qagent_format import check_format
-from .registry import bind, keyword_options, register, register_in
+from .registry import register
 
-__all__ = ["DEFAULT_HIT_WEIGHT", "QAGENT_GENERATOR", "QAGENT_GENERATOR_PROMPT", "SUBMODULE_REWARDS", "as_sentence",
-           "SubmoduleRewardFn", "format_passages", "get_submodule_reward", "hit", "hit_reward", "qagent_stage1_reward",
-           "qagent_stage2_reward", "submodule_reward_options"]
+__all__ = ["DEFAULT_HIT_WEIGHT", "QAGENT_GENERATOR", "QAGENT_GENERATOR_PROMPT", "as_sentence", "format_passages", "hit",
+           "hit_reward", "qagent_stage1_reward", "qagent_stage2_reward"]
 
 #: The release's frozen-generator prompt [R], ``{passage}`` written ``{context}``; its "Question: {question}." ends
 #: the question with a period, which `as_sentence` writes only where the question has no final punctuation (a
@@ -56,12 +55,6 @@ QAGENT_GENERATOR_PROMPT = ("{context}\n\nAnswer the given question. The answer s
 DEFAULT_HIT_WEIGHT = 0.5
 
 _DIALECT = QAgentDialect()
-
-SubmoduleRewardFn = Callable[..., float]
-
-#: Rewards of a frozen generator's answer from the agent's retrieved documents: ``reward(answer, response, golden)``.
-SUBMODULE_REWARDS: dict[str, SubmoduleRewardFn] = {}
-
 
 def format_passages(documents: Sequence[Passage]) -> str:
     """The generator's ``{context}`` [I]: ``Doc {i}(Title: {title}) {text}`` per passage, one per line, from 1."""
@@ -98,7 +91,7 @@ def qagent_stage1_reward(response: Response, golden: Golden) -> float:
     return exact_match(_DIALECT.extract_answer(response_text(response)), golden)
 
 
-@register_in(SUBMODULE_REWARDS, "submodule reward", "qagent_stage2")
+@register("qagent_stage2", kind="submodule", dialect="qagent", needs=("generator",))
 def qagent_stage2_reward(answer: str | None, response: Response, golden: Golden, *,
                   hit_weight: float = DEFAULT_HIT_WEIGHT) -> float:
     """Eq. 10: EM_contains of the frozen generator's `answer` plus `hit_weight` (0.5) x Hit of the response; no
@@ -106,14 +99,3 @@ def qagent_stage2_reward(answer: str | None, response: Response, golden: Golden,
     if hit_weight < 0:
         raise ValueError(f"hit_weight must be >= 0, got {hit_weight}")
     return contains_match(answer, golden) + hit_weight * float(hit(response, golden))
-
-
-def submodule_reward_options(name: str) -> dict[str, object]:
-    """The options (keyword-only arguments) of a registered submodule reward, with their defaults."""
-    return keyword_options(SUBMODULE_REWARDS, "submodule reward", name)
-
-
-def get_submodule_reward(name: str, **options) -> SubmoduleRewardFn:
-    """The submodule reward registered as `name`, as ``reward(answer, response, golden)`` with `options` bound;
-    an unknown name or option raises ValueError listing what exists."""
-    return bind(SUBMODULE_REWARDS, "submodule reward", name, **options)

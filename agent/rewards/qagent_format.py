@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from agentic_retriever.eval.qa import Golden
+from agentic_retriever.base.qa_metrics import Golden
 
 from ..dialects.qagent import ANSWER_OPEN, SEARCH_OPEN
 from .base import Response, response_text

@@ -10,7 +10,7 @@ Two ways to match (``match``):
 
 * ``"substring"`` (default, the release): the normalised gold is a substring of the normalised block, so
   gold "4" is found in "1234";
-* ``"word"``: the normalised gold occurs on word boundaries (`agentic_retriever.eval.qa.contains_match`).
+* ``"word"``: the normalised gold occurs on word boundaries (`agentic_retriever.base.qa_metrics.contains_match`).
 
 Both use SQuAD normalisation. A gold that normalises to the empty string (e.g. "The") never matches (the
 release would find it in every block).
@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from agentic_retriever.eval.qa import (
+from agentic_retriever.base.qa_metrics import (
     Golden,
     contains_match,
     golden_strings,

@@ -27,8 +27,8 @@ Reasoning Language Models" (anonymous ACL submission; /work/shared/papers; secti
 * correctness [P]: an LLM judge (YES/NO; `agent.rewards.answer_judge`), exact match without a judge.
 
 The format term is a pure function of the response and sits in the response registry (``when_to_search_format``,
-with a verl wrapper). The stage rewards read the judge's verdict and the query embeddings, so they live in their
-own table, `WHEN_TO_SEARCH_REWARDS` (``when_to_search_stage1``, ``when_to_search_stage2``), as
+with a verl wrapper). The stage rewards (``when_to_search_stage1``, ``when_to_search_stage2``) read the judge's
+verdict and the query embeddings: they are registered as ``when_to_search`` rewards,
 ``reward(correct, response, query_embeddings) -> RewardTerms``, and have no verl wrapper (verl's reward manager
 hands a reward only the decoded response and the ground truth: no judge, no encoder).
 """
@@ -36,19 +36,18 @@ hands a reward only the decoded response and the ground truth: no judge, no enco
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
 
 from agent.dialects.reflect import check_shape, search_queries
-from agentic_retriever.eval.qa import Golden
+from agentic_retriever.base.qa_metrics import Golden
 
 from .base import Response, response_text
-from .registry import bind, register, register_in
+from .registry import register
 
-__all__ = ["DEFAULT_BETA", "DEFAULT_MAX_QUERY_WORDS", "WHEN_TO_SEARCH_REWARDS", "RewardTerms", "answer_reward",
-           "format_reward", "get_when_to_search_reward", "is_concise", "mean_pairwise_cosine", "retrieval_count",
+__all__ = ["DEFAULT_BETA", "DEFAULT_MAX_QUERY_WORDS", "RewardTerms", "answer_reward", "format_reward", "is_concise", "mean_pairwise_cosine", "retrieval_count",
            "search_reward", "when_to_search_stage1_reward", "when_to_search_stage2_reward"]
 
 DEFAULT_BETA = 0.3
@@ -71,10 +70,6 @@ class RewardTerms(NamedTuple):
     @property
     def total(self) -> float:
         return self.answer + self.search + self.format
-
-
-#: ``reward(correct, response, query_embeddings) -> RewardTerms``: the stage rewards of Eqs. 10-12.
-WHEN_TO_SEARCH_REWARDS: dict[str, Callable[..., RewardTerms]] = {}
 
 
 @register("when_to_search_format")
@@ -144,21 +139,20 @@ def _terms(correct: bool, response: Response, query_embeddings: np.ndarray | Non
                        format_reward(text, None))
 
 
-@register_in(WHEN_TO_SEARCH_REWARDS, "when-to-search reward", "when_to_search_stage1")
+#: What the stage rewards read besides the response: the query embeddings and the judge's verdict (exact match
+#: without one).
+_STAGE_NEEDS = ("query_encoder", "judge")
+
+
+@register("when_to_search_stage1", kind="when_to_search", dialect="reflect", needs=_STAGE_NEEDS)
 def when_to_search_stage1_reward(correct: bool, response: Response, query_embeddings: np.ndarray | None = None, *,
                   beta: float = DEFAULT_BETA, max_query_words: int = DEFAULT_MAX_QUERY_WORDS) -> RewardTerms:
     """Eq. 12 with Eq. 10's answer term: r_a (1.0, or -1.0 + beta x RC when wrong) + r_s + r_f."""
     return _terms(correct, response, query_embeddings, stage=1, beta=beta, max_query_words=max_query_words)
 
 
-@register_in(WHEN_TO_SEARCH_REWARDS, "when-to-search reward", "when_to_search_stage2")
+@register("when_to_search_stage2", kind="when_to_search", dialect="reflect", needs=_STAGE_NEEDS)
 def when_to_search_stage2_reward(correct: bool, response: Response, query_embeddings: np.ndarray | None = None, *,
                   beta: float = DEFAULT_BETA, max_query_words: int = DEFAULT_MAX_QUERY_WORDS) -> RewardTerms:
     """Eq. 12 with Eq. 11's answer term: r_a (1.0 - beta x RC when correct, else -1.0) + r_s + r_f."""
     return _terms(correct, response, query_embeddings, stage=2, beta=beta, max_query_words=max_query_words)
-
-
-def get_when_to_search_reward(name: str, **options) -> Callable[..., RewardTerms]:
-    """The when-to-search reward registered as `name` with `options` bound; an unknown name or option raises
-    ValueError listing what exists."""
-    return bind(WHEN_TO_SEARCH_REWARDS, "when-to-search reward", name, **options)

@@ -7,7 +7,7 @@ registered reward (`agent.rewards`) and Search-R1's state masking: only the toke
 trained on. At cluster scale use verl, which our retrieval service and reward functions already speak.
 
     from agent.rl import RLConfig, run_rl_job
-    from agentic_retriever.client import RetrievalConfig
+    from agentic_retriever.base.client import RetrievalConfig
     run_rl_job(RLConfig(qa="train.jsonl", retrieval=RetrievalConfig(index="runs/quickstart/index/minilm-flat"),
                         out="runs/rl", algorithm="grpo"))
 """

@@ -15,8 +15,8 @@ returns a score and the reward's own logged components per rollout. The trainer 
 
 A gain is not a function of (response, golden): it needs the generator, so it has no verl wrapper in
 `agent.rl.verl.reward` (verl's reward manager calls ``compute_score`` once per decoded response, with no handle
-on our generator, judge or the rollout's selected documents) and lives in its own registry
-(`agent.rewards.gbr.GAINS`) that the config validation and `prepare_reward` read next to `agent.rewards.REWARDS`.
+on our generator, judge or the rollout's selected documents). Which `BatchReward` scores a reward is its kind in
+the one reward table (`agent.rewards.registry.REWARDS`), which the config validation reads too.
 
 * `SubmoduleReward` scores a frozen generator's answer from every passage a QAgent rollout retrieved (Eq. 10 of
   "QAgent: A modular Search Agent with Interactive Query Understanding", arXiv 2510.08383, section 3.4;
@@ -46,24 +46,23 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from agentic_retriever.client import RetrievalClient
-from agentic_retriever.corpus import Passage
-from agentic_retriever.encoder import Encoder
-from agentic_retriever.eval.qa import contains_match
-from agentic_retriever.fingerprint import llm_fingerprint
-from agentic_retriever.llm import LLM, load_llm
-from agentic_retriever.qa_sources import QARow
+from agentic_retriever.base.client import RetrievalClient
+from agentic_retriever.base.corpus import Passage
+from agentic_retriever.base.encoder import Encoder
+from agentic_retriever.base.fingerprint import llm_fingerprint
+from agentic_retriever.base.llm import LLM, load_llm
+from agentic_retriever.base.qa_metrics import contains_match
+from agentic_retriever.base.qa_sources import QARow
 
 from ..dialects.reflect import search_queries
 from ..dialects.s3 import NAIVE_RAG_TOPK
 from ..env import Rollout
-from ..s3_rag_baseline import NaiveRagCache, retriever_identity, training_filter_counts, training_rows
-from ..rewards import get_reward
+from ..rewards import get_reward, reward_entry
 from ..rewards.answer_judge import judge_answers
-from ..rewards.gbr import GAINS, gain_beyond_rag_paper, get_gain
+from ..rewards.gbr import gain_beyond_rag_paper
 from ..rewards.generation import GeneratorPrompt, generate_answers, generation_accuracy
-from ..rewards.qagent import QAGENT_GENERATOR, SUBMODULE_REWARDS, get_submodule_reward
-from ..rewards.when_to_search import WHEN_TO_SEARCH_REWARDS, get_when_to_search_reward
+from ..rewards.qagent import QAGENT_GENERATOR
+from ..s3_rag_baseline import NaiveRagCache, retriever_identity, training_filter_counts, training_rows
 from .config import RLConfig
 
 __all__ = ["BatchReward", "BatchScores", "GainBeyondRagReward", "PreparedReward", "QueryEncoder", "ResponseReward",
@@ -121,7 +120,7 @@ class GainBeyondRagReward:
     Components: ``gen_acc`` (Acc_s3), ``naive_rag_acc`` (Acc_RAG), ``gbr`` (Eq. 1's gain, whatever the variant)
     and, with a judge, ``judge_asked`` (1 where the span check failed).
 
-        reward = GainBeyondRagReward(get_gain("s3_gbr"), generator, judge, lambda rows: cache.accuracies(
+        reward = GainBeyondRagReward(get_reward("s3_gbr"), generator, judge, lambda rows: cache.accuracies(
             rows, client, generator, judge))
         scores, components = reward.score(rollouts, rows)
     """
@@ -161,7 +160,7 @@ class SubmoduleReward:
     ``qagent_stage2``: EM_contains(answer) + 0.5 x Hit). Component: ``submodule_contains_em`` (EM_contains of the
     generator's answer).
 
-        reward = SubmoduleReward(get_submodule_reward("qagent_stage2"), generator)
+        reward = SubmoduleReward(get_reward("qagent_stage2"), generator)
         scores, components = reward.score(rollouts, rows)
     """
 
@@ -183,7 +182,7 @@ class SubmoduleReward:
 
 
 class QueryEncoder(Protocol):
-    """What `WhenToSearchReward` embeds queries with (`agentic_retriever.encoder.Encoder`)."""
+    """What `WhenToSearchReward` embeds queries with (`agentic_retriever.base.encoder.Encoder`)."""
 
     def encode_queries(self, queries: Sequence[str]) -> np.ndarray: ...
 
@@ -200,7 +199,7 @@ class WhenToSearchReward:
     ``correct_by_judge`` (1 when the judge decided correctness, 0 when exact match did: the run's metrics name the
     method); with a judge also ``judge_asked`` and ``judge_malformed`` (per rollout, 1 or 0).
 
-        reward = WhenToSearchReward(get_when_to_search_reward("when_to_search_stage1"), encoder, judge=None)
+        reward = WhenToSearchReward(get_reward("when_to_search_stage1"), encoder, judge=None)
         scores, components = reward.score(rollouts, rows)
     """
 
@@ -283,11 +282,11 @@ def prepare_reward(config: RLConfig, client: RetrievalClient, rows: Sequence[QAR
             raise ValueError(f"reward_fn replaces the configured reward of a one-stage run; this config has a "
                              f"stage 2 ({config.stage2.reward}): unset stage2.reward or give no reward_fn")
         return PreparedReward(ResponseReward(reward_fn), list(rows), {})
-    stages = [(name, _reward_function(name, options)) for name, options in
+    stages = [(reward_entry(name).kind, get_reward(name, **options)) for name, options in
               ((config.reward, config.reward_options), (config.stage2.reward, config.stage2.reward_options)) if name]
     if config.uses_generator and generator is None:  # after the options are checked, before any use
         generator = load_llm(config.generator)
-    if config.reward in GAINS:
+    if stages[0][0] == "gain":  # one stage (`RLConfig.validate`)
         return _gain_reward(config, client, rows, stages[0][1], generator)
     encoder = judge = None
     if config.uses_query_encoder:
@@ -295,27 +294,10 @@ def prepare_reward(config: RLConfig, client: RetrievalClient, rows: Sequence[QAR
         judge = load_llm(config.judge) if config.judge.model else None
         log.info("when-to-search answer correctness: %s", f"LLM judge {config.judge.model}" if judge is not None
                  else "exact match (no judge.model configured)")
-    rewards = []
-    for name, fn in stages:
-        if name in SUBMODULE_REWARDS:
-            rewards.append(SubmoduleReward(fn, generator))
-        elif name in WHEN_TO_SEARCH_REWARDS:
-            rewards.append(WhenToSearchReward(fn, encoder, judge))
-        else:
-            rewards.append(ResponseReward(fn))
+    by_kind = {"response": ResponseReward, "submodule": lambda fn: SubmoduleReward(fn, generator),
+               "when_to_search": lambda fn: WhenToSearchReward(fn, encoder, judge)}
+    rewards = [by_kind[kind](fn) for kind, fn in stages]
     return PreparedReward(rewards[0], list(rows), {}, rewards[1] if len(rewards) > 1 else None)
-
-
-def _reward_function(name: str, options: dict) -> Callable[..., object]:
-    """The registered function `name` (a gain, a submodule reward, a when-to-search reward or a response reward)
-    with `options` bound."""
-    if name in GAINS:
-        return get_gain(name, **options)
-    if name in SUBMODULE_REWARDS:
-        return get_submodule_reward(name, **options)
-    if name in WHEN_TO_SEARCH_REWARDS:
-        return get_when_to_search_reward(name, **options)
-    return get_reward(name, **options)
 
 
 def _gain_reward(config: RLConfig, client: RetrievalClient, rows: Sequence[QARow],

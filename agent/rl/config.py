@@ -19,15 +19,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from agentic_retriever.client import RetrievalConfig
-from agentic_retriever.encoder import EncoderConfig
-from agentic_retriever.llm import LLMConfig
+from agentic_retriever.base.client import RetrievalConfig
+from agentic_retriever.base.encoder import EncoderConfig
+from agentic_retriever.base.llm import LLMConfig
 
 from ..env import EnvConfig
-from ..rewards import REWARDS
-from ..rewards.gbr import GAINS
-from ..rewards.qagent import SUBMODULE_REWARDS
-from ..rewards.when_to_search import WHEN_TO_SEARCH_REWARDS
+from ..rewards import KINDS, reward_entry
 from .core import KLEstimator, LossAggregation
 
 __all__ = ["RLConfig", "SecondStage"]
@@ -171,36 +168,26 @@ class RLConfig:
         if not 0 <= self.clip_low < 1 or self.clip_high < 0:
             raise ValueError(f"clip_low must be in [0, 1) and clip_high >= 0, got {self.clip_low}, {self.clip_high}")
         self._validate_stages()
-        for reward in self.rewards:
-            if reward in GAINS or reward in SUBMODULE_REWARDS:
-                if not self.generator.model:
-                    raise ValueError(f"reward {reward} scores the documents the searcher retrieved or selected with a "
-                                     "frozen generator: set generator.model (--generator.model; e.g. the searcher's "
-                                     "base model, loaded separately and frozen)")
-            if reward in GAINS:
-                if self.env.dialect != "s3":
-                    raise ValueError(f"reward {reward} scores the documents an s3 searcher selected: set env.dialect "
-                                     f"s3 (got {self.env.dialect!r})")
-                if not self.naive_rag_cache:
-                    raise ValueError(f"reward {reward} compares with cached naive-RAG accuracies: set naive_rag_cache")
-            if reward in SUBMODULE_REWARDS and self.env.dialect != "qagent":
-                raise ValueError(f"reward {reward} scores every passage a QAgent rollout retrieved: set env.dialect "
-                                 f"qagent (got {self.env.dialect!r})")
-            if reward in WHEN_TO_SEARCH_REWARDS and self.env.dialect != "reflect":
-                raise ValueError(f"reward {reward} scores the think/search/reflect/answer shapes of the reflect "
-                                 f"dialect: set env.dialect reflect (got {self.env.dialect!r})")
+        for reward in map(reward_entry, self.rewards):  # what each reward needs, from its registry entry
+            if "generator" in reward.needs and not self.generator.model:
+                raise ValueError(f"reward {reward.name} scores the documents the searcher retrieved or selected with "
+                                 "a frozen generator: set generator.model (--generator.model; e.g. the searcher's "
+                                 "base model, loaded separately and frozen)")
+            if reward.dialect is not None and self.env.dialect != reward.dialect:
+                raise ValueError(f"reward {reward.name} ({KINDS[reward.kind]}) scores rollouts of the "
+                                 f"{reward.dialect} dialect: set env.dialect {reward.dialect} (got {self.env.dialect!r})")
+            if "naive_rag_cache" in reward.needs and not self.naive_rag_cache:
+                raise ValueError(f"reward {reward.name} compares with cached naive-RAG accuracies: set naive_rag_cache")
 
     def _validate_stages(self) -> None:
         stage2 = self.stage2
         for label, reward in (("reward", self.reward), ("stage2.reward", stage2.reward)):
             if label == "stage2.reward" and not reward:
                 continue
-            if not any(reward in table for table in (REWARDS, GAINS, SUBMODULE_REWARDS, WHEN_TO_SEARCH_REWARDS)):
-                raise ValueError(f"unknown {label} {reward!r}; choose a response reward "
-                                 f"({', '.join(sorted(REWARDS))}), a gain scored by a frozen generator "
-                                 f"({', '.join(sorted(GAINS))}), a reward of a frozen generator's answer "
-                                 f"({', '.join(sorted(SUBMODULE_REWARDS))}) or a when-to-search reward "
-                                 f"({', '.join(sorted(WHEN_TO_SEARCH_REWARDS))})")
+            try:
+                reward_entry(reward)
+            except ValueError as error:  # the same message, naming the setting
+                raise ValueError(str(error).replace("unknown reward", f"unknown {label}", 1)) from None
         if not stage2.reward:
             if stage2.after_step is not None or stage2.reward_options:
                 raise ValueError("stage2.after_step and stage2.reward_options need stage2.reward (the reward after "
@@ -210,8 +197,9 @@ class RLConfig:
             raise ValueError(f"stage2.reward {stage2.reward} needs stage2.after_step >= 1, the steps scored by "
                              f"{self.reward} before the switch (got {stage2.after_step}; to use {stage2.reward} "
                              "from the first step, set it as reward)")
-        if any(r in GAINS for r in self.rewards):
-            raise ValueError(f"a gain over naive RAG ({', '.join(r for r in self.rewards if r in GAINS)}) filters the "
+        gains = [r for r in self.rewards if reward_entry(r).kind == "gain"]
+        if gains:
+            raise ValueError(f"a gain over naive RAG ({', '.join(gains)}) filters the "
                              "training questions for the whole run; it cannot be one stage of two")
 
     @property
@@ -232,20 +220,31 @@ class RLConfig:
 
     @property
     def uses_generator(self) -> bool:
-        """Whether a stage's reward is a gain over naive RAG (`agent.rewards.gbr`) or a submodule reward
-        (`agent.rewards.qagent`): scored by a frozen generator on the documents of a whole step at once
-        (`agent.rl.batch_reward`)."""
-        return any(r in GAINS or r in SUBMODULE_REWARDS for r in self.rewards)
+        """Whether a stage's reward needs the frozen generator (its registry entry says so: s3's gains, QAgent's
+        stage 2): scored on the documents of a whole step at once (`agent.rl.batch_reward`)."""
+        return any("generator" in reward_entry(r).needs for r in self.rewards)
 
     @property
     def uses_query_encoder(self) -> bool:
-        """Whether a stage's reward is a when-to-search reward (`agent.rewards.when_to_search`): it embeds the
-        step's search queries and asks the judge (`agent.rl.batch_reward.WhenToSearchReward`)."""
-        return any(r in WHEN_TO_SEARCH_REWARDS for r in self.rewards)
+        """Whether a stage's reward needs the retriever's query encoder (its registry entry says so: the
+        when-to-search stage rewards embed the step's search queries; `agent.rl.batch_reward.WhenToSearchReward`)."""
+        return any("query_encoder" in reward_entry(r).needs for r in self.rewards)
 
     @property
     def uses_critic(self) -> bool:
         return self.algorithm == "ppo"
+
+    @property
+    def advantage_estimator(self) -> str:
+        """The algorithm's advantage estimator, a name in `agent.rl.core.ADVANTAGE_ESTIMATORS`."""
+        return {"ppo": "gae", "grpo": "grpo"}[self.algorithm]
+
+    @property
+    def advantage_options(self) -> dict[str, object]:
+        """The options of `advantage_estimator` these settings give."""
+        if self.advantage_estimator == "gae":
+            return {"gamma": self.gamma, "lam": self.lam, "whiten": self.whiten_advantages}
+        return {"normalize_std": self.grpo_normalize_std}
 
     @property
     def kl_in_reward(self) -> bool:

@@ -4,7 +4,7 @@ Every function takes a ``mask`` parallel to its token tensors: 1 where the agent
 padding and for what the environment inserted (``<information>`` blocks, invalid-action messages). That is
 Search-R1's state masking ("An Empirical Study on Reinforcement Learning for Reasoning-Search Interleaved LLM
 Agents", arXiv 2505.15117, section 2): masked tokens never enter a loss, a KL, an advantage or a value target,
-so their log-probabilities and values can be anything (``tests/agent/test_rl_core.py`` proves it by changing them).
+so their log-probabilities and values can be anything (``tests/agent/rl/test_rl_core.py`` proves it by changing them).
 
 Estimators and losses (names as in verl, whose Search-R1 and DAPO recipes these follow; DAPO is arXiv
 2503.14476, GRPO comes from "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language
@@ -17,17 +17,21 @@ Models", arXiv 2402.03300):
 - `policy_loss`: the clipped surrogate with decoupled eps_low / eps_high (DAPO; equal for PPO and GRPO);
 - `value_loss`: the clipped value loss of PPO's critic;
 - `aggregate`: token-mean (DAPO), seq-mean-token-mean (GRPO's paper) or seq-mean-token-sum.
+
+The advantage estimators are chosen by name from `ADVANTAGE_ESTIMATORS` (as verl's ``core_algos`` does), all with
+one signature over a step's padded tensors (`estimate_advantages`): ``gae`` (PPO) and ``grpo``.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
+from typing import Literal, NamedTuple
 
 import torch
 
-__all__ = ["LossAggregation", "KLEstimator", "aggregate", "entropy_from_logits", "gae_advantages",
-           "group_advantages", "kl_estimate", "kl_penalised_scores", "masked_mean", "masked_whiten", "policy_loss",
-           "value_loss"]
+__all__ = ["ADVANTAGE_ESTIMATORS", "LossAggregation", "KLEstimator", "aggregate", "entropy_from_logits",
+           "estimate_advantages", "gae_advantages", "group_advantages", "kl_estimate", "kl_penalised_scores",
+           "masked_mean", "masked_whiten", "policy_loss", "register_advantage", "RewardKL", "value_loss"]
 
 LossAggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 KLEstimator = Literal["k1", "k2", "k3", "low_var_kl"]
@@ -116,6 +120,70 @@ def kl_penalised_scores(scores: torch.Tensor, logprobs: torch.Tensor, ref_logpro
     [rows]; the token tensors are [rows, R] with `mask` 1 on generated tokens."""
     kl = kl_estimate(logprobs, ref_logprobs, estimator) * mask.to(logprobs.dtype)
     return scores - kl_coef * kl.sum(dim=-1).to(scores.dtype)
+
+
+class RewardKL(NamedTuple):
+    """The KL to the reference when it goes into the reward: the sampled tokens' log-probabilities under the
+    rollout policy and the reference, its weight and its estimator (`kl_estimate`)."""
+
+    logprobs: torch.Tensor
+    ref_logprobs: torch.Tensor
+    coef: float
+    estimator: KLEstimator
+
+
+#: Advantage estimators by name: ``estimator(scores, groups, mask, last, values, kl, **options) -> (advantages,
+#: returns or None)``, over one step's tensors right-aligned like `agent.rl.batch.collate`'s: `scores` [rows] the
+#: sequences' rewards, `groups` [rows] their prompts, `mask` [rows, R], `last` [rows] the position of each row's
+#: last generated token, `values` [rows, R] the critic's (None without one), `kl` the KL in the reward (None:
+#: none there).
+ADVANTAGE_ESTIMATORS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor | None]]] = {}
+
+
+def register_advantage(name: str) -> Callable[[Callable], Callable]:
+    """Decorator: register an advantage estimator under `name` (a name is taken once)."""
+    def decorate(fn: Callable) -> Callable:
+        if name in ADVANTAGE_ESTIMATORS:
+            raise ValueError(f"an advantage estimator named {name!r} is already registered")
+        ADVANTAGE_ESTIMATORS[name] = fn
+        return fn
+    return decorate
+
+
+def estimate_advantages(name: str, *args, **options) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The advantages (and returns) of the estimator registered as `name` (see `ADVANTAGE_ESTIMATORS`)."""
+    try:
+        estimator = ADVANTAGE_ESTIMATORS[name]
+    except KeyError:
+        raise ValueError(f"unknown advantage estimator {name!r}; choose one of "
+                         f"{', '.join(sorted(ADVANTAGE_ESTIMATORS))}") from None
+    return estimator(*args, **options)
+
+
+@register_advantage("gae")
+def _gae(scores: torch.Tensor, groups: torch.Tensor, mask: torch.Tensor, last: torch.Tensor,
+         values: torch.Tensor | None, kl: RewardKL | None, *, gamma: float = 1.0, lam: float = 1.0,
+         whiten: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's: the score on each row's last generated token, minus the weighted KL on every generated token, then
+    `gae_advantages` over the critic's values (whitened over the batch when `whiten`)."""
+    if values is None:
+        raise ValueError("GAE needs the critic's values")
+    rewards = torch.zeros_like(mask)
+    if kl is not None:
+        rewards -= kl.coef * kl_estimate(kl.logprobs, kl.ref_logprobs, kl.estimator) * mask
+    rewards[torch.arange(len(scores)), last] += scores.to(rewards.dtype)
+    advantages, returns = gae_advantages(rewards, values, mask, gamma, lam)
+    return (masked_whiten(advantages, mask) if whiten else advantages), returns
+
+
+@register_advantage("grpo")
+def _grpo(scores: torch.Tensor, groups: torch.Tensor, mask: torch.Tensor, last: torch.Tensor,
+          values: torch.Tensor | None, kl: RewardKL | None, *, normalize_std: bool = True) -> tuple[torch.Tensor, None]:
+    """GRPO's: each sequence's score (`kl_penalised_scores` when the KL is in the reward), normalised within its
+    group (`group_advantages`), on every generated token of the sequence."""
+    if kl is not None:
+        scores = kl_penalised_scores(scores, kl.logprobs, kl.ref_logprobs, mask, kl.coef, kl.estimator)
+    return group_advantages(scores, groups, normalize_std)[:, None].to(mask.dtype) * mask, None
 
 
 def aggregate(losses: torch.Tensor, mask: torch.Tensor, mode: LossAggregation, tokens: float | None = None,

@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from statistics import fmean
 
-from agentic_retriever.qa_sources import QARow
+from agentic_retriever.base.qa_sources import QARow
 
 from ..env import rollout
 from .batch_reward import BatchReward

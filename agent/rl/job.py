@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agentic_retriever.client import open_client
+from agentic_retriever.retrieval import open_client
 
-from agentic_retriever.qa_sources import read_qa_rows
+from agentic_retriever.base.qa_sources import read_qa_rows
 from .config import RLConfig
 from .trainer import RLTrainer
 

@@ -30,10 +30,10 @@ from typing import NamedTuple
 
 import torch
 
-from agentic_retriever.client import RetrievalClient
-from agentic_retriever.eval.qa import qa_scores
-from agentic_retriever.llm import LLM
-from agentic_retriever.qa_sources import QARow
+from agentic_retriever.base.client import RetrievalClient
+from agentic_retriever.base.llm import LLM
+from agentic_retriever.base.qa_metrics import qa_scores
+from agentic_retriever.base.qa_sources import QARow
 
 from ..dialects.reflect import check_shape
 from ..env import Rollout, rollout

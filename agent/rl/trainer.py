@@ -46,14 +46,14 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from agentic_retriever.client import RetrievalClient
-from agentic_retriever.curves import ScalarLogger, resolve_report_to, write_training_curves
-from agentic_retriever.jsonl import replace_folder
-from agentic_retriever.llm import LLM
-from agentic_retriever.llm.device import resolve_device
-from agentic_retriever.llm.transformers import TransformersLLM
-from agentic_retriever.precision import resolve
-from agentic_retriever.qa_sources import QARow
+from agentic_retriever.base.client import RetrievalClient
+from agentic_retriever.base.curves import ScalarLogger, resolve_report_to, write_training_curves
+from agentic_retriever.base.jsonl import replace_folder
+from agentic_retriever.base.llm import LLM
+from agentic_retriever.base.llm.device import resolve_device
+from agentic_retriever.base.llm.transformers import TransformersLLM
+from agentic_retriever.base.precision import resolve
+from agentic_retriever.base.qa_sources import QARow
 
 from ..env import Rollout
 from .batch import Collated, Sample, collate, token_logprobs, token_values
@@ -61,8 +61,7 @@ from .batch_reward import prepare_reward
 from .checkpoint import TrainerState, latest_checkpoint, load_checkpoint, remove_checkpoints, save_checkpoint
 from .config import RLConfig
 from .reward_schedule import RewardSchedule
-from .core import (aggregate, gae_advantages, group_advantages, kl_estimate, kl_penalised_scores, masked_mean,
-                   masked_whiten, policy_loss, value_loss)
+from .core import RewardKL, aggregate, estimate_advantages, kl_estimate, masked_mean, policy_loss, value_loss
 from .models import ValueModel, frozen_copy, load_policy, reference_context
 from .rollout import RewardFn, RolloutCollector, questions_at, rollout_metrics
 
@@ -83,7 +82,7 @@ class RLTrainer:
                  reward_fn: RewardFn | None = None, generator: LLM | None = None):
         from transformers import AutoTokenizer
 
-        from agentic_retriever.defaults import resolve_llm_name
+        from agentic_retriever.base.defaults import resolve_llm_name
 
         config.validate()
         if not rows:
@@ -262,35 +261,23 @@ class RLTrainer:
 
     # ------------------------------------------------------------------------------------------ 3. advantages
     def advantages(self, samples: Sequence[Sample]) -> None:
+        """Each sample's advantages (and returns, with a critic) by the algorithm's estimator, chosen by name from
+        `agent.rl.core.ADVANTAGE_ESTIMATORS` (`RLConfig.advantage_estimator`)."""
         config = self.config
         if not samples:
             return
-        if config.algorithm == "grpo":
-            scores = torch.tensor([s.score for s in samples])
-            groups = torch.tensor([s.group for s in samples])
-            if config.kl_in_reward and config.uses_reference:  # the KL sits in the reward, before normalising
-                batch = collate(samples, "cpu")
-                scores = kl_penalised_scores(scores, batch.tokens["old_logprobs"], batch.tokens["ref_logprobs"],
-                                             batch.mask, config.kl_coef, config.kl_kind)
-            per_sequence = group_advantages(scores, groups, config.grpo_normalize_std)
-            for sample, advantage in zip(samples, per_sequence.tolist()):
-                mask = torch.tensor(sample.mask, dtype=torch.float)
-                sample.advantages = advantage * mask
-            return
-        batch = collate(samples, "cpu")  # token rewards, values and masks, right-aligned
-        rewards = torch.zeros_like(batch.mask)
-        if config.kl_in_reward and config.uses_reference:
-            kl = kl_estimate(batch.tokens["old_logprobs"], batch.tokens["ref_logprobs"], config.kl_kind)
-            rewards -= config.kl_coef * kl * batch.mask
-        width = batch.response_width
-        for row, sample in enumerate(samples):
-            rewards[row, width - len(sample.response_ids) + sample.last_generated] += sample.score
-        advantages, returns = gae_advantages(rewards, batch.tokens["values"], batch.mask, config.gamma, config.lam)
-        if config.whiten_advantages:
-            advantages = masked_whiten(advantages, batch.mask)
+        batch = collate(samples, "cpu")  # token tensors and masks, right-aligned
+        kl = (RewardKL(batch.tokens["old_logprobs"], batch.tokens["ref_logprobs"], config.kl_coef, config.kl_kind)
+              if config.kl_in_reward and config.uses_reference else None)
+        last = torch.tensor([batch.response_width - len(s.response_ids) + s.last_generated for s in samples])
+        advantages, returns = estimate_advantages(
+            config.advantage_estimator, torch.tensor([s.score for s in samples]), torch.tensor([s.group for s in samples]),
+            batch.mask, last, batch.tokens.get("values"), kl, **config.advantage_options)
         for row, sample in enumerate(samples):
             n = len(sample.response_ids)
-            sample.advantages, sample.returns = advantages[row, -n:], returns[row, -n:]
+            sample.advantages = advantages[row, -n:]
+            if returns is not None:
+                sample.returns = returns[row, -n:]
 
     # ------------------------------------------------------------------------------------------ 4. update
     def update(self, samples: Sequence[Sample], on_policy: bool = False) -> dict[str, float]:

@@ -6,7 +6,7 @@ warm start").
 * `agent.sft.warm_start`: the command: synthesise, fine-tune, cache the result by its inputs.
 
     from agent.sft import WarmStartConfig, warm_start_agent
-    from agentic_retriever.client import RetrievalConfig
+    from agentic_retriever.base.client import RetrievalConfig
     path = warm_start_agent(WarmStartConfig(qa="runs/quickstart/data/fanoutqa_leaf_train_warmstart.jsonl",
                                             retrieval=RetrievalConfig(index="runs/quickstart/index/minilm-flat")))
 """

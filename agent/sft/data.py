@@ -37,11 +37,11 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from agentic_retriever.client import RetrievalClient
-from agentic_retriever.corpus import ScoredPassage
-from agentic_retriever.eval.qa import normalize_answer
-from agentic_retriever.llm.text import render_chat_prompt
-from agentic_retriever.qa_sources import QARow
+from agentic_retriever.base.client import RetrievalClient
+from agentic_retriever.base.corpus import ScoredPassage
+from agentic_retriever.base.llm.text import render_chat_prompt
+from agentic_retriever.base.qa_metrics import normalize_answer
+from agentic_retriever.base.qa_sources import QARow
 
 from ..dialects import get_dialect
 from ..env import cut_to_tokens

@@ -35,11 +35,11 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from agentic_retriever.client import RetrievalClient
-from agentic_retriever.corpus import ScoredPassage
-from agentic_retriever.eval.qa import part_answers
-from agentic_retriever.jsonl import DataFormatError, iter_jsonl
-from agentic_retriever.qa_sources import QARow
+from agentic_retriever.base.client import RetrievalClient
+from agentic_retriever.base.corpus import ScoredPassage
+from agentic_retriever.base.jsonl import DataFormatError, iter_jsonl
+from agentic_retriever.base.qa_metrics import part_answers
+from agentic_retriever.base.qa_sources import QARow
 
 from .data import SynthesisConfig, _Builder, _evidence_hit, content_words, query_phrasings
 from .train import SFTExample

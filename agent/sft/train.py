@@ -27,10 +27,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agentic_retriever.curves import hf_reporting, resolve_report_to, train_resuming, write_training_curves
-from agentic_retriever.jsonl import DataFormatError, atomic_write, iter_jsonl, replace_folder, require_field
-from agentic_retriever.llm import LLMConfig
-from agentic_retriever.precision import resolve
+from agentic_retriever.base.curves import hf_reporting, resolve_report_to, train_resuming, write_training_curves
+from agentic_retriever.base.jsonl import DataFormatError, atomic_write, iter_jsonl, replace_folder, require_field
+from agentic_retriever.base.llm import LLMConfig
+from agentic_retriever.base.precision import resolve
 
 __all__ = ["IGNORE_INDEX", "SFTConfig", "SFTExample", "data_fingerprint", "read_sft_examples", "tokenize_example",
            "train_sft", "write_sft_examples"]
@@ -156,7 +156,7 @@ def data_fingerprint(examples: Sequence[SFTExample]) -> str:
 
 
 def _resolve_model(name: str) -> str:
-    from agentic_retriever.defaults import resolve_llm_name
+    from agentic_retriever.base.defaults import resolve_llm_name
 
     return resolve_llm_name(name)
 

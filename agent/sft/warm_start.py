@@ -1,13 +1,13 @@
 """`agentic-retriever agent sft`: synthesise warm-start trajectories, then fine-tune the agent on them.
 
 The result is cached under ``cache_root()/agents/sft-<key>``, the key a hash of contents, not of paths: the
-examples, the base model's fingerprint (a hash of its config and weights, `agentic_retriever.fingerprint`) and the
+examples, the base model's fingerprint (a hash of its config and weights, `agentic_retriever.base.fingerprint`) and the
 training settings. So the demo (and anyone calling `warm_start_agent` again with the same inputs) reuses the
 model instead of training it twice, also after the cache root moved, and a base model retrained in place is
 trained on again. A folder cached by the previous release (keyed by the base model's path) is adopted when
 found: renamed to its new key. Pass `out` to write it somewhere of your choosing instead.
 
-    from agentic_retriever.client import RetrievalConfig
+    from agentic_retriever.base.client import RetrievalConfig
     path = warm_start_agent(WarmStartConfig(qa="runs/quickstart/data/fanoutqa_leaf_train_warmstart.jsonl",
                                             retrieval=RetrievalConfig(index="runs/quickstart/index/minilm-flat")))
 """
@@ -23,12 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from agentic_retriever.client import RetrievalConfig, open_client
-from agentic_retriever.defaults import cache_root, resolve_llm_name
-from agentic_retriever.fingerprint import model_fingerprint
-from agentic_retriever.llm import LLMConfig
-from agentic_retriever.precision import TORCH_NAMES
-from agentic_retriever.qa_sources import read_qa_rows
+from agentic_retriever.base.client import RetrievalConfig
+from agentic_retriever.base.defaults import cache_root, resolve_llm_name
+from agentic_retriever.base.fingerprint import model_fingerprint, stable_hash
+from agentic_retriever.base.llm import LLMConfig
+from agentic_retriever.base.precision import TORCH_NAMES
+from agentic_retriever.base.qa_sources import read_qa_rows
+from agentic_retriever.retrieval import open_client
 
 from .data import SynthesisConfig, synthesize_sft_examples
 from .multihop import read_multihop_rows, synthesize_multihop_examples
@@ -63,63 +64,57 @@ class WarmStartConfig:
 
 
 #: Bumped when what the cache key hashes changes.
-_KEY_VERSION = 2
+_KEY_VERSION = 3
 #: Training settings that do not change the trained weights (where logs go, how often): not in the key.
 _NOT_IN_KEY = ("report_to", "logging_steps", "save_steps")
 #: Settings that change how the weights are computed, not what they are (gradient checkpointing recomputes the same
 #: activations in the backward pass): hashed at their defaults, so a warm start made either way is found either way.
 _AS_DEFAULT_IN_KEY = ("gradient_checkpointing",)
-#: The training settings the previous release had, all of them in its key.
-_LEGACY_SETTINGS = ("epochs", "learning_rate", "batch_size", "gradient_accumulation", "max_length", "warmup_ratio",
-                    "weight_decay", "lora", "lora_r", "lora_alpha", "lora_dropout", "gradient_checkpointing",
-                    "save_steps", "logging_steps", "seed")
 
 
 def _key_dtype(precision: str) -> str:
-    """The precision as the cache key has spelled it since before `Precision`'s names (torch's dtype names), so
-    caches made then stay valid."""
+    """The precision as the cache key has spelled it since before `Precision`'s names (torch's dtype names)."""
     return TORCH_NAMES.get(precision, precision)
+
+
+def _key_settings(config: SFTConfig, agent: LLMConfig) -> dict:
+    """The settings that change the trained weights, and the precision."""
+    defaults = dataclasses.asdict(SFTConfig())
+    settings = {k: defaults[k] if k in _AS_DEFAULT_IN_KEY else v for k, v in dataclasses.asdict(config).items()
+                if k not in _NOT_IN_KEY}
+    return settings | {"dtype": _key_dtype(agent.precision)}
 
 
 def _cache_key(examples_sha256: str, base_fingerprint: str, config: SFTConfig, agent: LLMConfig) -> str:
     """The cache folder's key: contents only (the examples, the base model's fingerprint, the settings that change
-    the weights, the precision)."""
-    defaults = dataclasses.asdict(SFTConfig())
-    settings = {k: defaults[k] if k in _AS_DEFAULT_IN_KEY else v for k, v in dataclasses.asdict(config).items()
-                if k not in _NOT_IN_KEY}
-    text = json.dumps(settings | {"dtype": _key_dtype(agent.precision)}, sort_keys=True)
-    return hashlib.sha256(f"v{_KEY_VERSION}|{examples_sha256}|{base_fingerprint}|{text}".encode()).hexdigest()[:16]
+    the weights, the precision), by the project's one content hash."""
+    return stable_hash([_KEY_VERSION, examples_sha256, base_fingerprint, _key_settings(config, agent)], 16, "sha256")
 
 
-def _legacy_cache_key(examples_sha256: str, model_path: str, config: SFTConfig, agent: LLMConfig) -> str:
-    """The previous release's key (the base model's resolved path and name instead of its content); None when a
-    setting it did not have is not at its default (it cannot have trained with it)."""
-    settings = dataclasses.asdict(config)
-    defaults = dataclasses.asdict(SFTConfig())
-    if any(settings[k] != defaults[k] for k in settings if k not in _LEGACY_SETTINGS and k not in _NOT_IN_KEY):
-        return None
-    text = json.dumps({k: settings[k] for k in _LEGACY_SETTINGS}
-                      | {"model": agent.model, "dtype": _key_dtype(agent.precision)}, sort_keys=True)
-    return hashlib.sha256(f"{examples_sha256}|{model_path}|{text}".encode()).hexdigest()[:16]
+def _previous_cache_key(examples_sha256: str, base_fingerprint: str, config: SFTConfig, agent: LLMConfig) -> str:
+    """The key the previous release named the same warm start by (version 2: the same contents, hashed from a text
+    of its own), so that its cache is adopted, not trained again."""
+    text = json.dumps(_key_settings(config, agent), sort_keys=True)
+    return hashlib.sha256(f"v2|{examples_sha256}|{base_fingerprint}|{text}".encode()).hexdigest()[:16]
 
 
-def _adopt_legacy(legacy: Path, out: Path) -> bool:
+def _adopt_previous(previous: Path, out: Path) -> bool:
     """Rename a previous release's cache folder (and its examples file) to the new key; leave a link at the old
     name for whatever still refers to it. False when there is none (or another process took it first)."""
-    if legacy.is_symlink() or not (legacy / MANIFEST).is_file():
+    if previous.is_symlink() or not (previous / MANIFEST).is_file():
         return False
     try:
-        os.rename(legacy, out)
+        os.rename(previous, out)
     except OSError:
         return (out / MANIFEST).is_file()  # a concurrent run adopted it
-    examples = legacy.with_name(legacy.name + ".examples.jsonl")
+    examples = previous.with_name(previous.name + ".examples.jsonl")
     if examples.is_file():
         os.replace(examples, out.with_name(out.name + ".examples.jsonl"))
     try:
-        legacy.symlink_to(out.name)
+        previous.symlink_to(out.name)
     except OSError:
         pass
-    log.info("adopted the warm-started agent cached by the previous release: %s is now %s", legacy, out)
+    log.info("adopted the warm-started agent cached by the previous release: %s is now %s", previous, out)
     return True
 
 
@@ -154,8 +149,8 @@ def warm_start_agent(config: WarmStartConfig) -> Path:
     else:
         agents = cache_root() / "agents"
         out = agents / f"sft-{_cache_key(examples_sha, base, config.train, config.agent)}"
-        legacy_key = _legacy_cache_key(examples_sha, model_path, config.train, config.agent)
-        if legacy_key and not (out / MANIFEST).is_file() and _adopt_legacy(agents / f"sft-{legacy_key}", out):
+        previous = agents / f"sft-{_previous_cache_key(examples_sha, base, config.train, config.agent)}"
+        if not (out / MANIFEST).is_file() and _adopt_previous(previous, out):
             return out
     if (out / MANIFEST).is_file():
         log.info("reusing the warm-started agent in %s", out)

@@ -19,6 +19,8 @@ index's ranking (best first), with ``rel(d)`` the qrels score of document d (0 w
               (trec_eval's ``recall_k``); 0 when the query has no relevant document;
 * MRR@k     = 1 / rank of the first relevant document within k, 0 if none (BEIR's ``custom_metrics.mrr``).
 
+All three are computed by trec_eval's own code through ir-measures (`agentic_retriever.eval.ranking`).
+
 Each metric is averaged over all evaluated queries; a query whose qrels hold no document with rel > 0 counts
 with 0 everywhere, as in BEIR (``queries_without_relevant`` reports how many). As BEIR's
 ``EvaluateRetrieval.evaluate`` does by default, a retrieved document whose id equals the query's id is dropped
@@ -36,19 +38,19 @@ Every metric is also kept per query (``per_question``), so two systems can be co
 
 from __future__ import annotations
 
-import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from ..jsonl import DataFormatError, iter_jsonl
+from agentic_retriever.base.jsonl import DataFormatError, iter_jsonl
+
+from .ranking import query_measures
 from .retrieval import keys_in_corpus
 
-__all__ = ["BeirDataset", "beir_mrr_at_k", "beir_ndcg_at_k", "beir_recall_at_k", "corpus_size_warning", "evaluate_beir",
-           "load_beir"]
+__all__ = ["BeirDataset", "corpus_size_warning", "evaluate_beir", "load_beir"]
 
 CORPUS_FILE = "corpus.jsonl"
 QUERIES_FILE = "queries.jsonl"
@@ -70,28 +72,6 @@ class BeirDataset:
 
 
 # ------------------------------------------------------------------------------------------------ metrics
-
-
-def beir_ndcg_at_k(retrieved: Sequence[str], qrels: Mapping[str, int], k: int) -> float:
-    """Graded nDCG@k: gain = the qrels score (only scores > 0 count), discount log2(rank + 1), ideal from the qrels."""
-    dcg = sum(qrels.get(doc, 0) / math.log2(rank + 1)
-              for rank, doc in enumerate(retrieved[:k], start=1) if qrels.get(doc, 0) > 0)
-    grades = sorted((score for score in qrels.values() if score > 0), reverse=True)[:k]
-    ideal = sum(score / math.log2(rank + 1) for rank, score in enumerate(grades, start=1))
-    return dcg / ideal if ideal > 0 else 0.0
-
-
-def beir_recall_at_k(retrieved: Sequence[str], qrels: Mapping[str, int], k: int) -> float:
-    """Relevant (score > 0) documents in the top k over the query's relevant documents (0 when it has none)."""
-    relevant = {doc for doc, score in qrels.items() if score > 0}
-    if not relevant:
-        return 0.0
-    return len(relevant.intersection(retrieved[:k])) / len(relevant)
-
-
-def beir_mrr_at_k(retrieved: Sequence[str], qrels: Mapping[str, int], k: int) -> float:
-    """1 / rank of the first relevant (score > 0) document within k, else 0."""
-    return next((1.0 / rank for rank, doc in enumerate(retrieved[:k], start=1) if qrels.get(doc, 0) > 0), 0.0)
 
 
 # ------------------------------------------------------------------------------------------------ data
@@ -196,9 +176,7 @@ def evaluate_beir(index, dataset: BeirDataset, ks: Sequence[int] = (1, 5, 20), m
             ranked = ranked[:depth]
             qrels = dataset.qrels[qid]
             first = next((rank for rank, doc in enumerate(ranked, start=1) if qrels.get(doc, 0) > 0), None)
-            metrics = {f"recall@{k}": beir_recall_at_k(ranked, qrels, k) for k in ks}
-            metrics[f"mrr@{mrr_k}"] = beir_mrr_at_k(ranked, qrels, mrr_k)
-            metrics[f"ndcg@{ndcg_k}"] = beir_ndcg_at_k(ranked, qrels, ndcg_k)
+            metrics = query_measures(ranked, qrels, [*(f"recall@{k}" for k in ks), f"mrr@{mrr_k}", f"ndcg@{ndcg_k}"])
             per_question.append({"id": qid, "first_relevant_rank": first,
                                  "relevant": sum(score > 0 for score in qrels.values()), **metrics})
     names = [f"ndcg@{ndcg_k}", *(f"recall@{k}" for k in ks), f"mrr@{mrr_k}"]

@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..jsonl import atomic_write, write_json
+from agentic_retriever.base.jsonl import atomic_write, write_json
 from .mining_audit_records import (CLASSES, FATES, RANK_BUCKETS, ROUNDS_FILE, ROWS_FILE, SIGNALS, AuditCandidate, AuditRound,
                             load_evidence_titles, load_rounds, load_rows)
 from .mining_audit_report import plot_audit, render_markdown

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..jsonl import DataFormatError, iter_jsonl, require_field
+from agentic_retriever.base.jsonl import DataFormatError, iter_jsonl, require_field
 
 __all__ = ["CLASSES", "FATES", "RANK_BUCKETS", "ROUNDS_FILE", "ROWS_FILE", "SIGNALS", "AuditCandidate", "AuditRound",
            "load_evidence_titles", "load_rounds", "load_rows"]

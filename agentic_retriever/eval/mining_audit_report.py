@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from ..jsonl import atomic_write
+from agentic_retriever.base.jsonl import atomic_write
 from .mining_audit_records import CLASSES, FATES, RANK_BUCKETS, SIGNALS
 
 __all__ = ["plot_audit", "render_markdown"]

@@ -7,14 +7,15 @@ Wikipedia evidence gives (FanOutQA's ``supporting_titles``). Several passages ma
 * Recall@k        = |relevant keys among the top-k| / |relevant keys|
 * MRR@k           = 1 / rank of the first relevant passage within k (0 if none)
 * nDCG@k          = sum over first hits of 1/log2(rank+1), divided by the ideal sum for min(|relevant|, k) hits
+  (these three by trec_eval's own code through ir-measures: `agentic_retriever.eval.ranking`)
 * answer_recall@k = 1 if a top-k passage's ``contents`` (``"Title"\\ntext``) contains a golden answer, normalised
-                    and on word boundaries (`eval.qa.contains_match`), else 0: the top-k retrieval accuracy of
+                    and on word boundaries (`base.qa_metrics.contains_match`), else 0: the top-k retrieval accuracy of
                     DPR (Karpukhin et al. 2020, "Dense Passage Retrieval for Open-Domain Question Answering",
                     arXiv:2004.04906) and FlashRAG. It needs no evidence labels, so it is what an agent gets
                     even where the labelled page is not the only one that answers. An answer of several parts
                     (a row's ``answer_parts``: a list's items, a dict's entries, each as its alternatives) scores
                     the share of its parts that some top-k passage contains. Counted only over the evaluated rows
-                    that have ``golden_answers`` and whose answer is not yes/no/true/false (`eval.qa.is_yes_no`:
+                    that have ``golden_answers`` and whose answer is not yes/no/true/false (`base.qa_metrics.is_yes_no`:
                     "no" would match any passage with the word).
 
 Relevance ``answers`` judges rows by answer recall alone, with no evidence labels (FlashRAG's and Search-R1's QA
@@ -37,7 +38,6 @@ question with `eval.bootstrap.compare_reports`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -46,14 +46,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..client import RetrievalConfig
 from tqdm.auto import tqdm
 
-from ..corpus import Corpus
-from ..encoder import COMPOSE_WITH
-from ..jsonl import DataFormatError
-from ..qa_sources import read_qa_source_rows
-from .qa import contains_match, golden_strings, is_yes_no
+from agentic_retriever.base.client import RetrievalConfig
+from agentic_retriever.base.corpus import Corpus
+from agentic_retriever.base.encoder import COMPOSE_WITH
+from agentic_retriever.base.jsonl import DataFormatError
+from agentic_retriever.base.qa_metrics import contains_match, golden_strings, is_yes_no
+from agentic_retriever.base.qa_sources import read_qa_source_rows
+
+from .ranking import query_measures
 
 ID_FIELDS = ("supporting_ids", "positive_ids")
 TITLE_FIELD = "supporting_titles"
@@ -62,32 +64,9 @@ PARTS_FIELD = "answer_parts"
 PARENT_FIELD = "parent_id"
 
 
-def _first_hit_ranks(retrieved: Sequence[str], relevant: set[str], k: int) -> list[int]:
-    """1-based ranks (within k) at which each relevant key first appears."""
-    seen: set[str] = set()
-    ranks = []
-    for rank, key in enumerate(retrieved[:k], start=1):
-        if key in relevant and key not in seen:
-            seen.add(key)
-            ranks.append(rank)
-    return ranks
-
-
-def recall_at_k(retrieved: Sequence[str], relevant: set[str], k: int) -> float:
-    return len(_first_hit_ranks(retrieved, relevant, k)) / len(relevant) if relevant else 0.0
-
-
-def mrr_at_k(retrieved: Sequence[str], relevant: set[str], k: int) -> float:
-    ranks = _first_hit_ranks(retrieved, relevant, k)
-    return 1.0 / ranks[0] if ranks else 0.0
-
-
-def ndcg_at_k(retrieved: Sequence[str], relevant: set[str], k: int) -> float:
-    if not relevant:
-        return 0.0
-    dcg = sum(1.0 / math.log2(rank + 1) for rank in _first_hit_ranks(retrieved, relevant, k))
-    ideal = sum(1.0 / math.log2(rank + 1) for rank in range(1, min(len(relevant), k) + 1))
-    return dcg / ideal
+def first_relevant_rank(retrieved: Sequence[str], relevant: set[str]) -> int | None:
+    """1-based rank of the first relevant key in `retrieved`, None when none is."""
+    return next((rank for rank, key in enumerate(retrieved, start=1) if key in relevant), None)
 
 
 def first_answer_rank(passages: Sequence[str], golden: Any, k: int) -> int | None:
@@ -292,10 +271,9 @@ def evaluate_retrieval(index, questions: list[_Judged], ks: Sequence[int] = (1, 
             else:
                 retrieved = titles[i] if q.by == "title" else result.ids[i]
                 relevant = q.relevant & present[q.by]
-                ranks = _first_hit_ranks(retrieved, relevant, depth)
-                metrics = {f"recall@{k}": recall_at_k(retrieved, relevant, k) for k in ks}
-                metrics[f"mrr@{mrr_k}"] = mrr_at_k(retrieved, relevant, mrr_k)
-                metrics[f"ndcg@{ndcg_k}"] = ndcg_at_k(retrieved, relevant, ndcg_k)
+                first = first_relevant_rank(retrieved, relevant)
+                ranks = [first] if first is not None else []
+                metrics = query_measures(retrieved, relevant, evidence_names)
             answer_rank = None
             if q.answer_parts is not None:
                 part_ranks = [first_answer_rank(contents[i], part, depth) for part in q.answer_parts]

@@ -18,9 +18,9 @@ from typing import Literal
 
 import numpy as np
 
-from ..corpus import Corpus
-from ..defaults import DEFAULT_ENCODER
-from ..encoder import Encoder, EncoderConfig
+from agentic_retriever.base.corpus import Corpus
+from agentic_retriever.base.defaults import DEFAULT_ENCODER
+from agentic_retriever.base.encoder import Encoder, EncoderConfig
 from .base import ScoredPassage, SearchIndex, SearchResult
 from .dense import DenseIndex, DenseParams, build_dense_index, portable_config, same_structure
 from .generations import remove_superseded

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..corpus import Corpus, ScoredPassage
+from agentic_retriever.base.corpus import Corpus, ScoredPassage
 from .generations import ROW_MAP_FILE
 from .manifest import IndexManifest
 

@@ -24,10 +24,10 @@ from typing import Literal
 import numpy as np
 from tqdm.auto import tqdm
 
-from ..corpus import Corpus
-from ..encoder import Encoder
-from ..jsonl import naming_disk_full, read_json, reserve_disk, write_json
-from ..writer_lock import WriterLock, lock_beside
+from agentic_retriever.base.corpus import Corpus
+from agentic_retriever.base.encoder import Encoder
+from agentic_retriever.base.jsonl import naming_disk_full, read_json, reserve_disk, write_json
+from agentic_retriever.base.writer_lock import WriterLock, lock_beside
 from .base import SearchIndex, kept_rows, write_row_map
 from .generations import FAISS_FILE, NewGeneration
 from .manifest import IndexManifest

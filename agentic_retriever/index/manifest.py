@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from agentic_retriever.base.defaults import DEFAULT_ENCODER
+from agentic_retriever.base.jsonl import read_json, write_json
 from .. import __version__
-from ..defaults import DEFAULT_ENCODER
-from ..jsonl import read_json, write_json
 
 MANIFEST_FILE = "manifest.json"
 #: ``path_base`` of manifests whose relative paths are relative to the index folder.

@@ -21,8 +21,8 @@ from typing import Literal
 
 import numpy as np
 
-from ..corpus import Corpus
-from ..jsonl import atomic_write
+from agentic_retriever.base.corpus import Corpus
+from agentic_retriever.base.jsonl import atomic_write
 from .base import SearchIndex, kept_rows, write_row_map
 from .generations import BM25_DIR, LUCENE_COLLECTION_DIR, LUCENE_DIR, NewGeneration
 from .manifest import IndexManifest

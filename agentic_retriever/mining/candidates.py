@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..client import RetrievalClient
-from ..corpus import ScoredPassage
+from agentic_retriever.base.client import RetrievalClient
+from agentic_retriever.base.corpus import ScoredPassage
 from .rounds import Round
 
 __all__ = ["passage_from_record", "passage_record", "retrieve_candidates"]

@@ -5,7 +5,7 @@ resume it from a `Prefix`; global answer correctness continues it (`rollout` und
 scores an answer after an observation formatted by its dialect (`get_dialect`, `cut_to_tokens`). Every
 other mining module imports these names from here, so the retriever library's dependence on the agent is
 this one file, and what it may use is `agent.env`'s public surface (its `__all__`), not the agent's
-internals. `tests/test_import_rules.py` enforces it (docs/architecture.md, "Import rules").
+internals. `tests/test_import_rules.py` enforces it (docs/architecture.md, "Layers").
 """
 
 from __future__ import annotations

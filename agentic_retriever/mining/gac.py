@@ -44,9 +44,9 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Literal
 
-from ..client import RetrievalClient
-from ..corpus import ScoredPassage
-from ..eval.qa import contains_match, exact_match
+from agentic_retriever.base.client import RetrievalClient
+from agentic_retriever.base.corpus import ScoredPassage
+from agentic_retriever.base.qa_metrics import contains_match, exact_match
 from .environment import EnvConfig, cut_to_tokens, get_dialect, rollout
 from .rounds import Round
 

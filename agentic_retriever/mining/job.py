@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from ..client import RetrievalConfig, open_client
-from ..jsonl import shard_bounds
-from ..llm.loader import LLMConfig
-from ..qa_sources import read_qa_source_rows
+from agentic_retriever.base.client import RetrievalConfig
+from agentic_retriever.base.jsonl import shard_bounds
+from agentic_retriever.base.llm.loader import LLMConfig
+from agentic_retriever.base.qa_sources import read_qa_source_rows
+from agentic_retriever.retrieval import open_client
 from .config import MiningConfig
 from .outputs import MiningResult
 from .pipeline import GACRoundFilter, mine
@@ -56,7 +57,7 @@ class MineMergeConfig:
 def run_mine_job(config: MineJobConfig, gac_rounds: GACRoundFilter | None = None) -> MiningResult:
     """Mine `config.trajectories` into `config.out`; the scorer is the agent model when both are the same.
     `gac_rounds` picks the rounds that get GAC (`mine`)."""
-    from ..llm import load_llm
+    from agentic_retriever.base.llm import load_llm
 
     selection = config.mining.resolved_selection()
     with contextlib.ExitStack() as engines:  # every engine closed when mining ends, before the next step

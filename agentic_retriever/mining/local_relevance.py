@@ -36,8 +36,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from ..fingerprint import llm_fingerprint
-from ..llm.base import SamplingParams
+from agentic_retriever.base.fingerprint import llm_fingerprint
+from agentic_retriever.base.llm.protocol import SamplingParams
 from .parse import parse_scores
 from .prompts import PROMPT_VERSION, relevance_prompt
 

@@ -14,7 +14,7 @@ import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..jsonl import write_json, write_jsonl
+from agentic_retriever.base.jsonl import write_json, write_jsonl
 from .config import MiningConfig
 from .prompts import PROMPT_VERSION
 from .rounds import Round

@@ -26,7 +26,7 @@ window: local relevance only; a selection setting: nothing). The outputs are reb
 end of every run. The stage files double as the audit trail: every raw scorer output (each listwise attempt,
 each sub-answer generation) and every continuation's answer, further searches and finish reason are there,
 with each item's share of the calls, tokens and seconds. The keys name models and the retriever by content,
-not by name or path (`agentic_retriever.fingerprint`): the scorer and the agent by a hash of their config and
+not by name or path (`agentic_retriever.base.fingerprint`): the scorer and the agent by a hash of their config and
 weights (`CountingLLM.fingerprint`), the candidate retriever by what the client says it searches
 (`_retriever_identity`: a local index's manifest identity, a service's ``/health``). Weights retrained in
 place or another index mined into the same folder are recomputed; the same weights or index under another
@@ -58,24 +58,24 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from ..client import RetrievalClient
-from ..eval.qa import contains_match
-from ..llm.openai import OpenAILLM
+from agentic_retriever.base.client import RetrievalClient
+from agentic_retriever.base.llm.openai import OpenAILLM
+from agentic_retriever.base.qa_metrics import contains_match
 from .candidates import passage_from_record, passage_record, retrieve_candidates
 from .config import MiningConfig
 from .environment import Trajectory, trajectory_id
 from .gac import GACRequest, answer_likelihood_gac, gac_value, rollout_gac
 from .local_relevance import ListwiseScorer, PointwiseLikelihoodScorer, RelevanceRequest, RetrieverScores
 from .outputs import MiningResult, round_record, run_info, training_row, write_outputs
+from .plan import PlanConfig, llm_token_counter, plan_mining
 from .prompts import passage_text
 from .rounds import Round, extract_rounds, search_queries
-from .sub_questions import read_sub_questions, target_sub_questions
 from .selection import Candidate, select_passages
 from .shards import read_shard, shard_dir
 from .stats import STAGES, add_counters, count_gac, count_local_relevance, new_counters, summarize
 from .store import StageStore, open_stores, stable_hash
 from .sub_answers import SubAnswerGenerator, SubAnswerRequest
-from .plan import PlanConfig, llm_token_counter, plan_mining
+from .sub_questions import read_sub_questions, target_sub_questions
 from .usage import CountingLLM, Usage
 
 __all__ = ["mine"]

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..corpus import Passage
+from agentic_retriever.base.corpus import Passage
 
 __all__ = ["LR_WITHOUT_SUB_ANSWER", "LR_WITH_SUB_ANSWER", "PROMPT_VERSION", "SUB_ANSWER", "passage_text",
            "relevance_prompt", "sub_answer_prompt"]

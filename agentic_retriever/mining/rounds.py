@@ -29,9 +29,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..corpus import ScoredPassage
+from agentic_retriever.base.corpus import ScoredPassage
+from agentic_retriever.base.fingerprint import stable_hash
 from .environment import Prefix, Trajectory, trajectory_id
-from .store import stable_hash
 
 __all__ = ["Round", "RoundDrop", "extract_rounds", "search_queries"]
 

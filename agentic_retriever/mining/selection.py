@@ -48,7 +48,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .store import stable_hash
+from agentic_retriever.base.fingerprint import stable_hash
 
 __all__ = ["Candidate", "Example", "SelectionConfig", "SelectionResult", "select_passages"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..jsonl import DataFormatError, check_shard, iter_jsonl, parse_shard, read_json, shard_bounds
+from agentic_retriever.base.jsonl import DataFormatError, check_shard, iter_jsonl, parse_shard, read_json, shard_bounds
 from .environment import Trajectory
 from .outputs import ROUNDS_FILE, ROWS_FILE, STATS_FILE, MiningResult, write_outputs
 from .plan import merge_plans

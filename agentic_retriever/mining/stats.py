@@ -141,7 +141,7 @@ def plot_stats(stats: dict, path: str | Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ..jsonl import atomic_write
+    from agentic_retriever.base.jsonl import atomic_write
 
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
     rounds = stats["rounds"]

@@ -31,11 +31,11 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Self
 
-from ..fingerprint import stable_hash
-from ..jsonl import DataFormatError, append_whole, atomic_write, json_error_text
-from ..writer_lock import WriterLock, WriterLockedError, lock_beside
+from agentic_retriever.base.fingerprint import stable_hash
+from agentic_retriever.base.jsonl import DataFormatError, append_whole, atomic_write, json_error_text
+from agentic_retriever.base.writer_lock import WriterLock, WriterLockedError, lock_beside
 
-__all__ = ["StageStore", "StoreLockedError", "open_stores", "stable_hash"]
+__all__ = ["StageStore", "StoreLockedError", "open_stores"]
 
 log = logging.getLogger(__name__)
 

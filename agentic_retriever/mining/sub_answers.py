@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..fingerprint import llm_fingerprint
-from ..llm.base import SamplingParams
+from agentic_retriever.base.fingerprint import llm_fingerprint
+from agentic_retriever.base.llm.protocol import SamplingParams
 from .parse import parse_sub_answers
 from .prompts import PROMPT_VERSION, sub_answer_prompt
 

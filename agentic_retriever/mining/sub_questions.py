@@ -26,8 +26,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..eval.qa import golden_strings, normalize_answer, part_answers
-from ..jsonl import DataFormatError, iter_jsonl
+from agentic_retriever.base.jsonl import DataFormatError, iter_jsonl
+from agentic_retriever.base.qa_metrics import golden_strings, normalize_answer, part_answers
 from .rounds import Round
 
 __all__ = ["SubQuestion", "pursued_sub_question", "read_sub_questions", "target_sub_questions"]

@@ -18,8 +18,8 @@ import functools
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from ..fingerprint import llm_fingerprint
-from ..llm.base import Generation, Prompt, SamplingParams
+from agentic_retriever.base.fingerprint import llm_fingerprint
+from agentic_retriever.base.llm.protocol import Generation, Prompt, SamplingParams
 
 __all__ = ["CountingLLM", "Usage"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import httpx
 
-from ..client import RetrievalServiceError, _error_message, api_key_headers
+from agentic_retriever.base.client import RetrievalServiceError, _error_message, api_key_headers
 
 __all__ = ["swap_index"]
 

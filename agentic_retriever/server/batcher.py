@@ -45,7 +45,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from ..corpus import ScoredPassage
+from agentic_retriever.base.corpus import ScoredPassage
 from .schema import RetrieveRequest
 from .slot import IndexSlot, ServedIndex
 

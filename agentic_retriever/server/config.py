@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from ..client import RetrievalConfig
+from agentic_retriever.base.client import RetrievalConfig
 from .schema import (
     DEFAULT_MAX_BATCH_MS, DEFAULT_MAX_PASSAGES_PER_REQUEST, DEFAULT_MAX_QUERIES_PER_REQUEST, DEFAULT_MAX_QUERY_CHARS,
     DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_WAIT_MS, DEFAULT_REQUEST_TIMEOUT_S,

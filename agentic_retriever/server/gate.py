@@ -26,7 +26,7 @@ import os
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ..client import API_KEY_ENV, API_KEY_HEADER
+from agentic_retriever.base.client import API_KEY_ENV, API_KEY_HEADER
 from .endpoint import Reply, route_path, send_reply
 
 __all__ = ["API_KEY_ENV", "API_KEY_HEADER", "LIVENESS_PATH", "Gate", "check_exposure", "is_loopback",

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..corpus import ScoredPassage
+from agentic_retriever.base.corpus import ScoredPassage
 
 MAX_TOPK = 1000
 DEFAULT_TOPK = 3

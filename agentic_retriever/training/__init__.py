@@ -6,7 +6,7 @@ Modules: `data` (rows -> examples, duplicates dropped, utilities for soft labels
 sentence-transformers' losses, plus REPLUG's soft-label KL), `schedule` (warm-up and decay), `checkpoint_selection`
 (held-out model selection: base or best epoch), `trainer` (`train_retriever`), `settings_search`
 (`choose_training_settings`), `export` (the sentence-transformers folder with settings and model card);
-the training curves are `agentic_retriever.curves` (shared with the agent). Import `trainer` / `losses` /
+the training curves are `agentic_retriever.base.curves` (shared with the agent). Import `trainer` / `losses` /
 `checkpoint_selection` lazily: they pull in sentence-transformers and torch.
 """
 

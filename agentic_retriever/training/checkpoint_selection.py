@@ -39,26 +39,16 @@ from pathlib import Path
 
 import numpy as np
 
-from ..eval.retrieval import (composition_questions, keys_in_corpus, load_judged_questions, mrr_at_k, ndcg_at_k,
-                              recall_at_k)
-from ..jsonl import read_json, replace_folder, write_json
+from ..eval.ranking import measure_rankings
+from ..eval.retrieval import composition_questions, keys_in_corpus, load_judged_questions
+from agentic_retriever.base.jsonl import read_json, replace_folder, write_json
 from .config import SELECT_METRIC_PATTERN
 
-__all__ = ["HeldOutPool", "SelectionRecord", "build_heldout_pool", "evaluate_on_pool", "heldout_callback",
-           "metric_at_k"]
+__all__ = ["HeldOutPool", "SelectionRecord", "build_heldout_pool", "evaluate_on_pool", "heldout_callback"]
 
 log = logging.getLogger(__name__)
 
-_METRICS = {"mrr": mrr_at_k, "recall": recall_at_k, "ndcg": ndcg_at_k}
 RECORD_FILE = "selection.json"
-
-
-def metric_at_k(name: str) -> tuple[Callable[[list[str], set[str], int], float], int]:
-    """(metric function, k) of a name such as ``mrr@10``, ``recall@5`` or ``ndcg@10``."""
-    match = SELECT_METRIC_PATTERN.match(name)
-    if not match:
-        raise ValueError(f"unknown selection metric {name!r}; use mrr@k, recall@k or ndcg@k")
-    return _METRICS[match.group(1)], int(match.group(2))
 
 
 @dataclass(frozen=True)
@@ -123,7 +113,10 @@ def build_heldout_pool(qa_path: str, index_dir: str, pool_size: int,
 def evaluate_on_pool(model, pool: HeldOutPool, metric: str, batch_size: int = 64) -> float:
     """Mean `metric` over the pool's questions when `model` (anything with sentence-transformers'
     ``encode``) ranks the whole pool by cosine similarity; the model's train/eval mode is kept."""
-    function, k = metric_at_k(metric)
+    match = SELECT_METRIC_PATTERN.match(metric)
+    if not match:
+        raise ValueError(f"unknown selection metric {metric!r}; use mrr@k, recall@k or ndcg@k")
+    k = int(match.group(2))
     was_training = getattr(model, "training", False)
     try:
         encode = dict(batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
@@ -134,8 +127,10 @@ def evaluate_on_pool(model, pool: HeldOutPool, metric: str, batch_size: int = 64
             model.train(was_training)
     scores = queries @ passages.T
     top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
-    values = [function([pool.titles[j] for j in ranked], relevant, k) for ranked, relevant in zip(top, pool.relevant)]
-    return float(np.mean(values))
+    rankings = {str(i): [pool.titles[j] for j in ranked] for i, ranked in enumerate(top)}
+    values = measure_rankings(rankings, {str(i): dict.fromkeys(relevant, 1) for i, relevant in enumerate(pool.relevant)},
+                              [metric])
+    return float(np.mean([values[str(i)][metric] for i in range(len(top))]))
 
 
 class SelectionRecord:

@@ -6,9 +6,9 @@ import re
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from ..curves import validate_report_to
-from ..encoder import COMPOSE_WITH, EncoderConfig
-from ..precision import Precision, resolve_native
+from agentic_retriever.base.curves import validate_report_to
+from agentic_retriever.base.encoder import COMPOSE_WITH, EncoderConfig
+from agentic_retriever.base.precision import Precision, resolve_native
 
 __all__ = ["LOSSES", "SELECT_METRIC_PATTERN", "SOFT_LABEL_KEYS", "RetrieverTrainConfig"]
 

@@ -31,8 +31,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..corpus import Corpus
-from ..jsonl import DataFormatError, iter_jsonl, require_field
+from agentic_retriever.base.corpus import Corpus
+from agentic_retriever.base.jsonl import DataFormatError, iter_jsonl, require_field
 from .config import SOFT_LABEL_KEYS
 
 __all__ = ["TrainingExample", "passage_utility", "read_training_examples"]

@@ -29,9 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..encoder import SEPARATOR, SETTINGS_FILE, Encoder, EncoderConfig, EncoderSettings, save_model_settings
-from ..jsonl import read_json, replace_folder, write_json
-from ..writer_lock import WriterLock, lock_beside
+from agentic_retriever.base.encoder import SEPARATOR, SETTINGS_FILE, Encoder, EncoderConfig, EncoderSettings, save_model_settings
+from agentic_retriever.base.jsonl import read_json, replace_folder, write_json
+from agentic_retriever.base.writer_lock import WriterLock, lock_beside
 
 __all__ = ["MANIFEST_FILE", "RetrieverExportConfig", "export_checkpoint", "model_card", "push_folder_to_hub",
            "read_whole_export", "save_trained_encoder"]

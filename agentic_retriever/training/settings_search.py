@@ -19,7 +19,7 @@ import logging
 import re
 from pathlib import Path
 
-from ..jsonl import read_json, write_json
+from agentic_retriever.base.jsonl import read_json, write_json
 from .config import RetrieverTrainConfig
 from .export import MANIFEST_FILE
 

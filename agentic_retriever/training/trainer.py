@@ -10,7 +10,7 @@ appears twice (the default; `sampler`: two rounds of one question share passages
 each other's false in-batch negatives); a warm-up whose first
 update already learns (`schedule`); model selection on held-out training questions that exports the base
 unchanged when training does not help (`checkpoint_selection`); the in-batch accuracy and KL in the logs, the metrics
-file and curves PNG (`agentic_retriever.curves`), and the logs to TensorBoard or W&B (``report_to``, files in
+file and curves PNG (`agentic_retriever.base.curves`), and the logs to TensorBoard or W&B (``report_to``, files in
 ``OUT.logs/``); the exported folder with its settings and model card (`export`); and a
 result cache keyed by data and settings.
 
@@ -36,12 +36,12 @@ from pathlib import Path
 
 from sentence_transformers import SentenceTransformerTrainer
 
-from ..corpus import Corpus
-from ..encoder import Encoder
-from ..precision import resolve
-from ..writer_lock import WriterLock, lock_beside
+from agentic_retriever.base.corpus import Corpus
+from agentic_retriever.base.curves import hf_reporting, resolve_report_to, train_resuming, write_training_curves
+from agentic_retriever.base.encoder import Encoder
+from agentic_retriever.base.precision import resolve
+from agentic_retriever.base.writer_lock import WriterLock, lock_beside
 from .config import RetrieverTrainConfig
-from ..curves import hf_reporting, resolve_report_to, train_resuming, write_training_curves
 from .data import TrainingExample, read_training_examples
 from .export import read_whole_export, save_trained_encoder
 from .schedule import warmup_linear_schedule

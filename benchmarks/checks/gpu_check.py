@@ -79,10 +79,10 @@ def rl_step(model: str, corpus: str, questions: int, max_new_tokens: int | None,
     import torch
     from bench_rollout import FixedPassages
 
-    from agentic_retriever.qa_sources import QARow
     from agent.rl.config import RLConfig
     from agent.rl.trainer import RLTrainer
-    from agentic_retriever.config import build_config
+    from agentic_retriever.app.config_loader import build_config
+    from agentic_retriever.base.qa_sources import QARow
 
     config = build_config(RLConfig, "agent_train", None, str(REPO_ROOT / "configs" / "search_r1_quickstart.yaml"))
     rows = [QARow(f"q{i}", f"Which river runs through city number {i}?", (f"river {i}",)) for i in range(questions)]
@@ -105,7 +105,7 @@ def index_build(model: str, corpus: str, json_out: str) -> None:
     """A flat index of `corpus` built with the encoder at `model`: seconds, and passages per second of the build."""
     import tempfile
 
-    from agentic_retriever.encoder import EncoderConfig
+    from agentic_retriever.base.encoder import EncoderConfig
     from agentic_retriever.index import IndexBuildConfig, build_index
 
     with tempfile.TemporaryDirectory() as out:
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--stand-ins", choices=["missing", "always"], default="missing",
                        help="stand-ins for the offline default packages this Python lacks, or for all of them")
     check.add_argument("--pytest-args", type=shlex.split, default=["-m", "not slow", "tests"],
-                       help="what the tests step passes to pytest, one string: --pytest-args \"-m 'not slow' tests/llm\"")
+                       help="what the tests step passes to pytest, one string: --pytest-args \"-m 'not slow' tests/base/llm\"")
     check.add_argument("--test-workers", type=int, default=8,
                        help="pytest-xdist workers of the tests step (where xdist is installed; 1: one process)")
     for name in ("rl", "index"):  # the steps' own workers, run by `run` in processes of their own

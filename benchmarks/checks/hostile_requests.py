@@ -35,7 +35,7 @@ def _rss_mb(pid: int) -> float:
 
 
 def _start(index: str, port: int, *extra: str, env: dict | None = None) -> subprocess.Popen:
-    process = subprocess.Popen([sys.executable, "-m", "agentic_retriever.cli", "index", "serve", "--index", index,
+    process = subprocess.Popen([sys.executable, "-m", "agentic_retriever.app.cli", "index", "serve", "--index", index,
                                 "--port", str(port), "--admin-token", "admin", *extra],
                                env=env or os.environ, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
@@ -95,7 +95,7 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait(timeout=60)
-    exposed = subprocess.run([sys.executable, "-m", "agentic_retriever.cli", "index", "serve", "--index", index,
+    exposed = subprocess.run([sys.executable, "-m", "agentic_retriever.app.cli", "index", "serve", "--index", index,
                               "--host", "0.0.0.0", "--port", str(port)], capture_output=True, text=True, timeout=120,
                              env={k: v for k, v in os.environ.items() if k != "AGENTIC_RETRIEVER_API_KEY"})
     rows.append({"request": "index serve --host 0.0.0.0 without a key", "status": f"exit {exposed.returncode}",

@@ -76,7 +76,7 @@ def record_vllm() -> str:
 def step_agent(out: Path) -> dict:
     """The warm-started agent of the default stack: quickstart's data, base index and ``agent sft`` (each resumed or
     cached: after `make demo` this takes seconds), run from the current folder as `make demo` runs them."""
-    cli = [sys.executable, "-m", "agentic_retriever.cli"]
+    cli = [sys.executable, "-m", "agentic_retriever.app.cli"]
     for command in (["data", "prepare"], ["index", "build"], ["agent", "sft"]):
         done = subprocess.run([*cli, *command, "--config", str(ROOT / "configs" / "quickstart.yaml")],
                               capture_output=True, text=True)
@@ -280,14 +280,14 @@ def step_grpo(out: Path) -> dict:
 def step_pickup(out: Path) -> dict:
     """``agent rollout`` with a picked-up checkpoint folder as the agent (the loop's next step does this): the ppo
     run's, or the grpo run's when ppo was blocked."""
-    from agentic_retriever.jsonl import iter_jsonl
+    from agentic_retriever.base.jsonl import iter_jsonl
     from vllm_check import _service
 
     runs = [json.loads(path.read_text()) for path in (out / "step_ppo.json", out / "step_grpo.json") if path.is_file()]
     folder = next(run["checkpoint"] for run in runs if run.get("checkpoint"))
     (out / "pickup.jsonl").unlink(missing_ok=True)  # agent rollout completes a file it finds: start afresh
     with _service(out / "data") as url:
-        done = subprocess.run([sys.executable, "-m", "agentic_retriever.cli", "agent", "rollout",
+        done = subprocess.run([sys.executable, "-m", "agentic_retriever.app.cli", "agent", "rollout",
                                "--qa", str(out / "data" / "qa.jsonl"), "--agent.model", folder,
                                "--retrieval.url", url, "--limit", "4", "--out", str(out / "pickup.jsonl")],
                               capture_output=True, text=True)

@@ -1,7 +1,7 @@
 """The LLM backends against the real vLLM, on the CPU (`make vllm-check`; vLLM's CPU build in its own venv).
 
 Every paper-scale step (rollouts, GAC continuations, the listwise LR scorer, the sub-answers) goes through
-`agentic_retriever.llm.vllm` or `agentic_retriever.llm.openai` against vLLM; the unit tests use fakes. This runs the
+`agentic_retriever.base.llm.vllm` or `agentic_retriever.base.llm.openai` against vLLM; the unit tests use fakes. This runs the
 real engine on the converted SmolLM2-135M-Instruct of the default stack, each step in its own process with a timeout:
 
   a. greedy parity: our vLLM backend and the transformers backend, both in fp32, on the same Search-R1 prompts (token
@@ -37,13 +37,13 @@ os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 2))
 def _model() -> str:
     """The agent: ``--agent`` (e.g. the demo's warm-started SmolLM2, which writes the dialect's tags), else the
     converted SmolLM2-135M-Instruct of the default stack."""
-    from agentic_retriever.defaults import smollm2_hf_dir
+    from agentic_retriever.base.defaults import smollm2_hf_dir
 
     return os.environ.get("VLLM_CHECK_AGENT") or str(smollm2_hf_dir())
 
 
 def _vllm_llm(precision: str = "bf16"):
-    from agentic_retriever.llm import LLMConfig, load_llm
+    from agentic_retriever.base.llm import LLMConfig, load_llm
 
     # vLLM 0.32's CPU build crashes ("CPU Generator does not use offset") rewinding a seeded request's generator
     # after a chunked prefill: sampled rollouts with observations hit it, so prefills are not chunked here
@@ -52,18 +52,18 @@ def _vllm_llm(precision: str = "bf16"):
 
 
 def _transformers_llm():
-    from agentic_retriever.llm import LLMConfig, load_llm
+    from agentic_retriever.base.llm import LLMConfig, load_llm
 
     return load_llm(LLMConfig(backend="transformers", model=_model(), precision="fp32", device="cpu"))
 
 
 def prepare(out: Path, questions: int = QUESTIONS) -> dict:
     """`questions` answerable leaf train questions and a MiniLM index of a few hundred passages holding them."""
-    from agentic_retriever.corpus import split_contents
-    from agentic_retriever.data.prepare import PrepareConfig, prepare_defaults
-    from agentic_retriever.encoder import EncoderConfig
+    from agentic_retriever.base.corpus import split_contents
+    from agentic_retriever.base.data.prepare import PrepareConfig, prepare_defaults
+    from agentic_retriever.base.encoder import EncoderConfig
+    from agentic_retriever.base.jsonl import iter_jsonl, write_jsonl
     from agentic_retriever.index import DenseParams, IndexBuildConfig, build_index
-    from agentic_retriever.jsonl import iter_jsonl, write_jsonl
 
     prepare_defaults(PrepareConfig(out=str(out / "data")))
     rows = [row for _, row in iter_jsonl(out / "data" / "fanoutqa_leaf_train_answerable.jsonl")][:questions]
@@ -80,7 +80,7 @@ def prepare(out: Path, questions: int = QUESTIONS) -> dict:
 
 def _prompts(llm, out: Path) -> list[list[int]]:
     from agent.env import EnvConfig, Environment
-    from agentic_retriever.qa_sources import read_qa_rows
+    from agentic_retriever.base.qa_sources import read_qa_rows
 
     env = Environment(llm.tokenizer, EnvConfig(), llm.chat_prompt)
     return [env.start(row.question).context_ids() for row in read_qa_rows(out / "qa.jsonl")]
@@ -95,7 +95,7 @@ def _timed_generate(llm, prompts, params) -> tuple[list, float]:
 
 def step_a(out: Path) -> dict:
     """Greedy parity and generation throughput, vLLM against transformers."""
-    from agentic_retriever.llm import SamplingParams
+    from agentic_retriever.base.llm import SamplingParams
 
     params = SamplingParams(max_new_tokens=64, stop=["</search>", "</answer>"])
     with _transformers_llm() as reference:
@@ -127,7 +127,7 @@ def _rollouts(llm, url: str, qa: Path, path: Path) -> tuple[dict, float]:
     from agent.env import EnvConfig
     from agent.rollouts import run_rollouts
     from agent.trajectory import read_trajectories
-    from agentic_retriever.client import HttpRetrievalClient
+    from agentic_retriever.base.client import HttpRetrievalClient
 
     env = EnvConfig(temperature=1.0, max_turns=2, max_new_tokens_per_turn=64)
     started = time.perf_counter()
@@ -158,7 +158,7 @@ def step_b(out: Path) -> dict:
 
 def step_c(out: Path) -> dict:
     """Rollout GAC on vLLM: the agent continues each round with each candidate."""
-    from agentic_retriever.client import HttpRetrievalClient
+    from agentic_retriever.base.client import HttpRetrievalClient
     from agentic_retriever.mining.config import MiningConfig
     from agentic_retriever.mining.pipeline import mine
     from agentic_retriever.mining.selection import SelectionConfig
@@ -177,9 +177,9 @@ def step_c(out: Path) -> dict:
 def step_d(out: Path) -> dict:
     """`vllm serve` with our OpenAI backend as the listwise LR scorer and the sub-answer writer; the server started
     and stopped as the loop does its step servers (`StepServices`)."""
-    from agentic_retriever.client import HttpRetrievalClient
-    from agentic_retriever.llm import LLMConfig, load_llm
-    from agentic_retriever.loop.processes import ServiceSpec, StepServices
+    from agentic_retriever.app.loop.processes import ServiceSpec, StepServices
+    from agentic_retriever.base.client import HttpRetrievalClient
+    from agentic_retriever.base.llm import LLMConfig, load_llm
     from agentic_retriever.mining.config import MiningConfig
     from agentic_retriever.mining.pipeline import mine
     from agentic_retriever.mining.selection import SelectionConfig

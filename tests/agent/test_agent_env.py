@@ -8,11 +8,11 @@ import pytest
 
 from agent.dialects import DIALECTS, SearchR1Dialect
 from agent.env import EnvConfig, Prefix, Rollout, rollout
-from agentic_retriever.qa_sources import QARow
 from agent.rollouts import make_trajectory
-from agentic_retriever.client import RetrievalClient
-from agentic_retriever.corpus import ScoredPassage
-from agentic_retriever.llm.base import LLM
+from agentic_retriever.base.client import RetrievalClient
+from agentic_retriever.base.corpus import ScoredPassage
+from agentic_retriever.base.llm.protocol import LLM
+from agentic_retriever.base.qa_sources import QARow
 from tests.fakes import FakeClient, ScriptedLLM, load_smollm2_tokenizer
 
 

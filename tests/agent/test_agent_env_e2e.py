@@ -9,11 +9,11 @@ import torch
 
 from agent.dialects import SearchR1Dialect
 from agent.env import EnvConfig, Prefix, rollout
-from agentic_retriever.client import LocalRetrievalClient
-from agentic_retriever.encoder import EncoderConfig
+from agentic_retriever.base.corpus import ScoredPassage
+from agentic_retriever.base.encoder import EncoderConfig
+from agentic_retriever.base.llm import LLMConfig, load_llm
 from agentic_retriever.index import DenseParams, IndexBuildConfig, build_index, open_index
-from agentic_retriever.corpus import ScoredPassage
-from agentic_retriever.llm import LLMConfig, load_llm
+from agentic_retriever.retrieval import LocalRetrievalClient
 from tests.fakes import synthetic_rows, write_jsonl
 
 pytestmark = pytest.mark.slow  # both tests share a module-scoped tiny Llama and a real index, seconds to build

@@ -10,10 +10,10 @@ import pytest
 
 from agent.env import EnvConfig
 from agent.evaluate import evaluate_trajectories
-from agentic_retriever.qa_sources import QARow, read_qa_rows
 from agent.rollouts import RolloutSettingsMismatch, rollout_settings_path, run_rollouts
 from agent.trajectory import Retrieved, Trajectory, TrajectoryWriter, Turn, read_trajectories
-from agentic_retriever.jsonl import DataFormatError
+from agentic_retriever.base.jsonl import DataFormatError
+from agentic_retriever.base.qa_sources import QARow, read_qa_rows
 from tests.fakes import FakeClient, ScriptedLLM, load_smollm2_tokenizer
 
 

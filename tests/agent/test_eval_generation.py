@@ -19,8 +19,8 @@ from agent.evaluate import (
 )
 from agent.s3_rag_baseline import NaiveRagCache
 from agent.trajectory import TrajectoryWriter
-from agentic_retriever.config import build_config
-from agentic_retriever.corpus import Passage, ScoredPassage
+from agentic_retriever.app.config_loader import build_config
+from agentic_retriever.base.corpus import Passage, ScoredPassage
 from tests.agent.test_s3_rag_baseline import AnsweringLLM, QuestionClient
 from tests.fakes import answer_turn, make_trajectory, search_turn
 
@@ -123,14 +123,14 @@ def test_without_a_generator_the_report_is_unchanged(trajectory_file):
 
 
 def test_a_judge_without_a_generator_judges_the_agents_own_answers(trajectory_file, monkeypatch):
-    from tests.agent.test_when_to_search_rewards import ScriptedJudge
+    from tests.agent.rewards.test_when_to_search_rewards import ScriptedJudge
 
     flags = argparse.Namespace(workdir="w", trajectories=str(trajectory_file))
     config = build_config(AgentEvalConfig, "eval_agent", flags)
     config.judge.model = "judge"
     plain = evaluate_trajectories(trajectory_file)
     judge = ScriptedJudge(["YES"] * plain["trajectories"])
-    monkeypatch.setattr("agentic_retriever.llm.load_llm", lambda settings: judge)
+    monkeypatch.setattr("agentic_retriever.base.llm.load_llm", lambda settings: judge)
     report = evaluate_agent(config)
     asked = sum(len(call) for call in judge.calls)
     assert len(judge.calls) <= 1 and report["judge"]["judge_calls"] == asked

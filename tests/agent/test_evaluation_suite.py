@@ -7,10 +7,10 @@ import json
 import pytest
 
 from agent.evaluation_suite import PAPER_QA, SuiteConfig, run_suite
-from agentic_retriever.cli import main
-from agentic_retriever.encoder import EncoderConfig
+from agentic_retriever.app.cli import main
+from agentic_retriever.base.encoder import EncoderConfig
+from agentic_retriever.base.qa_sources import parse_qa_sources
 from agentic_retriever.index import IndexBuildConfig, build_index
-from agentic_retriever.qa_sources import parse_qa_sources
 from tests.fakes import FakeAgent, make_world, synthetic_rows, write_jsonl
 
 def qa(path, dataset_rows):

@@ -10,11 +10,11 @@ import re
 import pytest
 
 from agent.s3_rag_baseline import NaiveRagCache, is_yes_no, retriever_identity, training_filter_counts, training_rows
-from agentic_retriever.qa_sources import QARow
-from agentic_retriever.corpus import ScoredPassage
-from agentic_retriever.jsonl import DataFormatError
-from agentic_retriever.llm.base import Generation, SamplingParams
-from agentic_retriever.writer_lock import WriterLockedError
+from agentic_retriever.base.corpus import ScoredPassage
+from agentic_retriever.base.jsonl import DataFormatError
+from agentic_retriever.base.llm.protocol import Generation, SamplingParams
+from agentic_retriever.base.qa_sources import QARow
+from agentic_retriever.base.writer_lock import WriterLockedError
 from tests.fakes import FakeClient, Killed
 
 
@@ -93,7 +93,7 @@ def test_a_killed_run_resumes_without_losing_or_duplicating_rows(tmp_path):
 
 
 def test_a_second_run_on_the_same_cache_file_is_refused_while_the_first_holds_it(tmp_path):
-    from agentic_retriever.writer_lock import WriterLock, lock_beside
+    from agentic_retriever.base.writer_lock import WriterLock, lock_beside
 
     cache = NaiveRagCache(tmp_path, "retriever-a", "generator-a", None)
     with WriterLock(lock_beside(cache.path), "another naive-RAG run"):  # held as a run in another process holds it

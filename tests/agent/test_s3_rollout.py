@@ -16,11 +16,11 @@ import pytest
 from agent.dialects import S3Dialect, SelectedDocuments
 from agent.dialects.s3 import SEARCHER_PROMPT, S3Settings, format_documents
 from agent.env import EnvConfig, Rollout, rollout
-from agentic_retriever.qa_sources import QARow
 from agent.rollouts import make_trajectory
 from agent.trajectory import TrajectoryWriter, read_trajectories
-from agentic_retriever.corpus import Passage, ScoredPassage
-from agentic_retriever.jsonl import DataFormatError
+from agentic_retriever.base.corpus import Passage, ScoredPassage
+from agentic_retriever.base.jsonl import DataFormatError
+from agentic_retriever.base.qa_sources import QARow
 from tests.fakes import CharScriptedLLM
 
 BUDGET = S3Settings().max_doc_tokens  # 1,400 document tokens per turn ([P] Appendix A.2)

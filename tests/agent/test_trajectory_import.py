@@ -10,10 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from agent.dialects.search_r1 import INVALID_ACTION_MESSAGE, PROMPT_TEMPLATE
-from agent.trajectory_import import ImportConfig, import_trajectories, split_response
 from agent.trajectory import Trajectory, read_trajectories
-from agentic_retriever.cli import main
-from agentic_retriever.jsonl import DataFormatError, read_json
+from agent.trajectory_import import ImportConfig, import_trajectories, split_response
+from agentic_retriever.app.cli import main
+from agentic_retriever.base.jsonl import DataFormatError, read_json
 from agentic_retriever.mining import mine
 from tests.fakes import FakeAgent, FakeScorer, write_jsonl
 from tests.mining.test_mining_pipeline import WORLD, config, trajectories

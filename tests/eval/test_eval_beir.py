@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from agentic_retriever.corpus import Corpus
-from agentic_retriever.eval.beir import (beir_mrr_at_k, beir_ndcg_at_k, beir_recall_at_k, evaluate_beir,
-                                         load_beir)
-from agentic_retriever.jsonl import DataFormatError
+from agentic_retriever.base.corpus import Corpus
+from agentic_retriever.eval.beir import evaluate_beir, load_beir
+from agentic_retriever.eval.ranking import query_measures
+from agentic_retriever.base.jsonl import DataFormatError
 from tests.fakes import write_jsonl
 
 DOCS = {  # BEIR corpus rows; "q3" is also a query id (as in ArguAna, where queries are documents)
@@ -77,6 +77,14 @@ def test_the_reader_keeps_the_judged_queries_in_qrels_order_with_graded_scores(b
     assert list(dataset.queries) == ["q1", "q2", "q3", "q5"]  # q4 is not judged in the split
     assert dataset.queries["q3"] == "where does lava escape"
     assert dataset.qrels["q1"] == {"d1": 2, "d2": 1, "d3": 0} and dataset.qrels["q5"] == {"d6": 0}
+
+
+def _measure(name: str):
+    """A BEIR measure as a function of (ranked ids, qrels, k), as trec_eval computes it."""
+    return lambda ranked, qrels, k: query_measures(ranked, qrels, [f"{name}@{k}"])[f"{name}@{k}"]
+
+
+beir_ndcg_at_k, beir_recall_at_k, beir_mrr_at_k = _measure("ndcg"), _measure("recall"), _measure("mrr")
 
 
 def test_metrics_by_hand_graded_ndcg_recall_and_mrr():
@@ -161,7 +169,7 @@ def test_index_build_reads_the_beir_corpus_as_it_is(tmp_path):
 
 
 def test_cli_evaluates_a_beir_folder_and_keeps_the_qa_path(tmp_path, capsys):
-    from agentic_retriever.cli import main
+    from agentic_retriever.app.cli import main
     from agentic_retriever.index import IndexBuildConfig, build_index
 
     folder = write_beir(tmp_path / "beir")

@@ -2,12 +2,19 @@ import math
 
 import pytest
 
-from agentic_retriever.eval.retrieval import (
-    evaluate_retrieval, load_judged_questions, mrr_at_k, ndcg_at_k, recall_at_k,
-)
+from agentic_retriever.base.jsonl import DataFormatError
+from agentic_retriever.eval.ranking import measure_rankings, query_measures
+from agentic_retriever.eval.retrieval import evaluate_retrieval, load_judged_questions
 from agentic_retriever.index import IndexBuildConfig, build_index, open_index
-from agentic_retriever.jsonl import DataFormatError
 from tests.fakes import write_jsonl
+
+
+def _measure(name: str):
+    """One ranking measure as a function of (ranked keys, relevant keys, k), as trec_eval computes it."""
+    return lambda ranked, relevant, k: query_measures(ranked, relevant, [f"{name}@{k}"])[f"{name}@{k}"]
+
+
+recall_at_k, mrr_at_k, ndcg_at_k = _measure("recall"), _measure("mrr"), _measure("ndcg")
 
 
 def test_metrics_on_hand_computed_cases():
@@ -27,6 +34,17 @@ def test_a_relevant_title_counts_once_at_its_first_passage():
     ranked_titles = ["T", "T", "U", "T"]
     assert recall_at_k(ranked_titles, {"T"}, 4) == 1.0
     assert ndcg_at_k(ranked_titles, {"T", "U"}, 4) == pytest.approx((1 + 1 / math.log2(4)) / (1 + 1 / math.log2(3)))
+    # a repeated title keeps its place: U is third, not second
+    assert mrr_at_k(["T", "T", "U"], {"U"}, 10) == pytest.approx(1 / 3) and recall_at_k(["T", "T", "U"], {"U"}, 2) == 0
+
+
+def test_queries_without_a_relevant_key_or_a_ranking_score_zero_and_the_others_are_trec_evals():
+    values = measure_rankings({"a": ["x", "y"], "b": [], "c": ["y", "x"]}, {"a": {"x": 0}, "b": {"x": 1}, "c": {"x": 1}},
+                              ["recall@1", "mrr@10", "success@2"])
+    assert values["a"] == values["b"] == {"recall@1": 0.0, "mrr@10": 0.0, "success@2": 0.0}
+    assert values["c"] == {"recall@1": 0.0, "mrr@10": 0.5, "success@2": 1.0}
+    with pytest.raises(ValueError, match="unknown ranking measure 'map@5'"):
+        query_measures(["x"], {"x"}, ["map@5"])
 
 
 def test_evaluation_by_title_and_by_id_skips_questions_without_relevant_passages(tmp_path):
@@ -197,7 +215,7 @@ def test_bm25_ignores_the_composition_questions(tmp_path):
 
 
 def test_cli_compares_two_reports_question_by_question(tmp_path, capsys):
-    from agentic_retriever.cli import main
+    from agentic_retriever.app.cli import main
 
     _answer_corpus(tmp_path)
     leaves, parents = _leaf_and_parents(tmp_path)
@@ -246,3 +264,34 @@ def test_parent_or_self_composes_a_row_without_a_parent_with_its_own_question(tm
     assert composition_questions(mixed[3:], "parent_or_self") == ["a top-level question?"]  # no parent file needed
     with pytest.raises(ValueError, match="needs parent_qa"):
         composition_questions(mixed, "parent_or_self")
+
+
+def test_trec_evals_figures_are_the_stated_definitions_on_random_title_rankings_with_repeats():
+    """The module's definitions, written out here as the oracle: a relevant key counts once at its first rank,
+    repeats keep their places; the figures our tables printed before ir-measures computed them."""
+    import random
+
+    def first_hits(ranked, relevant, k):
+        seen, ranks = set(), []
+        for rank, key in enumerate(ranked[:k], start=1):
+            if key in relevant and key not in seen:
+                seen.add(key)
+                ranks.append(rank)
+        return ranks
+
+    def oracle(ranked, relevant, k):
+        hits = first_hits(ranked, relevant, k)
+        ideal = sum(1 / math.log2(r + 1) for r in range(1, min(len(relevant), k) + 1))
+        return {f"recall@{k}": len(hits) / len(relevant), f"mrr@{k}": 1 / hits[0] if hits else 0.0,
+                f"ndcg@{k}": sum(1 / math.log2(r + 1) for r in hits) / ideal}
+
+    rng = random.Random(7)
+    titles = [f"title {i}" for i in range(25)]
+    rankings, qrels, expected = {}, {}, {}
+    for q in range(300):
+        ranked = [rng.choice(titles) for _ in range(20)]
+        relevant = set(rng.sample(titles, rng.randint(1, 4)))
+        rankings[str(q)], qrels[str(q)] = ranked, dict.fromkeys(relevant, 1)
+        expected[str(q)] = oracle(ranked, relevant, 1) | oracle(ranked, relevant, 5) | oracle(ranked, relevant, 10)
+    got = measure_rankings(rankings, qrels, list(expected["0"]))
+    assert all(got[q][name] == pytest.approx(value, abs=1e-12) for q in expected for name, value in expected[q].items())

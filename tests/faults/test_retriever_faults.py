@@ -40,7 +40,7 @@ def _train_code(model: str, corpus: Path, rows: Path, out: Path, learning_rate: 
     return f"""
         import logging
         logging.basicConfig(level=logging.INFO)
-        from agentic_retriever.encoder import EncoderConfig
+        from agentic_retriever.base.encoder import EncoderConfig
         from agentic_retriever.training.config import RetrieverTrainConfig
         from agentic_retriever.training.trainer import train_retriever
         encoder = EncoderConfig(model={model!r}, composition="question_sep_query", query_prefix="query: ",
@@ -74,9 +74,9 @@ def _leftovers(folder: Path) -> list[str]:
     # the issue's case: killed while checkpoint-3 has its weights but no trainer_state.json yet
     ("transformers.trainer_callback:TrainerState.save_to_json", 1, "checkpoint-3 without trainer_state.json"),
     # checkpoint-3 whole and marked, checkpoint-6 written but killed before its marker: resume from 3
-    ("agentic_retriever.hf_checkpoints:write_json", 2, "checkpoint-6 without its marker"),
+    ("agentic_retriever.base.hf_checkpoints:write_json", 2, "checkpoint-6 without its marker"),
     # training done, the export folder filled but not yet renamed in
-    ("agentic_retriever.jsonl:give_new_file_modes", 1, "the export not yet renamed in"),
+    ("agentic_retriever.base.jsonl:give_new_file_modes", 1, "the export not yet renamed in"),
 ], ids=["mid-checkpoint", "before-the-marker", "before-the-export-rename"])
 def test_a_training_killed_while_saving_resumes_to_the_uninterrupted_weights(
         kill_at, nth, reached, tmp_path, tiny_model_dir, uninterrupted):

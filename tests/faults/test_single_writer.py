@@ -40,8 +40,8 @@ def _run_in(cwd, code: str) -> subprocess.CompletedProcess:
 
 
 _LOOP = """
-    from agentic_retriever.loop.runner import run_loop
-    from tests.loop.test_loop import make_job
+    from agentic_retriever.app.loop.runner import run_loop
+    from tests.app.loop.test_loop import make_job
     run_loop(make_job("unused-encoder", "unused-agent"))
 """
 
@@ -57,7 +57,7 @@ def holders():
 
 
 def test_a_second_loop_on_the_same_folder_is_refused_and_a_dead_loops_lock_is_taken_over(tmp_path, holders):
-    patch = "import agentic_retriever.loop.runner as runner; runner._run_loop = paused"
+    patch = "import agentic_retriever.app.loop.runner as runner; runner._run_loop = paused"
     holder = _hold(textwrap.dedent(_PAUSED).format(patch=patch) + textwrap.dedent(_LOOP), tmp_path)
     holders.append(holder)
     second = _run_in(tmp_path, _LOOP)
@@ -69,7 +69,7 @@ def test_a_second_loop_on_the_same_folder_is_refused_and_a_dead_loops_lock_is_ta
     holder.send_signal(signal.SIGKILL)
     holder.wait()
     ran = """
-        import agentic_retriever.loop.runner as runner
+        import agentic_retriever.app.loop.runner as runner
         runner._run_loop = lambda *args: print("ran as the loop folder's writer")
     """
     after = _run_in(tmp_path, textwrap.dedent(ran) + textwrap.dedent(_LOOP))

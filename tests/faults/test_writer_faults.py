@@ -8,7 +8,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -136,7 +135,7 @@ _QUERIES = ["river castle", "comet near the glacier", "item 42", "holds item 7 o
 def _build_code(model: str, corpus: Path, out: Path, embeddings: Path) -> str:
     return f"""
         import json
-        from agentic_retriever.encoder import EncoderConfig
+        from agentic_retriever.base.encoder import EncoderConfig
         from agentic_retriever.index import DenseParams, IndexBuildConfig, build_index, open_index
         build_index(IndexBuildConfig(corpus={str(corpus)!r}, out={str(out)!r},
                                      dense=DenseParams(chunk_size=64, embeddings_dir={str(embeddings)!r}),
@@ -167,7 +166,7 @@ def test_an_index_build_killed_while_encoding_resumes_at_its_last_chunk(tmp_path
                                                                          built_uninterrupted):
     corpus = write_jsonl(tmp_path / "corpus.jsonl", synthetic_rows(300))
     code = _build_code(tiny_model_dir, corpus, tmp_path / "idx", tmp_path / "emb")
-    assert killed(run_child(code, kill_at="agentic_retriever.encoder:Encoder.encode_passages", nth=3))
+    assert killed(run_child(code, kill_at="agentic_retriever.base.encoder:Encoder.encode_passages", nth=3))
     state = next((tmp_path / "emb").glob("*.state.json"))
     assert json.loads(state.read_text())["rows_done"] == 128  # two chunks of 64 were final
     _assert_same_index(_answers_of(succeeded(run_child(code))), built_uninterrupted)
@@ -255,8 +254,8 @@ def test_a_rebuild_killed_at_its_manifest_leaves_one_whole_index_and_the_rerun_g
 _LOOP = """
     import json
     from pathlib import Path
-    from agentic_retriever.loop import LoopConfig, LoopJob
-    from agentic_retriever.loop.runner import _Loop
+    from agentic_retriever.app.loop import LoopConfig, LoopJob
+    from agentic_retriever.app.loop.runner import _Loop
 
     state = _Loop(LoopJob(loop=LoopConfig(out={out!r}), agent_train=None, rollout=None, mine=None, train=None,
                           index=None))

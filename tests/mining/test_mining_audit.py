@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from agentic_retriever.cli import build_parser, main, modernize
-from agentic_retriever.jsonl import DataFormatError
+from agentic_retriever.app.cli import build_parser, main, modernize
+from agentic_retriever.base.jsonl import DataFormatError
 from agentic_retriever.eval.mining_audit import audit_mining, mann_whitney_auc
 
 

@@ -1,4 +1,4 @@
-"""Mining's caches key on content, not on names and paths (`agentic_retriever.fingerprint`): a model retrained in
+"""Mining's caches key on content, not on names and paths (`agentic_retriever.base.fingerprint`): a model retrained in
 place or another index mined into the same folder is recomputed; the same weights or index elsewhere is reused."""
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agentic_retriever import fingerprint
-from agentic_retriever.client import HttpRetrievalClient, LocalRetrievalClient
-from agentic_retriever.fingerprint import SIDECAR, llm_fingerprint, model_fingerprint
+from agentic_retriever.base import fingerprint
+from agentic_retriever.base.client import HttpRetrievalClient
+from agentic_retriever.base.fingerprint import SIDECAR, llm_fingerprint, model_fingerprint
 from agentic_retriever.index import IndexBuildConfig, build_index, open_index
 from agentic_retriever.mining import MiningConfig, SelectionConfig, mine
+from agentic_retriever.retrieval import LocalRetrievalClient
 from tests.fakes import FakeAgent, FakeScorer, answer_turn, make_trajectory, make_world, search_turn
 
 OLD = 1_600_000_000 * 10**9  # a modification time long before any fingerprint is computed
@@ -133,7 +134,7 @@ def test_a_cached_hub_model_is_its_commit_and_an_unknown_name_is_itself_with_a_w
 
 
 def test_a_served_model_is_its_served_name_with_a_warning(caplog):
-    from agentic_retriever.llm.openai import OpenAILLM
+    from agentic_retriever.base.llm.openai import OpenAILLM
 
     llm = OpenAILLM("Qwen/Qwen2.5-72B-Instruct", base_url="http://gpu-node:8000/v1")
     with caplog.at_level(logging.WARNING):
@@ -142,7 +143,7 @@ def test_a_served_model_is_its_served_name_with_a_warning(caplog):
 
 
 def test_a_loaded_transformers_model_is_fingerprinted_by_its_folder(tmp_path, tiny_causal_lm_dir):
-    from agentic_retriever.llm.transformers import TransformersLLM
+    from agentic_retriever.base.llm.transformers import TransformersLLM
     from agentic_retriever.mining.usage import CountingLLM
 
     folder = shutil.copytree(tiny_causal_lm_dir, tmp_path / "agent")

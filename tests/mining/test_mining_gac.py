@@ -9,7 +9,7 @@ import re
 import pytest
 
 from agent.env import EnvConfig
-from agentic_retriever.corpus import ScoredPassage
+from agentic_retriever.base.corpus import ScoredPassage
 from agentic_retriever.mining.gac import GACRequest, answer_likelihood_gac, answer_pieces, gac_value, rollout_gac
 from agentic_retriever.mining.rounds import extract_rounds
 from tests.fakes import FakeAgent, answer_turn, last_information, make_trajectory, make_world, search_turn

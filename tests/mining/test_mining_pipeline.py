@@ -255,7 +255,7 @@ def test_bad_inputs_are_refused_with_the_reason(trajectory_file, tmp_path):
 def test_real_transformers_backend_runs_the_likelihood_scorers_and_rollouts(tmp_path, tiny_causal_lm_dir):
     """Mechanics on a tiny random model: pointwise LR and answer likelihood through `score`, rollout GAC."""
     from agent.env import EnvConfig
-    from agentic_retriever.llm.transformers import TransformersLLM
+    from agentic_retriever.base.llm.transformers import TransformersLLM
 
     path = tmp_path / "one.jsonl"
     path.write_text(json.dumps(trajectories()[0].to_json()) + "\n")  # 2 rounds

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from agentic_retriever.cli import main
+from agentic_retriever.app.cli import main
 from agentic_retriever.mining import merge_shards
 from agentic_retriever.mining.plan import PlanConfig, merge_plans, plan_mining, token_counter
 from tests.mining.test_mining_pipeline import config, run, trajectories
@@ -58,7 +58,7 @@ def test_before_the_rollouts_the_plan_reads_the_questions_and_its_assumptions():
 
 def test_mine_run_plan_only_prints_the_plan_and_loads_no_model(trajectory_file, tmp_path, tiny_causal_lm_dir,
                                                                capsys, monkeypatch):
-    import agentic_retriever.llm as llm_package
+    import agentic_retriever.base.llm as llm_package
 
     monkeypatch.setattr(llm_package, "load_llm", lambda *a, **k: pytest.fail("the plan loads no model"))
     main(["mine", "run", "--trajectories", str(trajectory_file), "--index", str(tmp_path / "none"),

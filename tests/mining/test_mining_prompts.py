@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from agentic_retriever.corpus import Passage
+from agentic_retriever.base.corpus import Passage
 from agentic_retriever.mining import prompts
 from agentic_retriever.mining.prompts import passage_text, relevance_prompt, sub_answer_prompt
 

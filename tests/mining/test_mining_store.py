@@ -2,17 +2,32 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
 
-from agentic_retriever.jsonl import DataFormatError
-from agentic_retriever.mining.store import StageStore, StoreLockedError, stable_hash
+from agentic_retriever.base.fingerprint import stable_hash
+from agentic_retriever.base.jsonl import DataFormatError
+from agentic_retriever.mining.store import StageStore, StoreLockedError
 
 
 def test_stable_hash_is_canonical():
     assert stable_hash({"a": 1, "b": [1, 2]}) == stable_hash({"b": [1, 2], "a": 1})
     assert stable_hash({"a": 1}) != stable_hash({"a": 2}) and len(stable_hash("x")) == 32
+
+
+def test_stable_hash_gives_the_keys_existing_caches_were_named_by():
+    """Mining's stores were keyed by BLAKE2b-128 of the canonical JSON, s3's naive-RAG files by SHA-256 of the same
+    text: the one hash gives both, so no cache written before is orphaned."""
+    obj = {"b": [1, "é"], "a": None}
+    text = json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()
+    assert stable_hash(obj) == hashlib.blake2b(text, digest_size=16).hexdigest()
+    assert stable_hash(obj, 16, "sha256") == hashlib.sha256(text).hexdigest()[:16]
+    with pytest.raises(ValueError, match="blake2b and sha256"):
+        stable_hash(obj, algorithm="md5")
+    with pytest.raises(ValueError, match="even number"):
+        stable_hash(obj, 7)
 
 
 def test_put_get_and_reopen(tmp_path):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from agentic_retriever.jsonl import DataFormatError
+from agentic_retriever.base.jsonl import DataFormatError
 from agentic_retriever.mining import MiningConfig
 from agentic_retriever.mining.sub_questions import SubQuestion, pursued_sub_question, read_sub_questions
 from tests.fakes import FakeAgent

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from agentic_retriever.encoder import EncoderConfig
+from agentic_retriever.base.encoder import EncoderConfig
 from agentic_retriever.index import IndexBuildConfig, build_index, open_index
 from tests.retrieval.topics import CONTENTS
 

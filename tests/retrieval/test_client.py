@@ -8,7 +8,8 @@ import socket
 import httpx
 import pytest
 
-from agentic_retriever.client import HttpRetrievalClient, LocalRetrievalClient, RetrievalClient, RetrievalServiceError
+from agentic_retriever.base.client import HttpRetrievalClient, RetrievalClient, RetrievalServiceError
+from agentic_retriever.retrieval import LocalRetrievalClient
 from agentic_retriever.server import ServerThread, create_app
 from tests.retrieval.topics import CONTENTS, PASSAGES, QUERIES
 

@@ -7,14 +7,14 @@ import types
 import numpy as np
 import pytest
 
-from agentic_retriever.corpus import Corpus
-from agentic_retriever.encoder import Encoder, EncoderConfig
+from agentic_retriever.base.corpus import Corpus
+from agentic_retriever.base.encoder import Encoder, EncoderConfig
 from agentic_retriever.index import (
     BM25Params, DenseParams, IndexBuildConfig, IndexManifest, IndexMismatchError, build_index, open_index,
 )
 from agentic_retriever.index import dense as dense_module
-from agentic_retriever.fingerprint import index_identity
 from agentic_retriever.index.dense import chunk_rows
+from agentic_retriever.index.identity import index_identity
 from tests.fakes import SYNTHETIC_QUERIES as QUERIES
 from tests.fakes import synthetic_rows, write_jsonl
 

@@ -15,7 +15,7 @@ import faiss
 import numpy as np
 import pytest
 
-from agentic_retriever.encoder import EncoderConfig
+from agentic_retriever.base.encoder import EncoderConfig
 from agentic_retriever.index import BM25Params, DenseParams, IndexBuildConfig, IndexManifest, build_index, open_index
 from agentic_retriever.index.generations import FAISS_FILE, LEGACY_DATA, ROW_MAP_FILE, NewGeneration
 from tests.fakes import SYNTHETIC_QUERIES as QUERIES

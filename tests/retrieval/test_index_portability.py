@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agentic_retriever.encoder import Encoder, EncoderConfig
+from agentic_retriever.base.encoder import Encoder, EncoderConfig
 from agentic_retriever.index import (
     DenseParams, IndexBuildConfig, IndexManifest, IndexMismatchError, build_index, open_index,
 )
@@ -98,7 +98,7 @@ def test_an_index_folder_moved_alone_opens_the_files_where_they_were_at_build_ti
 
 def test_a_moved_folder_still_refuses_other_files_in_the_places_of_its_corpus_and_encoder(tmp_path, tiny_model_dir,
                                                                                        monkeypatch):
-    from agentic_retriever.encoder import EncoderSettings, save_model_settings
+    from agentic_retriever.base.encoder import EncoderSettings, save_model_settings
 
     run = _run_folder(tmp_path, tiny_model_dir, monkeypatch)
     copy = tmp_path / "copy"

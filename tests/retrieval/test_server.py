@@ -12,7 +12,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from agentic_retriever.encoder import SEPARATOR
+from agentic_retriever.base.encoder import SEPARATOR
 from agentic_retriever.server import ServerThread, create_app
 from tests.fakes import CountingRetrieve, free_port, post_in_thread, result_ids, result_scores, wait_until
 from tests.retrieval.topics import CONTENTS, PASSAGES, QUERIES
@@ -218,7 +218,7 @@ def test_health_reports_the_served_index(dense_qsq, bm25):
     assert sparse["composition"] == "query" and sparse["batching"] is True
     assert health["encoder_fingerprint"] == dense_qsq.manifest.encoder["fingerprint"] and sparse["encoder_fingerprint"] is None
     assert health["corpus_sha256"] == sparse["corpus_sha256"] == bm25.manifest.corpus_sha256
-    from agentic_retriever.fingerprint import service_identity
+    from agentic_retriever.base.fingerprint import service_identity
 
     identity = service_identity("http://h:1", health)
     assert "url" not in identity and identity["encoder_fingerprint"] == health["encoder_fingerprint"], \
@@ -389,7 +389,7 @@ def test_index_serve_writes_an_access_line_per_request_only_when_asked(bm25, tmp
     port = free_port()
     output = tmp_path / "serve.log"
     with output.open("w") as sink:
-        process = subprocess.Popen([sys.executable, "-m", "agentic_retriever.cli", "index", "serve", "--index",
+        process = subprocess.Popen([sys.executable, "-m", "agentic_retriever.app.cli", "index", "serve", "--index",
                                     bm25.index_dir, "--port", str(port), *flags], stdout=sink, stderr=subprocess.STDOUT)
     try:
         wait_until(lambda: "Uvicorn running" in output.read_text() or process.poll() is not None, "the server")

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from agentic_retriever.encoder import EncoderConfig
+from agentic_retriever.base.encoder import EncoderConfig
 from agentic_retriever.index import DenseParams, IndexBuildConfig, build_index, open_index
 from agentic_retriever.server import ServerThread, create_app
 from agentic_retriever.server import batcher
@@ -309,7 +309,7 @@ def test_a_big_answer_is_streamed_in_pieces_with_the_bytes_of_one_json_response(
 def test_a_streamed_answer_lets_the_event_loop_serve_others_between_its_pieces():
     """`render_answer` as Starlette's StreamingResponse consumes it, inside the event loop: another task (a small
     request's handler) runs between the pieces of a big answer, not only after its last one."""
-    from agentic_retriever.corpus import ScoredPassage
+    from agentic_retriever.base.corpus import ScoredPassage
     from agentic_retriever.server.schema import RENDER_PIECE_ROWS, render_answer
 
     results = [[ScoredPassage(str(i), f"T{i}", "text", 1.0)] for i in range(RENDER_PIECE_ROWS * 3)]

@@ -12,7 +12,7 @@ import sys
 import httpx
 import pytest
 
-from agentic_retriever.client import HttpRetrievalClient
+from agentic_retriever.base.client import HttpRetrievalClient
 from agentic_retriever.server import create_app, running_server
 from agentic_retriever.server.app import ServerThread
 from agentic_retriever.server.gate import check_exposure, is_loopback
@@ -104,7 +104,7 @@ def test_a_service_off_loopback_needs_a_key_or_an_explicit_opt_out():
         check_exposure("0.0.0.0", None, False)
     check_exposure("0.0.0.0", "key", False)
     check_exposure("0.0.0.0", None, True)
-    cli = subprocess.run([sys.executable, "-m", "agentic_retriever.cli", "index", "serve", "--index", "missing",
+    cli = subprocess.run([sys.executable, "-m", "agentic_retriever.app.cli", "index", "serve", "--index", "missing",
                           "--host", "0.0.0.0"], cwd=ROOT, capture_output=True, text=True, timeout=120,
                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
     assert cli.returncode == 2 and "without an API key" in cli.stderr  # refused before the index is opened

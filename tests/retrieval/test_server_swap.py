@@ -16,8 +16,8 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from agentic_retriever.client import RetrievalServiceError
-from agentic_retriever.encoder import EncoderConfig
+from agentic_retriever.base.client import RetrievalServiceError
+from agentic_retriever.base.encoder import EncoderConfig
 from agentic_retriever.index import IndexBuildConfig, build_index, open_index
 from agentic_retriever.index.dense import DenseParams
 from agentic_retriever.server import (

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from agentic_retriever.encoder import EncoderConfig
-from agentic_retriever.jsonl import DataFormatError
+from agentic_retriever.base.encoder import EncoderConfig
+from agentic_retriever.base.jsonl import DataFormatError
 from agentic_retriever.training.checkpoint_selection import HeldOutPool, build_heldout_pool, evaluate_on_pool
 from tests.fakes import kill_training_after_first_checkpoint
 from tests.training.test_training import _config  # the trainer tests' settings: one tiny, fast configuration

@@ -64,8 +64,8 @@ def _train_as_rank(rank: int, world: int, port: int, config, out: str) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                       CUDA_VISIBLE_DEVICES="")  # two CPU processes with gloo, on a GPU host too (not two on one card)
-    from agentic_retriever.training import sampler as sampler_module
     from agentic_retriever.training import checkpoint_selection
+    from agentic_retriever.training import sampler as sampler_module
     from agentic_retriever.training.trainer import train_retriever
 
     seen, scored, original, evaluate = [], [], sampler_module.StepNoDuplicatesBatchSampler.__iter__, \
@@ -96,7 +96,7 @@ def test_two_gloo_processes_train_every_row_each_epoch_without_a_shared_text_in_
 
     import torch.multiprocessing as mp
 
-    from agentic_retriever.encoder import EncoderConfig
+    from agentic_retriever.base.encoder import EncoderConfig
     from agentic_retriever.index import IndexBuildConfig, build_index
     from tests.fakes import free_port
     from tests.training.test_training import PASSAGES, _config, agentic_row, write_rows

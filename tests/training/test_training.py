@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from agentic_retriever.corpus import Corpus
-from agentic_retriever.encoder import Encoder, EncoderConfig
-from agentic_retriever.jsonl import DataFormatError
+from agentic_retriever.base.corpus import Corpus
+from agentic_retriever.base.encoder import Encoder, EncoderConfig
+from agentic_retriever.base.jsonl import DataFormatError
 from agentic_retriever.training.data import passage_utility, read_training_examples
 from agentic_retriever.training.losses import build_infonce_loss
 from tests.fakes import RecordingSummaryWriter, kill_training_after_first_checkpoint
@@ -365,7 +365,7 @@ def fake_tensorboard(monkeypatch):
     import sys
     import types
 
-    import agentic_retriever.curves as curves
+    import agentic_retriever.base.curves as curves
 
     made: list = []
     module = types.ModuleType("torch.utils.tensorboard")
@@ -377,7 +377,7 @@ def fake_tensorboard(monkeypatch):
 
 
 def test_report_to_auto_none_and_names_of_missing_packages(monkeypatch, tmp_path):
-    import agentic_retriever.curves as curves
+    import agentic_retriever.base.curves as curves
     from transformers import TrainingArguments
 
     monkeypatch.setattr(curves, "integration_installed", lambda name: False)
@@ -417,7 +417,7 @@ def test_retriever_training_reports_its_logs_to_tensorboard_in_out_logs(tmp_path
 
 def test_retriever_training_without_the_asked_for_package_names_it_before_training(
         tmp_path, tiny_model_dir, train_rows, corpus_path, monkeypatch):
-    import agentic_retriever.curves as curves
+    import agentic_retriever.base.curves as curves
     from agentic_retriever.training.trainer import train_retriever
 
     monkeypatch.setattr(curves, "integration_installed", lambda name: False)

@@ -26,7 +26,7 @@ tool-calling models, ``agent_loop: tool_agent`` runs verl's hermes tool loop wit
   tool loop failing a trajectory whose search failed (imports verl: not imported here);
 * `search_tool`: `SearchTool`, the native verl tool of the ``tool_agent`` loop, and its config;
 * `checkpoint`: starting a run (`start_verl_run`), picking up its final checkpoint (`wait_for_checkpoint`) and
-  stopping every process of it (`agentic_retriever.sessions.stop_session`);
+  stopping every process of it (`agentic_retriever.base.sessions.stop_session`);
 * `cpu`, `cpu_platform`: verl on CPUs (``device: cpu``): the environment and overrides a CPU run's ``launch.sh``
   carries, and the ``cpu`` platform plugin verl loads through them (imports verl: not imported here);
 * `leftovers`: the shared-memory segments a run leaves, removed by its ``launch.sh`` on exit;

@@ -51,8 +51,8 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutp
 from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
 
 from agent.env import EnvConfig, Environment, Episode, retrieve_checked
-from agentic_retriever.client import HttpRetrievalClient, RetrievalServiceError
-from agentic_retriever.llm.base import Generation
+from agentic_retriever.base.client import HttpRetrievalClient, RetrievalServiceError
+from agentic_retriever.base.llm.protocol import Generation
 
 from .overrides import AGENT_LOOP_NAME, TOOL_AGENT_LOOP_NAME
 from .search_tool import SEARCH_FAILED

@@ -14,8 +14,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from agentic_retriever.jsonl import atomic_write
-from agentic_retriever.sessions import kill_session, log_tail, session_members, start_session, stop_session
+from agentic_retriever.base.jsonl import atomic_write
+from agentic_retriever.base.sessions import kill_session, log_tail, session_members, start_session, stop_session
 from .settings import VerlRun, VerlSettings
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ def wait_for_checkpoint(run: VerlRun, settings: VerlSettings, process: subproces
 
     Complete: ``checkpoints/latest_checkpointed_iteration.txt`` names a step >= ``run.final_step`` (verl writes it
     after the save) and ``global_step_N/actor/huggingface`` holds ``config.json`` and weights (``hf_model`` is in
-    ``checkpoint.save_contents``), which `agentic_retriever.llm` loads as ``LLMConfig(model=folder)``. Polls every
+    ``checkpoint.save_contents``), which `agentic_retriever.base.llm` loads as ``LLMConfig(model=folder)``. Polls every
     ``settings.poll_seconds``; TimeoutError after ``settings.timeout_seconds``.
 
     With the `process` of `start_verl_run`: a non-zero exit fails at once with the log's tail (status 124: the

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentic_retriever.precision import resolve
+from agentic_retriever.base.precision import resolve
 
 from .settings import VerlSettings
 

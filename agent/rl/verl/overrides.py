@@ -3,7 +3,7 @@
 **trainer path**: ``trainer.use_v1=true`` and ``trainer.v1.trainer_mode=sync``, pinned: verl 0.9.1's default V1
 trainer (``TaskRunnerV1``, its agent-loop worker ``AgentLoopWorkerTQ`` handing trajectories over through
 TransferQueue, which our ``verl`` extra installs), synchronous and so on-policy like Search-R1's PPO; the path the
-agent-loop tests drive (tests/loop/test_verl_agent_loop.py). ``trainer.total_epochs`` is derived from the training
+agent-loop tests drive (tests/agent/rl/verl/test_verl_agent_loop.py). ``trainer.total_epochs`` is derived from the training
 rows (`epochs_for_steps`), so verl's epoch limit never stops the run before ``total_training_steps``.
 
 **sizes** (`per_gpu_micro_batches`): verl 0.9 takes micro-batches per GPU; ours are global, all GPUs together, as
@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Any
 
 import agent.rl.verl.reward as verl_rewards
-from agent.rewards import REWARDS
 from agent.rl.config import RLConfig
 
 from .cpu import cpu_overrides
@@ -76,7 +75,7 @@ def check_mappable(settings: VerlSettings, rl: RLConfig) -> None:
         "whiten_advantages=False": rl.uses_critic and not rl.whiten_advantages,
         "value_clip=None": rl.uses_critic and rl.value_clip is None,
         "dynamic_sampling=True": rl.dynamic_sampling,
-        f"reward={rl.reward} (not a response reward; docs/verl.md)": rl.reward not in REWARDS,
+        f"reward={rl.reward} (not a response reward; docs/verl.md)": rl.reward not in verl_rewards.VERL_REWARDS,
         f"stage2.reward={rl.stage2.reward} (one reward per verl run)": bool(rl.stage2.reward),
         f"env.dialect={rl.env.dialect} with agent_loop tool_agent (hermes tool calls; use agent_loop dialect)":
             settings.agent_loop == "tool_agent" and rl.env.dialect != "search_r1",

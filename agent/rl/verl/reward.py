@@ -10,7 +10,8 @@ response (prompt excluded) and ``ground_truth`` the row's ``reward_model.ground_
     +custom_reward_function.reward_kwargs.lambda_f=0.4      # the reward's options (agent.rewards.reward_options)
 
 ``compute_score`` scores with the registered reward named by its ``reward`` option (default ``search_r1_em``,
-Search-R1's reward); every registered reward also has a function of its own name here. ``data_source`` and
+Search-R1's reward); every registered response reward (`VERL_REWARDS`, read from the one reward table) also has a
+function of its own name here. ``data_source`` and
 ``extra_info`` do not change the score (Search-R1's QA sets all use the same reward).
 
 ``ground_truth`` may be Search-R1's ``{"target": [...]}`` (its data preparation writes the golden answers
@@ -34,14 +35,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from agent.rewards.registry import REWARDS, get_reward
-from agentic_retriever.eval.qa import golden_strings
-
-__all__ = ["compute_score", "golden_answers_from_ground_truth", "search_r1_em", "search_r1_format",
-           "qagent_hit", "qagent_stage1", "qagent_valid_format", "search_r1_format_paper", "search_r1_retrieval",
-           "search_r1_retrieval_hit", "search_r1_retrieval_paper", "search_r1_valid_format", "when_to_search_format"]
+from agent.rewards.registry import KINDS, REWARDS, reward_entry
+from agentic_retriever.base.qa_metrics import golden_strings
 
 DEFAULT_REWARD = "search_r1_em"
+#: The rewards verl can run: the response rewards (the others read a generator, a judge or query embeddings).
+VERL_REWARDS = tuple(sorted(name for name, entry in REWARDS.items() if entry.kind == "response"))
 
 
 def golden_answers_from_ground_truth(ground_truth: Any) -> list[str]:
@@ -72,7 +71,11 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_
     """verl's signature over the registered reward `reward` with `options` (e.g. ``lambda_f=0.4``)."""
     if not isinstance(solution_str, str):
         raise TypeError(f"solution_str must be the decoded response text, got {type(solution_str).__name__}")
-    return float(get_reward(reward, **options)(solution_str, golden_answers_from_ground_truth(ground_truth)))
+    entry = reward_entry(reward)
+    if entry.kind != "response":
+        raise ValueError(f"reward {reward!r} is {KINDS[entry.kind]}: verl hands a reward the response alone; "
+                         f"train it with the embedded trainer (verl runs {', '.join(VERL_REWARDS)})")
+    return float(entry.bind(**options)(solution_str, golden_answers_from_ground_truth(ground_truth)))
 
 
 def _named(reward: str) -> Callable[..., float]:
@@ -80,19 +83,9 @@ def _named(reward: str) -> Callable[..., float]:
               **options: Any) -> float:
         return compute_score(data_source, solution_str, ground_truth, extra_info, reward=reward, **options)
     score.__name__ = score.__qualname__ = reward
-    score.__doc__ = f"verl's signature over the reward {reward!r}: {REWARDS[reward].__doc__}"
+    score.__doc__ = f"verl's signature over the reward {reward!r}: {REWARDS[reward].fn.__doc__}"
     return score
 
 
-search_r1_em = _named("search_r1_em")
-search_r1_valid_format = _named("search_r1_valid_format")
-search_r1_retrieval_hit = _named("search_r1_retrieval_hit")
-search_r1_format = _named("search_r1_format")
-search_r1_format_paper = _named("search_r1_format_paper")
-search_r1_retrieval = _named("search_r1_retrieval")
-search_r1_retrieval_paper = _named("search_r1_retrieval_paper")
-constant = _named("constant")
-qagent_valid_format = _named("qagent_valid_format")
-qagent_hit = _named("qagent_hit")
-qagent_stage1 = _named("qagent_stage1")
-when_to_search_format = _named("when_to_search_format")
+globals().update({name: _named(name) for name in VERL_REWARDS})  # verl finds a reward's function by its name
+__all__ = ["VERL_REWARDS", "compute_score", "golden_answers_from_ground_truth", *VERL_REWARDS]

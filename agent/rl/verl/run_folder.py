@@ -28,17 +28,17 @@ import yaml
 from agent.dialects import get_dialect
 from agent.env import EnvConfig
 from agent.rl.config import RLConfig
-from agentic_retriever.client import API_KEY_ENV
-from agentic_retriever.eval.qa import normalize_answer
-from agentic_retriever.jsonl import atomic_write
-from agentic_retriever.qa_sources import QARow, read_qa_rows
-from agentic_retriever.sessions import command_words
+from agentic_retriever.base.client import API_KEY_ENV
+from agentic_retriever.base.jsonl import atomic_write
+from agentic_retriever.base.qa_metrics import normalize_answer
+from agentic_retriever.base.qa_sources import QARow, read_qa_rows
+from agentic_retriever.base.sessions import command_words
 
 from .overrides import (AGENT_LOOP_FILE, AGENT_LOOP_NAME, TOOL_AGENT_LOOP_NAME, TOOL_FILE, check_mappable,
                         epochs_for_steps, final_step, verl_overrides)
-from .search_tool import TOOL_NAME, search_tool_config
 from .checkpoint import KILL_GRACE_SECONDS, TRAPPED_SIGNALS
 from .cpu import cpu_environment
+from .search_tool import TOOL_NAME, search_tool_config
 from .settings import VerlRun, VerlSettings
 
 DATA_SOURCE = "agentic_retriever"

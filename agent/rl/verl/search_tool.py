@@ -20,7 +20,7 @@ from typing import Any
 from uuid import uuid4
 
 from agent.dialects.search_r1 import SearchR1Dialect
-from agentic_retriever.client import HttpRetrievalClient, RetrievalServiceError
+from agentic_retriever.base.client import HttpRetrievalClient, RetrievalServiceError
 
 TOOL_NAME = "search"
 #: The key of `SearchTool.execute`'s metrics that carries a failed search's error (the service's URL and cause).

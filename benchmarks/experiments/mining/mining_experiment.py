@@ -55,26 +55,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/: _co
 from _common import describe_device  # noqa: E402
 
 from agent.rollouts import RolloutConfig, run_rollout_job  # noqa: E402
-from agent.trajectory import read_trajectories  # noqa: E402
 from agent.sft import WarmStartConfig, warm_start_agent  # noqa: E402
-from agentic_retriever.client import RetrievalConfig  # noqa: E402
-from agentic_retriever.config import add_dataclass_arguments, build_config  # noqa: E402
-from agentic_retriever.corpus import Corpus  # noqa: E402
-from agentic_retriever.data.prepare import assert_disjoint, split_keys  # noqa: E402
-from agentic_retriever.demo import Steps, keyed_rollout  # noqa: E402
-from agentic_retriever.encoder import EncoderConfig  # noqa: E402
+from agent.trajectory import read_trajectories  # noqa: E402
+from agentic_retriever.app.config_loader import add_dataclass_arguments, build_config  # noqa: E402
+from agentic_retriever.app.demo import Steps, keyed_rollout  # noqa: E402
+from agentic_retriever.base.client import RetrievalConfig  # noqa: E402
+from agentic_retriever.base.corpus import Corpus  # noqa: E402
+from agentic_retriever.base.data.prepare import assert_disjoint, split_keys  # noqa: E402
+from agentic_retriever.base.encoder import EncoderConfig  # noqa: E402
+from agentic_retriever.base.qa_metrics import contains_match, qa_scores  # noqa: E402
 from agentic_retriever.eval.bootstrap import compare_reports, paired_bootstrap  # noqa: E402
-from agentic_retriever.eval.qa import contains_match, qa_scores  # noqa: E402
 from agentic_retriever.eval.retrieval import (composition_questions, evaluate_retrieval,  # noqa: E402
                                               load_judged_questions)
-from agentic_retriever.index import DenseParams, IndexBuildConfig, build_index, open_index  # noqa: E402
-from agentic_retriever.jsonl import atomic_write, iter_jsonl, read_json, write_json, write_jsonl  # noqa: E402
+from agentic_retriever.base.fingerprint import stable_hash  # noqa: E402
+from agentic_retriever.base.jsonl import atomic_write, iter_jsonl, read_json, write_json, write_jsonl  # noqa: E402
 from agentic_retriever.eval.mining_audit import audit_mining  # noqa: E402
+from agentic_retriever.index import DenseParams, IndexBuildConfig, build_index, open_index  # noqa: E402
 from agentic_retriever.mining.gac import GAC_CRITERIA  # noqa: E402
 from agentic_retriever.mining.job import MineJobConfig, run_mine_job  # noqa: E402
 from agentic_retriever.mining.reselect import ABLATIONS, mine_ablations, reselect, slug  # noqa: E402
 from agentic_retriever.mining.rounds import search_queries  # noqa: E402
-from agentic_retriever.mining.store import stable_hash  # noqa: E402
 from agentic_retriever.training.config import RetrieverTrainConfig  # noqa: E402
 from agentic_retriever.training.settings_search import choose_training_settings  # noqa: E402
 from agentic_retriever.training.trainer import train_retriever  # noqa: E402

@@ -32,11 +32,11 @@ from mining_experiment import (AGENT_BEHAVIOUR, AGENT_METRICS, ExperimentConfig,
 
 from agent.rollouts import RolloutConfig  # noqa: E402
 from agent.sft import WarmStartConfig, warm_start_agent  # noqa: E402
-from agentic_retriever.config import build_config  # noqa: E402
-from agentic_retriever.demo import Steps  # noqa: E402
+from agentic_retriever.app.config_loader import build_config  # noqa: E402
+from agentic_retriever.app.demo import Steps  # noqa: E402
+from agentic_retriever.base.jsonl import iter_jsonl, write_json  # noqa: E402
 from agentic_retriever.eval.retrieval import keys_in_corpus  # noqa: E402
 from agentic_retriever.index import open_index  # noqa: E402
-from agentic_retriever.jsonl import iter_jsonl, write_json  # noqa: E402
 
 
 def gold_decomposition_recall(index_dir: str, parents_path: Path, leaves_path: Path, questions: int, topk: int,

@@ -102,7 +102,7 @@ def _jsonl(path: Path) -> list[dict]:
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    from agentic_retriever.jsonl import write_jsonl
+    from agentic_retriever.base.jsonl import write_jsonl
 
     write_jsonl(path, rows)
 
@@ -120,7 +120,7 @@ FLASHRAG = Path("data") / "FlashRAG_datasets"
 
 def make_data(out: Path, seed: int = 0) -> dict:
     """The corpus, the two QA files and the warm start's questions (see the module docstring)."""
-    from agentic_retriever.data.prepare import PrepareConfig, prepare_defaults
+    from agentic_retriever.base.data.prepare import PrepareConfig, prepare_defaults
 
     prepared = out / "prepared"
     prepare_defaults(PrepareConfig(out=str(prepared), dev_fraction=0.3, mining_fraction=0.5))
@@ -129,7 +129,7 @@ def make_data(out: Path, seed: int = 0) -> dict:
     warm = [r for r in _jsonl(prepared / "fanoutqa_leaf_train_warmstart.jsonl") if r["evidence_in_corpus"]]
     warm = warm[:WARM_QUESTIONS]
     corpus = _jsonl(prepared / "corpus.jsonl")
-    from agentic_retriever.corpus import split_contents
+    from agentic_retriever.base.corpus import split_contents
 
     wanted = {t for row in train + dev + warm for t in row["supporting_titles"]}
     evidence = [p for p in corpus if split_contents(p["contents"])[0] in wanted]
@@ -151,8 +151,8 @@ def warm_started_agent(out: Path) -> str:
     from agent.sft import WarmStartConfig, warm_start_agent
     from agent.sft.data import SynthesisConfig
     from agent.sft.train import SFTConfig
-    from agentic_retriever.client import RetrievalConfig
-    from agentic_retriever.encoder import EncoderConfig
+    from agentic_retriever.base.client import RetrievalConfig
+    from agentic_retriever.base.encoder import EncoderConfig
     from agentic_retriever.index import DenseParams, IndexBuildConfig, build_index
 
     index = out / "warm_start" / "index"
@@ -168,7 +168,7 @@ def warm_started_agent(out: Path) -> str:
 def write_config(out: Path, agent_model: str, verl: bool = False, ray: bool = False) -> Path:
     """The paper config with the override set (and with `verl`, `VERL_ON_CPU`; with `ray`, `RAY_PLACEMENT`) merged in
     and its placeholders filled: ``agentic_r_loop.dry_run.yaml``."""
-    from agentic_retriever.defaults import smollm2_hf_dir
+    from agentic_retriever.base.defaults import smollm2_hf_dir
 
     names = {"agent_model": agent_model, "scorer_model": str(smollm2_hf_dir()), "python": sys.executable,
              "root": str(ROOT), "port": str(free_port())}
@@ -218,7 +218,7 @@ def main() -> None:
     setup_s = time.perf_counter() - started
     print(f"the stand-in agent: {agent} (set-up {setup_s:.0f} s)", flush=True)
     config = write_config(out, agent, args.verl, args.ray)
-    command = [sys.executable, "-m", "agentic_retriever.cli", "loop", "--config", config.name]
+    command = [sys.executable, "-m", "agentic_retriever.app.cli", "loop", "--config", config.name]
     print(f"running in {out}: {' '.join(command)}", flush=True)
     loop_started = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}

@@ -47,7 +47,7 @@ SHOWN = ("stage1", "stage2", "valid_format", "em", "hit", "stage2_submodule_cont
 def warm_start(args) -> str:
     """The QAgent-format warm start of `configs/quickstart.yaml`'s ``agent_sft`` section (cached by its inputs)."""
     from agent.sft import WarmStartConfig, warm_start_agent
-    from agentic_retriever.config import build_config
+    from agentic_retriever.app.config_loader import build_config
 
     config = build_config(WarmStartConfig, "agent_sft", None, args.sft_config)
     config.synthesis.dialect, config.synthesis.topk = "qagent", 1
@@ -63,12 +63,13 @@ def _worker(name: str, args: dict) -> dict:
     """One run: evaluate, train ``args["steps"]`` steps (none for "untrained"), evaluate again."""
     import torch
 
-    from agentic_retriever.qa_sources import read_qa_rows
     from agent.rl import RLConfig, RLTrainer
     from agent.rl.batch_reward import prepare_reward
     from agent.rl.heldout import constant_reward_control, score_on_heldout, train_between_scores
-    from agentic_retriever.client import RetrievalConfig, open_client
-    from agentic_retriever.config import build_config
+    from agentic_retriever.app.config_loader import build_config
+    from agentic_retriever.base.client import RetrievalConfig
+    from agentic_retriever.base.qa_sources import read_qa_rows
+    from agentic_retriever.retrieval import open_client
 
     torch.set_num_threads(args["threads"])
     config = build_config(RLConfig, "agent_train", None, args["config"])

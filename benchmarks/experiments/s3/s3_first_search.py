@@ -36,9 +36,9 @@ def main() -> None:
 
     from agent.dialects.search_r1 import search_r1_question
     from agent.s3_rag_baseline import is_yes_no
-    from agentic_retriever.qa_sources import read_qa_rows
-    from agentic_retriever.client import LocalRetrievalClient
+    from agentic_retriever.base.qa_sources import read_qa_rows
     from agentic_retriever.index import open_index
+    from agentic_retriever.retrieval import LocalRetrievalClient
 
     client = LocalRetrievalClient(open_index(args.index))
 

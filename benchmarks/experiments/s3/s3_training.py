@@ -55,7 +55,7 @@ RUNS = ("gbr", "shuffled-gold")
 
 def answer_rank(hits, golden) -> int | None:
     """1-based rank of the first passage whose text holds a golden answer (the span check), else None."""
-    from agentic_retriever.eval.qa import span_match
+    from agentic_retriever.base.qa_metrics import span_match
 
     return next((rank for rank, p in enumerate(hits, start=1) if span_match(p.text, list(golden)) == 1.0), None)
 
@@ -63,7 +63,7 @@ def answer_rank(hits, golden) -> int | None:
 def select_questions(path: str, client, topk: int) -> tuple[list, Counter]:
     """The non-yes/no rows of `path` whose answer is in their question's top-`topk` but not its top-1."""
     from agent.s3_rag_baseline import is_yes_no
-    from agentic_retriever.qa_sources import read_qa_rows
+    from agentic_retriever.base.qa_sources import read_qa_rows
 
     rows = [row for row in read_qa_rows(path) if not is_yes_no(row.golden_answers)]
     hits = client.retrieve([row.question for row in rows], topk=topk)  # naive RAG's search, the searcher's D_0
@@ -76,11 +76,11 @@ def warm_start(args, client) -> str:
     from transformers import AutoTokenizer
 
     from agent.dialects.s3 import S3Dialect, S3Selection, S3Settings
-    from agentic_retriever.qa_sources import read_qa_rows
     from agent.sft import SFTConfig, SFTExample, data_fingerprint, train_sft
-    from agentic_retriever.defaults import resolve_llm_name
-    from agentic_retriever.llm import LLMConfig
-    from agentic_retriever.llm.text import render_chat_prompt
+    from agentic_retriever.base.defaults import resolve_llm_name
+    from agentic_retriever.base.llm import LLMConfig
+    from agentic_retriever.base.llm.text import render_chat_prompt
+    from agentic_retriever.base.qa_sources import read_qa_rows
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_llm_name("default"))
     rows = read_qa_rows(args.train)
@@ -111,12 +111,13 @@ def _worker(name: str, args: dict) -> dict:
     import torch
 
     from agent.dialects.s3 import parse_turn
-    from agentic_retriever.qa_sources import QARow
     from agent.rewards.generation import FirstDocumentsReader
     from agent.rl import RLConfig, RLTrainer
     from agent.rl.heldout import train_between_scores
-    from agentic_retriever.client import RetrievalConfig, open_client
-    from agentic_retriever.config import build_config
+    from agentic_retriever.app.config_loader import build_config
+    from agentic_retriever.base.client import RetrievalConfig
+    from agentic_retriever.base.qa_sources import QARow
+    from agentic_retriever.retrieval import open_client
 
     torch.set_num_threads(args["threads"])
     config = build_config(RLConfig, "agent_train", None, args["config"])
@@ -175,7 +176,8 @@ def main() -> None:
     parser.add_argument("--figures", default=str(REPO_ROOT / "benchmarks" / "figures"))
     args = parser.parse_args()
 
-    from agentic_retriever.client import RetrievalConfig, open_client
+    from agentic_retriever.base.client import RetrievalConfig
+    from agentic_retriever.retrieval import open_client
 
     device = describe_device()
     print(device_line(device))

@@ -56,7 +56,7 @@ def warm_start(args) -> str:
     """The reflect-format warm start of `configs/quickstart.yaml`'s ``agent_sft`` section with a share of direct
     answers (cached by its inputs)."""
     from agent.sft import WarmStartConfig, warm_start_agent
-    from agentic_retriever.config import build_config
+    from agentic_retriever.app.config_loader import build_config
 
     config = build_config(WarmStartConfig, "agent_sft", None, args.sft_config)
     config.synthesis.dialect, config.synthesis.topk = "reflect", args.topk
@@ -80,12 +80,13 @@ def _worker(name: str, args: dict) -> dict:
     """One run: evaluate on the held-out questions, train ``args["steps"]`` steps, evaluate again."""
     import torch
 
-    from agentic_retriever.qa_sources import read_qa_rows
     from agent.rl import RLConfig, RLTrainer
     from agent.rl.batch_reward import prepare_reward
     from agent.rl.heldout import constant_reward_control, score_on_heldout, train_between_scores
-    from agentic_retriever.client import RetrievalConfig, open_client
-    from agentic_retriever.config import build_config
+    from agentic_retriever.app.config_loader import build_config
+    from agentic_retriever.base.client import RetrievalConfig
+    from agentic_retriever.base.qa_sources import read_qa_rows
+    from agentic_retriever.retrieval import open_client
 
     torch.set_num_threads(args["threads"])
     config = build_config(RLConfig, "agent_train", None, args["config"])

@@ -1,0 +1,241 @@
+"""`agentic-retriever loop plan`: the hours and GPU-hours of each step of one iteration, before a run.
+
+The work of each step comes from the loop's own settings: verl's steps x prompts x samples (step 1); the mining
+questions rolled out once, with the mining plan's assumptions for their length (step 2); the mining plan of
+`mine run --plan.only` (step 3: requests and tokens per stage, `mining.plan`); its rounds as an upper bound of the
+training rows, times (1 + negatives) passages and the epochs (step 4); the corpus (step 5); the evaluation's
+trajectories (step 6). Each is divided by a per-GPU throughput of `RATES` (the user overrides any of them), on the
+GPUs the step gets of ``--gpus`` under ``loop.placement: ray`` (docs/loop.md, "The GPU plan"): verl, rollouts and
+evaluation on all of them; mining's scorer on the GPUs its ``loop.services`` entry names and the GAC shards on the
+rest, the two at once (the step takes the longer); retriever training and encoding on the loop's node.
+
+The throughputs are estimates with their sources, not measurements of this library on those GPUs (none was made:
+no such GPU here). Each says whether it is published, ours, or derived, and how.
+
+    plan = plan_loop(job, gpus=8, gpu_type="H100")
+    print(plan_table(plan))
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .config import STEPS, LoopJob
+from .processes import service_specs
+
+__all__ = ["RATES", "Rate", "plan_loop", "plan_table"]
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A per-GPU throughput: its value, unit and where it comes from."""
+
+    value: float
+    unit: str
+    source: str
+
+
+#: Parameters of the paper's models (Qwen2.5 model cards: 7.61B and 72.7B).
+_PARAMS_7B, _PARAMS_72B = 7.61e9, 72.7e9
+#: Share of a GPU's dense bf16 peak that prefill is assumed to reach (long prompts, large batches).
+_PREFILL_UTILISATION = 0.4
+#: Published: Lambda's vLLM benchmark of A100-80G and H100-80G SXM ("H100 offers ~2x better throughput and lower
+#: latency than A100", github.com/LambdaLabsML/vllm-benchmark, benchmark_v0.md).
+_H100_OVER_A100 = 2.0
+_S3 = ("s3 (arXiv 2505.14146), Table 4: Search-R1 PPO of a 7B model at 1.8 min a step with batch 120 on five "
+       "A100-80G: 1.8 x 60 x 5 / 120 = 4.5 GPU-s a sequence (rollout with search, reference, critic and update)")
+_DECODE_A100 = ("published: DeepSeek-R1-Distill-Qwen-7B (Qwen2.5-7B's architecture) on one A100-80G with vLLM's "
+                "default configuration, 3,363 generated tokens/s (collected at morphllm.com/vllm-benchmarks)")
+_OURS_H200 = ("ours: MiniLM-L6 fp16 on one H200 (benchmarks/RESULTS.md, \"The GPU check on one H200\", "
+              "`make gpu-check`)")
+#: e5-base-v2 on an H100 (derivations in `_rates_h100`): MiniLM-L6 (6 layers of 384) against e5-base-v2 (12 of
+#: 768) is 8x the FLOPs a token, and the H200 has the H100's chip (GH100, 989 dense bf16 TFLOPS).
+_ENCODE_H100 = 4124.0 / 8
+_TRAIN_H100 = 1600.0 / 8 * (128 / 160) * 0.75
+
+
+def _rates_a100() -> dict[str, Rate]:
+    prefill = 312e12 * _PREFILL_UTILISATION
+    return {
+        "rl_seconds_per_sequence": Rate(4.5, "GPU-seconds per RL sequence (7B PPO)", _S3),
+        "llm_7b_prefill": Rate(prefill / (2 * _PARAMS_7B), "prompt tokens/s per GPU",
+                               f"derived: A100's 312 dense bf16 TFLOPS x {_PREFILL_UTILISATION:g} / 2 FLOPs x 7.61B "
+                               "parameters a token"),
+        "llm_7b_decode": Rate(3363.0, "generated tokens/s per GPU", _DECODE_A100),
+        "llm_72b_prefill": Rate(prefill / (2 * _PARAMS_72B), "prompt tokens/s per GPU (TP 4)",
+                                f"derived: as llm_7b_prefill for 72.7B parameters, {_PREFILL_UTILISATION:g} of the "
+                                "peak on each of the tensor-parallel GPUs"),
+        "llm_72b_decode": Rate(3363.0 * _PARAMS_7B / _PARAMS_72B, "generated tokens/s per GPU (TP 4)",
+                               "derived: llm_7b_decode x 7.61 / 72.7 (decoding reads every weight once a step: "
+                               "bandwidth-bound, so inversely proportional to the parameters per GPU-second)"),
+        "encode": Rate(_ENCODE_H100 / _H100_OVER_A100, "passages/s per GPU (e5-base-v2 fp16)",
+                       "derived: encode on H100 / 2 (Lambda's H100-over-A100 factor)"),
+        "train": Rate(_TRAIN_H100 / _H100_OVER_A100, "passages/s per GPU (e5-base-v2 contrastive training)",
+                      "derived: train on H100 / 2 (Lambda's H100-over-A100 factor)"),
+    }
+
+
+def _rates_h100() -> dict[str, Rate]:
+    a100 = _rates_a100()
+    lambda_ = "(Lambda's vLLM benchmark: H100-80G SXM ~2x A100-80G, github.com/LambdaLabsML/vllm-benchmark)"
+    scaled = {key: Rate(rate.value / _H100_OVER_A100, rate.unit, f"{rate.source}; halved on an H100 {lambda_}")
+              if key == "rl_seconds_per_sequence" else
+              Rate(rate.value * _H100_OVER_A100, rate.unit, f"{rate.source}; doubled on an H100 {lambda_}")
+              for key, rate in a100.items() if key not in ("encode", "train")}
+    return scaled | {
+        "encode": Rate(_ENCODE_H100, "passages/s per GPU (e5-base-v2 fp16)",
+                       f"derived from {_OURS_H200}: 4,124 passages/s / 8 (e5-base-v2 has 8x MiniLM-L6's FLOPs a "
+                       "token); the H200 has the H100's chip"),
+        "train": Rate(_TRAIN_H100, "passages/s per GPU (e5-base-v2 contrastive training)",
+                      f"derived from {_OURS_H200}: training at 200 queries/s x 8 passages of 128 tokens = 1,600 "
+                      "passages/s, / 8 (e5-base-v2's FLOPs), x 128/160 (wiki-18 passages of about 160 tokens), "
+                      "x 0.75 (gradient checkpointing recomputes the forward pass)"),
+    }
+
+
+#: Per-GPU throughputs by GPU type (`Rate`: value, unit, source). `plan_loop(..., overrides=...)` replaces any.
+RATES: dict[str, dict[str, Rate]] = {"A100": _rates_a100(), "H100": _rates_h100()}
+#: Tokens of Search-R1's instruction and a question, before the agent's turns.
+_INSTRUCTION_TOKENS = 250
+
+
+def _questions(spec: str, given: int) -> int:
+    """The questions of the QA set `spec` (read as `mine run --plan.qa` reads it), or `given` when it is not here."""
+    from agentic_retriever.base.qa_sources import read_qa_source_rows
+
+    if given:
+        return given
+    if spec:
+        try:
+            return len(read_qa_source_rows(spec))
+        except FileNotFoundError:
+            pass
+    raise ValueError(f"loop plan: the questions {spec or '(loop.mining_qa)'} are not here; give their number "
+                     "(--questions N)")
+
+
+def _passages(corpus: str, given: int) -> int:
+    if given:
+        return given
+    if corpus and Path(corpus).is_file():
+        with open(corpus, encoding="utf-8") as rows:
+            return sum(1 for line in rows if line.strip())
+    raise ValueError(f"loop plan: the corpus {corpus or '(index_build.corpus)'} is not here; give its passages "
+                     "(--corpus-passages N)")
+
+
+def _trajectory_tokens(job: LoopJob) -> tuple[float, float]:
+    """(prompt tokens prefilled, tokens generated) of one trajectory, by the mining plan's assumptions: each turn's
+    prompt extends the last (a prefix cache prefills only what is new), searches x topk passages come back."""
+    plan, searches = job.mine.plan, job.mine.plan.searches_per_question
+    generated = (searches + 1) * plan.turn_tokens
+    return _INSTRUCTION_TOKENS + generated + searches * job.rollout.env.topk * plan.passage_tokens, generated
+
+
+def _millions(tokens: float) -> str:
+    return f"{tokens / 1e6:,.0f}M" if tokens >= 1e7 else f"{tokens / 1e6:,.2f}M"
+
+
+def _llm_seconds(prompt: float, generated: float, rates: dict[str, Rate], size: str) -> float:
+    return prompt / rates[f"llm_{size}_prefill"].value + generated / rates[f"llm_{size}_decode"].value
+
+
+def plan_loop(job: LoopJob, gpus: int, gpu_type: str = "H100", gpus_per_node: int = 8, questions: int = 0,
+              corpus_passages: int = 0, overrides: dict[str, float] | None = None) -> dict[str, Any]:
+    """The plan of one iteration of `job` on `gpus` GPUs of `gpu_type` (nodes of `gpus_per_node`): per step its
+    work, the GPUs it holds, hours and GPU-hours (hours x GPUs held), and the throughputs used with their sources."""
+    from agentic_retriever.mining.plan import plan_mining, token_counter
+
+    if gpu_type not in RATES:
+        raise ValueError(f"loop plan: no throughputs for GPU type {gpu_type!r} (known: {', '.join(RATES)}); give "
+                         "each with --throughput KEY=VALUE on a known type")
+    rates = dict(RATES[gpu_type])
+    for key, value in (overrides or {}).items():
+        if key not in rates:
+            raise ValueError(f"loop plan: unknown throughput {key!r} (known: {', '.join(rates)})")
+        rates[key] = Rate(float(value), rates[key].unit, "given on the command line")
+    node = min(gpus, gpus_per_node)
+    n_questions = _questions(job.loop.mining_qa, questions)
+    steps: list[dict[str, Any]] = []
+
+    def add(name: str, work: str, gpu_seconds: float, on: int, keys: list[str], hours: float | None = None,
+            how: str = ""):
+        """Step `name` of `STEPS` (labelled by its place there, and `how` it runs) doing `gpu_seconds` of work on
+        `on` GPUs (in `hours`, when its parts do not spread evenly); its GPU-hours are the hours times the GPUs
+        it holds."""
+        hours = hours if hours is not None else gpu_seconds / on / 3600
+        step = f"{STEPS.index(name) + 1} {name}" + (f" ({how})" if how else "")
+        steps.append({"step": step, "work": work, "gpus": on, "hours": hours, "gpu_hours": hours * on,
+                      "rates": keys})
+
+    rl = job.agent_train
+    sequences = rl.steps * rl.prompts_per_step * (rl.samples_per_prompt if rl.algorithm == "grpo" else 1)
+    add("agent", f"{rl.steps} steps x {rl.prompts_per_step} prompts"
+        + (f" x {rl.samples_per_prompt} samples" if rl.algorithm == "grpo" else "") + f" = {sequences:,} sequences",
+        sequences * rates["rl_seconds_per_sequence"].value, gpus, ["rl_seconds_per_sequence"], how="verl")
+
+    prompt, generated = _trajectory_tokens(job)
+    add("trajectories", f"{n_questions:,} trajectories of ~{prompt:,.0f} prompt + {generated:,.0f} generated tokens",
+        n_questions * _llm_seconds(prompt, generated, rates, "7b"), gpus, ["llm_7b_prefill", "llm_7b_decode"])
+
+    count, _ = token_counter("")
+    mining = plan_mining(job.mine.mining, [], n_questions, job.mine.plan, count, count,
+                         {"scorer": "characters / 4", "agent": "characters / 4"})
+    stages = mining["stages"]
+    scorer_tokens = [sum(stages.get(s, {}).get(k, 0) for s in ("sub_answers", "local_relevance"))
+                     for k in ("prompt_tokens", "completion_tokens")]
+    gac = stages.get("gac", {})
+    scorer_s = _llm_seconds(*scorer_tokens, rates, "72b")
+    gac_s = _llm_seconds(gac.get("prompt_tokens", 0), gac.get("completion_tokens", 0), rates, "7b")
+    scorer_gpus = sum(spec.gpu_count for spec in service_specs(job.loop.services, STEPS) if "mining" in spec.steps)
+    if scorer_gpus and scorer_gpus >= gpus:
+        raise ValueError(f"loop plan: the mining servers take {scorer_gpus} GPUs, leaving none of {gpus} for shards")
+    shards = gpus - scorer_gpus
+    # a scorer server on GPUs of its own runs beside the shards; without one (no mining server with GPUs), the
+    # scorer's work is counted on the shards' GPUs
+    scorer_where = f"on {scorer_gpus} GPUs" if scorer_gpus else "on the shards' GPUs"
+    add("mining", f"{mining['rounds']:,} rounds: {_millions(scorer_tokens[0])} prompt + "
+        f"{_millions(scorer_tokens[1])} generated tokens to the scorer {scorer_where}, "
+        f"{_millions(gac.get('prompt_tokens', 0))} + {_millions(gac.get('completion_tokens', 0))} to GAC engines "
+        f"on {shards}", scorer_s + gac_s, gpus,
+        ["llm_72b_prefill", "llm_72b_decode", "llm_7b_prefill", "llm_7b_decode"],
+        hours=(max(scorer_s / scorer_gpus, gac_s / shards) if scorer_gpus else (scorer_s + gac_s) / shards) / 3600)
+    if scorer_gpus:
+        steps[-1]["bound_by"] = "the scorer" if scorer_s / scorer_gpus > gac_s / shards else "the GAC shards"
+
+    train, negatives = job.train, job.mine.mining.selection.num_negatives
+    passages = mining["rounds"] * (1 + negatives) * train.epochs
+    add("retriever", f"at most {mining['rounds']:,} rows x {1 + negatives} passages x {train.epochs:g} "
+        f"epochs = {passages / 1e6:,.1f}M passages", passages / rates["train"].value, node, ["train"])
+
+    corpus = _passages(job.index.corpus, corpus_passages)
+    add("index", f"{corpus:,} passages", corpus / rates["encode"].value, node, ["encode"])
+
+    evaluated = 2 * job.loop.eval.agent_questions
+    add("evaluate", f"{evaluated:,} trajectories (Agent_i with each retriever)",
+        evaluated * _llm_seconds(prompt, generated, rates, "7b"), gpus, ["llm_7b_prefill", "llm_7b_decode"])
+    return {"gpus": gpus, "gpu_type": gpu_type, "gpus_per_node": gpus_per_node, "questions": n_questions,
+            "steps": steps, "hours": sum(s["hours"] for s in steps),
+            "gpu_hours": sum(s["gpu_hours"] for s in steps),
+            "iterations": job.loop.iterations, "rates": {k: vars(r) for k, r in rates.items()},
+            "mining_plan": mining}
+
+
+def plan_table(plan: dict[str, Any]) -> str:
+    """The plan as Markdown: one row a step, the totals, then each throughput with its source."""
+    lines = [f"One iteration on {plan['gpus']} x {plan['gpu_type']} ({math.ceil(plan['gpus'] / plan['gpus_per_node'])}"
+             f" node(s) of {plan['gpus_per_node']}), {plan['questions']:,} mining questions", "",
+             "| step | work | GPUs | GPU-hours | hours |", "|---|---|---|---|---|"]
+    for s in plan["steps"]:
+        bound = f" (bound by {s['bound_by']})" if "bound_by" in s else ""
+        lines.append(f"| {s['step']} | {s['work']} | {s['gpus']} | {s['gpu_hours']:,.1f} | {s['hours']:,.1f}{bound} |")
+    lines += [f"| iteration | | | {plan['gpu_hours']:,.0f} | {plan['hours']:,.1f} ({plan['hours'] / 24:,.1f} days) |",
+              "", f"{plan['iterations']} iterations: {plan['hours'] * plan['iterations']:,.0f} hours, "
+              f"{plan['gpu_hours'] * plan['iterations']:,.0f} GPU-hours.", "", "Throughputs per GPU:", ""]
+    for key, rate in plan["rates"].items():
+        value = f"{rate['value']:,.2f}" if rate["value"] < 10 else f"{rate['value']:,.0f}"
+        lines.append(f"- `{key}` = {value} {rate['unit']}: {rate['source']}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,123 @@
+"""`loop plan`: each step's work from the loop's settings divided by the throughput table, the GPUs each step
+holds, the scorer-bound mining step, overrides, refusals by name, and the command on the paper config."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from agentic_retriever.app.cli import main
+from agentic_retriever.app.loop.plan import RATES, plan_loop, plan_table
+from tests.fakes import write_jsonl
+from tests.app.loop.test_loop import make_job
+
+SCORER = {"lr_scorer": {"command": "serve", "health_url": "http://localhost:1/health", "steps": ["mining"],
+                        "devices": "4,5,6,7"}}
+
+
+@pytest.fixture
+def job(tmp_path, monkeypatch, tiny_model_dir, tiny_causal_lm_dir):
+    """The tests' loop with 100 mining questions and a corpus of 1,000 passages on disk."""
+    monkeypatch.chdir(tmp_path)
+    write_jsonl(tmp_path / "data" / "mining.jsonl", [{"id": f"q{i}", "question": "?", "golden_answers": ["a"]}
+                                                     for i in range(100)])
+    write_jsonl(tmp_path / "data" / "corpus.jsonl", [{"id": str(i), "contents": "x"} for i in range(1000)])
+    return make_job(tiny_model_dir, tiny_causal_lm_dir, services=SCORER)
+
+
+def _step(plan: dict, prefix: str) -> dict:
+    (step,) = [s for s in plan["steps"] if s["step"].startswith(prefix)]
+    return step
+
+
+def test_each_step_is_its_work_over_the_throughput_on_the_gpus_it_holds(job):
+    plan = plan_loop(job, gpus=16, gpu_type="H100")
+    rates = {k: r.value for k, r in RATES["H100"].items()}
+    rl = job.agent_train  # grpo: prompts x samples sequences a step
+    agent = _step(plan, "1 agent")
+    assert agent["gpus"] == 16 and agent["hours"] == pytest.approx(
+        rl.steps * rl.prompts_per_step * rl.samples_per_prompt * rates["rl_seconds_per_sequence"] / 16 / 3600)
+    index = _step(plan, "5 index")
+    assert index["gpus"] == 8 and index["hours"] == pytest.approx(1000 / rates["encode"] / 8 / 3600)  # loop's node
+    assert index["gpu_hours"] == pytest.approx(index["hours"] * 8)
+    mining = plan["mining_plan"]
+    assert mining["trajectories"] == plan["questions"] == 100
+    train = _step(plan, "4 retriever")
+    assert train["hours"] == pytest.approx(mining["rounds"] * (1 + job.mine.mining.selection.num_negatives) * job.train.epochs
+                                           / rates["train"] / 8 / 3600)
+    assert plan["hours"] == pytest.approx(sum(s["hours"] for s in plan["steps"]))
+
+
+def test_mining_takes_the_longer_of_the_scorer_on_its_gpus_and_the_gac_shards_on_the_rest(job):
+    listwise = dataclasses.replace(job, mine=dataclasses.replace(job.mine, mining=dataclasses.replace(
+        job.mine.mining, lr_scorer="listwise", use_sub_answers=True, gac_mode="rollout")))
+    eight, thirty_two = plan_loop(listwise, gpus=8), plan_loop(listwise, gpus=32)
+    stages = eight["mining_plan"]["stages"]
+    rates = {k: r.value for k, r in RATES["H100"].items()}
+    scorer_s = sum(stages[s]["prompt_tokens"] for s in ("sub_answers", "local_relevance")) / rates["llm_72b_prefill"] \
+        + sum(stages[s]["completion_tokens"] for s in ("sub_answers", "local_relevance")) / rates["llm_72b_decode"]
+    gac_s = stages["gac"]["prompt_tokens"] / rates["llm_7b_prefill"] + \
+        stages["gac"]["completion_tokens"] / rates["llm_7b_decode"]
+    for plan, shards in ((eight, 4), (thirty_two, 28)):
+        step = _step(plan, "3 mining")
+        assert step["hours"] == pytest.approx(max(scorer_s / 4, gac_s / shards) / 3600)
+        assert f"on {shards}" in step["work"] and step["gpus"] == plan["gpus"]
+    assert _step(thirty_two, "3 mining")["bound_by"] == "the scorer"  # more GPUs do not shorten it
+
+
+def test_a_given_throughput_replaces_the_tables_and_says_so(job):
+    plan = plan_loop(job, gpus=8, overrides={"encode": 10.0})
+    assert _step(plan, "5 index")["hours"] == pytest.approx(1000 / 10.0 / 8 / 3600)
+    assert "`encode` = 10 passages/s per GPU (e5-base-v2 fp16): given on the command line" in plan_table(plan)
+    with pytest.raises(ValueError, match="unknown throughput 'encoder'"):
+        plan_loop(job, gpus=8, overrides={"encoder": 10.0})
+    with pytest.raises(ValueError, match="no throughputs for GPU type 'V100'"):
+        plan_loop(job, gpus=8, gpu_type="V100")
+    with pytest.raises(ValueError, match="leaving none of 4 for shards"):
+        plan_loop(job, gpus=4)
+
+
+def test_every_throughput_names_its_source():
+    for gpu, rates in RATES.items():
+        assert set(rates) == set(RATES["H100"]), gpu
+        for key, rate in rates.items():
+            assert rate.value > 0 and rate.unit and any(
+                word in rate.source for word in ("published", "derived", "ours", "arXiv")), (gpu, key)
+
+
+def test_missing_inputs_are_asked_for_by_name(tmp_path, monkeypatch, tiny_model_dir, tiny_causal_lm_dir):
+    monkeypatch.chdir(tmp_path)
+    job = make_job(tiny_model_dir, tiny_causal_lm_dir)
+    with pytest.raises(ValueError, match=r"--questions N"):
+        plan_loop(job, gpus=8)
+    with pytest.raises(ValueError, match=r"--corpus-passages N"):
+        plan_loop(job, gpus=8, questions=10)
+    unset = dataclasses.replace(job, loop=dataclasses.replace(job.loop, mining_qa=""))
+    with pytest.raises(ValueError, match=r"the questions \(loop.mining_qa\) are not here.*--questions N"):
+        plan_loop(unset, gpus=8)  # no QA set named: asked for, not planned as zero questions
+
+
+def test_loop_plan_prints_the_paper_configs_iteration(capsys):
+    main(["loop", "--config", "configs/agentic_r_loop.yaml", "plan", "--gpus", "32", "--questions", "169232",
+          "--corpus-passages", "21015324", "--throughput", "llm_72b_prefill=2000"])
+    out = capsys.readouterr().out
+    assert out.startswith("One iteration on 32 x H100 (4 node(s) of 8), 169,232 mining questions")
+    assert "| 3 mining | 338,464 rounds" in out and "GAC engines on 28" in out
+    assert "| 5 index | 21,015,324 passages | 8 |" in out and "2 iterations:" in out
+
+
+def test_without_a_mining_server_on_gpus_the_scorers_work_is_counted_on_the_shards(job):
+    listwise = dataclasses.replace(job, loop=dataclasses.replace(job.loop, services={}), mine=dataclasses.replace(
+        job.mine, mining=dataclasses.replace(job.mine.mining, lr_scorer="listwise", use_sub_answers=True,
+                                             gac_mode="rollout")))
+    plan = plan_loop(listwise, gpus=8)
+    stages, rates = plan["mining_plan"]["stages"], {k: r.value for k, r in RATES["H100"].items()}
+    scorer_s = sum(stages[s]["prompt_tokens"] / rates["llm_72b_prefill"]
+                   + stages[s]["completion_tokens"] / rates["llm_72b_decode"]
+                   for s in ("sub_answers", "local_relevance"))
+    gac_s = stages["gac"]["prompt_tokens"] / rates["llm_7b_prefill"] + \
+        stages["gac"]["completion_tokens"] / rates["llm_7b_decode"]
+    step = _step(plan, "3 mining")
+    assert scorer_s > 0 and step["hours"] == pytest.approx((scorer_s + gac_s) / 8 / 3600)
+    assert "to the scorer on the shards' GPUs" in step["work"] and "bound_by" not in step
