@@ -305,7 +305,7 @@ def _kill_session_now(session: int) -> None:
     SIGTERM first, so nothing of verl's (or Ray's) gets to tidy up."""
     import signal
 
-    from agentic_retriever.sessions import session_members
+    from agentic_retriever.base.sessions import session_members
 
     for pid in session_members(session):
         try:
