@@ -73,7 +73,8 @@ def test_the_dry_run_runs_every_step_and_writes_the_report(bundle, tmp_path):
     out = tmp_path / "out"
     done = subprocess.run([sys.executable, str(CHECK), "run", "--bundle", str(bundle), "--out", str(out),
                            "--device", "cpu", "--tiny", "--stand-ins", "always", "--deadline-s", "900",
-                           "--pytest-args", "tests/base/test_jsonl.py", "--test-workers", "2"], capture_output=True, text=True, cwd=ROOT,
+                           "--pytest-args", "tests/base/test_jsonl.py", "--test-workers", "2"],
+                          capture_output=True, text=True, cwd=ROOT,
                           timeout=1200)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     record = json.loads((out / "gpu_check.json").read_text())

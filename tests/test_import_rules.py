@@ -108,7 +108,8 @@ def upward_imports(imports: list[Import]) -> list[Import]:
 
 def crossings_outside_the_seams(imports: list[Import]) -> list[Import]:
     """Rule 2: imports between the retriever's side and the agent other than at `SEAMS`."""
-    crossing = [i for i in imports if _under(i.name, PACKAGES) and {layer(i.module), layer(i.name)} == {RETRIEVER, AGENT}]
+    crossing = [i for i in imports
+                if _under(i.name, PACKAGES) and {layer(i.module), layer(i.name)} == {RETRIEVER, AGENT}]
     return [i for i in crossing if not any(_under(i.module, where) and _under(i.name, what) for where, what in SEAMS)]
 
 
@@ -154,7 +155,8 @@ def test_each_seam_is_used_and_every_layer_has_modules(imports):
 def test_the_checker_catches_violations(tmp_path):
     files = {
         "agent/__init__.py": "",
-        "agent/env.py": "from agentic_retriever.base.client import RetrievalClient\nfrom agentic_retriever import __version__\n",
+        "agent/env.py": ("from agentic_retriever.base.client import RetrievalClient\n"
+                         "from agentic_retriever import __version__\n"),
         "agent/rollouts.py": "from agentic_retriever.retrieval import open_client\n",
         "agent/dialects/__init__.py": "from agentic_retriever import index\n",
         "agent/dialects/base.py": (

@@ -51,8 +51,9 @@ class DialectSettings:
 
     def __post_init__(self):
         for item in dataclasses.fields(self):
-            if getattr(self, item.name) < 1:
-                raise ValueError(f"{type(self).__name__}.{item.name} must be at least 1, got {getattr(self, item.name)}")
+            value = getattr(self, item.name)
+            if value < 1:
+                raise ValueError(f"{type(self).__name__}.{item.name} must be at least 1, got {value}")
 
     def env_fields(self) -> dict[str, object]:
         """The `agent.env.EnvConfig` fields these settings fix: the dialect, and every field not in `OWN`."""

@@ -47,8 +47,9 @@ from agentic_retriever.base.qa_metrics import Golden
 from .base import Response, response_text
 from .registry import register
 
-__all__ = ["DEFAULT_BETA", "DEFAULT_MAX_QUERY_WORDS", "RewardTerms", "answer_reward", "format_reward", "is_concise", "mean_pairwise_cosine", "retrieval_count",
-           "search_reward", "when_to_search_stage1_reward", "when_to_search_stage2_reward"]
+__all__ = ["DEFAULT_BETA", "DEFAULT_MAX_QUERY_WORDS", "RewardTerms", "answer_reward", "format_reward", "is_concise",
+           "mean_pairwise_cosine", "retrieval_count", "search_reward", "when_to_search_stage1_reward",
+           "when_to_search_stage2_reward"]
 
 DEFAULT_BETA = 0.3
 DEFAULT_MAX_QUERY_WORDS = 10

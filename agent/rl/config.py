@@ -175,7 +175,8 @@ class RLConfig:
                                  "base model, loaded separately and frozen)")
             if reward.dialect is not None and self.env.dialect != reward.dialect:
                 raise ValueError(f"reward {reward.name} ({KINDS[reward.kind]}) scores rollouts of the "
-                                 f"{reward.dialect} dialect: set env.dialect {reward.dialect} (got {self.env.dialect!r})")
+                                 f"{reward.dialect} dialect: set env.dialect {reward.dialect} "
+                                 f"(got {self.env.dialect!r})")
             if "naive_rag_cache" in reward.needs and not self.naive_rag_cache:
                 raise ValueError(f"reward {reward.name} compares with cached naive-RAG accuracies: set naive_rag_cache")
 

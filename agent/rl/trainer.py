@@ -270,9 +270,9 @@ class RLTrainer:
         kl = (RewardKL(batch.tokens["old_logprobs"], batch.tokens["ref_logprobs"], config.kl_coef, config.kl_kind)
               if config.kl_in_reward and config.uses_reference else None)
         last = torch.tensor([batch.response_width - len(s.response_ids) + s.last_generated for s in samples])
-        advantages, returns = estimate_advantages(
-            config.advantage_estimator, torch.tensor([s.score for s in samples]), torch.tensor([s.group for s in samples]),
-            batch.mask, last, batch.tokens.get("values"), kl, **config.advantage_options)
+        scores, groups = torch.tensor([s.score for s in samples]), torch.tensor([s.group for s in samples])
+        advantages, returns = estimate_advantages(config.advantage_estimator, scores, groups, batch.mask, last,
+                                                  batch.tokens.get("values"), kl, **config.advantage_options)
         for row, sample in enumerate(samples):
             n = len(sample.response_ids)
             sample.advantages = advantages[row, -n:]

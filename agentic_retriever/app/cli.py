@@ -18,7 +18,8 @@ import sys
 from collections.abc import Callable
 
 from .commands import COMMANDS, DEPRECATED_COMMANDS, Command
-from .config_loader import add_dataclass_arguments, build_config, has_section, load_config_file, moved_flags, renamed_flags
+from .config_loader import (add_dataclass_arguments, build_config, has_section, load_config_file, moved_flags,
+                            renamed_flags)
 
 
 def _settings(command: Command, args: argparse.Namespace):

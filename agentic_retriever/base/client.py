@@ -210,7 +210,8 @@ def _retry_after(response: httpx.Response) -> float | None:
 class RetrievalConfig:
     """The retriever a command searches: an index folder opened in this process, or a service URL (exactly one).
 
-    The ``retrieval`` setting of a config file, shared by every command that searches (`agentic_retriever.app.config_loader`)."""
+    The ``retrieval`` setting of a config file, shared by every command that searches
+    (`agentic_retriever.app.config_loader`)."""
 
     index: str = field(default="", metadata={"help": "index folder searched in this process", "alias": "--index"})
     url: str = field(default="", metadata={"help": "or a retrieval service URL (Search-R1 /retrieve API)",

@@ -1,5 +1,5 @@
-"""``python -m agentic_retriever.base.session_guard PARENT_PID COMMAND...``: run COMMAND in this session, and stop the whole
-session when the process PARENT_PID dies, however it dies.
+"""``python -m agentic_retriever.base.session_guard PARENT_PID COMMAND...``: run COMMAND in this session, and stop
+the whole session when the process PARENT_PID dies, however it dies.
 
 `sessions.start_session` starts every child of the loop through this guard, as its session leader. A loop that is
 SIGKILLed (the OOM killer, a scheduler's hard kill after its grace period) cannot stop anything; without the guard its

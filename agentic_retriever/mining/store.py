@@ -31,7 +31,6 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Self
 
-from agentic_retriever.base.fingerprint import stable_hash
 from agentic_retriever.base.jsonl import DataFormatError, append_whole, atomic_write, json_error_text
 from agentic_retriever.base.writer_lock import WriterLock, WriterLockedError, lock_beside
 

@@ -128,8 +128,8 @@ def evaluate_on_pool(model, pool: HeldOutPool, metric: str, batch_size: int = 64
     scores = queries @ passages.T
     top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
     rankings = {str(i): [pool.titles[j] for j in ranked] for i, ranked in enumerate(top)}
-    values = measure_rankings(rankings, {str(i): dict.fromkeys(relevant, 1) for i, relevant in enumerate(pool.relevant)},
-                              [metric])
+    qrels = {str(i): dict.fromkeys(relevant, 1) for i, relevant in enumerate(pool.relevant)}
+    values = measure_rankings(rankings, qrels, [metric])
     return float(np.mean([values[str(i)][metric] for i in range(len(top))]))
 
 

@@ -29,7 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agentic_retriever.base.encoder import SEPARATOR, SETTINGS_FILE, Encoder, EncoderConfig, EncoderSettings, save_model_settings
+from agentic_retriever.base.encoder import (SEPARATOR, SETTINGS_FILE, Encoder, EncoderConfig, EncoderSettings,
+                                            save_model_settings)
 from agentic_retriever.base.jsonl import read_json, replace_folder, write_json
 from agentic_retriever.base.writer_lock import WriterLock, lock_beside
 

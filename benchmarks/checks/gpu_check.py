@@ -287,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--stand-ins", choices=["missing", "always"], default="missing",
                        help="stand-ins for the offline default packages this Python lacks, or for all of them")
     check.add_argument("--pytest-args", type=shlex.split, default=["-m", "not slow", "tests"],
-                       help="what the tests step passes to pytest, one string: --pytest-args \"-m 'not slow' tests/base/llm\"")
+                       help="what the tests step passes to pytest, one string: "
+                            "--pytest-args \"-m 'not slow' tests/base/llm\"")
     check.add_argument("--test-workers", type=int, default=8,
                        help="pytest-xdist workers of the tests step (where xdist is installed; 1: one process)")
     for name in ("rl", "index"):  # the steps' own workers, run by `run` in processes of their own

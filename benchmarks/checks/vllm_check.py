@@ -1,8 +1,9 @@
 """The LLM backends against the real vLLM, on the CPU (`make vllm-check`; vLLM's CPU build in its own venv).
 
 Every paper-scale step (rollouts, GAC continuations, the listwise LR scorer, the sub-answers) goes through
-`agentic_retriever.base.llm.vllm` or `agentic_retriever.base.llm.openai` against vLLM; the unit tests use fakes. This runs the
-real engine on the converted SmolLM2-135M-Instruct of the default stack, each step in its own process with a timeout:
+`agentic_retriever.base.llm.vllm` or `agentic_retriever.base.llm.openai` against vLLM; the unit tests use fakes.
+This runs the real engine on the converted SmolLM2-135M-Instruct of the default stack, each step in its own process
+with a timeout:
 
   a. greedy parity: our vLLM backend and the transformers backend, both in fp32, on the same Search-R1 prompts (token
      ids) with the dialect's stop strings: the share of identical generations and the first divergence;

@@ -39,8 +39,8 @@ def test_a_relevant_title_counts_once_at_its_first_passage():
 
 
 def test_queries_without_a_relevant_key_or_a_ranking_score_zero_and_the_others_are_trec_evals():
-    values = measure_rankings({"a": ["x", "y"], "b": [], "c": ["y", "x"]}, {"a": {"x": 0}, "b": {"x": 1}, "c": {"x": 1}},
-                              ["recall@1", "mrr@10", "success@2"])
+    qrels = {"a": {"x": 0}, "b": {"x": 1}, "c": {"x": 1}}
+    values = measure_rankings({"a": ["x", "y"], "b": [], "c": ["y", "x"]}, qrels, ["recall@1", "mrr@10", "success@2"])
     assert values["a"] == values["b"] == {"recall@1": 0.0, "mrr@10": 0.0, "success@2": 0.0}
     assert values["c"] == {"recall@1": 0.0, "mrr@10": 0.5, "success@2": 1.0}
     with pytest.raises(ValueError, match="unknown ranking measure 'map@5'"):

@@ -3,8 +3,8 @@
 **trainer path**: ``trainer.use_v1=true`` and ``trainer.v1.trainer_mode=sync``, pinned: verl 0.9.1's default V1
 trainer (``TaskRunnerV1``, its agent-loop worker ``AgentLoopWorkerTQ`` handing trajectories over through
 TransferQueue, which our ``verl`` extra installs), synchronous and so on-policy like Search-R1's PPO; the path the
-agent-loop tests drive (tests/agent/rl/verl/test_verl_agent_loop.py). ``trainer.total_epochs`` is derived from the training
-rows (`epochs_for_steps`), so verl's epoch limit never stops the run before ``total_training_steps``.
+agent-loop tests drive (tests/agent/rl/verl/test_verl_agent_loop.py). ``trainer.total_epochs`` is derived from the
+training rows (`epochs_for_steps`), so verl's epoch limit never stops the run before ``total_training_steps``.
 
 **sizes** (`per_gpu_micro_batches`): verl 0.9 takes micro-batches per GPU; ours are global, all GPUs together, as
 Search-R1's old verl took them (``train_ppo.sh``: actor 64, log-prob 128, critic 8 over 8 GPUs, so 8, 16 and 1 per

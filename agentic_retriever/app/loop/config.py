@@ -116,8 +116,8 @@ class LoopConfig:
     agent_trainer: Literal["embedded", "verl"] = field(default="embedded", metadata={
         "help": "embedded: agent train in this process; verl: write verl's run config and wait for its checkpoint"})
     retriever_launcher: str = field(default="", metadata={
-        "help": "run step 4 as `LAUNCHER -m agentic_retriever.app.cli retriever train --config FILE ...` (e.g. `torchrun "
-                "--nproc_per_node 8` for cross-device negatives, or with retriever_train.deepspeed), reading "
+        "help": "run step 4 as `LAUNCHER -m agentic_retriever.app.cli retriever train --config FILE ...` (e.g. "
+                "`torchrun --nproc_per_node 8` for cross-device negatives, or with retriever_train.deepspeed), reading "
                 "retriever_train from the loop's config file; empty: in this process"})
     rollout_devices: list[str] = field(default_factory=list, metadata={
         "help": "step 2 as one `agent rollout --shard i/n` process per entry, each seeing the GPUs the entry names "

@@ -18,7 +18,8 @@ from agent.env import EnvConfig
 from agent.rl import RLConfig
 from agent.rollouts import RolloutConfig
 from agentic_retriever.app.cli import main
-from agentic_retriever.app.loop import STEPS, LoopConfig, LoopEvalConfig, LoopJob, LoopManifest, LoopManifestError, run_loop
+from agentic_retriever.app.loop import (STEPS, LoopConfig, LoopEvalConfig, LoopJob, LoopManifest, LoopManifestError,
+                                        run_loop)
 from agentic_retriever.app.loop import runner as loop_runner
 from agentic_retriever.app.loop import steps as loop_steps
 from agentic_retriever.base.client import RetrievalConfig

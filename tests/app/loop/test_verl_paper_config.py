@@ -7,7 +7,8 @@ repository root, with the defaults of its vendored ``verl/trainer/config/ppo_tra
 ``verl/workers/fsdp_workers.py``; "sh"). Search-R1's verl divided the micro-batch sizes it was given over the GPUs
 (``fsdp_workers.py``: ``ppo_micro_batch_size //= world_size``); verl 0.9 takes them per GPU. Every remaining
 difference is in docs/paper-deviations.md. verl's ``validate_config`` is the one ``verl.trainer.main_ppo`` calls
-before it starts anything; Hydra composes the config from the installed verl's own files (as tests/agent/rl/verl/test_verl.py).
+before it starts anything; Hydra composes the config from the installed verl's own files (as
+tests/agent/rl/verl/test_verl.py).
 """
 
 from __future__ import annotations
