@@ -59,6 +59,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from agentic_retriever.base.client import RetrievalClient
+from agentic_retriever.base.fingerprint import stable_hash
 from agentic_retriever.base.llm.openai import OpenAILLM
 from agentic_retriever.base.qa_metrics import contains_match
 from .candidates import passage_from_record, passage_record, retrieve_candidates
@@ -73,7 +74,7 @@ from .rounds import Round, extract_rounds, search_queries
 from .selection import Candidate, select_passages
 from .shards import read_shard, shard_dir
 from .stats import STAGES, add_counters, count_gac, count_local_relevance, new_counters, summarize
-from .store import StageStore, open_stores, stable_hash
+from .store import StageStore, open_stores
 from .sub_answers import SubAnswerGenerator, SubAnswerRequest
 from .sub_questions import read_sub_questions, target_sub_questions
 from .usage import CountingLLM, Usage
