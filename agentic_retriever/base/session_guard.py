@@ -70,6 +70,9 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, stop)
     for signum in FORWARDED:
         signal.signal(signum, forward)
+    # a child starts with the signal mask of the thread that started it (Ray's and gRPC's threads block SIGINT):
+    # unblocked, a signal that came meanwhile is delivered now, and the command starts with it unblocked too
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, *FORWARDED})
     _signal_on_parent_death(signal.SIGTERM)
     if os.getppid() != parent:  # the parent died before the request above took effect
         return 1

@@ -127,3 +127,23 @@ def test_the_signal_handlers_before_are_restored(tmp_path):
     with signals_stop_children():
         assert signal.getsignal(signal.SIGTERM) is not before[signal.SIGTERM]
     assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
+def test_a_session_started_where_sigint_is_blocked_still_gets_a_sigint(tmp_path):
+    """A child starts with its parent thread's signal mask (Ray's and gRPC's threads block SIGINT): the session's
+    guard unblocks what it forwards, so an interrupt still reaches it and its command."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        process = start_session([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"],
+                                tmp_path / "command.log")
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    try:
+        deadline = time.monotonic() + 60
+        while "up" not in (tmp_path / "command.log").read_text():
+            assert time.monotonic() < deadline, "the command never started"
+            time.sleep(0.1)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) != 0
+    finally:
+        stop_session(process, 5)
