@@ -3,9 +3,9 @@
 A config's ``precision`` is one of `Precision`. Two of them are resolved here rather than in each caller:
 
 * ``native`` (`resolve_native`, when a config is built): on a GPU what ``auto`` gives; on a CPU bf16 where it
-  multiplies bf16 in hardware (Intel AMX tiles, `cpu_computes_bf16_natively`), else fp32. bf16 moves results within
-  the tolerances of benchmarks/RESULTS.md ("The demo in bf16 on a CPU with AMX"); ``native`` is for runs where speed
-  matters more than figures identical across machines.
+  multiplies bf16 in hardware (AMX tiles or AVX512-BF16, `cpu_computes_bf16_natively`), else fp32. bf16 moves
+  results within the tolerances of benchmarks/RESULTS.md ("The demo in bf16 on a CPU with AMX"); ``native`` is for
+  runs where speed matters more than figures identical across machines.
 * ``auto`` (`resolve`, where the model is loaded): fp32 on a CPU for every role; on a GPU, by role (`ROLES`).
 
 The roles differ on a GPU on purpose:
@@ -47,14 +47,21 @@ ROLES: dict[str, tuple[str, str]] = {
 _TRAINING = ("retriever_training", "rl", "sft")
 
 
+#: torch's probes of the CPU instructions that multiply bf16 in hardware: AMX tiles (Intel Sapphire Rapids and
+#: later) and AVX512-BF16 (AMD Zen 4 and 5, Intel Cooper Lake). Without either (AVX2-only CPUs, Skylake and Ice Lake
+#: with AVX-512 but no bf16), oneDNN emulates bf16 and it runs slower than fp32.
+BF16_PROBES = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+
+
 @functools.cache
 def cpu_computes_bf16_natively() -> bool:
-    """Whether this CPU multiplies bf16 matrices in hardware (Intel AMX tiles, Sapphire Rapids and later), as torch
-    reports it; elsewhere torch emulates bf16 and it runs slower than fp32."""
+    """Whether this CPU multiplies bf16 matrices in hardware (AMX tiles or AVX512-BF16), as torch reports it.
+
+    On a 2-core Zen 4 EPYC (AVX512-BF16, no AMX) one core multiplies a 4096x384 by 384x1536 matrix 2.5x faster in
+    bf16 than in fp32 (benchmarks/RESULTS.md, "bf16 on AVX512-BF16 CPUs")."""
     import torch
 
-    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    return bool(probe()) if probe is not None else False
+    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in BF16_PROBES)
 
 
 def _on_gpu(device: str | None) -> bool:

@@ -1,4 +1,4 @@
-"""``precision: native``: bf16 on a CPU with AMX tiles, fp32 on other CPUs, ``auto`` on a GPU; resolved once the
+"""``precision: native``: bf16 on a CPU that multiplies bf16 in hardware (AMX tiles or AVX512-BF16), fp32 on other CPUs, ``auto`` on a GPU; resolved once the
 settings are final (file, then flags), for the agent, the scorer, the encoder and retriever training alike."""
 
 from __future__ import annotations
@@ -22,7 +22,32 @@ from agentic_retriever.training.config import RetrieverTrainConfig
 from agentic_retriever.training.trainer import _precision
 
 
-@pytest.fixture(params=[True, False], ids=["amx", "no-amx"])
+@pytest.mark.parametrize(("amx", "avx512_bf16", "native"), [
+    (True, True, True), (True, False, True), (False, True, True), (False, False, False)],
+    ids=["sapphire-rapids", "amx-only", "zen4-or-cooper-lake", "avx2-or-skylake"])
+def test_the_cpu_computes_bf16_natively_with_amx_tiles_or_avx512_bf16(amx, avx512_bf16, native, monkeypatch):
+    """torch's own probes decide, patched both ways (the cached answer is cleared around each case)."""
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16, raising=False)
+    precision_module.cpu_computes_bf16_natively.cache_clear()
+    try:
+        assert precision_module.cpu_computes_bf16_natively() is native
+        assert resolve_native("native", "cpu") == ("bf16" if native else "fp32")
+    finally:
+        precision_module.cpu_computes_bf16_natively.cache_clear()
+
+
+def test_a_torch_without_the_probes_is_taken_for_a_cpu_without_bf16(monkeypatch):
+    for name in precision_module.BF16_PROBES:
+        monkeypatch.delattr(torch.cpu, name, raising=False)
+    precision_module.cpu_computes_bf16_natively.cache_clear()
+    try:
+        assert precision_module.cpu_computes_bf16_natively() is False
+    finally:
+        precision_module.cpu_computes_bf16_natively.cache_clear()
+
+
+@pytest.fixture(params=[True, False], ids=["bf16-cpu", "fp32-cpu"])
 def amx(request, monkeypatch):
     monkeypatch.setattr(precision_module, "cpu_computes_bf16_natively", lambda: request.param)
     return request.param
