@@ -31,10 +31,14 @@ import abc
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from agentic_retriever.base.corpus import Passage, ScoredPassage
 from agentic_retriever.base.llm.text import find_stop
+from agentic_retriever.base.qa_metrics import Golden, qa_scores
+
+if TYPE_CHECKING:
+    from ..env import Rollout
 
 __all__ = ["Action", "ActionKind", "Dialect", "DialectSettings", "DocumentTracker", "SelectedDocuments"]
 
@@ -154,6 +158,11 @@ class Dialect(abc.ABC):
         """A fresh tracker for one trajectory; `count_tokens` counts a text's tokens with the agent's tokenizer
         (the pass-through: every passage shown, none selected)."""
         return DocumentTracker()
+
+    def training_diagnostics(self, result: Rollout, golden: Golden) -> dict[str, float]:
+        """What the RL trainer logs of one rollout next to its reward's own components (means over a step): the
+        EM of the answer; a dialect adds the checks of its own format."""
+        return {"em": qa_scores(result.answer, list(golden)).em}
 
     def truncate_turn(self, text: str) -> str:
         """`text` cut right after the earliest stop string in it (unchanged when it holds none)."""

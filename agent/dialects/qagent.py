@@ -41,12 +41,16 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from agentic_retriever.base.corpus import Passage, ScoredPassage
+from agentic_retriever.base.qa_metrics import Golden
 
-from .base import Action, DialectSettings, DocumentTracker, SelectedDocuments
+from .base import Action, Dialect, DialectSettings, DocumentTracker, SelectedDocuments
 from .search_r1 import SearchR1Dialect
+
+if TYPE_CHECKING:
+    from ..env import Rollout
 
 __all__ = ["PROMPT_TEMPLATE", "QUESTION_PLACEHOLDER", "QAgentCounters", "QAgentDialect", "QAgentPassages",
            "QAgentSettings", "QAgentTurn", "parse_turn", "search_queries"]
@@ -170,6 +174,18 @@ class QAgentDialect(SearchR1Dialect):
         """The last ``<answer>`` (``<answer >`` too, as the parser reads it) of the response, stripped."""
         matches = _ANSWER.findall(response_text)
         return matches[-1].strip() if matches else None
+
+    def training_diagnostics(self, result: Rollout, golden: Golden) -> dict[str, float]:
+        """EM, the format (Eq. 7's r_fmt), Hit (Eq. 10), the passages retrieved (|K|, deduplicated) and the queries
+        searched (1-3 a search: against the searches, how many it searches at once), by the rewards' own checks
+        (`agent.rewards`, which read this dialect's tags: imported when called)."""
+        from ..rewards import check_format
+        from ..rewards.qagent import hit
+
+        return Dialect.training_diagnostics(self, result, golden) | {
+            "valid_format": float(check_format(result).valid), "hit": float(hit(result, golden)),
+            "retrieved_documents": float(len(result.selection.documents) if result.selection else 0),
+            "queries": float(sum(len(turn.queries) for turn in result.turns if turn.retrieved))}
 
     def parse_action(self, turn_text: str) -> Action:
         """A search with at least one query, an answer, or invalid (neither, or a search with no query)."""

@@ -36,13 +36,17 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from agentic_retriever.base.corpus import ScoredPassage
+from agentic_retriever.base.qa_metrics import Golden
 
-from .base import DialectSettings
+from .base import Dialect, DialectSettings
 from .reflect_shape import ShapeCheck, check_shape
 from .search_r1 import SearchR1Dialect, search_r1_question
+
+if TYPE_CHECKING:
+    from ..env import Rollout
 
 __all__ = ["INSTRUCTION", "ReflectDialect", "ReflectSettings", "ShapeCheck", "check_shape", "search_queries"]
 
@@ -116,3 +120,9 @@ class ReflectDialect(SearchR1Dialect):
         if initial_passages:
             raise ValueError("the reflect dialect retrieves nothing before the first turn")
         return f"{INSTRUCTION}\n\nQuestion: {search_r1_question(question)}\n"
+
+    def training_diagnostics(self, result: Rollout, golden: Golden) -> dict[str, float]:
+        """EM, the shape (Eq. 6's allowed shapes) and whether it answered without searching."""
+        return Dialect.training_diagnostics(self, result, golden) | {
+            "valid_format": float(check_shape(result.response_text).valid),
+            "answered_without_search": float(result.finish_reason == "answer" and result.num_searches == 0)}

@@ -44,12 +44,16 @@ import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from agentic_retriever.base.corpus import Passage, ScoredPassage
+from agentic_retriever.base.qa_metrics import Golden
 
 from .base import Action, Dialect, DialectSettings, DocumentTracker, SelectedDocuments
 from .search_r1 import search_r1_question
+
+if TYPE_CHECKING:
+    from ..env import Rollout
 
 __all__ = ["INVALID_ACTION_MESSAGE", "NAIVE_RAG_TOPK", "S3Counters", "S3Dialect", "S3Selection", "S3Settings", "S3Turn",
            "SEARCHER_PROMPT", "format_documents", "parse_turn"]
@@ -234,6 +238,11 @@ class S3Dialect(Dialect):
     def extract_answer(self, response_text: str) -> str | None:
         """None: the searcher never answers; the frozen generator does (`agent.rewards.generation`)."""
         return None
+
+    def training_diagnostics(self, result: Rollout, golden: Golden) -> dict[str, float]:
+        """How many documents the searcher selected: it writes no answer (the frozen generator answers, and the
+        reward scores that)."""
+        return {"selected_documents": float(len(result.selection.documents))}
 
     def document_tracker(self, count_tokens: Callable[[str], int]) -> S3Selection:
         """D_s3's bookkeeping for one episode, with the settings' `max_selected` and `max_doc_tokens`."""

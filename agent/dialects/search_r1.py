@@ -22,10 +22,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from agentic_retriever.base.corpus import ScoredPassage
+from agentic_retriever.base.qa_metrics import Golden
 
 from .base import Action, Dialect
+
+if TYPE_CHECKING:
+    from ..env import Rollout
 
 __all__ = ["SearchR1Dialect", "search_r1_question"]
 
@@ -86,4 +91,13 @@ class SearchR1Dialect(Dialect):
     def extract_answer(self, response_text: str) -> str | None:
         matches = _ANSWER.findall(response_text)
         return matches[-1].strip() if matches else None
+
+    def training_diagnostics(self, result: Rollout, golden: Golden) -> dict[str, float]:
+        """EM, the valid format (Search-R1's Eq. 3 f_format) and a gold answer in the retrieved text (Eq. 4's f_ret),
+        by the rewards' own checks (`agent.rewards`, which read this dialect's tags: imported when called)."""
+        from ..rewards import gold_in_information, is_valid_sequence
+
+        return Dialect.training_diagnostics(self, result, golden) | {
+            "valid_format": float(is_valid_sequence(result.response_text).valid),
+            "retrieval_hit": float(gold_in_information(result.response_text, golden))}
 

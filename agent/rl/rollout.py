@@ -32,13 +32,10 @@ import torch
 
 from agentic_retriever.base.client import RetrievalClient
 from agentic_retriever.base.llm import LLM
-from agentic_retriever.base.qa_metrics import qa_scores
 from agentic_retriever.base.qa_sources import QARow
 
-from ..dialects.reflect import check_shape
+from ..dialects import get_dialect
 from ..env import Rollout, rollout
-from ..rewards import check_format, gold_in_information, is_valid_sequence
-from ..rewards.qagent import hit
 from .batch import Sample
 from .config import RLConfig
 from .reward_schedule import RewardSchedule
@@ -96,6 +93,7 @@ class RolloutCollector:
                  rewards: RewardSchedule, policy: torch.nn.Module | None = None):
         self.config, self.rows, self.llm, self.client = config, list(rows), llm, client
         self.rewards, self.policy = rewards, policy
+        self.dialect = get_dialect(config.env.dialect)
 
     def collect(self, step: int, cursor: int) -> StepSamples:
         """The samples of step ``step + 1``, drawing questions from position `cursor` of the stream; with
@@ -153,28 +151,9 @@ class RolloutCollector:
         return samples
 
     def components(self, result: Rollout, row: QARow) -> dict[str, float]:
-        """Diagnostics logged next to the reward's own: for s3's searcher, which selects documents for a frozen
-        generator, how many it selected; else EM of the answer and, for the Search-R1 dialect, the valid format
-        (Eq. 3's f_format) and a gold answer in the retrieved text (Eq. 4's f_ret); for QAgent's, its format
-        (Eq. 7's r_fmt), Hit (Eq. 10), the passages it retrieved (|K|, deduplicated) and the queries it searched
-        (1-3 a search: against the searches, how many it searches at once); for the reflect dialect
-        ("Learning When to Search"), its shape (Eq. 6's allowed shapes) and whether it answered without searching."""
-        dialect = self.config.env.dialect
-        if dialect == "s3":
-            return {"selected_documents": float(len(result.selection.documents))}
-        parts = {"em": qa_scores(result.answer, list(row.golden_answers)).em}
-        if dialect == "search_r1":
-            parts["valid_format"] = float(is_valid_sequence(result.response_text).valid)
-            parts["retrieval_hit"] = float(gold_in_information(result.response_text, row.golden_answers))
-        elif dialect == "qagent":
-            parts["valid_format"] = float(check_format(result).valid)
-            parts["hit"] = float(hit(result, row.golden_answers))
-            parts["retrieved_documents"] = float(len(result.selection.documents) if result.selection else 0)
-            parts["queries"] = float(sum(len(turn.queries) for turn in result.turns if turn.retrieved))
-        elif dialect == "reflect":
-            parts["valid_format"] = float(check_shape(result.response_text).valid)
-            parts["answered_without_search"] = float(result.finish_reason == "answer" and result.num_searches == 0)
-        return parts
+        """Diagnostics logged next to the reward's own: the dialect's (`Dialect.training_diagnostics`: EM of the
+        answer and the checks of its format; for s3's searcher, which answers nothing, the documents it selected)."""
+        return self.dialect.training_diagnostics(result, row.golden_answers)
 
 
 def rollout_metrics(samples: Sequence[Sample]) -> dict[str, float]:

@@ -177,8 +177,8 @@ def step_c(out: Path) -> dict:
 
 def step_d(out: Path) -> dict:
     """`vllm serve` with our OpenAI backend as the listwise LR scorer and the sub-answer writer; the server started
-    and stopped as the loop does its step servers (`StepServices`)."""
-    from agentic_retriever.app.loop.processes import ServiceSpec, StepServices
+    and stopped as the loop does its step servers (`StepServers`)."""
+    from agentic_retriever.app.loop.processes import StepServerSpec, StepServers
     from agentic_retriever.base.client import HttpRetrievalClient
     from agentic_retriever.base.llm import LLMConfig, load_llm
     from agentic_retriever.mining.config import MiningConfig
@@ -190,11 +190,11 @@ def step_d(out: Path) -> dict:
     # version lookup fails on it (PackageNotFoundError)
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1",
                "--port", str(port), "--dtype", "bfloat16", "--max-model-len", "2048", "--enable-log-requests"]
-    server = ServiceSpec("vllm_serve", shlex.join(command), f"http://127.0.0.1:{port}/health", ("mining",),
+    server = StepServerSpec("vllm_serve", shlex.join(command), f"http://127.0.0.1:{port}/health", ("mining",),
                          start_timeout_s=STEPS["d"] - 300)
     log_path = out / f"{server.name}.log"
     log_path.unlink(missing_ok=True)  # the request log of this run only
-    with StepServices([server], out) as servers:
+    with StepServers([server], out) as servers:
         started = time.monotonic()
         servers.before("mining")
         up_s = time.monotonic() - started

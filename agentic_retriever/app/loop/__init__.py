@@ -13,10 +13,11 @@ from the first step it affects. docs/loop.md has the details.
     report = run_loop(job)   # a LoopJob: the loop section plus the step sections of one config file
 """
 
-from .config import STEPS, LoopConfig, LoopEvalConfig, LoopJob, LoopServiceConfig
+from .config import LoopConfig, LoopEvalConfig, LoopJob, LoopServiceConfig
 from .manifest import MANIFEST_FILE, LoopManifest, LoopManifestError
 from .report import status_table, write_report
 from .runner import run_loop
+from .steps import STEPS
 
 __all__ = ["MANIFEST_FILE", "STEPS", "LoopConfig", "LoopEvalConfig", "LoopJob", "LoopManifest", "LoopManifestError",
            "LoopServiceConfig", "run_loop", "status_table", "write_report"]

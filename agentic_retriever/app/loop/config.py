@@ -10,16 +10,12 @@ sets what it chains: the model each step starts from, the retriever it searches,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from agent.rl.verl import VerlSettings
 
 
-__all__ = ["LoopConfig", "LoopEvalConfig", "LoopJob", "LoopServiceConfig", "STEPS"]
-
-#: The steps of one iteration of Algorithm 1, in order ("Agentic-R: Learning to Retrieve for Agentic Search",
-#: arXiv 2601.11888, section 4.2).
-STEPS = ("agent", "trajectories", "mining", "retriever", "index", "evaluate")
+__all__ = ["LoopConfig", "LoopEvalConfig", "LoopJob", "LoopServiceConfig"]
 
 
 @dataclass
@@ -97,6 +93,9 @@ class LoopEvalConfig:
 class LoopConfig:
     """Settings of `agentic-retriever loop` (section ``loop``)."""
 
+    #: 0.1's key (read with a deprecation warning): "service" now means the retrieval service alone.
+    RENAMED: ClassVar[dict[str, str]] = {"services": "step_servers"}
+
     workdir: str = field(default="", metadata={"help": "run folder", "derive": "{workdir}"})
     out: str = field(default="", metadata={"help": "the loop's folder: loop.json, iter_*/, loop_report.*",
                                            "derive": "{workdir}/loop"})
@@ -128,11 +127,12 @@ class LoopConfig:
                 "loop's service, merged into the step's folder (mine merge); empty: in this process"})
     placement: Literal["local", "ray"] = field(default="local", metadata={
         "help": "local: shards and servers on this node, on the devices rollout_devices, mining_devices and each "
-                "service's devices name; ray: as Ray actors anywhere in the cluster of loop.ray, each asking for "
-                "its GPUs (a service: as many as its devices list)"})
+                "step server's devices name; ray: as Ray actors anywhere in the cluster of loop.ray, each asking "
+                "for its GPUs (a step server: as many as its devices list)"})
     ray: LoopRayConfig = field(default_factory=LoopRayConfig)
-    services: dict[str, Any] = field(default_factory=dict, metadata={
-        "help": "servers some steps need, NAME -> {command, health_url, steps, devices, start_timeout_s}: started "
+    step_servers: dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "servers some steps need ('services' in 0.1), NAME -> {command, health_url, steps, devices, "
+                "start_timeout_s}: started "
                 "(and awaited on health_url) before the first of their steps, stopped before any other step, so "
                 "verl finds its GPUs free (e.g. the LR scorer as `vllm serve ... --tensor-parallel-size 4` for "
                 "mining); '{python}' in a command is this interpreter"})
@@ -142,11 +142,12 @@ class LoopConfig:
     progress: bool = field(default=True, metadata={"help": "progress bars"})
 
     def __post_init__(self):
-        from .processes import check_devices, service_specs
+        from .processes import check_devices, step_server_specs
+        from .steps import STEPS
 
         check_devices(self.rollout_devices, "loop.rollout_devices")
         check_devices(self.mining_devices, "loop.mining_devices")
-        service_specs(self.services, STEPS)
+        step_server_specs(self.step_servers, STEPS)
         if self.placement == "ray" and (self.rollout_devices or self.mining_devices):
             raise ValueError("loop.placement ray: Ray places the shards, so loop.rollout_devices and "
                              "loop.mining_devices stay empty; give their counts as loop.ray.rollout_shards and "

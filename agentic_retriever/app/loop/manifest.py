@@ -10,7 +10,7 @@ folder, so nothing is overwritten in place. The finished versions a step had bef
 back to an earlier setting finds its finished artifact again instead of recomputing it.
 
 Iteration 0 holds the loop's inputs (the data, the base index, the initial agent); iterations 1..K the six
-steps of Algorithm 1 (`config.STEPS`). The file is written atomically after every change.
+steps of Algorithm 1 (`steps.STEPS`). The file is written atomically after every change.
 """
 
 from __future__ import annotations

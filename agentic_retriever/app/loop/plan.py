@@ -6,8 +6,9 @@ questions rolled out once, with the mining plan's assumptions for their length (
 training rows, times (1 + negatives) passages and the epochs (step 4); the corpus (step 5); the evaluation's
 trajectories (step 6). Each is divided by a per-GPU throughput of `RATES` (the user overrides any of them), on the
 GPUs the step gets of ``--gpus`` under ``loop.placement: ray`` (docs/loop.md, "The GPU plan"): verl, rollouts and
-evaluation on all of them; mining's scorer on the GPUs its ``loop.services`` entry names and the GAC shards on the
-rest, the two at once (the step takes the longer); retriever training and encoding on the loop's node.
+evaluation on all of them; mining's scorer on the GPUs its ``loop.step_servers`` entry names and the GAC shards on the
+rest, the two at once (the step takes the longer); retriever training and encoding on the loop's node. Each
+step's price is its entry of `PRICES`, by its name in `steps.STEPS`; a step without one is listed as not priced.
 
 The throughputs are estimates with their sources, not measurements of this library on those GPUs (none was made:
 no such GPU here). Each says whether it is published, ours, or derived, and how.
@@ -18,15 +19,18 @@ no such GPU here). Each says whether it is published, ours, or derived, and how.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import STEPS, LoopJob
-from .processes import service_specs
+from .config import LoopJob
+from .processes import step_server_specs
+from .steps import STEPS
 
-__all__ = ["RATES", "Rate", "plan_loop", "plan_table"]
+__all__ = ["PRICES", "RATES", "Priced", "Rate", "plan_loop", "plan_table"]
 
 
 @dataclass(frozen=True)
@@ -143,12 +147,126 @@ def _llm_seconds(prompt: float, generated: float, rates: dict[str, Rate], size: 
     return prompt / rates[f"llm_{size}_prefill"].value + generated / rates[f"llm_{size}_decode"].value
 
 
+@dataclass(frozen=True)
+class Priced:
+    """One step's price: its `work` in words, `gpu_seconds` of it spread on `on` GPUs (or taking `hours`, when its
+    parts do not spread evenly), the throughputs used (`rates`), `how` it runs, and what bounds it."""
+
+    work: str
+    gpu_seconds: float
+    on: int
+    rates: tuple[str, ...]
+    hours: float | None = None
+    how: str = ""
+    bound_by: str = ""
+
+
+@dataclass
+class _Planning:
+    """What the steps' prices read: the job, the GPUs (all of them, and the loop's node), the throughputs, the
+    mining questions, one trajectory's tokens, and the corpus size given on the command line (0: counted)."""
+
+    job: LoopJob
+    gpus: int
+    node: int
+    rates: dict[str, Rate]
+    questions: int
+    corpus_passages: int
+
+    @functools.cached_property
+    def trajectory(self) -> tuple[float, float]:
+        return _trajectory_tokens(self.job)
+
+    @functools.cached_property
+    def mining(self) -> dict[str, Any]:
+        """The mining plan of `mine run --plan.only` for the loop's questions (tokens counted as characters / 4)."""
+        from agentic_retriever.mining.plan import plan_mining, token_counter
+
+        count, _ = token_counter("")
+        return plan_mining(self.job.mine.mining, [], self.questions, self.job.mine.plan, count, count,
+                           {"scorer": "characters / 4", "agent": "characters / 4"})
+
+
+def _price_agent(p: _Planning) -> Priced:
+    rl = p.job.agent_train
+    sequences = rl.steps * rl.prompts_per_step * (rl.samples_per_prompt if rl.algorithm == "grpo" else 1)
+    return Priced(f"{rl.steps} steps x {rl.prompts_per_step} prompts"
+                  + (f" x {rl.samples_per_prompt} samples" if rl.algorithm == "grpo" else "")
+                  + f" = {sequences:,} sequences", sequences * p.rates["rl_seconds_per_sequence"].value, p.gpus,
+                  ("rl_seconds_per_sequence",), how="verl")
+
+
+def _price_trajectories(p: _Planning) -> Priced:
+    prompt, generated = p.trajectory
+    return Priced(f"{p.questions:,} trajectories of ~{prompt:,.0f} prompt + {generated:,.0f} generated tokens",
+                  p.questions * _llm_seconds(prompt, generated, p.rates, "7b"), p.gpus,
+                  ("llm_7b_prefill", "llm_7b_decode"))
+
+
+def _price_mining(p: _Planning) -> Priced:
+    stages = p.mining["stages"]
+    scorer_tokens = [sum(stages.get(s, {}).get(k, 0) for s in ("sub_answers", "local_relevance"))
+                     for k in ("prompt_tokens", "completion_tokens")]
+    gac = stages.get("gac", {})
+    scorer_s = _llm_seconds(*scorer_tokens, p.rates, "72b")
+    gac_s = _llm_seconds(gac.get("prompt_tokens", 0), gac.get("completion_tokens", 0), p.rates, "7b")
+    scorer_gpus = sum(spec.gpu_count for spec in step_server_specs(p.job.loop.step_servers, STEPS) if "mining" in spec.steps)
+    if scorer_gpus and scorer_gpus >= p.gpus:
+        raise ValueError(f"loop plan: the mining servers take {scorer_gpus} GPUs, leaving none of {p.gpus} for shards")
+    shards = p.gpus - scorer_gpus
+    # a scorer server on GPUs of its own runs beside the shards; without one (no mining server with GPUs), the
+    # scorer's work is counted on the shards' GPUs
+    scorer_where = f"on {scorer_gpus} GPUs" if scorer_gpus else "on the shards' GPUs"
+    hours = (max(scorer_s / scorer_gpus, gac_s / shards) if scorer_gpus else (scorer_s + gac_s) / shards) / 3600
+    bound_by = ("the scorer" if scorer_s / scorer_gpus > gac_s / shards else "the GAC shards") if scorer_gpus else ""
+    return Priced(f"{p.mining['rounds']:,} rounds: {_millions(scorer_tokens[0])} prompt + "
+                  f"{_millions(scorer_tokens[1])} generated tokens to the scorer {scorer_where}, "
+                  f"{_millions(gac.get('prompt_tokens', 0))} + {_millions(gac.get('completion_tokens', 0))} to GAC "
+                  f"engines on {shards}", scorer_s + gac_s, p.gpus,
+                  ("llm_72b_prefill", "llm_72b_decode", "llm_7b_prefill", "llm_7b_decode"), hours=hours,
+                  bound_by=bound_by)
+
+
+def _price_retriever(p: _Planning) -> Priced:
+    train, negatives, rounds = p.job.train, p.job.mine.mining.selection.num_negatives, p.mining["rounds"]
+    passages = rounds * (1 + negatives) * train.epochs
+    return Priced(f"at most {rounds:,} rows x {1 + negatives} passages x {train.epochs:g} epochs = "
+                  f"{passages / 1e6:,.1f}M passages", passages / p.rates["train"].value, p.node, ("train",))
+
+
+def _price_index(p: _Planning) -> Priced:
+    corpus = _passages(p.job.index.corpus, p.corpus_passages)
+    return Priced(f"{corpus:,} passages", corpus / p.rates["encode"].value, p.node, ("encode",))
+
+
+def _price_evaluate(p: _Planning) -> Priced:
+    evaluated = 2 * p.job.loop.eval.agent_questions
+    return Priced(f"{evaluated:,} trajectories (Agent_i with each retriever)",
+                  evaluated * _llm_seconds(*p.trajectory, p.rates, "7b"), p.gpus, ("llm_7b_prefill", "llm_7b_decode"))
+
+
+#: The price of each step of `steps.STEPS`, by name; a step without one is listed as not priced.
+PRICES: dict[str, Callable[[_Planning], Priced]] = {
+    "agent": _price_agent, "trajectories": _price_trajectories, "mining": _price_mining,
+    "retriever": _price_retriever, "index": _price_index, "evaluate": _price_evaluate}
+
+
+def _row(number: int, name: str, priced: Priced | None) -> dict[str, Any]:
+    """Step `name` (labelled by its place in `STEPS`, and how it runs) as a row of the plan: its GPU-hours are
+    its hours times the GPUs it holds."""
+    label = f"{number} {name}" + (f" ({priced.how})" if priced and priced.how else "")
+    if priced is None:
+        return {"step": label, "work": "not priced (no entry in loop.plan.PRICES)", "gpus": 0, "hours": 0.0,
+                "gpu_hours": 0.0, "rates": []}
+    hours = priced.hours if priced.hours is not None else priced.gpu_seconds / priced.on / 3600
+    return {"step": label, "work": priced.work, "gpus": priced.on, "hours": hours, "gpu_hours": hours * priced.on,
+            "rates": list(priced.rates)} | ({"bound_by": priced.bound_by} if priced.bound_by else {})
+
+
 def plan_loop(job: LoopJob, gpus: int, gpu_type: str = "H100", gpus_per_node: int = 8, questions: int = 0,
               corpus_passages: int = 0, overrides: dict[str, float] | None = None) -> dict[str, Any]:
     """The plan of one iteration of `job` on `gpus` GPUs of `gpu_type` (nodes of `gpus_per_node`): per step its
     work, the GPUs it holds, hours and GPU-hours (hours x GPUs held), and the throughputs used with their sources."""
-    from agentic_retriever.mining.plan import plan_mining, token_counter
-
     if gpu_type not in RATES:
         raise ValueError(f"loop plan: no throughputs for GPU type {gpu_type!r} (known: {', '.join(RATES)}); give "
                          "each with --throughput KEY=VALUE on a known type")
@@ -157,71 +275,15 @@ def plan_loop(job: LoopJob, gpus: int, gpu_type: str = "H100", gpus_per_node: in
         if key not in rates:
             raise ValueError(f"loop plan: unknown throughput {key!r} (known: {', '.join(rates)})")
         rates[key] = Rate(float(value), rates[key].unit, "given on the command line")
-    node = min(gpus, gpus_per_node)
-    n_questions = _questions(job.loop.mining_qa, questions)
-    steps: list[dict[str, Any]] = []
-
-    def add(name: str, work: str, gpu_seconds: float, on: int, keys: list[str], hours: float | None = None,
-            how: str = ""):
-        """Step `name` of `STEPS` (labelled by its place there, and `how` it runs) doing `gpu_seconds` of work on
-        `on` GPUs (in `hours`, when its parts do not spread evenly); its GPU-hours are the hours times the GPUs
-        it holds."""
-        hours = hours if hours is not None else gpu_seconds / on / 3600
-        step = f"{STEPS.index(name) + 1} {name}" + (f" ({how})" if how else "")
-        steps.append({"step": step, "work": work, "gpus": on, "hours": hours, "gpu_hours": hours * on,
-                      "rates": keys})
-
-    rl = job.agent_train
-    sequences = rl.steps * rl.prompts_per_step * (rl.samples_per_prompt if rl.algorithm == "grpo" else 1)
-    add("agent", f"{rl.steps} steps x {rl.prompts_per_step} prompts"
-        + (f" x {rl.samples_per_prompt} samples" if rl.algorithm == "grpo" else "") + f" = {sequences:,} sequences",
-        sequences * rates["rl_seconds_per_sequence"].value, gpus, ["rl_seconds_per_sequence"], how="verl")
-
-    prompt, generated = _trajectory_tokens(job)
-    add("trajectories", f"{n_questions:,} trajectories of ~{prompt:,.0f} prompt + {generated:,.0f} generated tokens",
-        n_questions * _llm_seconds(prompt, generated, rates, "7b"), gpus, ["llm_7b_prefill", "llm_7b_decode"])
-
-    count, _ = token_counter("")
-    mining = plan_mining(job.mine.mining, [], n_questions, job.mine.plan, count, count,
-                         {"scorer": "characters / 4", "agent": "characters / 4"})
-    stages = mining["stages"]
-    scorer_tokens = [sum(stages.get(s, {}).get(k, 0) for s in ("sub_answers", "local_relevance"))
-                     for k in ("prompt_tokens", "completion_tokens")]
-    gac = stages.get("gac", {})
-    scorer_s = _llm_seconds(*scorer_tokens, rates, "72b")
-    gac_s = _llm_seconds(gac.get("prompt_tokens", 0), gac.get("completion_tokens", 0), rates, "7b")
-    scorer_gpus = sum(spec.gpu_count for spec in service_specs(job.loop.services, STEPS) if "mining" in spec.steps)
-    if scorer_gpus and scorer_gpus >= gpus:
-        raise ValueError(f"loop plan: the mining servers take {scorer_gpus} GPUs, leaving none of {gpus} for shards")
-    shards = gpus - scorer_gpus
-    # a scorer server on GPUs of its own runs beside the shards; without one (no mining server with GPUs), the
-    # scorer's work is counted on the shards' GPUs
-    scorer_where = f"on {scorer_gpus} GPUs" if scorer_gpus else "on the shards' GPUs"
-    add("mining", f"{mining['rounds']:,} rounds: {_millions(scorer_tokens[0])} prompt + "
-        f"{_millions(scorer_tokens[1])} generated tokens to the scorer {scorer_where}, "
-        f"{_millions(gac.get('prompt_tokens', 0))} + {_millions(gac.get('completion_tokens', 0))} to GAC engines "
-        f"on {shards}", scorer_s + gac_s, gpus,
-        ["llm_72b_prefill", "llm_72b_decode", "llm_7b_prefill", "llm_7b_decode"],
-        hours=(max(scorer_s / scorer_gpus, gac_s / shards) if scorer_gpus else (scorer_s + gac_s) / shards) / 3600)
-    if scorer_gpus:
-        steps[-1]["bound_by"] = "the scorer" if scorer_s / scorer_gpus > gac_s / shards else "the GAC shards"
-
-    train, negatives = job.train, job.mine.mining.selection.num_negatives
-    passages = mining["rounds"] * (1 + negatives) * train.epochs
-    add("retriever", f"at most {mining['rounds']:,} rows x {1 + negatives} passages x {train.epochs:g} "
-        f"epochs = {passages / 1e6:,.1f}M passages", passages / rates["train"].value, node, ["train"])
-
-    corpus = _passages(job.index.corpus, corpus_passages)
-    add("index", f"{corpus:,} passages", corpus / rates["encode"].value, node, ["encode"])
-
-    evaluated = 2 * job.loop.eval.agent_questions
-    add("evaluate", f"{evaluated:,} trajectories (Agent_i with each retriever)",
-        evaluated * _llm_seconds(prompt, generated, rates, "7b"), gpus, ["llm_7b_prefill", "llm_7b_decode"])
-    return {"gpus": gpus, "gpu_type": gpu_type, "gpus_per_node": gpus_per_node, "questions": n_questions,
+    planning = _Planning(job, gpus, min(gpus, gpus_per_node), rates, _questions(job.loop.mining_qa, questions),
+                         corpus_passages)
+    steps = [_row(number, name, PRICES[name](planning) if name in PRICES else None)
+             for number, name in enumerate(STEPS, 1)]
+    return {"gpus": gpus, "gpu_type": gpu_type, "gpus_per_node": gpus_per_node, "questions": planning.questions,
             "steps": steps, "hours": sum(s["hours"] for s in steps),
             "gpu_hours": sum(s["gpu_hours"] for s in steps),
             "iterations": job.loop.iterations, "rates": {k: vars(r) for k, r in rates.items()},
-            "mining_plan": mining}
+            "mining_plan": planning.mining}
 
 
 def plan_table(plan: dict[str, Any]) -> str:

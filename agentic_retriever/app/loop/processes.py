@@ -1,5 +1,5 @@
-"""The processes the loop starts on named devices: a step's shards (`run_on_devices`) and the services some steps
-need (`StepServices`), such as the listwise LR scorer as a vLLM OpenAI server beside the mining shards.
+"""The processes the loop starts on named devices: a step's shards (`run_on_devices`) and the servers some steps
+need (`StepServers`), such as the listwise LR scorer as a vLLM OpenAI server beside the mining shards.
 
 With ``loop.placement: local`` placement is the user's: every process gets the ``CUDA_VISIBLE_DEVICES`` its setting
 names (``"0"``, ``"4,5,6,7"``, or ``"cpu"`` for none), nothing more; with ``ray``, Ray places them (`ray_placement`).
@@ -32,8 +32,8 @@ from agentic_retriever.base.client import API_KEY_ENV
 from agentic_retriever.base.jsonl import atomic_write
 from agentic_retriever.base.sessions import command_words, log_tail, start_session, stop_all, stop_session
 
-__all__ = ["LoopSignal", "ServiceSpec", "StepServices", "check_devices", "concatenate", "device_env", "run_on_devices",
-           "service_specs", "signals_stop_children", "threads_each", "write_section"]
+__all__ = ["LoopSignal", "StepServerSpec", "StepServers", "check_devices", "concatenate", "device_env", "run_on_devices",
+           "step_server_specs", "signals_stop_children", "threads_each", "write_section"]
 
 _GPU_LIST = re.compile(r"^\d+(,\d+)*$")
 def check_devices(devices: Sequence[str], where: str) -> None:
@@ -154,8 +154,8 @@ FORWARDED: set[str] = {API_KEY_ENV}
 
 
 @dataclass(frozen=True)
-class ServiceSpec:
-    """A server some steps need (``loop.services.NAME``): started before the first of its steps runs, stopped
+class StepServerSpec:
+    """A server some steps need (``loop.step_servers.NAME``): started before the first of its steps runs, stopped
     before a step that does not need it, so verl's agent step finds its GPUs free."""
 
     name: str
@@ -164,8 +164,8 @@ class ServiceSpec:
     steps: tuple[str, ...]
     devices: str = ""           # CUDA_VISIBLE_DEVICES of the server: GPU numbers, "cpu", or "" to inherit
     start_timeout_s: float = 1800.0
-    api_key_env: str = ""       # the variable the server and its clients read a shared key from (`StepServices`)
-    max_restarts: int = 2       # how often a run of the loop restarts it after it died (`StepServices.revive`)
+    api_key_env: str = ""       # the variable the server and its clients read a shared key from (`StepServers`)
+    max_restarts: int = 2       # how often a run of the loop restarts it after it died (`StepServers.revive`)
 
     @property
     def gpu_count(self) -> int:
@@ -173,8 +173,8 @@ class ServiceSpec:
         return 0 if self.devices in ("", "cpu") else len(self.devices.split(","))
 
     @classmethod
-    def from_mapping(cls, name: str, value: Any, steps: Sequence[str]) -> ServiceSpec:
-        where = f"loop.services.{name}"
+    def from_mapping(cls, name: str, value: Any, steps: Sequence[str]) -> StepServerSpec:
+        where = f"loop.step_servers.{name}"
         if not isinstance(value, dict):
             raise ValueError(f"{where}: expected a mapping ({', '.join(_SERVICE_FIELDS)})")
         unknown = set(value) - set(_SERVICE_FIELDS)
@@ -206,9 +206,9 @@ class ServiceSpec:
 _SERVICE_FIELDS = ("command", "health_url", "steps", "devices", "start_timeout_s", "api_key_env", "max_restarts")
 
 
-def service_specs(services: dict[str, Any], steps: Sequence[str]) -> list[ServiceSpec]:
-    """The parsed ``loop.services`` mapping (name -> settings), each checked."""
-    return [ServiceSpec.from_mapping(name, value, steps) for name, value in services.items()]
+def step_server_specs(servers: dict[str, Any], steps: Sequence[str]) -> list[StepServerSpec]:
+    """The parsed ``loop.step_servers`` mapping (name -> settings), each checked."""
+    return [StepServerSpec.from_mapping(name, value, steps) for name, value in servers.items()]
 
 
 class _LocalServer:
@@ -216,7 +216,7 @@ class _LocalServer:
 
     address = None  # its URLs are reachable as configured
 
-    def __init__(self, spec: ServiceSpec, log_path: Path):
+    def __init__(self, spec: StepServerSpec, log_path: Path):
         self.process = start_session(command_words(spec.command), log_path,
                                      device_env(spec.devices) if spec.devices else None)
 
@@ -228,8 +228,8 @@ class _LocalServer:
         return self.process.returncode
 
 
-class StepServices:
-    """The servers of ``loop.services`` brought up and down around the steps: `before(step)` stops every running
+class StepServers:
+    """The servers of ``loop.step_servers`` brought up and down around the steps: `before(step)` stops every running
     server that `step` does not name and starts (and waits for the health URL of) every one it does; leaving the
     context stops them all. A server with ``api_key_env`` finds a key in that variable (a fresh random one unless
     the user set it), which the loop's own processes inherit and Ray's are handed: vLLM's OpenAI server reads
@@ -240,13 +240,13 @@ class StepServices:
     whichever node has them free (`ray_placement.RayServer`), and its loopback URLs point at that node
     (`reachable`)."""
 
-    def __init__(self, specs: Sequence[ServiceSpec], log_dir: Path, ray: Any = None):
+    def __init__(self, specs: Sequence[StepServerSpec], log_dir: Path, ray: Any = None):
         self.specs, self.log_dir, self.ray = list(specs), Path(log_dir), ray
         self.running: dict[str, Any] = {}
         self.restarts: dict[str, int] = {}  # restarts of each server in this run
         self._made_keys: set[str] = set()  # keys put in the environment here, removed when the servers go
 
-    def __enter__(self) -> StepServices:
+    def __enter__(self) -> StepServers:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -277,7 +277,7 @@ class StepServices:
             death = f"service {name} died with status {status} during {step} ({log_path}):\n{log_tail(log_path)}"
             if self.restarts.get(name, 0) >= spec.max_restarts:
                 raise RuntimeError(f"{death}\nit was restarted {spec.max_restarts} time(s) in this run "
-                                   f"(loop.services.{name}.max_restarts); fix the server, then run the loop again: "
+                                   f"(loop.step_servers.{name}.max_restarts); fix the server, then run the loop again: "
                                    f"the step continues from what it stored")
             self.restarts[name] = self.restarts.get(name, 0) + 1
             print(f"{death}\nrestarting it ({self.restarts[name]} of {spec.max_restarts})", flush=True)
@@ -294,10 +294,10 @@ class StepServices:
                 return reachable_url(url, server.address)
         return url
 
-    def _spec(self, name: str) -> ServiceSpec:
+    def _spec(self, name: str) -> StepServerSpec:
         return next(spec for spec in self.specs if spec.name == name)
 
-    def _start(self, spec: ServiceSpec) -> None:
+    def _start(self, spec: StepServerSpec) -> None:
         log_path = self.log_dir / f"{spec.name}.log"
         print(f"starting service {spec.name} for {', '.join(spec.steps)}: {spec.command} (log {log_path})",
               flush=True)

@@ -217,7 +217,7 @@ def run_on_ray(commands: Sequence[Sequence[str]], gpus: float, cpus: float, log_
 
 @dataclass
 class RayServer:
-    """A step server (``loop.services.NAME``) run by a Ray actor on whichever node has its GPUs free."""
+    """A step server (``loop.step_servers.NAME``) run by a Ray actor on whichever node has its GPUs free."""
 
     actor: object
     place: dict

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from agentic_retriever.base.jsonl import atomic_write, write_json
-from .config import STEPS
 from .manifest import LoopManifest
+from .steps import STEPS
 
 __all__ = ["loop_rows", "status_table", "write_report"]
 

@@ -4,11 +4,11 @@ as one resumable job.
 Iteration 0 settles the loop's inputs: the data (``data_prepare``; then `splits.check_splits` refuses a training
 question set that meets the selection slice or a dev set), the base index Agentic-R_0 (built when
 missing, reused when present) and the initial agent (the warm start of ``agent_sft``, reused from its cache, or the
-shared ``agent.model``). Then, for i = 1..K, the six steps of `steps`, each keyed by the content hash of its inputs
+shared ``agent.model``). Then, for i = 1..K, the six steps of `steps.ITERATION`, each keyed by the content hash of its inputs
 and settings (`manifest`): a step runs when no finished entry has its key, so a changed mining setting reruns
 mining, retriever training, indexing and evaluation of that iteration and everything of the later ones, and nothing
 before. A retrieval service (`service`) runs through the whole loop and is moved onto each new index; the servers
-of ``loop.services`` (`processes.StepServices`) run only while the steps that name them run.
+of ``loop.step_servers`` (`processes.StepServers`) run only while the steps that name them run.
 """
 
 from __future__ import annotations
@@ -18,21 +18,18 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from agentic_retriever.base.client import RetrievalConfig
 from agentic_retriever.base.fingerprint import stable_hash
 from agentic_retriever.base.memory_release import release_freed_memory
-from agentic_retriever.base.qa_sources import qa_set_sha256
 from agentic_retriever.base.writer_lock import WriterLock
-from . import steps
-from .config import STEPS, LoopJob
+from .config import LoopJob
 from .manifest import LoopManifest, LoopManifestError, StepRecord
 from .placement import connect_cluster
-from .processes import StepServices, service_specs, signals_stop_children
+from .processes import StepServers, step_server_specs, signals_stop_children
 from .report import write_report
 from .service import LoopService
 from .splits import check_splits
+from .steps import ITERATION, STEPS, Iteration, changed_settings
 
 __all__ = ["LOCK_FILE", "run_loop"]
 
@@ -40,39 +37,6 @@ __all__ = ["LOCK_FILE", "run_loop"]
 LOCK_FILE = "loop.lock"
 
 log = logging.getLogger(__name__)
-
-#: Settings that never change a step's result (left out of its key): display, logging and cache locations.
-_NO_EFFECT = ("progress", "report_to", "naive_rag_cache", "corpus_cache")
-
-
-def _settings(config: Any, drop: tuple[str, ...] = ()) -> dict:
-    """The settings of `config` that differ from its class's defaults, as a nested dict, without the (dotted)
-    fields in `drop` (what the loop sets) and those in `_NO_EFFECT`. Only non-default values enter a key, so a
-    setting a later release adds with a default does not make a finished loop recompute."""
-    data = _non_default(config)
-    for dotted in (*drop, *_NO_EFFECT):
-        *parents, leaf = dotted.split(".")
-        node = data
-        for part in parents:
-            node = node.get(part, {})
-        node.pop(leaf, None)
-    return data
-
-
-def _non_default(config: Any, defaults: Any = None) -> dict:
-    """The fields of `config` that differ from `defaults` (the class's defaults), nested dataclasses compared
-    with the defaults their parent gives them."""
-    defaults = type(config)() if defaults is None else defaults
-    out = {}
-    for f in dataclasses.fields(config):
-        value, default = getattr(config, f.name), getattr(defaults, f.name)
-        if dataclasses.is_dataclass(value):
-            nested = _non_default(value, default) if type(value) is type(default) else dataclasses.asdict(value)
-            if nested:
-                out[f.name] = nested
-        elif value != default:
-            out[f.name] = value
-    return out
 
 
 class _Loop:
@@ -82,7 +46,7 @@ class _Loop:
         self.job = job
         self.folder = Path(job.loop.out)
         self.manifest = LoopManifest.load(self.folder)
-        self.services: StepServices | None = None
+        self.step_servers: StepServers | None = None
         if not self.manifest.config_file:
             self.manifest.config_file = job.config_file
 
@@ -101,8 +65,8 @@ class _Loop:
         folder = artifact or self.folder / f"iter_{iteration}" / name / key[:12]
         record = self.manifest.start(iteration, name, key, folder)
         print(f"{label}: {'resuming' if record.attempts > 1 else 'running'} -> {folder}", flush=True)
-        if self.services is not None:
-            self.services.before(name)
+        if self.step_servers is not None:
+            self.step_servers.before(name)
         started = time.perf_counter()
         try:
             summary = self._run_reviving(name, run, folder)
@@ -117,13 +81,13 @@ class _Loop:
         return record
 
     def _run_reviving(self, name: str, run: Callable[[Path], dict], folder: Path) -> dict:
-        """`run(folder)`; when it fails and a server of the step had died (`StepServices.revive` started it again),
+        """`run(folder)`; when it fails and a server of the step had died (`StepServers.revive` started it again),
         once more, continuing from what the step stored (a scorer's replies, finished rounds, checkpoints)."""
         while True:
             try:
                 return run(folder)
             except Exception as error:
-                if self.services is None or not self.services.revive(name):
+                if self.step_servers is None or not self.step_servers.revive(name):
                     raise
                 print(f"{name} failed while its server was down ({type(error).__name__}: {error}); running it again "
                       "from what it stored", flush=True)
@@ -146,7 +110,7 @@ class _Loop:
         if job.prepare is not None:
             from agentic_retriever.base.data.prepare import prepare_defaults
 
-            self.step(0, "data", {"prepare": _settings(job.prepare)}, lambda _: prepare_defaults(job.prepare),
+            self.step(0, "data", {"prepare": changed_settings(job.prepare)}, lambda _: prepare_defaults(job.prepare),
                       artifact=Path(job.prepare.out))
         check_splits(job)  # the data is there: nothing trains on what selects or evaluates
         corpus_sha = Corpus.open(job.index.corpus, job.index.corpus_cache).sha256
@@ -162,7 +126,7 @@ class _Loop:
             built = build_index(dataclasses.replace(job.index, out=str(base)))
             return {"index": str(base), "passages": built.rows}
 
-        self.step(0, "base_index", {"index": _settings(job.index, ("out",)), "out": str(base),
+        self.step(0, "base_index", {"index": changed_settings(job.index, ("out",)), "out": str(base),
                                     "corpus": corpus_sha}, build_base, artifact=base,
                   identity=lambda _: stable_hash(index_identity(IndexManifest.load(base))))
 
@@ -174,64 +138,20 @@ class _Loop:
 
             return {"model": str(warm_start_agent(job.warm_start))}
 
-        settings = (_settings(job.warm_start) if job.warm_start is not None
+        settings = (changed_settings(job.warm_start) if job.warm_start is not None
                     else {"model": job.agent_train.agent.model})
         self.step(0, "initial_agent", {"agent": settings}, initial_agent, artifact=self.folder / "iter_0",
                   identity=lambda summary: model_fingerprint(summary["model"]))
 
     # ------------------------------------------------------------------------------------------------- iterations
     def iteration(self, i: int, service: LoopService) -> None:
-        job, loop = self.job, self.job.loop
-        previous_index = self._index(i - 1)
-        retriever_id = self._index_identity(i - 1)
-        first = i == 1 or loop.agent_init == "initial"
-        init_agent = self.record(0, "initial_agent") if first else self.record(i - 1, "agent")
-        service.serve(previous_index)
-        url = service.url
-
-        train = steps.train_agent if loop.agent_trainer == "embedded" else steps.train_agent_on_verl
-        agent = self.step(i, "agent", {
-            "rl": _settings(job.agent_train, ("agent.model", "retrieval", "out")), "qa": qa_set_sha256(job.agent_train.qa),
-            "init": init_agent.identity, "retriever": retriever_id, "trainer": loop.agent_trainer,
-            "verl": _settings(loop.verl) if loop.agent_trainer == "verl" else None},
-            lambda out: train(job, init_agent.summary["model"], url, out))
-        model = agent.summary["model"]
-        rollouts = self.step(i, "trajectories", {
-            "rollout": _settings(job.rollout, ("qa", "out", "retrieval", "agent.model", "limit")),
-            "qa": qa_set_sha256(loop.mining_qa), "agent": agent.identity, "retriever": retriever_id},
-            lambda out: steps.roll_out(job, model, RetrievalConfig(url=url), out))
-        mining = self.step(i, "mining", {
-            "mine": _settings(job.mine, ("trajectories", "out", "retrieval", "agent.model")),
-            "trajectories": rollouts.identity, "agent": agent.identity, "retriever": retriever_id},
-            lambda out: steps.mine_rows(job, rollouts.summary["trajectories"], model, RetrievalConfig(url=url), out,
-                                        reach=self.services.reachable if self.services else None))
-        if i == 1 or loop.retriever_init == "initial":
-            init_encoder, init_id = job.train.encoder.model, job.train.encoder.model
-        else:
-            previous = self.record(i - 1, "retriever")
-            init_encoder, init_id = previous.summary["model"], previous.identity
-        retriever = self.step(i, "retriever", {
-            "train": _settings(job.train, ("data", "out", "corpus", "encoder.model")), "rows": mining.identity,
-            "init": init_id, "corpus": self.manifest.corpus_sha256, "launcher": loop.retriever_launcher},
-            lambda out: steps.train_retriever_step(job, mining.summary["rows_path"], init_encoder, out))
-        index = self.step(i, "index", {
-            "index": _settings(job.index, ("out", "encoder.model")), "encoder": retriever.identity,
-            "corpus": self.manifest.corpus_sha256},
-            lambda out: steps.build_index_step(job, retriever.summary["model"], out))
-        service.serve(index.summary["index"])
-        self.step(i, "evaluate", {
-            "eval": _settings(loop.eval), "rollout": _settings(job.rollout, ("qa", "out", "retrieval", "agent.model")),
-            "files": [qa_set_sha256(p) for p in (loop.eval.leaf_qa, loop.eval.multihop_qa, loop.eval.agent_qa)],
-            "agent": agent.identity, "previous": retriever_id, "new": index.identity},
-            lambda out: steps.evaluate_iteration(job, previous_index, index.summary["index"], model, out,
-                                                 serve=service.url_for))
-        write_report(self.manifest, loop.iterations)
-
-    def _index(self, i: int) -> str:
-        return str(Path(self.job.loop.base_index)) if i == 0 else self.record(i, "index").summary["index"]
-
-    def _index_identity(self, i: int) -> str:
-        return self.record(0, "base_index").identity if i == 0 else self.record(i, "index").identity
+        """The steps of `ITERATION` in order, each run unless done with its inputs' key; then the report."""
+        it = Iteration(self.job, i, service, self.record, self.manifest.corpus_sha256,
+                       reach=self.step_servers.reachable if self.step_servers else None)
+        service.serve(it.previous_index)
+        for step in ITERATION:
+            it.done[step.name] = self.step(i, step.name, step.inputs(it), lambda out, run=step.run: run(it, out))
+        write_report(self.manifest, self.job.loop.iterations)
 
 
 def run_loop(job: LoopJob, from_iteration: int | None = None, from_step: str | None = None) -> dict:
@@ -262,11 +182,11 @@ def _run_loop(job: LoopJob, from_iteration: int | None, from_step: str | None) -
     if from_step is not None:
         state.manifest.force(from_iteration, from_step)
     # a scheduler's SIGTERM, a hang-up or Ctrl-C stops every process the loop started (servers, shards, verl)
-    specs = service_specs(loop.services, STEPS)
+    specs = step_server_specs(loop.step_servers, STEPS)
     connect_cluster(loop)
     ray = loop.ray if loop.placement == "ray" else None
-    with signals_stop_children(), StepServices(specs, state.folder / "services", ray) as services:
-        state.services = services
+    with signals_stop_children(), StepServers(specs, state.folder / "step_servers", ray) as servers:
+        state.step_servers = servers
         state.inputs()
         with LoopService(loop.service, loop.base_index, for_cluster=ray is not None,
                          index_roots=[str(state.folder)]) as service:

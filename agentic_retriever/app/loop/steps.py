@@ -12,6 +12,13 @@
 Each returns the summary the manifest keeps and the report reads. Every one resumes inside its folder when run
 again after a kill (the functions it calls resume), so the runner simply calls it again. Steps 2 to 5 are also the
 demo's iteration (`agentic_retriever.app.demo`): the loop hands them its service, the demo its base index.
+
+`ITERATION` is the one table of these steps, in order: each `IterationStep` names the step, says what its result
+depends on (the parts of its manifest key) and runs it on an `Iteration` (the job, the service and the records of
+the steps done before it). The runner runs the table, `STEPS` (its names) orders the manifest, the report's
+columns, `loop plan`'s rows (`plan.PRICES`, by name) and ``--from-step``. A new step is a function here and a
+row of the table; pricing it in ``loop plan`` is an entry of `plan.PRICES` (docs/architecture.md, "Where does my
+change go").
 """
 
 from __future__ import annotations
@@ -22,17 +29,24 @@ import shlex
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentic_retriever.base.client import RetrievalConfig
 from agentic_retriever.base.jsonl import iter_jsonl, read_json
+from agentic_retriever.base.qa_sources import qa_set_sha256
 from agentic_retriever.base.sessions import command_words
 from .config import LoopJob
+from .manifest import StepRecord
 from .placement import run_shards, shard_count
 from .processes import concatenate, write_section
 
-__all__ = ["build_index_step", "evaluate_iteration", "mine_rows", "roll_out", "train_agent", "train_retriever_step"]
+if TYPE_CHECKING:
+    from .service import LoopService
+
+__all__ = ["ITERATION", "STEPS", "Iteration", "IterationStep", "build_index_step", "changed_settings",
+           "evaluate_iteration", "mine_rows", "roll_out", "train_agent", "train_retriever_step"]
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +126,7 @@ def mine_rows(job: LoopJob, trajectories: str, agent_model: str, retrieval: Retr
     loop's service, or an index folder). In this process, or as `mine run --shard i/n` processes (one per entry of
     ``loop.mining_devices``, or placed by Ray: `placement`), each with its own agent engine, all searching the one
     service, merged into `out` as `mine merge` does; a finished shard is kept. `reach` (the runner's
-    `StepServices.reachable`) points the scorer's URL at the node a step server runs on."""
+    `StepServers.reachable`) points the scorer's URL at the node a step server runs on."""
     from agentic_retriever.mining.job import run_mine_job
     from agentic_retriever.mining.outputs import ROWS_FILE, STATS_FILE
     from agentic_retriever.mining.shards import merge_shards, shard_dir
@@ -236,3 +250,177 @@ def evaluate_iteration(job: LoopJob, previous_index: str, index: str, agent_mode
                                               out / "agent_previous_retriever.jsonl"),
                            "new": _agent(job, agent_model, retrieval(index), out / "agent_new_retriever.jsonl")}
     return report
+
+
+# ------------------------------------------------------------------------------------------------- the table
+#: Settings that never change a step's result (left out of its key): display, logging and cache locations.
+_NO_EFFECT = ("progress", "report_to", "naive_rag_cache", "corpus_cache")
+
+
+def changed_settings(config: Any, drop: tuple[str, ...] = ()) -> dict:
+    """The settings of `config` that differ from its class's defaults, as a nested dict, without the (dotted)
+    fields in `drop` (what the loop sets) and those in `_NO_EFFECT`: what a step's key holds of its section. Only
+    non-default values enter a key, so a setting a later release adds with a default does not make a finished loop
+    recompute."""
+    data = _non_default(config)
+    for dotted in (*drop, *_NO_EFFECT):
+        *parents, leaf = dotted.split(".")
+        node = data
+        for part in parents:
+            node = node.get(part, {})
+        node.pop(leaf, None)
+    return data
+
+
+def _non_default(config: Any, defaults: Any = None) -> dict:
+    """The fields of `config` that differ from `defaults` (the class's defaults), nested dataclasses compared
+    with the defaults their parent gives them."""
+    defaults = type(config)() if defaults is None else defaults
+    out = {}
+    for f in dataclasses.fields(config):
+        value, default = getattr(config, f.name), getattr(defaults, f.name)
+        if dataclasses.is_dataclass(value):
+            nested = _non_default(value, default) if type(value) is type(default) else dataclasses.asdict(value)
+            if nested:
+                out[f.name] = nested
+        elif value != default:
+            out[f.name] = value
+    return out
+
+
+@dataclass
+class Iteration:
+    """Iteration `number` as its steps see it: the job, the loop's retrieval service (on Agentic-R_{i-1} while the
+    agent trains, rolls out and is mined), `record(iteration, step)` (a finished step's record; raises when it is
+    not done), the loop's corpus (its sha256), `reach` (the runner's `StepServers.reachable`) and the records of
+    this iteration's steps so far."""
+
+    job: LoopJob
+    number: int
+    service: LoopService
+    record: Callable[[int, str], StepRecord]
+    corpus_sha256: str
+    reach: Callable[[str], str] | None = None
+    done: dict[str, StepRecord] = field(default_factory=dict)
+
+    @property
+    def previous_index(self) -> str:
+        """Agentic-R_{i-1}'s index folder (the base index in iteration 1)."""
+        i = self.number - 1
+        return str(Path(self.job.loop.base_index)) if i == 0 else self.record(i, "index").summary["index"]
+
+    @property
+    def previous_retriever(self) -> str:
+        """Agentic-R_{i-1}'s identity, which keys every step that searches it."""
+        i = self.number - 1
+        return self.record(0, "base_index").identity if i == 0 else self.record(i, "index").identity
+
+    @property
+    def initial_agent(self) -> StepRecord:
+        """The agent iteration i starts from: the initial agent, or Agent_{i-1} (``loop.agent_init``)."""
+        if self.number == 1 or self.job.loop.agent_init == "initial":
+            return self.record(0, "initial_agent")
+        return self.record(self.number - 1, "agent")
+
+    @property
+    def initial_encoder(self) -> tuple[str, str]:
+        """(model, identity) Agentic-R_i trains from: the base encoder, or Agentic-R_{i-1} (``loop.retriever_init``)."""
+        if self.number == 1 or self.job.loop.retriever_init == "initial":
+            return self.job.train.encoder.model, self.job.train.encoder.model
+        previous = self.record(self.number - 1, "retriever")
+        return previous.summary["model"], previous.identity
+
+    @property
+    def agent_model(self) -> str:
+        return self.done["agent"].summary["model"]
+
+
+@dataclass(frozen=True)
+class IterationStep:
+    """One row of `ITERATION`: the step's name, `inputs` (what its result depends on: the parts of its manifest
+    key, so a change there reruns it and every step after it) and `run` (the step on an artifact folder; returns
+    the summary the manifest keeps)."""
+
+    name: str
+    inputs: Callable[[Iteration], dict]
+    run: Callable[[Iteration, Path], dict]
+
+
+def _agent_inputs(it: Iteration) -> dict:
+    job = it.job
+    return {"rl": changed_settings(job.agent_train, ("agent.model", "retrieval", "out")),
+            "qa": qa_set_sha256(job.agent_train.qa), "init": it.initial_agent.identity,
+            "retriever": it.previous_retriever, "trainer": job.loop.agent_trainer,
+            "verl": changed_settings(job.loop.verl) if job.loop.agent_trainer == "verl" else None}
+
+
+def _agent_run(it: Iteration, out: Path) -> dict:
+    train = train_agent if it.job.loop.agent_trainer == "embedded" else train_agent_on_verl
+    return train(it.job, it.initial_agent.summary["model"], it.service.url, out)
+
+
+def _trajectories_inputs(it: Iteration) -> dict:
+    return {"rollout": changed_settings(it.job.rollout, ("qa", "out", "retrieval", "agent.model", "limit")),
+            "qa": qa_set_sha256(it.job.loop.mining_qa), "agent": it.done["agent"].identity,
+            "retriever": it.previous_retriever}
+
+
+def _trajectories_run(it: Iteration, out: Path) -> dict:
+    return roll_out(it.job, it.agent_model, RetrievalConfig(url=it.service.url), out)
+
+
+def _mining_inputs(it: Iteration) -> dict:
+    return {"mine": changed_settings(it.job.mine, ("trajectories", "out", "retrieval", "agent.model")),
+            "trajectories": it.done["trajectories"].identity, "agent": it.done["agent"].identity,
+            "retriever": it.previous_retriever}
+
+
+def _mining_run(it: Iteration, out: Path) -> dict:
+    return mine_rows(it.job, it.done["trajectories"].summary["trajectories"], it.agent_model,
+                     RetrievalConfig(url=it.service.url), out, reach=it.reach)
+
+
+def _retriever_inputs(it: Iteration) -> dict:
+    return {"train": changed_settings(it.job.train, ("data", "out", "corpus", "encoder.model")),
+            "rows": it.done["mining"].identity, "init": it.initial_encoder[1], "corpus": it.corpus_sha256,
+            "launcher": it.job.loop.retriever_launcher}
+
+
+def _retriever_run(it: Iteration, out: Path) -> dict:
+    return train_retriever_step(it.job, it.done["mining"].summary["rows_path"], it.initial_encoder[0], out)
+
+
+def _index_inputs(it: Iteration) -> dict:
+    return {"index": changed_settings(it.job.index, ("out", "encoder.model")),
+            "encoder": it.done["retriever"].identity, "corpus": it.corpus_sha256}
+
+
+def _index_run(it: Iteration, out: Path) -> dict:
+    return build_index_step(it.job, it.done["retriever"].summary["model"], out)
+
+
+def _evaluate_inputs(it: Iteration) -> dict:
+    loop = it.job.loop
+    return {"eval": changed_settings(loop.eval),
+            "rollout": changed_settings(it.job.rollout, ("qa", "out", "retrieval", "agent.model")),
+            "files": [qa_set_sha256(p) for p in (loop.eval.leaf_qa, loop.eval.multihop_qa, loop.eval.agent_qa)],
+            "agent": it.done["agent"].identity, "previous": it.previous_retriever, "new": it.done["index"].identity}
+
+
+def _evaluate_run(it: Iteration, out: Path) -> dict:
+    new = it.done["index"].summary["index"]
+    it.service.serve(new)
+    return evaluate_iteration(it.job, it.previous_index, new, it.agent_model, out, serve=it.service.url_for)
+
+
+#: One iteration of Algorithm 1, in order; the runner runs it, `STEPS` names it.
+ITERATION = (
+    IterationStep("agent", _agent_inputs, _agent_run),
+    IterationStep("trajectories", _trajectories_inputs, _trajectories_run),
+    IterationStep("mining", _mining_inputs, _mining_run),
+    IterationStep("retriever", _retriever_inputs, _retriever_run),
+    IterationStep("index", _index_inputs, _index_run),
+    IterationStep("evaluate", _evaluate_inputs, _evaluate_run),
+)
+#: The steps of one iteration of Algorithm 1, in order (the manifest's, the report's and `loop plan`'s).
+STEPS = tuple(step.name for step in ITERATION)

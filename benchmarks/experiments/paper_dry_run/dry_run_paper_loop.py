@@ -69,7 +69,7 @@ RAY_PLACEMENT = {"loop": {"placement": "ray", "rollout_devices": [], "mining_dev
                           "ray": {"rollout_shards": 2, "mining_shards": 2, "gpus_per_shard": 1,
                                   "cpus_per_process": 0.5},
                           "service": {"host": "0.0.0.0"},
-                          "services": {"lr_scorer": {
+                          "step_servers": {"lr_scorer": {
                               "command": "{python} -m agentic_retriever.standins.scripted_scorer --host 0.0.0.0 --port {port}"}}}}
 #: Nodes of the ``--ray`` cluster and the GPU labels each declares (resources only: nothing runs on a GPU).
 RAY_NODES, RAY_GPUS_PER_NODE = 2, 1

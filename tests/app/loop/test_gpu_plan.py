@@ -18,7 +18,7 @@ from agentic_retriever.app.config_loader import build_config
 from agentic_retriever.app.loop import STEPS
 from agentic_retriever.app.loop import steps as loop_steps
 from agentic_retriever.app.loop.config import LoopConfig, LoopServiceConfig
-from agentic_retriever.app.loop.processes import service_specs
+from agentic_retriever.app.loop.processes import step_server_specs
 from agentic_retriever.app.loop.service import LoopService
 from agentic_retriever.base.sessions import command_words
 from agentic_retriever.index import DenseParams, build_index
@@ -150,7 +150,7 @@ def test_the_paper_configs_placement_is_the_documented_gpu_plan():
 
     mining = _gpus(table["3 mining"]["GPUs"])
     assert mining == {int(d) for d in loop.mining_devices} and len(loop.mining_devices) == len(mining)
-    (scorer,) = [spec for spec in service_specs(loop.services, STEPS) if spec.name == "lr_scorer"]
+    (scorer,) = [spec for spec in step_server_specs(loop.step_servers, STEPS) if spec.name == "lr_scorer"]
     words = command_words(scorer.command)
     assert _gpus(table["scorer"]["GPUs"]) == {int(d) for d in scorer.devices.split(",")} == node - mining
     assert scorer.steps == ("mining",) and int(_flag(words, "--tensor-parallel-size")) == len(node - mining)

@@ -255,11 +255,42 @@ def test_a_changed_mining_setting_reruns_mining_and_after_and_nothing_before(wor
 
 def test_keys_hold_only_settings_that_differ_from_the_defaults():
     """A setting added with its default by a later release leaves the keys of a finished loop as they were."""
-    from agentic_retriever.app.loop.runner import _settings
+    from agentic_retriever.app.loop.steps import changed_settings
 
-    assert _settings(RLConfig(), ("out",)) == {}
+    assert changed_settings(RLConfig(), ("out",)) == {}
     config = RLConfig(steps=3, env=EnvConfig(temperature=1.0, max_turns=2), agent=LLMConfig(model="m"))
-    assert _settings(config, ("agent.model",)) == {"steps": 3, "env": {"max_turns": 2}, "agent": {}}
+    assert changed_settings(config, ("agent.model",)) == {"steps": 3, "env": {"max_turns": 2}, "agent": {}}
+
+
+def test_the_runner_runs_the_step_table_in_order_and_reruns_a_step_whose_inputs_changed_and_those_after(
+        workdir, tiny_model_dir, tiny_causal_lm_dir, monkeypatch):
+    """A step is a row of `steps.ITERATION`: the runner runs what the table holds, in order, each step seeing the
+    records of the steps before it (`Iteration.done`), and a changed input reruns that step and the ones after. (A
+    table keeps an ``index`` step: the next iteration serves its index; here it hands on the base index.)"""
+    ran, setting = [], {"value": 1}
+
+    def first(it, out):
+        out.mkdir(parents=True)
+        ran.append(("first", it.number, setting["value"]))
+        return {"value": setting["value"]}
+
+    def index(it, out):
+        out.mkdir(parents=True)
+        ran.append(("index", it.number, it.done["first"].summary["value"]))
+        return {"index": it.previous_index}
+
+    monkeypatch.setattr(loop_runner, "ITERATION", (
+        loop_steps.IterationStep("first", lambda it: dict(setting), first),
+        loop_steps.IterationStep("index", lambda it: {"first": it.done["first"].identity}, index)))
+    run_loop(make_job(tiny_model_dir, tiny_causal_lm_dir, iterations=2))
+    assert ran == [("first", 1, 1), ("index", 1, 1), ("first", 2, 1), ("index", 2, 1)]
+    assert [n for n in LoopManifest.load("loop").steps] == ["0/base_index", "0/initial_agent", "1/first", "1/index",
+                                                            "2/first", "2/index"]
+    run_loop(make_job(tiny_model_dir, tiny_causal_lm_dir, iterations=2))
+    assert len(ran) == 4, "a finished loop runs nothing again"
+    setting["value"] = 2
+    run_loop(make_job(tiny_model_dir, tiny_causal_lm_dir, iterations=2))
+    assert ran[4:] == [("first", 1, 2), ("index", 1, 2), ("first", 2, 2), ("index", 2, 2)]
 
 
 def test_a_corrupt_manifest_a_missing_artifact_and_a_new_corpus_are_errors_naming_the_file(

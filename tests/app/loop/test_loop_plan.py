@@ -23,7 +23,7 @@ def job(tmp_path, monkeypatch, tiny_model_dir, tiny_causal_lm_dir):
     write_jsonl(tmp_path / "data" / "mining.jsonl", [{"id": f"q{i}", "question": "?", "golden_answers": ["a"]}
                                                      for i in range(100)])
     write_jsonl(tmp_path / "data" / "corpus.jsonl", [{"id": str(i), "contents": "x"} for i in range(1000)])
-    return make_job(tiny_model_dir, tiny_causal_lm_dir, services=SCORER)
+    return make_job(tiny_model_dir, tiny_causal_lm_dir, step_servers=SCORER)
 
 
 def _step(plan: dict, prefix: str) -> dict:
@@ -108,7 +108,7 @@ def test_loop_plan_prints_the_paper_configs_iteration(capsys):
 
 
 def test_without_a_mining_server_on_gpus_the_scorers_work_is_counted_on_the_shards(job):
-    listwise = dataclasses.replace(job, loop=dataclasses.replace(job.loop, services={}), mine=dataclasses.replace(
+    listwise = dataclasses.replace(job, loop=dataclasses.replace(job.loop, step_servers={}), mine=dataclasses.replace(
         job.mine, mining=dataclasses.replace(job.mine.mining, lr_scorer="listwise", use_sub_answers=True,
                                              gac_mode="rollout")))
     plan = plan_loop(listwise, gpus=8)
@@ -121,3 +121,16 @@ def test_without_a_mining_server_on_gpus_the_scorers_work_is_counted_on_the_shar
     step = _step(plan, "3 mining")
     assert scorer_s > 0 and step["hours"] == pytest.approx((scorer_s + gac_s) / 8 / 3600)
     assert "to the scorer on the shards' GPUs" in step["work"] and "bound_by" not in step
+
+
+def test_a_step_without_a_price_is_listed_as_not_priced_and_the_totals_are_the_priced_steps(job, monkeypatch):
+    from agentic_retriever.app.loop import plan as plan_module
+
+    priced = plan_loop(job, gpus=8)
+    monkeypatch.setattr(plan_module, "STEPS", (*plan_module.STEPS, "audit"))
+    plan = plan_loop(job, gpus=8)
+    audit = _step(plan, "7 audit")
+    assert "not priced" in audit["work"] and audit["hours"] == audit["gpu_hours"] == 0
+    assert plan["hours"] == pytest.approx(priced["hours"]) and "| 7 audit | not priced" in plan_table(plan)
+    monkeypatch.delitem(plan_module.PRICES, "index")
+    assert "not priced" in _step(plan_loop(job, gpus=8), "5 index")["work"]

@@ -1,5 +1,5 @@
 """The loop's processes on named devices (agentic_retriever.app.loop.processes): shards with the CUDA_VISIBLE_DEVICES
-their entry names, the step servers of ``loop.services`` up exactly while their steps run, and the rollout and
+their entry names, the step servers of ``loop.step_servers`` up exactly while their steps run, and the rollout and
 mining steps split over processes giving what one process gives."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from agentic_retriever.app.loop import steps as loop_steps
 from agentic_retriever.base.client import RetrievalConfig
 from agentic_retriever.base.llm import LLMConfig
 from agentic_retriever.index import build_index
-from agentic_retriever.app.loop.processes import (StepServices, concatenate, device_env, run_on_devices, service_specs,
+from agentic_retriever.app.loop.processes import (StepServers, concatenate, device_env, run_on_devices, step_server_specs,
                                               write_section)
 from agentic_retriever.app.loop.runner import _Loop
 from agentic_retriever.app.loop.service import LoopService
@@ -70,12 +70,22 @@ def test_device_entries_are_checked_where_they_are_set():
     assert device_env("cpu")["CUDA_VISIBLE_DEVICES"] == "" and device_env("0,1")["CUDA_VISIBLE_DEVICES"] == "0,1"
     with pytest.raises(ValueError, match="loop.mining_devices: device 'gpu0' is neither"):
         LoopConfig(mining_devices=["0", "gpu0"])
-    with pytest.raises(ValueError, match=r"loop.services.scorer.steps: a list of the steps"):
-        LoopConfig(services={"scorer": {"command": "x", "health_url": "http://h/health", "steps": ["mine"]}})
-    with pytest.raises(ValueError, match=r"loop.services.scorer: unknown field\(s\) port"):
-        LoopConfig(services={"scorer": {"command": "x", "health_url": "u", "steps": ["mining"], "port": 1}})
-    with pytest.raises(ValueError, match=r"loop.services.scorer.command: required"):
-        LoopConfig(services={"scorer": {"health_url": "u", "steps": ["mining"]}})
+    with pytest.raises(ValueError, match=r"loop.step_servers.scorer.steps: a list of the steps"):
+        LoopConfig(step_servers={"scorer": {"command": "x", "health_url": "http://h/health", "steps": ["mine"]}})
+    with pytest.raises(ValueError, match=r"loop.step_servers.scorer: unknown field\(s\) port"):
+        LoopConfig(step_servers={"scorer": {"command": "x", "health_url": "u", "steps": ["mining"], "port": 1}})
+    with pytest.raises(ValueError, match=r"loop.step_servers.scorer.command: required"):
+        LoopConfig(step_servers={"scorer": {"health_url": "u", "steps": ["mining"]}})
+
+
+def test_the_previous_releases_loop_services_key_is_read_as_step_servers_with_a_warning(tmp_path):
+    """0.1 called the step servers ``loop.services``; "service" now means the retrieval service alone."""
+    scorer = {"command": "serve", "health_url": "http://h/health", "steps": ["mining"]}
+    path = tmp_path / "loop.yaml"
+    path.write_text(json.dumps({"loop": {"services": {"scorer": scorer}}}))
+    with pytest.warns(FutureWarning, match=r"loop.yaml: loop: .services. is deprecated, write .step_servers."):
+        loop = build_config(LoopConfig, "loop", None, str(path))
+    assert loop.step_servers == {"scorer": scorer}
 
 
 def _up(url: str) -> bool:
@@ -88,38 +98,38 @@ def _up(url: str) -> bool:
 def test_a_step_server_runs_exactly_while_the_steps_that_name_it_run(tmp_path):
     port = free_port()
     health = f"http://127.0.0.1:{port}/"
-    specs = service_specs({"scorer": {"command": f"{{python}} -m http.server {port} --bind 127.0.0.1",
+    specs = step_server_specs({"scorer": {"command": f"{{python}} -m http.server {port} --bind 127.0.0.1",
                                       "health_url": health, "steps": ["trajectories", "mining"], "devices": "cpu"}},
                           STEPS)
-    with StepServices(specs, tmp_path / "services") as services:
-        services.before("agent")
-        assert not _up(health) and not services.running
-        services.before("trajectories")
+    with StepServers(specs, tmp_path / "services") as servers:
+        servers.before("agent")
+        assert not _up(health) and not servers.running
+        servers.before("trajectories")
         assert _up(health)
-        process = services.running["scorer"]
-        services.before("mining")  # still needed: the same process
-        assert services.running["scorer"] is process and _up(health)
-        services.before("retriever")
-        assert not services.running and process.poll() is not None and not _up(health)
-        services.before("mining")
+        process = servers.running["scorer"]
+        servers.before("mining")  # still needed: the same process
+        assert servers.running["scorer"] is process and _up(health)
+        servers.before("retriever")
+        assert not servers.running and process.poll() is not None and not _up(health)
+        servers.before("mining")
         assert _up(health)
-    assert not services.running and not _up(health)  # leaving the loop stops it
+    assert not servers.running and not _up(health)  # leaving the loop stops it
     assert (tmp_path / "services" / "scorer.log").is_file()
 
 
 def test_a_server_that_dies_or_never_answers_is_an_error_naming_its_log(tmp_path):
-    dies = service_specs({"s": {"command": f"{sys.executable} -c \"print('no model here'); raise SystemExit(2)\"",
+    dies = step_server_specs({"s": {"command": f"{sys.executable} -c \"print('no model here'); raise SystemExit(2)\"",
                                 "health_url": f"http://127.0.0.1:{free_port()}/", "steps": ["mining"]}}, STEPS)
-    with StepServices(dies, tmp_path) as services, pytest.raises(RuntimeError, match="exited with status 2") as error:
-        services.before("mining")
-    assert "no model here" in str(error.value) and not services.running
+    with StepServers(dies, tmp_path) as servers, pytest.raises(RuntimeError, match="exited with status 2") as error:
+        servers.before("mining")
+    assert "no model here" in str(error.value) and not servers.running
 
-    mute = service_specs({"s": {"command": f"{sys.executable} -c \"import time; time.sleep(60)\"",
+    mute = step_server_specs({"s": {"command": f"{sys.executable} -c \"import time; time.sleep(60)\"",
                                 "health_url": f"http://127.0.0.1:{free_port()}/", "steps": ["mining"],
                                 "start_timeout_s": 2}}, STEPS)
-    with StepServices(mute, tmp_path) as services, pytest.raises(TimeoutError, match="did not answer 200 within 2 s"):
-        services.before("mining")
-    assert not services.running
+    with StepServers(mute, tmp_path) as servers, pytest.raises(TimeoutError, match="did not answer 200 within 2 s"):
+        servers.before("mining")
+    assert not servers.running
 
 
 def _kill_server(server) -> None:
@@ -136,7 +146,7 @@ def test_a_step_server_killed_mid_step_is_restarted_and_the_step_run_again_withi
     last lines."""
     port = free_port()
     health = f"http://127.0.0.1:{port}/"
-    specs = service_specs({"scorer": {"command": f"{sys.executable} -m http.server {port} --bind 127.0.0.1",
+    specs = step_server_specs({"scorer": {"command": f"{sys.executable} -m http.server {port} --bind 127.0.0.1",
                                       "health_url": health, "steps": ["mining"], "max_restarts": 1}}, STEPS)
     state = _Loop(LoopJob(loop=LoopConfig(out=str(tmp_path / "loop")), agent_train=None, rollout=None, mine=None,
                           train=None, index=None))
@@ -144,17 +154,17 @@ def test_a_step_server_killed_mid_step_is_restarted_and_the_step_run_again_withi
 
     def mine(kills: int):
         def run(folder: Path) -> dict:
-            servers.append(services.running["scorer"])
+            servers.append(servers.running["scorer"])
             if len(servers) <= kills:
                 _kill_server(servers[-1])
             return {"status": httpx.get(health, timeout=5.0).status_code}  # refused while the server is dead
         return run
 
-    with StepServices(specs, tmp_path / "services") as services:
-        state.services = services
+    with StepServers(specs, tmp_path / "services") as servers:
+        state.step_servers = servers
         record = state.step(1, "mining", {"try": 1}, mine(kills=1))
         assert record.summary == {"status": 200} and record.attempts == 1
-        assert len(servers) == 2 and servers[0] is not servers[1] and services.restarts == {"scorer": 1}
+        assert len(servers) == 2 and servers[0] is not servers[1] and servers.restarts == {"scorer": 1}
         with pytest.raises(RuntimeError, match=r"service scorer died with status -9 during mining \(.*scorer.log\)"
                                                r"[\s\S]*GET / HTTP[\s\S]*max_restarts") as error:
             state.step(1, "mining", {"try": 2}, mine(kills=3))
@@ -241,10 +251,10 @@ def test_a_step_server_with_api_key_env_shares_a_fresh_key_with_the_loops_proces
     port, seen = free_port(), tmp_path / "seen"
     serve = (f"import os, sys, http.server; open({str(seen)!r}, 'w').write(os.environ['TEST_SCORER_KEY']); "
              f"http.server.test(HandlerClass=http.server.SimpleHTTPRequestHandler, port={port}, bind='127.0.0.1')")
-    specs = service_specs({"scorer": {"command": f"{sys.executable} -c \"{serve}\"", "api_key_env": "TEST_SCORER_KEY",
+    specs = step_server_specs({"scorer": {"command": f"{sys.executable} -c \"{serve}\"", "api_key_env": "TEST_SCORER_KEY",
                                       "health_url": f"http://127.0.0.1:{port}/", "steps": ["mining"]}}, STEPS)
-    with StepServices(specs, tmp_path / "services") as services:
-        services.before("mining")
+    with StepServers(specs, tmp_path / "services") as servers:
+        servers.before("mining")
         key = os.environ["TEST_SCORER_KEY"]
         assert len(key) >= 40 and seen.read_text() == key
         from agentic_retriever.app.loop import processes
@@ -252,9 +262,9 @@ def test_a_step_server_with_api_key_env_shares_a_fresh_key_with_the_loops_proces
         assert "TEST_SCORER_KEY" in processes.FORWARDED
     assert "TEST_SCORER_KEY" not in os.environ  # the key the loop made goes with its server
     monkeypatch.setenv("TEST_SCORER_KEY", "chosen-by-the-user")
-    with StepServices(specs, tmp_path / "services") as services:
-        services.before("mining")
+    with StepServers(specs, tmp_path / "services") as servers:
+        servers.before("mining")
         assert seen.read_text() == "chosen-by-the-user"
-    with pytest.raises(ValueError, match=r"loop.services.scorer.api_key_env: the name of an environment variable"):
-        service_specs({"scorer": {"command": "x", "health_url": "http://h/", "steps": ["mining"],
+    with pytest.raises(ValueError, match=r"loop.step_servers.scorer.api_key_env: the name of an environment variable"):
+        step_server_specs({"scorer": {"command": "x", "health_url": "http://h/", "steps": ["mining"],
                                   "api_key_env": "not a name"}}, STEPS)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agentic_retriever.app.loop.processes import ServiceSpec, StepServices, signals_stop_children
+from agentic_retriever.app.loop.processes import StepServerSpec, StepServers, signals_stop_children
 from agentic_retriever.base.sessions import session_members, start_session, stop_session
 from tests.faults.harness import ROOT
 
@@ -65,11 +65,11 @@ def test_a_leader_that_exits_first_leaves_nothing_of_its_tree(tmp_path):
 
 
 def test_a_server_that_dies_before_its_health_check_takes_its_workers_with_it(tmp_path):
-    spec = ServiceSpec(name="scorer", command=" ".join(_quote(_tree(tmp_path / "worker", "sys.exit(1)"))),
+    spec = StepServerSpec(name="scorer", command=" ".join(_quote(_tree(tmp_path / "worker", "sys.exit(1)"))),
                        health_url="http://127.0.0.1:9/health", steps=("mining",), start_timeout_s=60)
-    with StepServices([spec], tmp_path / "services") as services:
+    with StepServers([spec], tmp_path / "services") as servers:
         with pytest.raises(RuntimeError, match="exited with status 1 before"):
-            services.before("mining")
+            servers.before("mining")
     assert _gone(_wait_for(tmp_path / "worker"))
 
 
@@ -107,11 +107,11 @@ def test_a_loop_killed_with_sigkill_leaves_no_step_server_or_worker_behind(tmp_p
     loop = textwrap.dedent(f"""
         import time
         from pathlib import Path
-        from agentic_retriever.app.loop.processes import ServiceSpec, StepServices
-        spec = ServiceSpec(name="scorer", command={" ".join(_quote(_tree(tmp_path / "worker", "time.sleep(600)")))!r},
+        from agentic_retriever.app.loop.processes import StepServerSpec, StepServers
+        spec = StepServerSpec(name="scorer", command={" ".join(_quote(_tree(tmp_path / "worker", "time.sleep(600)")))!r},
                            health_url="http://127.0.0.1:9/health", steps=("mining",), start_timeout_s=600)
-        with StepServices([spec], Path({str(tmp_path / "services")!r})) as services:
-            services.before("mining")   # waits for a health URL that never answers
+        with StepServers([spec], Path({str(tmp_path / "services")!r})) as servers:
+            servers.before("mining")   # waits for a health URL that never answers
     """)
     loop_process = subprocess.Popen([sys.executable, "-c", loop], env=os.environ | {"PYTHONPATH": str(ROOT)})
     worker = _wait_for(tmp_path / "worker")

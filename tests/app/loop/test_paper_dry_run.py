@@ -27,7 +27,7 @@ def _leaves(node: dict, prefix: str = "") -> set[str]:
     out: set[str] = set()
     for key, value in node.items():
         dotted = f"{prefix}{key}"
-        if isinstance(value, dict) and not dotted.startswith("loop.services"):
+        if isinstance(value, dict) and not dotted.startswith("loop.step_servers"):
             out |= _leaves(value, dotted + ".")
         else:
             out.add(dotted)
@@ -38,7 +38,7 @@ def _leaves(node: dict, prefix: str = "") -> set[str]:
 MODELS = {"agent.model", "agent.precision", "index_build.encoder.model", "index_build.encoder.precision",
           "agent_rollout.agent.backend", "agent_rollout.agent.precision", "mine_run.agent.backend",
           "mine_run.agent.precision", "mine_run.scorer.model", "mine_run.scorer.base_url",
-          "retriever_train.encoder.model", "retriever_train.precision", "loop.services"}
+          "retriever_train.encoder.model", "retriever_train.precision", "loop.step_servers"}
 SIZES = {"loop.eval.agent_questions", "index_build.encoder.batch_size", "agent_train.steps",
          "agent_train.prompts_per_step", "agent_train.mini_batch_size", "agent_train.micro_batch_size",
          "agent_train.env.max_new_tokens_per_turn", "agent_train.env.observation_max_tokens",
@@ -70,7 +70,7 @@ def test_the_override_set_swaps_models_sizes_and_devices_only():
 
 
 def test_the_merged_config_is_read_by_every_section_of_the_loop(tmp_path, monkeypatch):
-    """The file the dry run writes, read as `agentic-retriever loop` reads it: the loop's services, the shard devices,
+    """The file the dry run writes, read as `agentic-retriever loop` reads it: the loop's step servers, the shard devices,
     verl's stand-in, each step's section."""
     script = _script()
     monkeypatch.setattr("agentic_retriever.base.defaults.smollm2_hf_dir", lambda: Path("/models/smollm2"))
@@ -80,7 +80,7 @@ def test_the_merged_config_is_read_by_every_section_of_the_loop(tmp_path, monkey
     loop = build_config(command("loop").config_class(), "loop", None, str(path))
     assert loop.mining_devices == loop.rollout_devices == ["cpu", "cpu"] and loop.verl.stand_in
     assert loop.service.index_gpu == "off"  # the paper config's "on" needs faiss-gpu and GPUs
-    (scorer,) = loop.services.values()
+    (scorer,) = loop.step_servers.values()
     mine = build_config(command("mine_run").config_class(), "mine_run", None, str(path))
     assert scorer["steps"] == ["mining"] and mine.scorer.base_url.startswith(scorer["health_url"].removesuffix("/health"))
     assert mine.scorer.model == "/models/smollm2" and mine.mining.selection.negatives == "release"
@@ -167,7 +167,7 @@ def test_with_ray_the_merged_config_places_the_same_shards_by_ray(tmp_path, monk
     assert placed.placement == "ray" and placed.rollout_devices == placed.mining_devices == []
     assert (placed.ray.rollout_shards, placed.ray.mining_shards) == (len(local.rollout_devices),
                                                                      len(local.mining_devices))
-    assert placed.service.host == "0.0.0.0" and "--host 0.0.0.0" in placed.services["lr_scorer"]["command"]
-    same = {"placement", "ray", "rollout_devices", "mining_devices", "service", "services"}
+    assert placed.service.host == "0.0.0.0" and "--host 0.0.0.0" in placed.step_servers["lr_scorer"]["command"]
+    same = {"placement", "ray", "rollout_devices", "mining_devices", "service", "step_servers"}
     assert {f: getattr(placed, f) for f in vars(local) if f not in same} == \
         {f: getattr(local, f) for f in vars(local) if f not in same}

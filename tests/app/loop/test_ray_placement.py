@@ -24,7 +24,7 @@ from agentic_retriever.base.client import RetrievalConfig  # noqa: E402
 from agentic_retriever.app.loop.config import LoopConfig, LoopRayConfig, LoopServiceConfig  # noqa: E402
 from agentic_retriever.app.loop.placement import shard_count  # noqa: E402
 from agentic_retriever.app.loop.processes import (  # noqa: E402
-    LoopSignal, ServiceSpec, StepServices, signals_stop_children,
+    LoopSignal, StepServerSpec, StepServers, signals_stop_children,
 )
 from agentic_retriever.app.loop.ray_placement import RayServer, reachable_url, run_on_ray  # noqa: E402
 from agentic_retriever.app.loop.service import LoopService  # noqa: E402
@@ -142,28 +142,28 @@ def test_a_server_asking_for_4_gpus_waits_for_a_node_that_has_them(cluster, tmp_
     _wait_all_gpus_free()
     port = free_port()
     command = f"{sys.executable} -m http.server {port} --bind 0.0.0.0 --directory {tmp_path}"
-    spec = ServiceSpec(name="lr_scorer", command=command, health_url=f"http://localhost:{port}/",
+    spec = StepServerSpec(name="lr_scorer", command=command, health_url=f"http://localhost:{port}/",
                        steps=("mining",), devices="4,5,6,7", start_timeout_s=6)
     sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
     # 3 GPUs held one by one: wherever Ray puts them, no node keeps 4 free (2 + 4 in all)
     holders = [RayServer.start(sleeper, tmp_path / f"holder-{k}.log", 1.0, 0.0, 30, "holder") for k in range(3)]
     try:
-        with StepServices([spec], tmp_path / "services", LoopRayConfig()) as services:
+        with StepServers([spec], tmp_path / "services", LoopRayConfig()) as servers:
             with pytest.raises(TimeoutError, match="no node of the Ray cluster had 4 free GPUs"):
-                services.before("mining")
+                servers.before("mining")
     finally:
         for holder in holders:
             holder.stop()
     _wait_all_gpus_free()
     spec = dataclasses.replace(spec, start_timeout_s=60)
-    with StepServices([spec], tmp_path / "services", LoopRayConfig()) as services:
-        services.before("mining")
-        server = services.running["lr_scorer"]
+    with StepServers([spec], tmp_path / "services", LoopRayConfig()) as servers:
+        servers.before("mining")
+        server = servers.running["lr_scorer"]
         placed_on = server.place
         assert placed_on["node"] == _node_with(cluster, SECOND_GPUS)
         assert sorted(placed_on["gpus"].split(",")) == ["0", "1", "2", "3"]
-        assert services.reachable(f"http://localhost:{port}/v1") == f"http://{server.address}:{port}/v1"
-        assert services.reachable("http://localhost:1/v1") == "http://localhost:1/v1"  # not a server's port
+        assert servers.reachable(f"http://localhost:{port}/v1") == f"http://{server.address}:{port}/v1"
+        assert servers.reachable("http://localhost:1/v1") == "http://localhost:1/v1"  # not a server's port
     _wait_all_gpus_free()
 
 

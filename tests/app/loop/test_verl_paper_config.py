@@ -219,12 +219,12 @@ def test_every_agent_of_the_paper_loop_starts_from_the_base_model():
 def test_the_paper_configs_commands_run_with_the_loops_own_interpreter(monkeypatch):
     """torchrun, the 72B scorer's vLLM server and verl's launcher as `{python} -m ...`: with an unactivated venv, PATH's
     `torchrun` or `vllm` belongs to another interpreter or to none."""
-    from agentic_retriever.app.loop.processes import service_specs
+    from agentic_retriever.app.loop.processes import step_server_specs
     from agentic_retriever.base.sessions import command_words
 
     monkeypatch.setattr(sys, "executable", "/opt/loop-venv/bin/python")
     loop = build_config(LoopConfig, "loop", None, str(CONFIGS / "agentic_r_loop.yaml"))
-    (scorer,) = service_specs(loop.services, ["mining"])
+    (scorer,) = step_server_specs(loop.step_servers, ["mining"])
     assert command_words(loop.retriever_launcher)[:3] == ["/opt/loop-venv/bin/python", "-m", "torch.distributed.run"]
     assert command_words(scorer.command)[:3] == ["/opt/loop-venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
     assert command_words(loop.verl.launcher) == ["/opt/loop-venv/bin/python"]
