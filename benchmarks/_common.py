@@ -32,22 +32,7 @@ if str(REPO_ROOT) not in sys.path:  # run from a checkout without `pip install -
 
 
 # --------------------------------------------------------------------------------------------- device
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
-
-
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+from agentic_retriever.base.machine import cpu_model, usable_cores  # noqa: E402  (after the path is set)
 
 
 def free_port() -> int:

@@ -43,6 +43,7 @@ from agentic_retriever.base.data.prepare import PrepareConfig, prepare_defaults
 from agentic_retriever.base.encoder import EncoderConfig
 from agentic_retriever.base.fingerprint import stable_hash
 from agentic_retriever.base.jsonl import write_json
+from agentic_retriever.base.machine import CPU_CLASSES, cpu_class, cpu_model, usable_cores
 from agentic_retriever.base.memory_release import release_freed_memory
 from agentic_retriever.eval.bootstrap import compare_reports
 from agentic_retriever.eval.report import plot_metrics, render_table
@@ -81,6 +82,31 @@ class MainJob:
     rollout: Any = None         # agent.rollouts.RolloutConfig (section agent_rollout)
     mine: Any = None            # mining.job.MineJobConfig (section mine_run)
     train: Any = None           # training.config.RetrieverTrainConfig (section retriever_train)
+
+
+#: `make demo`'s wall time in minutes, set-up included, on a 2-core machine of each CPU class
+#: (`agentic_retriever.base.machine`), and the CPU it was measured on (benchmarks/RESULTS.md, "The demo and the tests
+#: per machine class").
+DEMO_MINUTES = {"amx": (18.1, "Intel Xeon with AMX"), "avx512_bf16": (23.0, "AMD EPYC Zen 4"),
+                "fp32": (47.1, "AMD EPYC with AVX2 alone")}
+
+
+def machine_note(job: MainJob, cores: int | None = None) -> str:
+    """What the demo is about to compute on and how long that took before: this CPU, its class, the precision of
+    the encoder and the agent, and the class's time in RESULTS (on a GPU: none measured)."""
+    import torch
+
+    precisions = f"encoder {job.demo.encoder.precision}" + (
+        f", agent {job.rollout.agent.precision}" if job.rollout is not None else "")
+    if torch.cuda.is_available():
+        return (f"machine: {torch.cuda.get_device_name(0)}; {precisions}. The demo's times are measured on CPUs "
+                "only (benchmarks/RESULTS.md, \"The demo and the tests per machine class\").")
+    kind = cpu_class()
+    minutes, measured_on = DEMO_MINUTES[kind]
+    cores = cores or usable_cores()
+    return (f"machine: {cpu_model()}, {cores} cores, CPU class {kind} ({CPU_CLASSES[kind]}); {precisions}. This "
+            f"class took {minutes:.0f} min with set-up on a 2-core {measured_on} (benchmarks/RESULTS.md, \"The demo "
+            f"and the tests per machine class\")" + (f"; {cores} cores here" if cores != 2 else "") + ".")
 
 
 def encoder_short_name(model: str) -> str:
@@ -153,6 +179,7 @@ def run_demo(job: MainJob | DemoConfig) -> dict:
     if not config.workdir:
         raise ValueError("demo: give the work folder (workdir)")
     full = all(part is not None for part in (job.warm_start, job.rollout, job.mine, job.train))
+    print(machine_note(job), flush=True)
     steps = Steps(8 if full else 2)
     work, data = Path(config.workdir), Path(config.workdir) / "data"
     corpus = str(data / "corpus.jsonl")

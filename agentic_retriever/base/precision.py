@@ -47,21 +47,16 @@ ROLES: dict[str, tuple[str, str]] = {
 _TRAINING = ("retriever_training", "rl", "sft")
 
 
-#: torch's probes of the CPU instructions that multiply bf16 in hardware: AMX tiles (Intel Sapphire Rapids and
-#: later) and AVX512-BF16 (AMD Zen 4 and 5, Intel Cooper Lake). Without either (AVX2-only CPUs, Skylake and Ice Lake
-#: with AVX-512 but no bf16), oneDNN emulates bf16 and it runs slower than fp32.
-BF16_PROBES = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
-
-
 @functools.cache
 def cpu_computes_bf16_natively() -> bool:
-    """Whether this CPU multiplies bf16 matrices in hardware (AMX tiles or AVX512-BF16), as torch reports it.
+    """Whether this CPU multiplies bf16 matrices in hardware: AMX tiles (Intel Sapphire Rapids and later) or
+    AVX512-BF16 (AMD Zen 4 and 5, Intel Cooper Lake), as torch's probes report it (`machine.cpu_class`). Without
+    either, oneDNN emulates bf16 and it runs slower than fp32. On a 2-core Zen 4 EPYC (AVX512-BF16, no AMX) one
+    core multiplies a 4096x384 by 384x1536 matrix 2.5x faster in bf16 than in fp32 (benchmarks/RESULTS.md, "The
+    demo and the tests per machine class")."""
+    from .machine import cpu_class
 
-    On a 2-core Zen 4 EPYC (AVX512-BF16, no AMX) one core multiplies a 4096x384 by 384x1536 matrix 2.5x faster in
-    bf16 than in fp32 (benchmarks/RESULTS.md, "bf16 on AVX512-BF16 CPUs")."""
-    import torch
-
-    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in BF16_PROBES)
+    return cpu_class() != "fp32"
 
 
 def _on_gpu(device: str | None) -> bool:

@@ -1,8 +1,11 @@
 """The demo report's sentence on model selection names what was kept, on which inputs and by which scores; the
-demo's (and the benchmarks') trajectory files are named by what makes their trajectories."""
+demo's (and the benchmarks') trajectory files are named by what makes their trajectories; the demo says what it
+runs on."""
 
 import dataclasses
 from pathlib import Path
+
+import pytest
 
 from agent.rollouts import RolloutConfig
 from agentic_retriever.app.demo import keyed_rollout, selection_note
@@ -47,3 +50,20 @@ def test_a_rollout_file_is_named_by_everything_that_makes_its_trajectories(tmp_p
     changed.append(path())
     assert len({first, *changed}) == 6
 
+
+
+@pytest.mark.parametrize("kind", ["amx", "avx512_bf16", "fp32"])
+def test_the_demo_says_before_its_first_step_the_machine_class_its_precision_and_the_class_time(kind, monkeypatch):
+    import torch
+
+    from agentic_retriever.app import demo
+    from agentic_retriever.base.encoder import EncoderConfig
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(demo, "cpu_class", lambda: kind)
+    job = demo.MainJob(demo.DemoConfig(encoder=EncoderConfig(precision="bf16" if kind != "fp32" else "fp32")))
+    note = demo.machine_note(job, cores=2)
+    minutes, measured_on = demo.DEMO_MINUTES[kind]
+    assert f"CPU class {kind}" in note and f"took {minutes:.0f} min" in note and measured_on in note
+    assert ("encoder bf16" if kind != "fp32" else "encoder fp32") in note and "cores here" not in note
+    assert "4 cores here" in demo.machine_note(job, cores=4), "a machine unlike the measured one is told so"

@@ -15,6 +15,7 @@ from agentic_retriever.app.config_loader import build_config
 from agentic_retriever.base import precision as precision_module
 from agentic_retriever.base.encoder import Encoder, EncoderConfig
 from agentic_retriever.base.llm import LLMConfig
+from agentic_retriever.base.machine import cpu_class
 from agentic_retriever.base.precision import ROLES, resolve, resolve_native
 from agentic_retriever.index import IndexBuildConfig
 from agentic_retriever.mining.job import MineJobConfig
@@ -33,12 +34,13 @@ def test_the_cpu_computes_bf16_natively_with_amx_tiles_or_avx512_bf16(amx, avx51
     try:
         assert precision_module.cpu_computes_bf16_natively() is native
         assert resolve_native("native", "cpu") == ("bf16" if native else "fp32")
+        assert cpu_class() == ("amx" if amx else "avx512_bf16" if avx512_bf16 else "fp32")
     finally:
         precision_module.cpu_computes_bf16_natively.cache_clear()
 
 
 def test_a_torch_without_the_probes_is_taken_for_a_cpu_without_bf16(monkeypatch):
-    for name in precision_module.BF16_PROBES:
+    for name in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"):
         monkeypatch.delattr(torch.cpu, name, raising=False)
     precision_module.cpu_computes_bf16_natively.cache_clear()
     try:

@@ -274,7 +274,7 @@ class StepServers:
         for name, status in dead:
             spec, log_path = self._spec(name), self.log_dir / f"{name}.log"
             self._stop(name)  # what its session left
-            death = f"service {name} died with status {status} during {step} ({log_path}):\n{log_tail(log_path)}"
+            death = f"step server {name} died with status {status} during {step} ({log_path}):\n{log_tail(log_path)}"
             if self.restarts.get(name, 0) >= spec.max_restarts:
                 raise RuntimeError(f"{death}\nit was restarted {spec.max_restarts} time(s) in this run "
                                    f"(loop.step_servers.{name}.max_restarts); fix the server, then run the loop again: "
@@ -299,7 +299,7 @@ class StepServers:
 
     def _start(self, spec: StepServerSpec) -> None:
         log_path = self.log_dir / f"{spec.name}.log"
-        print(f"starting service {spec.name} for {', '.join(spec.steps)}: {spec.command} (log {log_path})",
+        print(f"starting step server {spec.name} for {', '.join(spec.steps)}: {spec.command} (log {log_path})",
               flush=True)
         started = time.monotonic()
         if spec.api_key_env:  # the server and every client read it there, on this node and the others
@@ -313,16 +313,16 @@ class StepServers:
             from .ray_placement import RayServer
 
             server = RayServer.start(command_words(spec.command), log_path, spec.gpu_count, self.ray.cpus_per_process,
-                                     spec.start_timeout_s, f"service {spec.name}",
+                                     spec.start_timeout_s, f"step server {spec.name}",
                                      forward=[spec.api_key_env] if spec.api_key_env else [])
-            print(f"service {spec.name} placed by Ray on node {server.address}, GPUs {server.place['gpus'] or 'none'}",
+            print(f"step server {spec.name} placed by Ray on node {server.address}, GPUs {server.place['gpus'] or 'none'}",
                   flush=True)
         self.running[spec.name] = server
         health_url = self.reachable(spec.health_url)
         while True:
             if (status := server.poll()) is not None:
                 self._stop(spec.name)  # its workers may live on in their own groups
-                raise RuntimeError(f"service {spec.name} exited with status {status} before "
+                raise RuntimeError(f"step server {spec.name} exited with status {status} before "
                                    f"{health_url} answered ({log_path}):\n{log_tail(log_path)}")
             try:
                 if httpx.get(health_url, timeout=5.0).status_code == 200:
@@ -331,11 +331,11 @@ class StepServers:
                 pass
             if time.monotonic() - started > spec.start_timeout_s:
                 self._stop(spec.name)
-                raise TimeoutError(f"service {spec.name}: {health_url} did not answer 200 within "
+                raise TimeoutError(f"step server {spec.name}: {health_url} did not answer 200 within "
                                    f"{spec.start_timeout_s:.0f} s ({log_path}):\n{log_tail(log_path)}")
             time.sleep(1.0)
-        print(f"service {spec.name} is up ({health_url}, {time.monotonic() - started:.0f} s)", flush=True)
+        print(f"step server {spec.name} is up ({health_url}, {time.monotonic() - started:.0f} s)", flush=True)
 
     def _stop(self, name: str) -> None:
         status = self.running.pop(name).stop()
-        print(f"stopped service {name} (status {status})", flush=True)
+        print(f"stopped step server {name} (status {status})", flush=True)

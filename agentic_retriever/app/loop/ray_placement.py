@@ -11,7 +11,7 @@ is interrupted. No scheduler of our own: Ray's placement, with its resource requ
     connect("auto")                            # ray.init(address=...) once
     n = shard_count(0, 1.0, "mining")          # free GPUs // GPUs a shard needs
     places = run_on_ray(commands, 1.0, 1.0, log_dir, "mining")
-    server = RayServer.start(command, log_path, 4, 1.0, 3600, "service lr_scorer")  # waits for 4 free GPUs
+    server = RayServer.start(command, log_path, 4, 1.0, 3600, "step server lr_scorer")  # waits for 4 free GPUs
 """
 
 from __future__ import annotations

@@ -150,13 +150,13 @@ def test_a_step_server_killed_mid_step_is_restarted_and_the_step_run_again_withi
                                       "health_url": health, "steps": ["mining"], "max_restarts": 1}}, STEPS)
     state = _Loop(LoopJob(loop=LoopConfig(out=str(tmp_path / "loop")), agent_train=None, rollout=None, mine=None,
                           train=None, index=None))
-    servers = []
+    started = []
 
     def mine(kills: int):
         def run(folder: Path) -> dict:
-            servers.append(servers.running["scorer"])
-            if len(servers) <= kills:
-                _kill_server(servers[-1])
+            started.append(servers.running["scorer"])
+            if len(started) <= kills:
+                _kill_server(started[-1])
             return {"status": httpx.get(health, timeout=5.0).status_code}  # refused while the server is dead
         return run
 
@@ -164,8 +164,8 @@ def test_a_step_server_killed_mid_step_is_restarted_and_the_step_run_again_withi
         state.step_servers = servers
         record = state.step(1, "mining", {"try": 1}, mine(kills=1))
         assert record.summary == {"status": 200} and record.attempts == 1
-        assert len(servers) == 2 and servers[0] is not servers[1] and servers.restarts == {"scorer": 1}
-        with pytest.raises(RuntimeError, match=r"service scorer died with status -9 during mining \(.*scorer.log\)"
+        assert len(started) == 2 and started[0] is not started[1] and servers.restarts == {"scorer": 1}
+        with pytest.raises(RuntimeError, match=r"step server scorer died with status -9 during mining \(.*scorer.log\)"
                                                r"[\s\S]*GET / HTTP[\s\S]*max_restarts") as error:
             state.step(1, "mining", {"try": 2}, mine(kills=3))
         assert isinstance(error.value.__context__, httpx.ConnectError)  # what the step itself met
