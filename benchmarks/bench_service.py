@@ -201,9 +201,10 @@ def _contenders(index: SearchIndex, index_dir: str, args) -> dict[str, object]:
     if args.servers == "process":
         reference = [sys.executable, str(Path(__file__).with_name("_reference_server.py")), "--index", index_dir,
                      "--topk", str(args.topk)]
+        ours = {"query_precision": args.query_precision} if args.query_precision else {}
         return {"peer": peer or ServerProcess(reference, "peer"),
-                "ours": ServerProcess(our_server(index_dir), "ours"),
-                "ours, batching off": ServerProcess(our_server(index_dir, batching=False), "ours, batching off")}
+                "ours": ServerProcess(our_server(index_dir, **ours), "ours"),
+                "ours, batching off": ServerProcess(our_server(index_dir, batching=False, **ours), "ours, batching off")}
     return {"peer": peer or create_reference_app(index, default_topk=args.topk),
             "ours": _our_app(index, batching=True), "ours, batching off": _our_app(index, batching=False)}
 
@@ -653,6 +654,8 @@ def main(argv: list[str] | None = None) -> dict:
                         help="throughput mode: queries per request of the batched-limit rounds (1: none)")
     parser.add_argument("--limit-clients", type=int, default=16, help="throughput mode: clients of the batched-limit rounds")
     parser.add_argument("--topk", type=int, default=3)
+    parser.add_argument("--query-precision", help="throughput mode: ours' --query-precision (default: the service's, "
+                                                  "native), e.g. fp32 to measure what bf16 queries change")
     parser.add_argument("--servers", choices=("process", "thread"), default="process",
                         help="each server in a process of its own (as users run them), or in threads of this process")
     parser.add_argument("--max-batch-queries", type=int, default=256, help="fairness mode: the servers' batch bound")

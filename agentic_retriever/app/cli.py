@@ -88,14 +88,15 @@ def _index_serve(config) -> None:
 
     check_exposure(config.host, resolve_api_key(config.api_key), config.unauthenticated_network)  # before the load
     index_gpu = config.gpu if config.gpu != "auto" else None
-    index = _open_index(config.retrieval, "index serve", gpu=index_gpu)
+    index = _open_index(config.retrieval, "index serve", gpu=index_gpu, query_precision=config.query_precision)
     serve(index, index_gpu=index_gpu, host=config.host, port=config.port, batching=config.batching,
           max_batch_queries=config.max_batch_queries, max_wait_ms=config.max_wait_ms,
           max_queries_per_request=config.max_queries_per_request, max_query_chars=config.max_query_chars,
           request_timeout_s=config.request_timeout_s, admin_token=config.admin_token or None,
           max_request_bytes=config.max_request_bytes, max_batch_ms=config.max_batch_ms, access_log=config.access_log,
           max_passages_per_request=config.max_passages_per_request, api_key=config.api_key or None,
-          unauthenticated_network=config.unauthenticated_network, index_roots=config.index_roots or None)
+          unauthenticated_network=config.unauthenticated_network, index_roots=config.index_roots or None,
+          query_precision=config.query_precision)
 
 
 def _index_swap(config) -> None:

@@ -133,11 +133,14 @@ def _complete_manifest(index_dir: str) -> IndexManifest | None:
 
 
 def open_index(index_dir: str | Path, encoder: EncoderConfig | Encoder | None = None, corpus: str | None = None,
-               corpus_cache: str | None = None, gpu: str | None = None, **overrides) -> SearchIndex:
+               corpus_cache: str | None = None, gpu: str | None = None, query_precision: str | None = None,
+               **overrides) -> SearchIndex:
     """Open a built index, from any working directory. The encoder and corpus default to the ones in its
     manifest (found relative to the index folder; see `IndexManifest`); passing others that differ from the
     build's raises IndexMismatchError. `gpu` (auto, on, off; None: as the build's manifest says) places a dense
     index in host memory or sharded over the visible GPUs; a BM25 index is searched on the host whatever it says.
+    `query_precision` (None: ``auto``, fp32 on a CPU) is the precision the manifest's encoder encodes queries in
+    (`precision.Precision`; the service's is ``native``: bf16 where the CPU computes bf16 in hardware).
     `overrides` change other search-time parameters (ef_search, nprobe, mmap for dense; threads for bm25)."""
     manifest = IndexManifest.load(index_dir)
     corpus_file = corpus or manifest.require_path("corpus_path", index_dir, (
@@ -150,18 +153,19 @@ def open_index(index_dir: str | Path, encoder: EncoderConfig | Encoder | None = 
     if manifest.backend == "bm25":
         return BM25Index(index_dir, manifest, corpus_obj, overrides)
     if not isinstance(encoder, Encoder):
-        encoder = Encoder(encoder) if encoder is not None else _manifest_encoder(manifest, index_dir)
+        encoder = Encoder(encoder) if encoder is not None else _manifest_encoder(manifest, index_dir, query_precision)
     return DenseIndex(index_dir, manifest, corpus_obj, encoder, {**overrides, **({"gpu": gpu} if gpu else {})})
 
 
-def _manifest_encoder(manifest: IndexManifest, index_dir: str | Path) -> Encoder:
+def _manifest_encoder(manifest: IndexManifest, index_dir: str | Path, precision: str | None = None) -> Encoder:
     remedy = ("Put the encoder folder back at one of those paths, open the index with its encoder given "
               "(open_index(DIR, encoder=EncoderConfig(model=FOLDER))), or run `agentic-retriever index build` for "
               "this folder with --encoder.model FOLDER, its corpus and settings once: an index complete with the same "
               "weights is not rebuilt, only its manifest is pointed at the folder.")
     model = manifest.require_path("encoder.config.model", index_dir, remedy)
     try:
-        return Encoder(EncoderConfig.from_dict((manifest.encoder or {})["config"]))
+        config = EncoderConfig.from_dict((manifest.encoder or {})["config"])
+        return Encoder(dataclasses.replace(config, precision=precision) if precision else config)
     except Exception as error:
         if manifest.path_base is not None or model == DEFAULT_ENCODER or os.path.exists(model):
             raise

@@ -107,7 +107,8 @@ def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: fl
                max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                max_batch_ms: float = DEFAULT_MAX_BATCH_MS, index_gpu: str | None = None,
                max_passages_per_request: int = DEFAULT_MAX_PASSAGES_PER_REQUEST, api_key: str | None = None,
-               loopback_only_hosts: bool = False, index_roots: Sequence[str] | None = None) -> ServiceApp:
+               loopback_only_hosts: bool = False, index_roots: Sequence[str] | None = None,
+               query_precision: str | None = None) -> ServiceApp:
     """The FastAPI application serving `index` (see the `agentic_retriever.server` docstring for the API).
 
     `max_batch_queries` bounds one batch, and so the chunks a big request is searched in; `max_batch_ms` > 0 bounds
@@ -126,7 +127,8 @@ def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: fl
     guards ``POST /admin/swap-index`` (`auth`). A swap opens the new folder in a worker thread while `index`
     keeps serving, then serves it to the requests arriving from then on; a second swap while one is loading gets
     a 409 (`slot`); it places the new index as `index_gpu` says (auto, on, off; None: as the folder's build
-    recorded), so give the placement `index` was opened with. A swap opens only folders below `index_roots`
+    recorded), so give the placement `index` was opened with, and encodes its queries in `query_precision` (as
+    `open_index` takes it: give the one `index` was opened with). A swap opens only folders below `index_roots`
     (None: the folder of `index`'s parent), and its refusals name no path outside them.
 
     In front of everything, `gate.Gate`: with `api_key` (None or empty: ``$AGENTIC_RETRIEVER_API_KEY``; that empty
@@ -145,7 +147,7 @@ def create_app(index: SearchIndex, max_batch_queries: int = 256, max_wait_ms: fl
     if request_timeout_s is not None and request_timeout_s < 0:
         raise ValueError(f"request_timeout_s must be >= 0 (0: no limit), got {request_timeout_s}")
     timeout_s = request_timeout_s or None
-    slot = IndexSlot(index, index_gpu, index_roots)
+    slot = IndexSlot(index, index_gpu, index_roots, query_precision)
     batcher = _Batcher(slot, max_batch_queries, max_wait_ms / 1000.0, batching, timeout_s, max_batch_ms / 1000.0)
     token = resolve_admin_token(admin_token)
     started = time.time()
@@ -260,7 +262,8 @@ def _describe(index: SearchIndex) -> str:
     where = getattr(index, "index_dir", None)
     return (f"{m.backend}/{m.index_type} index{f' at {where}' if where else ''}: {len(index)} passages from "
             f"{m.corpus_path}, searched on {index.device}"
-            + (f", encoder {model!r} on {index.query_device} (dim {m.dim}, composition {index.composition})"
+            + (f", encoder {model!r} on {index.query_device} in {index.encoder.weights_dtype} (dim {m.dim}, "
+               f"composition {index.composition})"
                if model else ""))
 
 
@@ -272,7 +275,8 @@ def serve(index: SearchIndex, host: str = "127.0.0.1", port: int = 8000, max_bat
           max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, max_batch_ms: float = DEFAULT_MAX_BATCH_MS,
           access_log: bool = False, index_gpu: str | None = None,
           max_passages_per_request: int = DEFAULT_MAX_PASSAGES_PER_REQUEST, api_key: str | None = None,
-          unauthenticated_network: bool = False, index_roots: Sequence[str] | None = None) -> None:
+          unauthenticated_network: bool = False, index_roots: Sequence[str] | None = None,
+          query_precision: str | None = None) -> None:
     """Serve `index` with uvicorn until interrupted (one process: the index lives in its memory; an admin
     token, given or from ``$AGENTIC_RETRIEVER_ADMIN_TOKEN``, turns on ``POST /admin/swap-index``). `access_log`:
     uvicorn's line per request (its formatting and write were 2.8% of the server's samples under 64 one-query
@@ -288,7 +292,7 @@ def serve(index: SearchIndex, host: str = "127.0.0.1", port: int = 8000, max_bat
                      request_timeout_s=request_timeout_s, admin_token=admin_token,
                      max_request_bytes=max_request_bytes, max_batch_ms=max_batch_ms, index_gpu=index_gpu,
                      max_passages_per_request=max_passages_per_request, api_key=api_key,
-                     loopback_only_hosts=is_loopback(host), index_roots=index_roots)
+                     loopback_only_hosts=is_loopback(host), index_roots=index_roots, query_precision=query_precision)
     log.info("serving %s", _describe(index))
     log.info("callers: %s; %s", "an API key on every path but /livez (header X-API-Key)" if api_key else
              "no API key (anyone who reaches the port)",

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from agentic_retriever.base.client import RetrievalConfig
+from agentic_retriever.base.precision import Precision
 from .schema import (
     DEFAULT_MAX_BATCH_MS, DEFAULT_MAX_PASSAGES_PER_REQUEST, DEFAULT_MAX_QUERIES_PER_REQUEST, DEFAULT_MAX_QUERY_CHARS,
     DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_WAIT_MS, DEFAULT_REQUEST_TIMEOUT_S,
@@ -59,6 +60,10 @@ class ServeConfig:
         "help": "folders below which POST /admin/swap-index may open an index (empty: the parent folder of the "
                 "served index)"})
     gpu: Literal["auto", "on", "off"] = field(default="auto", metadata={"help": "FAISS on GPUs (dense indexes)"})
+    query_precision: Precision = field(default="native", metadata={
+        "help": "what queries are encoded in (passages keep the build's): native, bf16 where the CPU computes bf16 "
+                "in hardware (AMX, AVX512-BF16; top-3 agreement with fp32 in benchmarks/RESULTS.md) and fp32 on "
+                "other CPUs, on a GPU as auto; or auto, fp32, bf16, fp16"})
     access_log: bool = field(default=False, metadata={
         "help": "log a line per request (uvicorn's access log); off by default: RL rollouts send hundreds of "
                 "requests a second, and GET /health counts them"})

@@ -51,6 +51,7 @@ class ServedIndex:
             "dim": m.dim,
             "search_device": self.index.device,        # host memory, or the GPUs the vectors are sharded over
             "query_device": self.index.query_device,   # where queries are encoded (None: no encoder)
+            "query_dtype": getattr(getattr(self.index, "encoder", None), "weights_dtype", None),  # and in what
         }
 
 
@@ -65,13 +66,15 @@ class SwapRefused(Exception):
 class IndexSlot:
     """Holds the served index; `swap` replaces it atomically (see the module docstring). `index_gpu` (auto, on,
     off; None: as each folder's build recorded) is where every index a swap opens is searched (`open_index`'s
-    `gpu`), so a service started with its index in host memory keeps it there across swaps. A swap opens only
+    `gpu`), so a service started with its index in host memory keeps it there across swaps; `query_precision` is
+    what their queries are encoded in (`open_index`'s; None: ``auto``). A swap opens only
     folders below `index_roots` (None: the parent folder of `index`'s own; symbolic links resolved), and a refusal
     of any other folder (403) says nothing of what is there."""
 
-    def __init__(self, index: SearchIndex, index_gpu: str | None = None, index_roots: Sequence[str] | None = None):
+    def __init__(self, index: SearchIndex, index_gpu: str | None = None, index_roots: Sequence[str] | None = None,
+                 query_precision: str | None = None):
         self.current = ServedIndex(index, 0, index.index_dir)
-        self.index_gpu = index_gpu
+        self.index_gpu, self.query_precision = index_gpu, query_precision
         if index_roots is None:
             index_roots = [os.path.dirname(os.path.abspath(index.index_dir))] if index.index_dir else []
         self.index_roots = [os.path.realpath(root) for root in index_roots]
@@ -101,7 +104,8 @@ class IndexSlot:
         self._loading = folder
         started = time.perf_counter()
         try:
-            index = await asyncio.to_thread(open_index, folder, gpu=self.index_gpu)
+            index = await asyncio.to_thread(open_index, folder, gpu=self.index_gpu,
+                                            query_precision=self.query_precision)
         except Exception as error:
             raise SwapRefused(422, f"index folder {folder} could not be opened ({type(error).__name__}: {error}); "
                                    f"the service keeps serving generation {self.current.generation} "

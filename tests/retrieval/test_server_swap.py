@@ -281,6 +281,22 @@ def test_health_describes_the_current_index_after_a_swap(folders, dense):
     assert swap["new"] == {k: after[k] for k in swap["new"]}
 
 
+def test_queries_are_encoded_in_the_services_query_precision_before_and_after_a_swap(folders, dense):
+    """`query_precision` reaches the encoder of the index the service starts with and of every index a swap opens
+    (the passages keep the build's), and /health says it; a BM25 index has no query encoder."""
+    started = open_index(dense.index_dir, query_precision="bf16")
+    assert started.encoder.weights_dtype == "bfloat16" and open_index(dense.index_dir).encoder.weights_dtype == \
+        "float32", "auto on a CPU: fp32"
+    app = create_app(started, admin_token=TOKEN, index_roots=ROOTS, query_precision="bf16")
+    with TestClient(app) as client:
+        before = client.get("/health", headers=AUTH).json()
+        assert _swap(client, folders["A"]).status_code == 200
+        assert client.get("/health", headers=AUTH).json()["query_dtype"] is None
+        assert _swap(client, dense.index_dir).status_code == 200
+        after = client.get("/health", headers=AUTH).json()
+    assert before["query_dtype"] == after["query_dtype"] == "bfloat16" and after["generation"] == 2
+
+
 # ------------------------------------------------------------------------------------------- swap_index
 
 

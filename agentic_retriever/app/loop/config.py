@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from agent.rl.verl import VerlSettings
+from agentic_retriever.base.precision import Precision
 
 
 __all__ = ["LoopConfig", "LoopEvalConfig", "LoopJob", "LoopServiceConfig"]
@@ -39,6 +40,9 @@ class LoopServiceConfig:
                 "an error without it); auto: as each index's build recorded (index_build.dense.gpu). The query "
                 "encoder stays on the index's encoder device (cuda:0 when a GPU is visible). docs/loop.md, "
                 "\"The GPU plan\""})
+    query_precision: Precision = field(default="native", metadata={
+        "help": "what a served-here service encodes queries in, as index serve's --query-precision (native: bf16 "
+                "where the CPU computes bf16 in hardware, else fp32; on a GPU as auto)"})
 
     @property
     def open_gpu(self) -> str | None:

@@ -61,10 +61,10 @@ class LoopService:
         if not loopback and not os.environ.get(API_KEY_ENV):
             os.environ[API_KEY_ENV] = secrets.token_urlsafe(32)  # inherited by every process the loop starts
             self._made_key = True
-        index = open_index(self.first_index, gpu=self.settings.open_gpu)
+        index = open_index(self.first_index, gpu=self.settings.open_gpu, query_precision=self.settings.query_precision)
         app = create_app(index, admin_token=self.token, index_gpu=self.settings.open_gpu,
                          api_key=None if loopback else os.environ[API_KEY_ENV], loopback_only_hosts=loopback,
-                         index_roots=self.index_roots)
+                         index_roots=self.index_roots, query_precision=self.settings.query_precision)
         self._thread = ServerThread(app, host=self.settings.host, port=self.settings.port)
         self.url = self._thread.start()
         if self.for_cluster and self.settings.host == "0.0.0.0":
@@ -72,7 +72,8 @@ class LoopService:
 
             self.url = f"http://{node_address()}:{self._thread.port}"
         print(f"retrieval service for the loop on {self.url}/retrieve, serving {self.first_index}: index searched on "
-              f"{index.device}, queries encoded on {index.query_device or 'no encoder'} (loop.service.index_gpu "
+              f"{index.device}, queries encoded on {index.query_device or 'no encoder'}"
+              + (f" in {index.encoder.weights_dtype}" if index.query_device else "") + " (loop.service.index_gpu "
               f"{self.settings.index_gpu})", flush=True)
         return self
 
