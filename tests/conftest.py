@@ -46,6 +46,27 @@ def _isolated_cache(tmp_path_factory):
                         f"{[name for name, _ in changed[:5]]}; a fixture wrote there instead of the test cache")
 
 
+#: Signals whose handling a test may change only for its own duration: children inherit an ignored one (the session
+#: guard hands a command the disposition it found), so one left ignored changes what later tests of the worker see.
+_PROCESS_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+
+
+@pytest.fixture(autouse=True)
+def _signal_handling_restored():
+    """Each test leaves SIGINT, SIGTERM and SIGHUP handled as it found them (restored, and the test failed, if not)."""
+    import signal
+
+    before = {name: signal.getsignal(getattr(signal, name)) for name in _PROCESS_SIGNALS}
+    yield
+    changed = {name: (handler, signal.getsignal(getattr(signal, name))) for name, handler in before.items()
+               if signal.getsignal(getattr(signal, name)) != handler}
+    for name, (handler, _) in changed.items():
+        signal.signal(getattr(signal, name), handler)
+    if changed:
+        pytest.fail("the test left signal handling changed (restored now): "
+                    + ", ".join(f"{name} {old!r} -> {new!r}" for name, (old, new) in changed.items()))
+
+
 @pytest.fixture
 def corpus_file(tmp_path) -> Path:
     return write_jsonl(tmp_path / "corpus.jsonl", synthetic_rows(300))

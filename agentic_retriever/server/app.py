@@ -41,7 +41,7 @@ from .schema import (
     DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_WAIT_MS, DEFAULT_REQUEST_TIMEOUT_S, RENDER_PIECE_ROWS, RetrieveRequest, SwapRequest,
     _readable_errors, _render, limit_violation, render_answer,
 )
-from .slot import IndexSlot, SwapRefused
+from .slot import IndexSlot, SwapRefused, query_dtype
 
 #: The response header of ``POST /retrieve`` naming the index generation that answered (the body stays Search-R1's).
 GENERATION_HEADER = "X-Index-Generation"
@@ -262,7 +262,7 @@ def _describe(index: SearchIndex) -> str:
     where = getattr(index, "index_dir", None)
     return (f"{m.backend}/{m.index_type} index{f' at {where}' if where else ''}: {len(index)} passages from "
             f"{m.corpus_path}, searched on {index.device}"
-            + (f", encoder {model!r} on {index.query_device} in {index.encoder.weights_dtype} (dim {m.dim}, "
+            + (f", encoder {model!r} on {index.query_device} in {query_dtype(index)} (dim {m.dim}, "
                f"composition {index.composition})"
                if model else ""))
 

@@ -51,8 +51,13 @@ class ServedIndex:
             "dim": m.dim,
             "search_device": self.index.device,        # host memory, or the GPUs the vectors are sharded over
             "query_device": self.index.query_device,   # where queries are encoded (None: no encoder)
-            "query_dtype": getattr(getattr(self.index, "encoder", None), "weights_dtype", None),  # and in what
+            "query_dtype": query_dtype(self.index),      # and in what
         }
+
+
+def query_dtype(index: SearchIndex) -> str | None:
+    """The dtype an index's queries are encoded in (its encoder's weights), None for an index without an encoder."""
+    return getattr(getattr(index, "encoder", None), "weights_dtype", None)
 
 
 class SwapRefused(Exception):

@@ -51,6 +51,7 @@ class LoopService:
             return self
         from agentic_retriever.index import open_index
         from agentic_retriever.server import ServerThread, create_app
+        from agentic_retriever.server.slot import query_dtype
         from agentic_retriever.server.gate import is_loopback
 
         if self.for_cluster and self.settings.host in _LOOPBACK:
@@ -73,7 +74,7 @@ class LoopService:
             self.url = f"http://{node_address()}:{self._thread.port}"
         print(f"retrieval service for the loop on {self.url}/retrieve, serving {self.first_index}: index searched on "
               f"{index.device}, queries encoded on {index.query_device or 'no encoder'}"
-              + (f" in {index.encoder.weights_dtype}" if index.query_device else "") + " (loop.service.index_gpu "
+              + (f" in {query_dtype(index)}" if index.query_device else "") + " (loop.service.index_gpu "
               f"{self.settings.index_gpu})", flush=True)
         return self
 

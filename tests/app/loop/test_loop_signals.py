@@ -131,13 +131,17 @@ def test_the_signal_handlers_before_are_restored(tmp_path):
 
 def test_a_session_started_where_sigint_is_blocked_still_gets_a_sigint(tmp_path):
     """A child starts with its parent thread's signal mask (Ray's and gRPC's threads block SIGINT): the session's
-    guard unblocks what it forwards, so an interrupt still reaches it and its command."""
+    guard unblocks what it forwards, so an interrupt still reaches it and its command. (The caller handles SIGINT, as
+    an interactive loop does: a disposition left ignored by an earlier test of this worker would reach the command as
+    ignored, by design.)"""
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
     old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         process = start_session([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"],
                                 tmp_path / "command.log")
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        signal.signal(signal.SIGINT, handler)
     try:
         deadline = time.monotonic() + 60
         while "up" not in (tmp_path / "command.log").read_text():

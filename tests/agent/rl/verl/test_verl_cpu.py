@@ -203,12 +203,17 @@ def test_an_interrupted_launch_passes_the_signal_on_to_verl(tmp_path, parent_ign
 @pytest.mark.parametrize("delay_s", [0.0, 0.05])
 def test_a_signal_in_the_first_moments_of_a_launch_leaves_no_verl_running(tmp_path, delay_s):
     """However early the script is stopped (before its traps, before verl starts, before it knows verl's pid), it
-    exits and verl, if started, gets the signal."""
+    exits and verl, if started, gets the signal. The caller handles SIGINT, as an interactive loop does (a signal
+    that comes before the guard's own handlers is handled as the caller left it)."""
     started = tmp_path / "verl.pid"
     code = (f"import os, time; open({str(started)!r}, 'w').write(str(os.getpid())); time.sleep(600)")
     settings = _cpu(launcher=f"{sys.executable} -c {shlex.quote(code)}")
     run = prepare_verl_run(tmp_path / "run", settings, _rl(), URL, "/models/agent", _qa(tmp_path / "qa.jsonl"))
-    process = start_verl_run(run)
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        process = start_verl_run(run)
+    finally:
+        signal.signal(signal.SIGINT, handler)
     try:
         time.sleep(delay_s)
         process.send_signal(2)
