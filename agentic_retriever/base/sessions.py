@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 #: The word in a configured command (a service, the retriever launcher, verl's launcher) that stands for the loop's
@@ -113,3 +114,23 @@ def stop_all(grace_s: float = 30.0) -> None:
     """Stop every child the loop started and has not stopped (`stop_session`)."""
     for process in list(_CHILDREN):
         stop_session(process, grace_s)
+
+
+@contextmanager
+def signal_handlers_kept(signums: Sequence[int] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):
+    """Give this process's handlers of `signums` back after the block: around a library call that installs its own
+    where the caller handles those signals (``ray.init`` gives a driver a SIGTERM handler that exits it). Outside the
+    main thread, where no handler can be set, the block runs as it is."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {signum: signal.getsignal(signum) for signum in signums}
+    try:
+        yield
+    finally:
+        for signum, handler in before.items():
+            if handler is not None:
+                signal.signal(signum, handler)
+

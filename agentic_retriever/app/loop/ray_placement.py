@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from agentic_retriever.base.sessions import log_tail, start_session, stop_session
+from agentic_retriever.base.sessions import log_tail, signal_handlers_kept, start_session, stop_session
 from .processes import FORWARDED
 
 try:
@@ -94,9 +94,11 @@ def forwarded_environment(extra: Sequence[str] = ()) -> dict[str, str]:
 
 
 def connect(address: str) -> None:
-    """Join the Ray cluster at `address` (``auto``: the one this node belongs to, or ``$RAY_ADDRESS``), once."""
+    """Join the Ray cluster at `address` (``auto``: the one this node belongs to, or ``$RAY_ADDRESS``), once. The
+    loop keeps its own signal handling (`processes.signals_stop_children`): ray.init's SIGTERM handler is undone."""
     if not ray.is_initialized():
-        ray.init(address=address, log_to_driver=False)
+        with signal_handlers_kept():
+            ray.init(address=address, log_to_driver=False)
 
 
 def free_gpus() -> float:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from agentic_retriever.app.loop.processes import StepServerSpec, StepServers, signals_stop_children
-from agentic_retriever.base.sessions import session_members, start_session, stop_session
+from agentic_retriever.base.sessions import session_members, signal_handlers_kept, start_session, stop_session
 from tests.faults.harness import ROOT
 
 
@@ -151,3 +151,20 @@ def test_a_session_started_where_sigint_is_blocked_still_gets_a_sigint(tmp_path)
         assert process.wait(timeout=30) != 0
     finally:
         stop_session(process, 5)
+
+
+def test_a_library_call_that_installs_its_own_signal_handlers_leaves_the_callers_in_place():
+    """`signal_handlers_kept` (around ray.init, which gives a driver a SIGTERM handler that exits it): inside the
+    block the library's handlers, after it the caller's again, also when the block fails."""
+    def ours(signum, frame):
+        raise AssertionError("not called")
+
+    before, before_hup = signal.signal(signal.SIGTERM, ours), signal.getsignal(signal.SIGHUP)
+    try:
+        with pytest.raises(RuntimeError), signal_handlers_kept():
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+            raise RuntimeError("the library call failed")
+        assert signal.getsignal(signal.SIGTERM) is ours and signal.getsignal(signal.SIGHUP) == before_hup
+    finally:
+        signal.signal(signal.SIGTERM, before)

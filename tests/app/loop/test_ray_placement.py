@@ -21,6 +21,7 @@ ray = pytest.importorskip("ray", reason="ray is not installed (the dev extra has
 
 from agentic_retriever.app.loop import steps as loop_steps  # noqa: E402
 from agentic_retriever.base.client import RetrievalConfig  # noqa: E402
+from agentic_retriever.base.sessions import signal_handlers_kept  # noqa: E402
 from agentic_retriever.app.loop.config import LoopConfig, LoopRayConfig, LoopServiceConfig  # noqa: E402
 from agentic_retriever.app.loop.placement import shard_count  # noqa: E402
 from agentic_retriever.app.loop.processes import (  # noqa: E402
@@ -50,7 +51,8 @@ def cluster(tmp_path_factory):
             "num_cpus": 4, "num_gpus": HEAD_GPUS, "object_store_memory": 80 * 2**20, "temp_dir": temp,
             "include_dashboard": False})  # its metrics agent writes into temp after the shutdown
         cluster.add_node(num_cpus=4, num_gpus=SECOND_GPUS, object_store_memory=80 * 2**20)
-        ray.init(address=cluster.address, log_to_driver=False)
+        with signal_handlers_kept():  # ray.init's driver SIGTERM handler would outlive the test
+            ray.init(address=cluster.address, log_to_driver=False)
         try:
             yield {n["NodeID"]: int(n["Resources"].get("GPU", 0)) for n in ray.nodes() if n["Alive"]}
         finally:

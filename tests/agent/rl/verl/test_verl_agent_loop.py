@@ -35,6 +35,7 @@ from agent.env import EnvConfig
 from agent.rl.config import RLConfig
 from agent.rl.verl import AGENT_LOOP_NAME, VerlSettings, prepare_verl_run
 from agentic_retriever.base.client import API_KEY_ENV, RetrievalServiceError
+from agentic_retriever.base.sessions import signal_handlers_kept
 from agentic_retriever.base.encoder import EncoderConfig
 from agentic_retriever.index import IndexBuildConfig, build_index, open_index
 from agentic_retriever.retrieval import LocalRetrievalClient
@@ -135,7 +136,8 @@ def transfer_queue(tmp_path_factory):
 
     with pytest.MonkeyPatch.context() as patch, ray_temp_dir(tmp_path_factory) as temp:
         patch.setenv("RAY_AUTH_MODE", "disabled")
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, _temp_dir=temp)
+        with signal_handlers_kept():  # ray.init's driver SIGTERM handler would outlive the test
+            ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, _temp_dir=temp)
         try:
             tq.init()
             yield tq
