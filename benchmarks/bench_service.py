@@ -204,7 +204,8 @@ def _contenders(index: SearchIndex, index_dir: str, args) -> dict[str, object]:
         ours = {"query_precision": args.query_precision} if args.query_precision else {}
         return {"peer": peer or ServerProcess(reference, "peer"),
                 "ours": ServerProcess(our_server(index_dir, **ours), "ours"),
-                "ours, batching off": ServerProcess(our_server(index_dir, batching=False, **ours), "ours, batching off")}
+                "ours, batching off": ServerProcess(our_server(index_dir, batching=False, **ours),
+                                                    "ours, batching off")}
     return {"peer": peer or create_reference_app(index, default_topk=args.topk),
             "ours": _our_app(index, batching=True), "ours, batching off": _our_app(index, batching=False)}
 

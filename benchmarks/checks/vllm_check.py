@@ -191,7 +191,7 @@ def step_d(out: Path) -> dict:
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1",
                "--port", str(port), "--dtype", "bfloat16", "--max-model-len", "2048", "--enable-log-requests"]
     server = StepServerSpec("vllm_serve", shlex.join(command), f"http://127.0.0.1:{port}/health", ("mining",),
-                         start_timeout_s=STEPS["d"] - 300)
+                            start_timeout_s=STEPS["d"] - 300)
     log_path = out / f"{server.name}.log"
     log_path.unlink(missing_ok=True)  # the request log of this run only
     with StepServers([server], out) as servers:

@@ -1,5 +1,6 @@
-"""``precision: native``: bf16 on a CPU that multiplies bf16 in hardware (AMX tiles or AVX512-BF16), fp32 on other CPUs, ``auto`` on a GPU; resolved once the
-settings are final (file, then flags), for the agent, the scorer, the encoder and retriever training alike."""
+"""``precision: native``: bf16 on a CPU that multiplies bf16 in hardware (AMX tiles or AVX512-BF16), fp32 on other
+CPUs, ``auto`` on a GPU; resolved once the settings are final (file, then flags), for the agent, the scorer, the
+encoder and retriever training alike."""
 
 from __future__ import annotations
 

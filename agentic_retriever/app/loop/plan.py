@@ -210,7 +210,8 @@ def _price_mining(p: _Planning) -> Priced:
     gac = stages.get("gac", {})
     scorer_s = _llm_seconds(*scorer_tokens, p.rates, "72b")
     gac_s = _llm_seconds(gac.get("prompt_tokens", 0), gac.get("completion_tokens", 0), p.rates, "7b")
-    scorer_gpus = sum(spec.gpu_count for spec in step_server_specs(p.job.loop.step_servers, STEPS) if "mining" in spec.steps)
+    scorer_gpus = sum(spec.gpu_count for spec in step_server_specs(p.job.loop.step_servers, STEPS)
+                      if "mining" in spec.steps)
     if scorer_gpus and scorer_gpus >= p.gpus:
         raise ValueError(f"loop plan: the mining servers take {scorer_gpus} GPUs, leaving none of {p.gpus} for shards")
     shards = p.gpus - scorer_gpus

@@ -32,8 +32,8 @@ from agentic_retriever.base.client import API_KEY_ENV
 from agentic_retriever.base.jsonl import atomic_write
 from agentic_retriever.base.sessions import command_words, log_tail, start_session, stop_all, stop_session
 
-__all__ = ["LoopSignal", "StepServerSpec", "StepServers", "check_devices", "concatenate", "device_env", "run_on_devices",
-           "step_server_specs", "signals_stop_children", "threads_each", "write_section"]
+__all__ = ["LoopSignal", "StepServerSpec", "StepServers", "check_devices", "concatenate", "device_env",
+           "run_on_devices", "step_server_specs", "signals_stop_children", "threads_each", "write_section"]
 
 _GPU_LIST = re.compile(r"^\d+(,\d+)*$")
 def check_devices(devices: Sequence[str], where: str) -> None:
@@ -315,7 +315,8 @@ class StepServers:
             server = RayServer.start(command_words(spec.command), log_path, spec.gpu_count, self.ray.cpus_per_process,
                                      spec.start_timeout_s, f"step server {spec.name}",
                                      forward=[spec.api_key_env] if spec.api_key_env else [])
-            print(f"step server {spec.name} placed by Ray on node {server.address}, GPUs {server.place['gpus'] or 'none'}",
+            print(f"step server {spec.name} placed by Ray on node {server.address}, GPUs "
+                  f"{server.place['gpus'] or 'none'}",
                   flush=True)
         self.running[spec.name] = server
         health_url = self.reachable(spec.health_url)

@@ -4,8 +4,8 @@ as one resumable job.
 Iteration 0 settles the loop's inputs: the data (``data_prepare``; then `splits.check_splits` refuses a training
 question set that meets the selection slice or a dev set), the base index Agentic-R_0 (built when
 missing, reused when present) and the initial agent (the warm start of ``agent_sft``, reused from its cache, or the
-shared ``agent.model``). Then, for i = 1..K, the six steps of `steps.ITERATION`, each keyed by the content hash of its inputs
-and settings (`manifest`): a step runs when no finished entry has its key, so a changed mining setting reruns
+shared ``agent.model``). Then, for i = 1..K, the six steps of `steps.ITERATION`, each keyed by the content hash of its
+inputs and settings (`manifest`): a step runs when no finished entry has its key, so a changed mining setting reruns
 mining, retriever training, indexing and evaluation of that iteration and everything of the later ones, and nothing
 before. A retrieval service (`service`) runs through the whole loop and is moved onto each new index; the servers
 of ``loop.step_servers`` (`processes.StepServers`) run only while the steps that name them run.

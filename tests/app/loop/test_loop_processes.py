@@ -21,7 +21,8 @@ from agentic_retriever.app.loop import steps as loop_steps
 from agentic_retriever.base.client import RetrievalConfig
 from agentic_retriever.base.llm import LLMConfig
 from agentic_retriever.index import build_index
-from agentic_retriever.app.loop.processes import (StepServers, concatenate, device_env, run_on_devices, step_server_specs,
+from agentic_retriever.app.loop.processes import (StepServers, concatenate, device_env, run_on_devices,
+                                                  step_server_specs,
                                               write_section)
 from agentic_retriever.app.loop.runner import _Loop
 from agentic_retriever.app.loop.service import LoopService
@@ -99,8 +100,8 @@ def test_a_step_server_runs_exactly_while_the_steps_that_name_it_run(tmp_path):
     port = free_port()
     health = f"http://127.0.0.1:{port}/"
     specs = step_server_specs({"scorer": {"command": f"{{python}} -m http.server {port} --bind 127.0.0.1",
-                                      "health_url": health, "steps": ["trajectories", "mining"], "devices": "cpu"}},
-                          STEPS)
+                                          "health_url": health, "steps": ["trajectories", "mining"], "devices": "cpu"}},
+                              STEPS)
     with StepServers(specs, tmp_path / "services") as servers:
         servers.before("agent")
         assert not _up(health) and not servers.running
@@ -119,14 +120,14 @@ def test_a_step_server_runs_exactly_while_the_steps_that_name_it_run(tmp_path):
 
 def test_a_server_that_dies_or_never_answers_is_an_error_naming_its_log(tmp_path):
     dies = step_server_specs({"s": {"command": f"{sys.executable} -c \"print('no model here'); raise SystemExit(2)\"",
-                                "health_url": f"http://127.0.0.1:{free_port()}/", "steps": ["mining"]}}, STEPS)
+                                    "health_url": f"http://127.0.0.1:{free_port()}/", "steps": ["mining"]}}, STEPS)
     with StepServers(dies, tmp_path) as servers, pytest.raises(RuntimeError, match="exited with status 2") as error:
         servers.before("mining")
     assert "no model here" in str(error.value) and not servers.running
 
     mute = step_server_specs({"s": {"command": f"{sys.executable} -c \"import time; time.sleep(60)\"",
-                                "health_url": f"http://127.0.0.1:{free_port()}/", "steps": ["mining"],
-                                "start_timeout_s": 2}}, STEPS)
+                                    "health_url": f"http://127.0.0.1:{free_port()}/", "steps": ["mining"],
+                                    "start_timeout_s": 2}}, STEPS)
     with StepServers(mute, tmp_path) as servers, pytest.raises(TimeoutError, match="did not answer 200 within 2 s"):
         servers.before("mining")
     assert not servers.running
@@ -147,7 +148,7 @@ def test_a_step_server_killed_mid_step_is_restarted_and_the_step_run_again_withi
     port = free_port()
     health = f"http://127.0.0.1:{port}/"
     specs = step_server_specs({"scorer": {"command": f"{sys.executable} -m http.server {port} --bind 127.0.0.1",
-                                      "health_url": health, "steps": ["mining"], "max_restarts": 1}}, STEPS)
+                                          "health_url": health, "steps": ["mining"], "max_restarts": 1}}, STEPS)
     state = _Loop(LoopJob(loop=LoopConfig(out=str(tmp_path / "loop")), agent_train=None, rollout=None, mine=None,
                           train=None, index=None))
     started = []
@@ -251,8 +252,9 @@ def test_a_step_server_with_api_key_env_shares_a_fresh_key_with_the_loops_proces
     port, seen = free_port(), tmp_path / "seen"
     serve = (f"import os, sys, http.server; open({str(seen)!r}, 'w').write(os.environ['TEST_SCORER_KEY']); "
              f"http.server.test(HandlerClass=http.server.SimpleHTTPRequestHandler, port={port}, bind='127.0.0.1')")
-    specs = step_server_specs({"scorer": {"command": f"{sys.executable} -c \"{serve}\"", "api_key_env": "TEST_SCORER_KEY",
-                                      "health_url": f"http://127.0.0.1:{port}/", "steps": ["mining"]}}, STEPS)
+    specs = step_server_specs({"scorer": {"command": f"{sys.executable} -c \"{serve}\"",
+                                          "api_key_env": "TEST_SCORER_KEY", "health_url": f"http://127.0.0.1:{port}/",
+                                          "steps": ["mining"]}}, STEPS)
     with StepServers(specs, tmp_path / "services") as servers:
         servers.before("mining")
         key = os.environ["TEST_SCORER_KEY"]
@@ -267,4 +269,4 @@ def test_a_step_server_with_api_key_env_shares_a_fresh_key_with_the_loops_proces
         assert seen.read_text() == "chosen-by-the-user"
     with pytest.raises(ValueError, match=r"loop.step_servers.scorer.api_key_env: the name of an environment variable"):
         step_server_specs({"scorer": {"command": "x", "health_url": "http://h/", "steps": ["mining"],
-                                  "api_key_env": "not a name"}}, STEPS)
+                                      "api_key_env": "not a name"}}, STEPS)

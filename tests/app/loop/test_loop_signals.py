@@ -66,7 +66,7 @@ def test_a_leader_that_exits_first_leaves_nothing_of_its_tree(tmp_path):
 
 def test_a_server_that_dies_before_its_health_check_takes_its_workers_with_it(tmp_path):
     spec = StepServerSpec(name="scorer", command=" ".join(_quote(_tree(tmp_path / "worker", "sys.exit(1)"))),
-                       health_url="http://127.0.0.1:9/health", steps=("mining",), start_timeout_s=60)
+                          health_url="http://127.0.0.1:9/health", steps=("mining",), start_timeout_s=60)
     with StepServers([spec], tmp_path / "services") as servers:
         with pytest.raises(RuntimeError, match="exited with status 1 before"):
             servers.before("mining")
@@ -108,8 +108,9 @@ def test_a_loop_killed_with_sigkill_leaves_no_step_server_or_worker_behind(tmp_p
         import time
         from pathlib import Path
         from agentic_retriever.app.loop.processes import StepServerSpec, StepServers
-        spec = StepServerSpec(name="scorer", command={" ".join(_quote(_tree(tmp_path / "worker", "time.sleep(600)")))!r},
-                           health_url="http://127.0.0.1:9/health", steps=("mining",), start_timeout_s=600)
+        spec = StepServerSpec(name="scorer",
+                              command={" ".join(_quote(_tree(tmp_path / "worker", "time.sleep(600)")))!r},
+                              health_url="http://127.0.0.1:9/health", steps=("mining",), start_timeout_s=600)
         with StepServers([spec], Path({str(tmp_path / "services")!r})) as servers:
             servers.before("mining")   # waits for a health URL that never answers
     """)

@@ -70,8 +70,8 @@ def test_the_override_set_swaps_models_sizes_and_devices_only():
 
 
 def test_the_merged_config_is_read_by_every_section_of_the_loop(tmp_path, monkeypatch):
-    """The file the dry run writes, read as `agentic-retriever loop` reads it: the loop's step servers, the shard devices,
-    verl's stand-in, each step's section."""
+    """The file the dry run writes, read as `agentic-retriever loop` reads it: the loop's step servers, the shard
+    devices, verl's stand-in, each step's section."""
     script = _script()
     monkeypatch.setattr("agentic_retriever.base.defaults.smollm2_hf_dir", lambda: Path("/models/smollm2"))
     path = script.write_config(tmp_path, "/models/agent")

@@ -145,7 +145,7 @@ def test_a_server_asking_for_4_gpus_waits_for_a_node_that_has_them(cluster, tmp_
     port = free_port()
     command = f"{sys.executable} -m http.server {port} --bind 0.0.0.0 --directory {tmp_path}"
     spec = StepServerSpec(name="lr_scorer", command=command, health_url=f"http://localhost:{port}/",
-                       steps=("mining",), devices="4,5,6,7", start_timeout_s=6)
+                          steps=("mining",), devices="4,5,6,7", start_timeout_s=6)
     sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
     # 3 GPUs held one by one: wherever Ray puts them, no node keeps 4 free (2 + 4 in all)
     holders = [RayServer.start(sleeper, tmp_path / f"holder-{k}.log", 1.0, 0.0, 30, "holder") for k in range(3)]
