@@ -30,7 +30,8 @@ import yaml
 
 from agentic_retriever.base.client import API_KEY_ENV
 from agentic_retriever.base.jsonl import atomic_write
-from agentic_retriever.base.sessions import command_words, log_tail, start_session, stop_all, stop_session
+from agentic_retriever.base.sessions import (command_words, log_tail, signal_handlers_kept, start_session, stop_all,
+                                             stop_session)
 
 __all__ = ["LoopSignal", "StepServerSpec", "StepServers", "check_devices", "concatenate", "device_env",
            "run_on_devices", "step_server_specs", "signals_stop_children", "threads_each", "write_section"]
@@ -93,16 +94,15 @@ def signals_stop_children():
         raise LoopSignal(signum)
 
     names = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-    main = threading.current_thread() is threading.main_thread()
-    before = {sig: signal.signal(sig, raise_signal) for sig in names} if main else {}
-    try:
-        yield
-    except LoopSignal:
-        stop_all()
-        raise
-    finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
+    with signal_handlers_kept(names):
+        if threading.current_thread() is threading.main_thread():
+            for sig in names:
+                signal.signal(sig, raise_signal)
+        try:
+            yield
+        except LoopSignal:
+            stop_all()
+            raise
 
 
 def run_on_devices(commands: Sequence[Sequence[str]], devices: Sequence[str], log_dir: Path, what: str,
