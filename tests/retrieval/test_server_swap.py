@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 
 from agentic_retriever.base.client import RetrievalServiceError
 from agentic_retriever.base.encoder import EncoderConfig
+from agentic_retriever.base.precision import TORCH_NAMES, resolve
 from agentic_retriever.index import IndexBuildConfig, build_index, open_index
 from agentic_retriever.index.dense import DenseParams
 from agentic_retriever.server import (
@@ -285,8 +286,9 @@ def test_queries_are_encoded_in_the_services_query_precision_before_and_after_a_
     """`query_precision` reaches the encoder of the index the service starts with and of every index a swap opens
     (the passages keep the build's), and /health says it; a BM25 index has no query encoder."""
     started = open_index(dense.index_dir, query_precision="bf16")
-    assert started.encoder.weights_dtype == "bfloat16" and open_index(dense.index_dir).encoder.weights_dtype == \
-        "float32", "auto on a CPU: fp32"
+    assert started.encoder.weights_dtype == "bfloat16"
+    assert open_index(dense.index_dir).encoder.weights_dtype == TORCH_NAMES[resolve("auto", None, "encoder")], \
+        "without it, auto: fp32 on a CPU, fp16 on a GPU"
     app = create_app(started, admin_token=TOKEN, index_roots=ROOTS, query_precision="bf16")
     with TestClient(app) as client:
         before = client.get("/health", headers=AUTH).json()
