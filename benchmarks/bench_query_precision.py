@@ -16,7 +16,6 @@ built) opened twice, queries in fp32 and in bf16:
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +39,6 @@ def main() -> None:
 
     import torch
 
-    from agentic_retriever.base.encoder import Encoder, EncoderConfig
     from agentic_retriever.base.machine import cpu_class
     from agentic_retriever.eval.retrieval import evaluate_retrieval, load_judged_questions
     from agentic_retriever.index import open_index
@@ -50,10 +48,8 @@ def main() -> None:
     print(f"{device_line(device)}; CPU class {cpu_class()}, torch CPU capability "
           f"{torch.backends.cpu.get_cpu_capability()}")
     manifest = IndexManifest.load(args.index)
-    built = EncoderConfig.from_dict(manifest.encoder["config"])
     print(f"index {args.index}: {manifest.rows} passages encoded in {manifest.encoder.get('dtype', 'float32')}")
-    indexes = {name: open_index(args.index, encoder=Encoder(dataclasses.replace(built, precision=name, device="cpu")))
-               for name in ("fp32", "bf16")}
+    indexes = {name: open_index(args.index, query_precision=name) for name in ("fp32", "bf16")}  # as the service does
     questions = load_judged_questions(args.qa)
     results: dict = {"passages_dtype": manifest.encoder.get("dtype", "float32"), "questions": len(questions)}
 
