@@ -10,10 +10,9 @@ import hashlib
 import importlib.util
 import logging
 import os
-import shutil
 from pathlib import Path
 
-from .jsonl import give_new_file_modes, temp_folder_beside
+from .jsonl import folder_built_once
 
 log = logging.getLogger(__name__)
 
@@ -98,18 +97,7 @@ def smollm2_hf_dir() -> Path:
     target = cache_root() / "models" / f"SmolLM2-135M-Instruct-{key}"
     if target.is_dir():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    building = temp_folder_beside(target)  # mode 0777 less the umask (mkdtemp would leave it 0700)
-    try:
-        _convert_gguf(gguf, building)
-        give_new_file_modes(building)  # safetensors leaves the weights 0600
-        try:
-            os.rename(building, target)
-        except OSError:
-            if not target.is_dir():  # not a concurrent conversion that finished first
-                raise
-    finally:
-        shutil.rmtree(building, ignore_errors=True)
+    folder_built_once(target, lambda building: _convert_gguf(gguf, building))
     log.info("converted %s into the Hugging Face folder %s", gguf, target)
     return target
 

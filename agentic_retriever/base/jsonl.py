@@ -235,6 +235,28 @@ def give_new_file_modes(folder: str | os.PathLike) -> None:
             os.chmod(path, mode)
 
 
+def folder_built_once(target: str | os.PathLike, build: Callable[[Path], None]) -> Path:
+    """`target`, built by ``build(folder)`` into a new folder beside it and renamed into place when it is not there
+    yet (its files with new-file modes: `give_new_file_modes`). A crash leaves no half-built `target`, and of
+    processes building it at once the first rename wins, the others' builds are dropped: for caches keyed by content,
+    whose every build is the same."""
+    target = Path(target)
+    if target.is_dir():
+        return target
+    building = temp_folder_beside(target)
+    try:
+        build(building)
+        give_new_file_modes(building)
+        try:
+            os.rename(building, target)
+        except OSError:
+            if not target.is_dir():  # not a concurrent build that finished first
+                raise
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
+    return target
+
+
 def replace_folder(building: str | os.PathLike, out: str | os.PathLike) -> Path:
     """Put the filled folder `building` (beside `out`) in the place of `out`: its files get new-file modes
     (`give_new_file_modes`), `out` (if any) is renamed aside to a hidden ``.NAME.XXXXXXXX.replaced``, `building`

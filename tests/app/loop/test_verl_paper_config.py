@@ -154,13 +154,13 @@ def test_epochs_let_verls_loop_reach_the_last_step_on_a_small_set(tmp_path):
     pytest.importorskip("ray", reason="ray is not installed (the dev extra has it: verl's package imports it)")
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
-    from agentic_retriever.base.defaults import gguf_tokenizer, smollm2_gguf_path
+    from tests.fakes import load_smollm2_tokenizer
 
     rl = RLConfig(qa="unused", algorithm="ppo", steps=11, prompts_per_step=4, samples_per_prompt=1, micro_batch_size=1)
     run = prepare_verl_run(tmp_path / "verl", VerlSettings(n_gpus_per_node=1, val_questions=2), rl, URL, "/m",
                            _questions(tmp_path / "train.jsonl", 25))
     config = _compose((run.out_dir / "overrides.txt").read_text().splitlines())
-    tokenizer = gguf_tokenizer(smollm2_gguf_path())
+    tokenizer = load_smollm2_tokenizer()
     dataset = RLHFDataset(data_files=[str(run.out_dir / "train.parquet")], tokenizer=tokenizer, config=config.data)
     per_epoch = len(dataset) // config.data.train_batch_size
     assert (len(dataset), per_epoch) == (23, 5)

@@ -8,6 +8,7 @@ import pytest
 
 from agentic_retriever.base.defaults import gguf_tokenizer, resolve_llm_name, smollm2_gguf_path, smollm2_hf_dir
 from agentic_retriever.base.llm import LLMConfig, SamplingParams, load_llm
+from tests.fakes import load_smollm2_tokenizer, smollm2_tokenizer_dir
 
 
 @pytest.mark.slow
@@ -28,8 +29,17 @@ def test_the_default_llm_is_converted_once_and_answers_greedily():
     assert g.finish_reason == "stop" and g.token_ids[-1] == llm.tokenizer.eos_token_id  # ended by EOS
 
 
-def test_the_gguf_tokenizer_ends_sequences_where_the_model_does():
-    """SmolLM2's turns end with <|im_end|> (id 2, the GGUF's eos); transformers 5.9.0 reads <|im_start|> instead."""
-    tokenizer = gguf_tokenizer(smollm2_gguf_path())
-    assert (tokenizer.eos_token, tokenizer.eos_token_id) == ("<|im_end|>", 2)
-    assert tokenizer.pad_token_id is not None and tokenizer.bos_token == "<|im_start|>"
+def test_the_gguf_tokenizer_ends_sequences_where_the_model_does_and_the_tests_saved_copy_is_the_same():
+    """SmolLM2's turns end with <|im_end|> (id 2, the GGUF's eos); transformers 5.9.0 reads <|im_start|> instead.
+    The tests read the tokenizer from a folder saved once (`tests.fakes.smollm2_tokenizer_dir`), not from the GGUF
+    each time: the same vocabulary, special tokens, chat template and token ids."""
+    converted, saved = gguf_tokenizer(smollm2_gguf_path()), load_smollm2_tokenizer()
+    assert saved is not converted and smollm2_tokenizer_dir().is_dir() and converted.pad_token_id is not None
+    assert saved.get_vocab() == converted.get_vocab()
+    assert [(t.eos_token, t.eos_token_id, t.pad_token_id, t.bos_token) for t in (saved, converted)] == \
+        [("<|im_end|>", 2, converted.pad_token_id, "<|im_start|>")] * 2
+    turn = [{"role": "user", "content": "Who wrote Hamlet, and when? <search> Hamlet </search>"}]
+    assert saved.apply_chat_template(turn, tokenize=False, add_generation_prompt=True) == \
+        converted.apply_chat_template(turn, tokenize=False, add_generation_prompt=True)
+    text = saved.apply_chat_template(turn, tokenize=False, add_generation_prompt=True) + "Shakespeare, ca. 1600."
+    assert saved.encode(text) == converted.encode(text)
