@@ -9,6 +9,9 @@
    by operator.
 2. Memory of one update at growing global batches with and without the cached loss: the largest batch under
    ``--budget-mib`` of peak RSS growth for each.
+3. With ``--lora-rank R``: full fine-tuning against LoRA of rank R (`retriever_train.lora`) on one decoder
+   backbone (``--lora-model``; default: the embedded SmolLM2-135M written as a decoder embedder by `retriever init`),
+   each run its own process, alternating: updates/s, peak RSS (and CUDA memory), trainable parameters.
 
 Rows are built from the quickstart corpus: the query is a passage's first words, its positive the passage,
 its negatives random other passages.
@@ -39,7 +42,7 @@ def _rows(path: Path, queries: int, negatives: int, corpus: str | None) -> None:
 
 
 def _worker(kind: str, data: str, batch: int, steps: int, negatives: int, max_length: int, cached: bool,
-            model_dir: str, profile: bool) -> dict:
+            model_dir: str, profile: bool, lora_rank: int = 0) -> dict:
     """One training run in this process; returns its loop time and peak memory (and, with `profile`, the top
     operators of the whole run by self time, from `torch.profiler`)."""
     import contextlib
@@ -55,15 +58,17 @@ def _worker(kind: str, data: str, batch: int, steps: int, negatives: int, max_le
     profiler = torch.profiler.profile(activities=activities) if profile else contextlib.nullcontext()
     with tempfile.TemporaryDirectory() as tmp, profiler:
         if kind == "ours":
-            from agentic_retriever.training.config import RetrieverTrainConfig
+            from agentic_retriever.training.config import LoraSettings, RetrieverTrainConfig
             from agentic_retriever.training.trainer import train_retriever
 
             out = train_retriever(RetrieverTrainConfig(
                 data=data, out=f"{tmp}/model",
                 encoder=EncoderConfig(model=model_dir, max_length=max_length, composition="query"),
                 per_device_batch_size=batch, max_steps=steps, cached=cached,
-                mini_batch_size=8, save_steps=10_000, logging_steps=1, progress=False))
+                mini_batch_size=8, save_steps=10_000, logging_steps=1, progress=False,
+                lora=LoraSettings(rank=lora_rank, merge=False)))
             history = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+            parameters = json.loads((out / "train_manifest.json").read_text())["parameters"]
         else:
             from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer
             from sentence_transformers import SentenceTransformerTrainingArguments
@@ -84,10 +89,12 @@ def _worker(kind: str, data: str, batch: int, steps: int, negatives: int, max_le
                                                  loss=MultipleNegativesRankingLoss(model, scale=100.0))
             trainer.train()
             history = trainer.state.log_history
+            parameters = {"trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
+                          "parameters": sum(p.numel() for p in model.parameters())}
     runtime = next(h["train_runtime"] for h in history if "train_runtime" in h)
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    result = {"queries_per_s": batch * steps / runtime, "train_runtime": runtime, "peak_rss_mib": peak_mib,
-              "rss_growth_mib": peak_mib - start_rss / 1024}
+    result = {"queries_per_s": batch * steps / runtime, "updates_per_s": steps / runtime, "train_runtime": runtime,
+              "peak_rss_mib": peak_mib, "rss_growth_mib": peak_mib - start_rss / 1024, **parameters}
     if torch.cuda.is_available():
         result["peak_cuda_mib"] = torch.cuda.max_memory_allocated() / 2**20
     if profile:  # by host time (Python, launches, waits on the GPU), and on a GPU by kernel time too
@@ -109,9 +116,9 @@ def _spawn(*args: str) -> dict:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        kind, data, batch, steps, negatives, max_length, cached, model_dir, profile = sys.argv[2:11]
+        kind, data, batch, steps, negatives, max_length, cached, model_dir, profile, *lora_rank = sys.argv[2:12]
         print(json.dumps(_worker(kind, data, int(batch), int(steps), int(negatives), int(max_length), cached == "1",
-                                 model_dir, profile == "1")))
+                                 model_dir, profile == "1", int(lora_rank[0]) if lora_rank else 0)))
         return
     parser = base_parser(__doc__)
     parser.add_argument("--batch", type=int, default=16, help="queries per step")
@@ -124,9 +131,16 @@ def main() -> None:
     parser.add_argument("--budget-mib", type=float, default=1024.0, help="memory budget of the sweep")
     parser.add_argument("--corpus", help="corpus to build rows from (default: the quickstart corpus)")
     parser.add_argument("--model", help="encoder folder both trainers start from (default: the embedded MiniLM)")
+    parser.add_argument("--lora-rank", type=int, default=0,
+                        help="also compare full fine-tuning with LoRA of this rank on --lora-model (0: skip)")
+    parser.add_argument("--lora-model", help="decoder embedder both runs start from (default: the embedded SmolLM2 "
+                                             "written by `retriever init` into a temporary folder)")
+    parser.add_argument("--lora-only", action="store_true", help="run part 3 alone (with --lora-rank)")
     parser.add_argument("--profile", action="store_true",
                         help="one more run of each trainer under torch.profiler: the top operators by self time")
     args = parser.parse_args()
+    if args.lora_only and not args.lora_rank:
+        parser.error("--lora-only needs --lora-rank")
     from agentic_retriever.base.defaults import minilm_model_dir
 
     model_dir = args.model or str(minilm_model_dir())
@@ -137,6 +151,9 @@ def main() -> None:
         data = Path(tmp) / "rows.jsonl"
         _rows(data, args.batch * args.steps, args.negatives, args.corpus)
         common = (str(data), str(args.batch), str(args.steps), str(args.negatives), str(args.max_length))
+        if args.lora_only:
+            write_json(args.json, "train", args, device, {"lora": _full_against_lora(args, Path(tmp), data, common)})
+            return
         runs: dict[str, list[dict]] = {"ours": [], "sentence-transformers": []}
         # not measured: the first training process on a machine runs its loop at half speed on an H100 (86.7 q/s
         # against 200 after it, whichever trainer; benchmarks/RESULTS.md, "The GPU check")
@@ -173,9 +190,37 @@ def main() -> None:
         if args.memory_batches:
             print(f"largest global batch under {args.budget_mib:.0f} MiB: plain {largest['plain']}, "
                   f"cached {largest['cached']}")
+        lora = _full_against_lora(args, Path(tmp), data, common) if args.lora_rank else {}
     write_json(args.json, "train", args, device, {"runs": runs, "ratio": ratio, "peak_rss_mib": peak,
                                                    "memory_sweep_mib": sweep, "largest_batch_under_budget": largest,
-                                                   "model": model_dir, "profiles": profiles})
+                                                   "model": model_dir, "profiles": profiles, "lora": lora})
+
+
+def _full_against_lora(args, tmp: Path, data: Path, common: tuple[str, ...]) -> dict:
+    """Part 3: full fine-tuning and LoRA of rank ``--lora-rank`` on one decoder backbone, alternating, each run its
+    own process; the best updates/s of each, their peak memory and trainable parameters."""
+    model = args.lora_model
+    if not model:
+        from agentic_retriever.base.decoder_embedder import DecoderEmbedderConfig, build_decoder_embedder
+
+        model = str(build_decoder_embedder(DecoderEmbedderConfig(backbone="default", out=str(tmp / "embedder"),
+                                                                 max_length=args.max_length)))
+    _rows(data, args.batch * args.steps, args.negatives, args.corpus)
+    runs: dict[str, list[dict]] = {"full": [], f"lora r={args.lora_rank}": []}
+    for round_ in range(args.repeats):
+        order = (("full", "0"), (f"lora r={args.lora_rank}", str(args.lora_rank)))
+        for name, rank in order if round_ % 2 == 0 else order[::-1]:
+            runs[name].append(_spawn("ours", *common, "0", model, "0", rank))
+            run = runs[name][-1]
+            print(f"  {name}: {run['updates_per_s']:.3f} updates/s, peak RSS {run['peak_rss_mib']:.0f} MiB, "
+                  f"{run['trainable_parameters']:,} of {run['parameters']:,} parameters train", flush=True)
+    best = {name: max(results, key=lambda r: r["updates_per_s"]) for name, results in runs.items()}
+    full, lora = best.values()
+    print(f"full vs LoRA on {model}: {full['updates_per_s']:.3f} against {lora['updates_per_s']:.3f} updates/s "
+          f"(LoRA {lora['updates_per_s'] / full['updates_per_s']:.2f}x); peak RSS {full['peak_rss_mib']:.0f} against "
+          f"{lora['peak_rss_mib']:.0f} MiB; trainable {full['trainable_parameters']:,} against "
+          f"{lora['trainable_parameters']:,}")
+    return {"model": model, "runs": runs, "speedup": lora["updates_per_s"] / full["updates_per_s"]}
 
 
 if __name__ == "__main__":

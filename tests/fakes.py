@@ -69,6 +69,17 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 SYNTHETIC_QUERIES = ["river castle", "comet near the glacier", "item 42", "holds item 7 of kind reef"]
 
 
+#: The retriever-training tests' passages: 60 short texts over 7 topics, their ids "0".."59".
+TRAINING_PASSAGES = [f"Passage number {i} about topic {i % 7} and some words {i * 13 % 11}." for i in range(60)]
+
+
+def write_training_corpus(path: Path) -> Path:
+    """`TRAINING_PASSAGES` as a corpus file, each passage titled "Title i"."""
+    path.write_text("".join(json.dumps({"id": str(i), "contents": f'"Title {i}"\n{text}'}) + "\n"
+                            for i, text in enumerate(TRAINING_PASSAGES)))
+    return path
+
+
 def synthetic_rows(n: int) -> list[dict]:
     """Search-R1 rows whose texts differ in a few topical words (so retrieval has a right answer)."""
     return [
@@ -80,11 +91,28 @@ def synthetic_rows(n: int) -> list[dict]:
 
 # --------------------------------------------------------------------------------------- the agent environment
 
+def smollm2_tokenizer_dir() -> Path:
+    """SmolLM2's tokenizer as `gguf_tokenizer` reads it from the embedded GGUF, saved once in the cache (the session's:
+    tests/conftest.py) and read from there: transformers takes about 8 s to convert the GGUF's vocabulary, in each
+    test process and each child a test starts, where the saved folder loads in a fraction of a second. Keyed by the
+    GGUF and the transformers version that converted it."""
+    import transformers
+
+    from agentic_retriever.base.defaults import cache_root, gguf_tokenizer, smollm2_gguf_path
+    from agentic_retriever.base.fingerprint import stable_hash
+    from agentic_retriever.base.jsonl import folder_built_once
+
+    gguf = smollm2_gguf_path().resolve()
+    key = stable_hash([str(gguf), gguf.stat().st_size, gguf.stat().st_mtime_ns, transformers.__version__])[:16]
+    return folder_built_once(cache_root() / "tokenizers" / f"smollm2-{key}",
+                             lambda building: gguf_tokenizer(gguf).save_pretrained(building))
+
+
 @functools.cache
 def load_smollm2_tokenizer():
-    from agentic_retriever.base.defaults import gguf_tokenizer, smollm2_gguf_path
+    from transformers import AutoTokenizer
 
-    return gguf_tokenizer(smollm2_gguf_path())
+    return AutoTokenizer.from_pretrained(str(smollm2_tokenizer_dir()))
 
 
 class ClosableLLM:

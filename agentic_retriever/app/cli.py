@@ -186,6 +186,14 @@ def _mine_audit(config) -> None:
     print(f"wrote audit.json, audit.md and audit.png to {config.out or config.run}")
 
 
+def _retriever_init(config) -> None:
+    from agentic_retriever.base.decoder_embedder import build_decoder_embedder
+
+    out = build_decoder_embedder(config)
+    print(f"wrote the decoder embedder {out} (SentenceTransformer({str(out)!r}) loads it; train it with "
+          f"retriever train --encoder.model {out})")
+
+
 def _retriever_train(config) -> None:
     from agentic_retriever.training.trainer import train_retriever
 
@@ -256,7 +264,7 @@ HANDLERS: dict[str, Callable] = {
     "data_prepare": _data_prepare, "data_qa": _data_qa, "index_build": _index_build, "index_search": _index_search,
     "index_serve": _index_serve, "index_swap": _index_swap, "eval_retrieval": _eval_retrieval, "eval_agent": _eval_agent, "eval_suite": _eval_suite,
     "agent_sft": _agent_sft, "agent_rollout": _agent_rollout, "agent_import": _agent_import, "agent_train": _agent_train, "mine_run": _mine_run,
-    "mine_merge": _mine_merge, "mine_audit": _mine_audit, "retriever_train": _retriever_train,
+    "mine_merge": _mine_merge, "mine_audit": _mine_audit, "retriever_init": _retriever_init, "retriever_train": _retriever_train,
     "retriever_export": _retriever_export, "demo": _demo, "loop": _loop,
 }
 

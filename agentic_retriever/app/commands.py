@@ -70,6 +70,8 @@ COMMANDS: tuple[Command, ...] = (
             "join the outputs of mining shards"),
     Command("mine", "audit", "agentic_retriever.eval.mining_audit:MineAuditConfig",
             "where the evidence went in a mining run (reads evidence labels): audit.{json,md,png}"),
+    Command("retriever", "init", "agentic_retriever.base.decoder_embedder:DecoderEmbedderConfig",
+            "a causal LM -> a decoder embedder folder (last-token pooling, end token appended, instruction prompt)"),
     Command("retriever", "train", "agentic_retriever.training.config:RetrieverTrainConfig",
             "contrastive training on mined rows -> a drop-in sentence-transformers folder"),
     Command("retriever", "export", "agentic_retriever.training.export:RetrieverExportConfig",

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,10 +27,15 @@ from typing import ClassVar, Literal
 
 import numpy as np
 
+from .adapters import load_sentence_transformer
 from .defaults import resolve_model_name
 from .precision import PRECISION_ALIASES, Precision, resolve, resolve_native, torch_dtype
 
+log = logging.getLogger(__name__)
+
 CompositionMode = Literal["query", "question_sep_query", "history"]
+#: sentence-transformers' pooling modes (its ``Pooling.POOLING_MODES``; a test keeps them in step).
+PoolingMode = Literal["cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken"]
 COMPOSITION_MODES: tuple[str, ...] = ("query", "question_sep_query", "history")
 SEPARATOR = " [SEP] "
 #: What an evaluation composes a QA row's search with when it has no agent question: nothing (the bare
@@ -49,7 +55,9 @@ class EncoderConfig:
     query_prefix: str | None = dataclasses.field(default=None, metadata={"help": "text put before every query"})
     passage_prefix: str | None = dataclasses.field(default=None, metadata={"help": "text put before every passage"})
     composition: CompositionMode | None = dataclasses.field(default=None, metadata={"help": "query composition mode"})
-    pooling: Literal["mean", "cls"] | None = dataclasses.field(default=None, metadata={"help": "override the model's pooling"})
+    pooling: PoolingMode | None = dataclasses.field(default=None, metadata={
+        "help": "override the model's pooling (sentence-transformers' modes; lasttoken: decoder embedders, "
+                "agentic_retriever.base.decoder_embedder)"})
     normalize: bool = dataclasses.field(default=True, metadata={"help": "L2-normalise embeddings"})
     max_length: int | None = dataclasses.field(default=None, metadata={"help": "max tokens per text (model's own if unset)"})
     batch_size: int = dataclasses.field(default=64, metadata={"help": "texts per forward pass"})
@@ -149,7 +157,7 @@ class Encoder:
         if "all" in config.devices and config.devices != ["all"]:
             raise ValueError(f"EncoderConfig.devices: all stands alone, got {config.devices}")
         if config.pooling is None:
-            self.model = SentenceTransformer(path, device=device)
+            self.model = load_sentence_transformer(path, device)
         else:
             transformer = models.Transformer(path)
             dim = (getattr(transformer, "get_embedding_dimension", None) or transformer.get_word_embedding_dimension)()
@@ -171,6 +179,8 @@ class Encoder:
         composition = _first_set(config.composition, stored.get("composition"), "query")
         compose_query("", composition)  # validates the mode
         pooling = config.pooling or _pooling_mode(self.model)
+        if pooling == "lasttoken":
+            _check_end_token(self.model.tokenizer, path)
         settings = (query_prefix, passage_prefix, composition, pooling, config.normalize, self.model.max_seq_length)
         self.settings = EncoderSettings(
             model=config.model, query_prefix=query_prefix, passage_prefix=passage_prefix, composition=composition,
@@ -290,6 +300,17 @@ def _pooling_mode(model) -> str:
         if mode:
             return mode if isinstance(mode, str) else "+".join(mode)
     return "unknown"
+
+
+def _check_end_token(tokenizer, path: str) -> None:
+    """Warn when a last-token-pooled model's tokenizer does not end texts with its end-of-sequence token: the
+    embedding would then be the hidden state of each text's last word, not of the token the model was trained to
+    summarise into (`decoder_embedder`)."""
+    ids = tokenizer("probe")["input_ids"]
+    if tokenizer.eos_token_id is None or ids[-1] != tokenizer.eos_token_id:
+        log.warning("%s pools its last token, but its tokenizer does not end a text with an end-of-sequence token: "
+                    "each embedding is its text's last word's; `agentic-retriever retriever init --backbone %s` "
+                    "writes the model as a decoder embedder that appends it", path, path)
 
 
 def _check_parallel(queries: Sequence, other: Sequence | None, name: str) -> None:

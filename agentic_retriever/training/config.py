@@ -10,13 +10,40 @@ from agentic_retriever.base.curves import validate_report_to
 from agentic_retriever.base.encoder import COMPOSE_WITH, EncoderConfig
 from agentic_retriever.base.precision import Precision, resolve_native
 
-__all__ = ["LOSSES", "SELECT_METRIC_PATTERN", "SOFT_LABEL_KEYS", "RetrieverTrainConfig"]
+__all__ = ["LOSSES", "SELECT_METRIC_PATTERN", "SOFT_LABEL_KEYS", "LoraSettings", "RetrieverTrainConfig"]
 
 LOSSES = ("infonce", "soft_label")
 #: Per-passage utilities a soft-label target can be built from (see `data.passage_utility`).
 SOFT_LABEL_KEYS = ("gac", "local_utility", "gac+lr")
 #: Held-out metrics model selection can maximise: mrr@k, recall@k or ndcg@k (eval.retrieval's definitions).
 SELECT_METRIC_PATTERN = re.compile(r"^(mrr|recall|ndcg)@([1-9][0-9]*)$")
+
+
+@dataclass
+class LoraSettings:
+    """LoRA ("LoRA: Low-Rank Adaptation of Large Language Models", arXiv:2106.09685) on the encoder's transformer,
+    through sentence-transformers' adapter support (PEFT under it), as tevatron, FlagEmbedding and
+    sentence-transformers train decoder embedders of billions of parameters: the weights stay frozen and each
+    targeted linear layer learns W + alpha / r * B A. Rank 0 trains every weight (the paper's full fine-tuning)."""
+
+    rank: int = field(default=0, metadata={"help": "rank r of each update (0: full fine-tuning, no adapter)"})
+    alpha: float = field(default=32.0, metadata={"help": "scale alpha of the update (alpha / r * B A)"})
+    dropout: float = field(default=0.05, metadata={"help": "dropout on the adapter's input"})
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"], metadata={
+        "help": "layers that get an adapter: module names (q_proj k_proj v_proj o_proj ...) or all-linear"})
+    merge: bool = field(default=True, metadata={
+        "help": "export the adapter merged into the weights: a plain sentence-transformers folder that loads "
+                "without PEFT; false: the adapter alone, which PEFT loads over the base model"})
+
+    def validate(self) -> None:
+        if self.rank < 0:
+            raise ValueError(f"lora.rank must be at least 0 (0: no adapter), got {self.rank}")
+        if self.rank and not self.alpha > 0:
+            raise ValueError(f"lora.alpha must be positive, got {self.alpha}")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"lora.dropout must be in [0, 1), got {self.dropout}")
+        if self.rank and not self.target_modules:
+            raise ValueError("lora.target_modules must name at least one layer (or all-linear)")
 
 
 def _paper_encoder() -> EncoderConfig:
@@ -85,6 +112,7 @@ class RetrieverTrainConfig:
                 "Select on the inputs you report"})
     select_parents: str = field(default="", metadata={
         "help": "QA JSONL of the held-out rows' parent questions (by parent_id), for select_compose_with parent"})
+    lora: LoraSettings = field(default_factory=LoraSettings)
     deepspeed: str = field(default="", metadata={"help": "DeepSpeed JSON config (extra [deepspeed]); e.g. configs/deepspeed_zero2.json"})
     skip_bad_rows: bool = field(default=False, metadata={"help": "skip and count rows with unknown passage ids or too few negatives"})
     save_steps: int = field(default=100, metadata={"help": "checkpoint every N updates (a rerun resumes from the last)"})
@@ -141,4 +169,5 @@ class RetrieverTrainConfig:
                              f"got {self.select_compose_with}")
         if self.select_on and "parent" in self.select_compose_with and not self.select_parents:
             raise ValueError("select_compose_with parent needs --select-parents (the QA file of the parent questions)")
+        self.lora.validate()
         validate_report_to(self.report_to)

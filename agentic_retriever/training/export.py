@@ -177,6 +177,18 @@ def _loss_text(run: dict) -> str:
     return infonce
 
 
+def _parameters_text(parameters: dict | None, lora: dict | None) -> str:
+    share = f" ({parameters['trainable_parameters']:,} of {parameters['parameters']:,})" if parameters else ""
+    if not lora:
+        return f"all (full fine-tuning){share}"
+    adapter = (f"LoRA rank {lora['rank']}, alpha {lora['alpha']}, dropout {lora['dropout']} on "
+               f"{', '.join(lora['target_modules'])}{share}")
+    if lora.get("adapter_exported"):
+        return (f"{adapter}; **this folder holds the adapter alone**: loading it needs PEFT and the base model its "
+                "adapter_config.json names")
+    return f"{adapter}; merged into the weights (a plain folder: no PEFT needed)"
+
+
 def _selection_text(selection: dict | None) -> str:
     if not selection:
         return "none (the last update is exported)"
@@ -222,6 +234,7 @@ def model_card(settings: EncoderSettings, manifest: dict, model_id: str = "") ->
         ("learning rate, epochs, updates", f"{run.get('learning_rate')}, {run.get('epochs')}, {manifest.get('updates')}"),
         ("final training loss", f"{manifest.get('train_loss', float('nan')):.4f}"),
         ("model selection", _selection_text(manifest.get("selection"))),
+        ("parameters trained", _parameters_text(manifest.get("parameters"), manifest.get("lora"))),
         ("device", str(manifest.get("device", "?"))),
     ]
     table = "\n".join(["| setting | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])

@@ -9,7 +9,8 @@ the encoder's query composition and prefixes, without exact duplicates (`data`);
 appears twice (the default; `sampler`: two rounds of one question share passages, which would otherwise be
 each other's false in-batch negatives); a warm-up whose first
 update already learns (`schedule`); model selection on held-out training questions that exports the base
-unchanged when training does not help (`checkpoint_selection`); the in-batch accuracy and KL in the logs, the metrics
+unchanged when training does not help (`checkpoint_selection`); LoRA on the transformer instead of every weight,
+exported merged or alone (`lora`, ``lora.rank``); the in-batch accuracy and KL in the logs, the metrics
 file and curves PNG (`agentic_retriever.base.curves`), and the logs to TensorBoard or W&B (``report_to``, files in
 ``OUT.logs/``); the exported folder with its settings and model card (`export`); and a
 result cache keyed by data and settings.
@@ -38,12 +39,14 @@ from sentence_transformers import SentenceTransformerTrainer
 
 from agentic_retriever.base.corpus import Corpus
 from agentic_retriever.base.curves import hf_reporting, resolve_report_to, train_resuming, write_training_curves
+from agentic_retriever.base.adapters import peft_model_of
 from agentic_retriever.base.encoder import Encoder
 from agentic_retriever.base.precision import resolve
 from agentic_retriever.base.writer_lock import WriterLock, lock_beside
-from .config import RetrieverTrainConfig
+from .config import LoraSettings, RetrieverTrainConfig
 from .data import TrainingExample, read_training_examples
 from .export import read_whole_export, save_trained_encoder
+from .lora import load_adapter_weights, merged, prepare_trainable
 from .schedule import warmup_linear_schedule
 
 __all__ = ["RetrieverTrainConfig", "examples_dataset", "train_retriever"]
@@ -71,6 +74,8 @@ def _fingerprint(config: RetrieverTrainConfig, examples: list[TrainingExample]) 
     digest = hashlib.sha256()
     settings = {k: v for k, v in dataclasses.asdict(config).items()
                 if k not in ("out", "progress", "save_steps", "report_to")}
+    if config.lora == LoraSettings():  # added later: at its default, a finished export keeps its fingerprint
+        del settings["lora"]
     digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
     for example in examples:
         digest.update(json.dumps([example.query, example.positive, example.negatives, example.utilities]).encode())
@@ -163,6 +168,8 @@ def _train_retriever(config: RetrieverTrainConfig) -> Path:
         **hf_reporting(SentenceTransformerTrainingArguments, report_to, logs, run_name=f"retriever {out.name}"),
         **_precision(config, on_gpu))
     model = encoder.model
+    torch.manual_seed(config.seed)  # a new adapter's initial weights: as reproducible as the Trainer's own seeding
+    parameters = prepare_trainable(model, config.lora)
     loss = build_loss(model, config.loss, config.temperature, config.soft_label_weight, config.label_temperature,
                       config.gather_across_devices and world_size > 1, config.cached, config.mini_batch_size)
     record, callbacks = _held_out_selection(config, encoder, checkpoints)
@@ -173,9 +180,11 @@ def _train_retriever(config: RetrieverTrainConfig) -> Path:
         return out
     exported, history = model, list(trainer.state.log_history)
     if record is not None:
-        exported = _selected_model(config, record)
+        exported = _selected_model(config, record, model)
         history = sorted([*(h for h in history if f"heldout_{config.select_metric}" not in h), *record.history()],
                          key=lambda h: h.get("step", 0))
+    if config.lora.merge:
+        exported = merged(exported)
     manifest = {
         "fingerprint": fingerprint, "base_model": config.encoder.model, "settings": dataclasses.asdict(config),
         "encoder_settings": dataclasses.asdict(settings), "data": counts, "world_size": world_size,
@@ -186,6 +195,9 @@ def _train_retriever(config: RetrieverTrainConfig) -> Path:
         "selection": (record.summary(config.select_on, config.select_pool, config.select_compose_with)
                       if record is not None else None),
         "report_to": report_to, "logs": str(logs) if report_to else None,
+        "parameters": parameters,
+        "lora": {**dataclasses.asdict(config.lora), "adapter_exported": peft_model_of(exported) is not None}
+        if config.lora.rank else None,
     }
     save_trained_encoder(exported, settings, out, manifest,
                          lambda folder: write_training_curves(history, folder, "retriever training"))
@@ -226,8 +238,9 @@ def _held_out_selection(config: RetrieverTrainConfig, encoder: Encoder, checkpoi
     return record, callbacks
 
 
-def _selected_model(config: RetrieverTrainConfig, record):
-    """The model to export: the best epoch's saved weights, or the base's, loaded afresh (unchanged)."""
+def _selected_model(config: RetrieverTrainConfig, record, trained):
+    """The model to export: the best epoch's saved weights (with LoRA, its adapter put into `trained`), or the
+    base's, loaded afresh (unchanged)."""
     from sentence_transformers import SentenceTransformer
 
     scores = ", ".join(f"{name} {score:.4f}" for name, score in record.per_checkpoint.items())
@@ -236,6 +249,8 @@ def _selected_model(config: RetrieverTrainConfig, record):
                     "weights of %s unchanged", config.select_metric, scores, config.encoder.model)
         return Encoder(dataclasses.replace(config.encoder, precision="fp32", device="cpu")).model
     log.info("held-out selection kept %s (%s: %s)", record.best, config.select_metric, scores)
+    if load_adapter_weights(trained, record.weights_of(record.best)):
+        return trained
     return SentenceTransformer(str(record.weights_of(record.best)), device="cpu")
 
 
@@ -264,6 +279,12 @@ class _Trainer(SentenceTransformerTrainer):
         return CoveringNoDuplicatesBatchSampler(dataset, batch_size=batch_size, drop_last=drop_last,
                                                 valid_label_columns=valid_label_columns, generator=generator,
                                                 seed=seed, epochs=epochs)
+
+    def _load_from_checkpoint(self, checkpoint_path: str, *args, **kwargs) -> None:
+        """A LoRA run's checkpoints hold the adapter alone: its weights go into the model's adapter; any other
+        checkpoint loads as sentence-transformers loads it."""
+        if not load_adapter_weights(self.model, checkpoint_path):
+            super()._load_from_checkpoint(checkpoint_path, *args, **kwargs)
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         if self.lr_scheduler is None:

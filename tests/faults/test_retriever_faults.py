@@ -12,17 +12,13 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+from tests.fakes import write_training_corpus
 from tests.faults.harness import as_literal, killed, run_child, succeeded
 
 pytestmark = pytest.mark.slow
 
-PASSAGES = [f"Passage number {i} about topic {i % 7} and some words {i * 13 % 11}." for i in range(60)]
-
-
 def _inputs(folder: Path) -> tuple[Path, Path]:
-    corpus = folder / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps({"id": str(i), "contents": f'"Title {i}"\n{t}'}) + "\n"
-                              for i, t in enumerate(PASSAGES)))
+    corpus = write_training_corpus(folder / "corpus.jsonl")
     rows = folder / "retriever_train.jsonl"
     rows.write_text("".join(json.dumps({
         "dataset": "t", "query_id": str(i), "question": f"Question {i}?", "round_index": 1, "history_queries": [],
@@ -32,8 +28,10 @@ def _inputs(folder: Path) -> tuple[Path, Path]:
     return corpus, rows
 
 
-def _train_code(model: str, corpus: Path, rows: Path, out: Path, learning_rate: float = 5e-4) -> str:
-    """`retriever train` as a library call: 2 epochs of 3 updates, a checkpoint every 3 (checkpoint-3, -6)."""
+def _train_code(model: str, corpus: Path, rows: Path, out: Path, learning_rate: float = 5e-4,
+                lora_rank: int = 0) -> str:
+    """`retriever train` as a library call: 2 epochs of 3 updates, a checkpoint every 3 (checkpoint-3, -6); with
+    `lora_rank`, a LoRA adapter of that rank, exported alone."""
     settings = dict(data=str(rows), corpus=str(corpus), out=str(out), per_device_batch_size=4,
                     learning_rate=learning_rate, epochs=2, temperature=0.05, warmup_ratio=0.0, save_steps=3,
                     logging_steps=1, progress=False)
@@ -41,11 +39,12 @@ def _train_code(model: str, corpus: Path, rows: Path, out: Path, learning_rate: 
         import logging
         logging.basicConfig(level=logging.INFO)
         from agentic_retriever.base.encoder import EncoderConfig
-        from agentic_retriever.training.config import RetrieverTrainConfig
+        from agentic_retriever.training.config import LoraSettings, RetrieverTrainConfig
         from agentic_retriever.training.trainer import train_retriever
         encoder = EncoderConfig(model={model!r}, composition="question_sep_query", query_prefix="query: ",
                                 passage_prefix="passage: ")
-        print(train_retriever(RetrieverTrainConfig(**{as_literal(settings)}, encoder=encoder)))
+        lora = LoraSettings(rank={lora_rank}, alpha=8.0, dropout=0.0, merge=False)
+        print(train_retriever(RetrieverTrainConfig(**{as_literal(settings)}, encoder=encoder, lora=lora)))
     """
 
 
@@ -57,8 +56,8 @@ def uninterrupted(tmp_path_factory, tiny_model_dir) -> dict[str, np.ndarray]:
     return load_file(folder / "retriever" / "model.safetensors")
 
 
-def _assert_same_weights(out: Path, expected: dict[str, np.ndarray]) -> None:
-    got = load_file(out / "model.safetensors")
+def _assert_same_weights(out: Path, expected: dict[str, np.ndarray], weights: str = "model.safetensors") -> None:
+    got = load_file(out / weights)
     assert got.keys() == expected.keys()
     for name in expected:
         np.testing.assert_allclose(got[name], expected[name], atol=1e-5, err_msg=name)
@@ -130,4 +129,28 @@ def test_a_full_disk_while_checkpointing_names_the_disk_and_the_rerun_finishes(t
     assert str(tmp_path / "retriever.checkpoints") in full.stderr
     succeeded(run_child(code))
     _assert_same_weights(out, uninterrupted)
+    assert _leftovers(tmp_path) == []
+
+
+def test_a_lora_training_killed_before_its_second_checkpoint_is_marked_resumes_to_the_uninterrupted_adapter(
+        tmp_path, tiny_decoder_embedder_dir):
+    """LoRA on a decoder embedder: its checkpoints hold the adapter alone, and a SIGKILL after checkpoint-6 was
+    written, before its marker, resumes from checkpoint-3's adapter to the adapter an uninterrupted run exports."""
+    expected_folder = tmp_path / "uninterrupted"
+    expected_folder.mkdir()
+    corpus, rows = _inputs(expected_folder)
+    succeeded(run_child(_train_code(tiny_decoder_embedder_dir, corpus, rows, expected_folder / "retriever",
+                                    learning_rate=5e-3, lora_rank=4)))
+    expected = load_file(expected_folder / "retriever" / "adapter_model.safetensors")
+    assert expected and all("lora_" in name for name in expected)
+
+    corpus, rows = _inputs(tmp_path)
+    out = tmp_path / "retriever"
+    code = _train_code(tiny_decoder_embedder_dir, corpus, rows, out, learning_rate=5e-3, lora_rank=4)
+    assert killed(run_child(code, kill_at="agentic_retriever.base.hf_checkpoints:write_json", nth=2))
+    checkpoint = tmp_path / "retriever.checkpoints" / "checkpoint-3"
+    assert (checkpoint / "adapter_model.safetensors").is_file() and not (checkpoint / "model.safetensors").exists()
+    again = succeeded(run_child(code))
+    assert "resuming retriever training from" in again.stderr and "checkpoint-3" in again.stderr
+    _assert_same_weights(out, expected, "adapter_model.safetensors")
     assert _leftovers(tmp_path) == []

@@ -12,19 +12,17 @@ from agentic_retriever.base.encoder import Encoder, EncoderConfig
 from agentic_retriever.base.jsonl import DataFormatError
 from agentic_retriever.training.data import passage_utility, read_training_examples
 from agentic_retriever.training.losses import build_infonce_loss
-from tests.fakes import RecordingSummaryWriter, kill_training_after_first_checkpoint
+from tests.fakes import (TRAINING_PASSAGES, RecordingSummaryWriter, kill_training_after_first_checkpoint,
+                         write_training_corpus)
 
 # ------------------------------------------------------------------------------------------------ data
 
-PASSAGES = [f"Passage number {i} about topic {i % 7} and some words {i * 13 % 11}." for i in range(60)]
+PASSAGES = TRAINING_PASSAGES
 
 
 @pytest.fixture()
 def corpus_path(tmp_path):
-    path = tmp_path / "corpus.jsonl"
-    path.write_text("".join(json.dumps({"id": str(i), "contents": f'"Title {i}"\n{t}'}) + "\n"
-                            for i, t in enumerate(PASSAGES)))
-    return path
+    return write_training_corpus(tmp_path / "corpus.jsonl")
 
 
 def agentic_row(query_id: int, pos: int, negs: list[int], question: str = "Q?") -> dict:
