@@ -42,7 +42,8 @@ def _rows(path: Path, queries: int, negatives: int, corpus: str | None) -> None:
 
 
 def _worker(kind: str, data: str, batch: int, steps: int, negatives: int, max_length: int, cached: bool,
-            model_dir: str, profile: bool, lora_rank: int = 0) -> dict:
+            model_dir: str, profile: bool, lora_rank: int = 0, lora_dropout: float = 0.05,
+            lora_targets: str = "all-linear") -> dict:
     """One training run in this process; returns its loop time and peak memory (and, with `profile`, the top
     operators of the whole run by self time, from `torch.profiler`)."""
     import contextlib
@@ -66,7 +67,8 @@ def _worker(kind: str, data: str, batch: int, steps: int, negatives: int, max_le
                 encoder=EncoderConfig(model=model_dir, max_length=max_length, composition="query"),
                 per_device_batch_size=batch, max_steps=steps, cached=cached,
                 mini_batch_size=8, save_steps=10_000, logging_steps=1, progress=False,
-                lora=LoraSettings(rank=lora_rank, merge=False)))
+                lora=LoraSettings(rank=lora_rank, dropout=lora_dropout, target_modules=lora_targets.split(","),
+                                  merge=False)))
             history = [json.loads(line) for line in (out / "metrics.jsonl").open()]
             parameters = json.loads((out / "train_manifest.json").read_text())["parameters"]
         else:
@@ -116,9 +118,10 @@ def _spawn(*args: str) -> dict:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        kind, data, batch, steps, negatives, max_length, cached, model_dir, profile, *lora_rank = sys.argv[2:12]
+        kind, data, batch, steps, negatives, max_length, cached, model_dir, profile, *lora = sys.argv[2:14]
+        lora_settings = (int(lora[0]), float(lora[1]), lora[2]) if lora else ()
         print(json.dumps(_worker(kind, data, int(batch), int(steps), int(negatives), int(max_length), cached == "1",
-                                 model_dir, profile == "1", int(lora_rank[0]) if lora_rank else 0)))
+                                 model_dir, profile == "1", *lora_settings)))
         return
     parser = base_parser(__doc__)
     parser.add_argument("--batch", type=int, default=16, help="queries per step")
@@ -135,6 +138,9 @@ def main() -> None:
                         help="also compare full fine-tuning with LoRA of this rank on --lora-model (0: skip)")
     parser.add_argument("--lora-model", help="decoder embedder both runs start from (default: the embedded SmolLM2 "
                                              "written by `retriever init` into a temporary folder)")
+    parser.add_argument("--lora-dropout", type=float, default=0.05, help="LoRA dropout (lora.dropout)")
+    parser.add_argument("--lora-targets", default="all-linear",
+                        help="comma-separated layers that get an adapter (lora.target_modules)")
     parser.add_argument("--lora-only", action="store_true", help="run part 3 alone (with --lora-rank)")
     parser.add_argument("--profile", action="store_true",
                         help="one more run of each trainer under torch.profiler: the top operators by self time")
@@ -206,11 +212,11 @@ def _full_against_lora(args, tmp: Path, data: Path, common: tuple[str, ...]) -> 
         model = str(build_decoder_embedder(DecoderEmbedderConfig(backbone="default", out=str(tmp / "embedder"),
                                                                  max_length=args.max_length)))
     _rows(data, args.batch * args.steps, args.negatives, args.corpus)
-    runs: dict[str, list[dict]] = {"full": [], f"lora r={args.lora_rank}": []}
+    runs: dict[str, list[dict]] = {"full": [], f"lora r={args.lora_rank}": []}  # dropout and targets: LoRA's alone
     for round_ in range(args.repeats):
         order = (("full", "0"), (f"lora r={args.lora_rank}", str(args.lora_rank)))
         for name, rank in order if round_ % 2 == 0 else order[::-1]:
-            runs[name].append(_spawn("ours", *common, "0", model, "0", rank))
+            runs[name].append(_spawn("ours", *common, "0", model, "0", rank, str(args.lora_dropout), args.lora_targets))
             run = runs[name][-1]
             print(f"  {name}: {run['updates_per_s']:.3f} updates/s, peak RSS {run['peak_rss_mib']:.0f} MiB, "
                   f"{run['trainable_parameters']:,} of {run['parameters']:,} parameters train", flush=True)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .defaults import resolve_llm_name
+from .encoder import TEXT_INPUT
 from .jsonl import replace_folder, temp_folder_beside
 from .precision import TORCH_NAMES
 
@@ -75,11 +76,8 @@ def build_decoder_embedder(config: DecoderEmbedderConfig) -> Path:
     try:
         tokenizer = AutoTokenizer.from_pretrained(backbone, model_max_length=config.max_length)
         appends_end_token(tokenizer)
-        # text in, text embedded: sentence-transformers would render texts through a chat template it finds (its
-        # message modality), so the module is pinned to plain text and the folder carries no template
-        tokenizer.chat_template = None
-        transformer = Transformer(backbone, module_output_name="token_embeddings",
-                                  modality_config={"text": {"method": "forward", "method_output_name": "last_hidden_state"}},
+        tokenizer.chat_template = None  # an embedder reads plain text (TEXT_INPUT); the folder carries no template
+        transformer = Transformer(backbone, **TEXT_INPUT,
                                   model_kwargs={"dtype": getattr(torch, TORCH_NAMES[config.dtype])})
         transformer.processor = tokenizer
         dim = transformer.get_embedding_dimension()

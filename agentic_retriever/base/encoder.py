@@ -37,6 +37,10 @@ CompositionMode = Literal["query", "question_sep_query", "history"]
 #: sentence-transformers' pooling modes (its ``Pooling.POOLING_MODES``; a test keeps them in step).
 PoolingMode = Literal["cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken"]
 COMPOSITION_MODES: tuple[str, ...] = ("query", "question_sep_query", "history")
+#: sentence-transformers' Transformer module settings that embed plain text: without them it renders each text through
+#: the tokenizer's chat template when it finds one (its "message" modality), as a causal LM's tokenizer has.
+TEXT_INPUT = {"modality_config": {"text": {"method": "forward", "method_output_name": "last_hidden_state"}},
+              "module_output_name": "token_embeddings"}
 SEPARATOR = " [SEP] "
 #: What an evaluation composes a QA row's search with when it has no agent question: nothing (the bare
 #: question), its parent question (``parent_id``), the question itself (``Q [SEP] q`` with Q = q), or the parent
@@ -159,7 +163,7 @@ class Encoder:
         if config.pooling is None:
             self.model = load_sentence_transformer(path, device)
         else:
-            transformer = models.Transformer(path)
+            transformer = models.Transformer(path, **TEXT_INPUT)
             dim = (getattr(transformer, "get_embedding_dimension", None) or transformer.get_word_embedding_dimension)()
             self.model = SentenceTransformer(modules=[transformer, models.Pooling(dim, config.pooling)], device=device)
         if config.max_length:

@@ -37,9 +37,9 @@ from pathlib import Path
 
 from sentence_transformers import SentenceTransformerTrainer
 
+from agentic_retriever.base.adapters import peft_model_of
 from agentic_retriever.base.corpus import Corpus
 from agentic_retriever.base.curves import hf_reporting, resolve_report_to, train_resuming, write_training_curves
-from agentic_retriever.base.adapters import peft_model_of
 from agentic_retriever.base.encoder import Encoder
 from agentic_retriever.base.precision import resolve
 from agentic_retriever.base.writer_lock import WriterLock, lock_beside
