@@ -70,8 +70,11 @@ def build_decoder_embedder(config: DecoderEmbedderConfig) -> Path:
         raise ValueError("retriever init: give the output folder (out)")
     if config.dtype not in TORCH_NAMES:
         raise ValueError(f"retriever init: dtype {config.dtype!r} is none of {', '.join(TORCH_NAMES)}")
-    backbone = resolve_llm_name(config.backbone)
     out = Path(config.out)
+    if out.is_dir() and any(out.iterdir()) and not (out / "modules.json").is_file():
+        raise FileExistsError(f"{out} exists and is not a sentence-transformers folder; it is left untouched: choose "
+                              "another output folder or remove it")
+    backbone = resolve_llm_name(config.backbone)
     building = temp_folder_beside(out)
     try:
         tokenizer = AutoTokenizer.from_pretrained(backbone, model_max_length=config.max_length)

@@ -105,6 +105,11 @@ def test_retriever_init_writes_the_folder_from_the_command_line(tiny_causal_lm_d
     encoder = Encoder(EncoderConfig(model=str(tmp_path / "emb"), device="cpu"))
     assert encoder.settings.query_prefix == "Instruct: Find the passage\nQuery:" and encoder.settings.max_length == 32
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # built beside, renamed in
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match="left untouched"):
+        build_decoder_embedder(DecoderEmbedderConfig(backbone=tiny_causal_lm_dir, out=str(tmp_path / "mine")))
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
     with pytest.raises(ValueError, match="dtype"):
         build_decoder_embedder(DecoderEmbedderConfig(backbone=tiny_causal_lm_dir, out=str(tmp_path / "x"),
                                                      dtype="int8"))
