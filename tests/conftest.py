@@ -128,5 +128,5 @@ def tiny_decoder_embedder_dir(tmp_path_factory) -> str:
                          pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True)
     Qwen3ForCausalLM(config).save_pretrained(backbone)
     tokenizer.save_pretrained(backbone)
-    return str(build_decoder_embedder(DecoderEmbedderConfig(backbone=str(backbone), out=str(backbone.parent / "embedder"),
-                                                            max_length=64)))
+    out = backbone.parent / "embedder"
+    return str(build_decoder_embedder(DecoderEmbedderConfig(backbone=str(backbone), out=str(out), max_length=64)))

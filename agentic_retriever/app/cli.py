@@ -264,8 +264,8 @@ HANDLERS: dict[str, Callable] = {
     "data_prepare": _data_prepare, "data_qa": _data_qa, "index_build": _index_build, "index_search": _index_search,
     "index_serve": _index_serve, "index_swap": _index_swap, "eval_retrieval": _eval_retrieval, "eval_agent": _eval_agent, "eval_suite": _eval_suite,
     "agent_sft": _agent_sft, "agent_rollout": _agent_rollout, "agent_import": _agent_import, "agent_train": _agent_train, "mine_run": _mine_run,
-    "mine_merge": _mine_merge, "mine_audit": _mine_audit, "retriever_init": _retriever_init, "retriever_train": _retriever_train,
-    "retriever_export": _retriever_export, "demo": _demo, "loop": _loop,
+    "mine_merge": _mine_merge, "mine_audit": _mine_audit, "retriever_train": _retriever_train,
+    "retriever_init": _retriever_init, "retriever_export": _retriever_export, "demo": _demo, "loop": _loop,
 }
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .defaults import resolve_llm_name
-from .encoder import TEXT_INPUT
+from .encoder import TEXT_INPUT, ends_with_end_token
 from .jsonl import replace_folder, temp_folder_beside
 from .precision import TORCH_NAMES
 
@@ -111,9 +111,9 @@ def appends_end_token(tokenizer) -> None:
     tokenizer.init_kwargs["padding_side"] = "left"  # what save_pretrained writes to tokenizer_config.json
     if tokenizer.pad_token is None:
         tokenizer.pad_token = eos
-    probe = tokenizer("probe")["input_ids"]
-    if probe[-1] == eos_id:
+    if ends_with_end_token(tokenizer):
         return
+    probe = tokenizer("probe")["input_ids"]
     text = tokenizer("probe", add_special_tokens=False)["input_ids"]
     before = probe[:len(probe) - len(text)]
     if probe[len(before):] != text:

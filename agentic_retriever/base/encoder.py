@@ -306,12 +306,16 @@ def _pooling_mode(model) -> str:
     return "unknown"
 
 
+def ends_with_end_token(tokenizer) -> bool:
+    """Whether `tokenizer` ends a text with its end-of-sequence token (what last-token pooling should read)."""
+    return tokenizer.eos_token_id is not None and tokenizer("probe")["input_ids"][-1] == tokenizer.eos_token_id
+
+
 def _check_end_token(tokenizer, path: str) -> None:
     """Warn when a last-token-pooled model's tokenizer does not end texts with its end-of-sequence token: the
     embedding would then be the hidden state of each text's last word, not of the token the model was trained to
     summarise into (`decoder_embedder`)."""
-    ids = tokenizer("probe")["input_ids"]
-    if tokenizer.eos_token_id is None or ids[-1] != tokenizer.eos_token_id:
+    if not ends_with_end_token(tokenizer):
         log.warning("%s pools its last token, but its tokenizer does not end a text with an end-of-sequence token: "
                     "each embedding is its text's last word's; `agentic-retriever retriever init --backbone %s` "
                     "writes the model as a decoder embedder that appends it", path, path)

@@ -133,4 +133,3 @@ def signal_handlers_kept(signums: Sequence[int] = (signal.SIGINT, signal.SIGTERM
         for signum, handler in before.items():
             if handler is not None:
                 signal.signal(signum, handler)
-

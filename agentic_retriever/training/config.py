@@ -22,9 +22,9 @@ SELECT_METRIC_PATTERN = re.compile(r"^(mrr|recall|ndcg)@([1-9][0-9]*)$")
 @dataclass
 class LoraSettings:
     """LoRA ("LoRA: Low-Rank Adaptation of Large Language Models", arXiv:2106.09685) on the encoder's transformer,
-    through sentence-transformers' adapter support (PEFT under it), as tevatron, FlagEmbedding and
-    sentence-transformers train decoder embedders of billions of parameters: the weights stay frozen and each
-    targeted linear layer learns W + alpha / r * B A. Rank 0 trains every weight (the paper's full fine-tuning)."""
+    by PEFT (`training.lora`), as tevatron, FlagEmbedding and sentence-transformers train decoder embedders of
+    billions of parameters: the weights stay frozen and each targeted linear layer learns W + alpha / r * B A.
+    Rank 0 trains every weight (the paper's full fine-tuning)."""
 
     rank: int = field(default=0, metadata={"help": "rank r of each update (0: full fine-tuning, no adapter)"})
     alpha: float = field(default=32.0, metadata={"help": "scale alpha of the update (alpha / r * B A)"})

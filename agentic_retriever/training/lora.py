@@ -55,12 +55,11 @@ def prepare_trainable(model, settings: LoraSettings) -> dict:
         module.model = get_peft_model(module.model, LoraConfig(
             r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout, task_type="FEATURE_EXTRACTION",
             target_modules="all-linear" if targets == ["all-linear"] else list(targets)))
-    if settings.rank:
-        # recomputed activations (gradient checkpointing) reach the adapter only from inputs that require gradients
-        peft_model_of(model).enable_input_require_grads()
     counts = {"trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
               "parameters": sum(p.numel() for p in model.parameters())}
     if settings.rank:
+        # recomputed activations (gradient checkpointing) reach the adapter only from inputs that require gradients
+        peft_model_of(model).enable_input_require_grads()
         log.info("LoRA rank %d: %d of %d parameters train (%.2f%%)", settings.rank, counts["trainable_parameters"],
                  counts["parameters"], 100 * counts["trainable_parameters"] / counts["parameters"])
     return counts

@@ -39,6 +39,7 @@ def _config(model: str, rows, corpus, out, **overrides):
 
     settings = dict(data=str(rows), corpus=str(corpus), out=str(out), per_device_batch_size=4, learning_rate=5e-3,
                     epochs=2, temperature=0.05, warmup_ratio=0.0, save_steps=3, logging_steps=1, progress=False,
+                    precision="fp32",  # on a GPU too (auto: fp16 there): the two exports compare at fp32's rounding
                     encoder=EncoderConfig(model=model, composition="question_sep_query"),
                     lora=LoraSettings(rank=4, alpha=8.0, dropout=0.0))
     return RetrieverTrainConfig(**(settings | overrides))

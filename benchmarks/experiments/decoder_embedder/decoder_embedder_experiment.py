@@ -36,8 +36,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/: _common (an experiment runs as a script)
 from _common import describe_device  # noqa: E402
 
+from agentic_retriever.base.corpus import split_contents  # noqa: E402
 from agentic_retriever.base.decoder_embedder import DecoderEmbedderConfig, build_decoder_embedder  # noqa: E402
 from agentic_retriever.base.encoder import EncoderConfig  # noqa: E402
+from agentic_retriever.base.jsonl import write_jsonl  # noqa: E402
 from agentic_retriever.eval.bootstrap import compare_reports  # noqa: E402
 from agentic_retriever.eval.report import render_table  # noqa: E402
 from agentic_retriever.eval.retrieval import (composition_questions, evaluate_retrieval,  # noqa: E402
@@ -76,13 +78,10 @@ def _evaluation_corpus(corpus: Path, data: Path, size: int, out: Path) -> Path:
     titles = {title for name in ("fanoutqa_leaf_dev.jsonl", "fanoutqa_leaf_train_heldout.jsonl")
               for row in map(json.loads, (data / name).open()) for title in row.get("supporting_titles", [])}
     rows = [json.loads(line) for line in corpus.open()]
-    evidence = [r for r in rows if r["contents"].split("\n", 1)[0].strip('"') in titles]
-    others = [r for r in rows if r["contents"].split("\n", 1)[0].strip('"') not in titles]
-    chosen = evidence + random.Random(0).sample(others, max(0, size - len(evidence)))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in chosen))
-    tmp.rename(out)
+    is_evidence = [split_contents(row["contents"])[0] in titles for row in rows]
+    evidence = [row for row, hit in zip(rows, is_evidence) if hit]
+    others = [row for row, hit in zip(rows, is_evidence) if not hit]
+    write_jsonl(out, evidence + random.Random(0).sample(others, max(0, size - len(evidence))))
     return out
 
 
