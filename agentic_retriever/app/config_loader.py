@@ -8,6 +8,10 @@ for ``agentic-retriever index build``), and three shared settings every command 
 * ``retrieval: {index, url}``: the retriever every command searches (``{index}`` in a template);
 * ``agent: {model, precision, ...}``: the agent LLM wherever one is loaded.
 
+A file may start from another: ``extends: agentic_r_loop.yaml`` (a path relative to the file) reads that file
+first and merges this one over it, mapping by mapping (any other value replaces), so a variant states only what it
+changes (`merged_sections`; chains are followed, a cycle is an error naming the files).
+
 A command's own section may override a shared setting; flags override both. Every dataclass field is both a
 YAML key and a flag: ``--out``, nested ``--encoder.model``, ``--dense.ef-search``; booleans get
 ``--flag/--no-flag``; mappings take a JSON object; ``none`` on the command line sets an optional field to None.
@@ -250,8 +254,22 @@ def _type_name(hint) -> str:
     return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
 
 
-def load_config_file(path: str | Path, extra_sections: tuple[str, ...] = ()) -> dict:
-    """A config file's top-level mapping, with sections of the previous release renamed (and a warning).
+def merged_sections(base: dict, over: dict) -> dict:
+    """`over` merged into `base` key by key: mappings recursively, any other value (lists included) replaces."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = merged_sections(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) \
+            else value
+    return out
+
+
+#: The top-level key naming the file a config file starts from.
+EXTENDS = "extends"
+
+
+def load_config_file(path: str | Path, extra_sections: tuple[str, ...] = (), _chain: tuple[Path, ...] = ()) -> dict:
+    """A config file's top-level mapping, with sections of the previous release renamed (and a warning), merged
+    over the file its ``extends`` names (relative to it), and that over its own, and so on.
 
     Every top-level key must be a command's section, a shared setting or one of `extra_sections` (a script's own,
     e.g. a benchmark's); otherwise the error names the file and the valid names."""
@@ -260,6 +278,9 @@ def load_config_file(path: str | Path, extra_sections: tuple[str, ...] = ()) -> 
     data = yaml.safe_load(read_utf8_text(path)) or {}
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping of sections at the top level")
+    parent = data.pop(EXTENDS, None)
+    if parent is not None and not isinstance(parent, str):
+        raise ValueError(f"{path}: '{EXTENDS}' must be the path of a config file, got {type(parent).__name__}")
     valid = section_names() + list(extra_sections)
     result: dict = {}
     for key, value in data.items():
@@ -278,7 +299,15 @@ def load_config_file(path: str | Path, extra_sections: tuple[str, ...] = ()) -> 
         elif not isinstance(value, dict):
             raise ValueError(f"{path}: section '{key}' must be a mapping")
         result[name] = value
-    return result
+    if parent is None:
+        return result
+    chain = (*_chain, Path(path).resolve())
+    base = (Path(path).parent / parent).resolve()
+    if base in chain:
+        raise ValueError(f"{path}: '{EXTENDS}: {parent}' makes a cycle ({' -> '.join(map(str, (*chain, base)))})")
+    if not base.is_file():
+        raise FileNotFoundError(f"{path}: '{EXTENDS}: {parent}' names no file ({base})")
+    return merged_sections(load_config_file(base, extra_sections, chain), result)
 
 
 def _flag_values(args: argparse.Namespace | None) -> dict:

@@ -4,7 +4,8 @@ The work of each step comes from the loop's own settings: verl's steps x prompts
 questions rolled out once, with the mining plan's assumptions for their length (step 2); the mining plan of
 `mine run --plan.only` (step 3: requests and tokens per stage, `mining.plan`); its rounds as an upper bound of the
 training rows, times (1 + negatives) passages and the epochs (step 4); the corpus (step 5); the evaluation's
-trajectories (step 6). Each is divided by a per-GPU throughput of `RATES` (the user overrides any of them), on the
+trajectories (step 6). Each is divided by a per-GPU throughput of `RATES` (the user overrides any of them; encoding
+and training are e5-base-v2's, scaled to the config's retriever by `retriever_cost`), on the
 GPUs the step gets of ``--gpus`` under ``loop.placement: ray`` (docs/loop.md, "The GPU plan"): verl, rollouts and
 evaluation on all of them; mining's scorer on the GPUs its ``loop.step_servers`` entry names and the GAC shards on the
 rest, the two at once (the step takes the longer); retriever training and encoding on the loop's node. Each
@@ -15,6 +16,9 @@ no such GPU here). Each says whether it is published, ours, or derived, and how.
 
     plan = plan_loop(job, gpus=8, gpu_type="H100")
     print(plan_table(plan))
+
+The plan also gives the retriever's GPU memory (`retriever_cost.retriever_memory`): the service's query encoder and
+index, and training per GPU with full fine-tuning and with LoRA.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any
 
 from .config import LoopJob
 from .processes import step_server_specs
+from .retriever_cost import REFERENCE, encoder_shape, retriever_memory
 from .steps import STEPS
 
 __all__ = ["PRICES", "RATES", "Priced", "Rate", "plan_loop", "plan_table"]
@@ -102,6 +107,32 @@ def _rates_h100() -> dict[str, Rate]:
 
 #: Per-GPU throughputs by GPU type (`Rate`: value, unit, source). `plan_loop(..., overrides=...)` replaces any.
 RATES: dict[str, dict[str, Rate]] = {"A100": _rates_a100(), "H100": _rates_h100()}
+#: Published: LoRA trained GPT-3 175B 25% faster than full fine-tuning ("LoRA", arXiv 2106.09685, section 4.2).
+_LORA_SPEEDUP = 1.25
+#: GPU memory of the GPU types (GiB as the cards report it: 80 GB cards).
+GPU_MEMORY_GIB = {"A100": 79.2, "H100": 79.2}
+
+
+def _retriever_rates(rates: dict[str, Rate], job: LoopJob) -> dict[str, Rate]:
+    """The encoding and training throughputs of `rates` (e5-base-v2's) scaled to the config's retriever by its
+    parameters outside the embeddings (FLOPs a token), and for LoRA by its published speed-up."""
+    model = job.train.encoder.model
+    shape, reference = encoder_shape(model), encoder_shape(REFERENCE)
+    scale = reference.body_parameters / shape.body_parameters
+    out = dict(rates)
+    if shape.body_parameters != reference.body_parameters:
+        for key in ("encode", "train"):
+            rate = rates[key]
+            out[key] = Rate(rate.value * scale, rate.unit.replace("e5-base-v2", model),
+                            f"{rate.source}; x {reference.body_parameters / 1e6:,.0f}M / "
+                            f"{shape.body_parameters / 1e6:,.0f}M for {model} (parameters outside the embeddings: "
+                            "FLOPs a token, Kaplan et al., arXiv 2001.08361)")
+    if job.train.lora.rank:
+        rate = out["train"]
+        out["train"] = Rate(rate.value * _LORA_SPEEDUP, f"{rate.unit}, LoRA r={job.train.lora.rank}",
+                            f"{rate.source}; x {_LORA_SPEEDUP:g} with LoRA (Hu et al., arXiv 2106.09685, section 4.2: "
+                            "25% faster than full fine-tuning on GPT-3 175B)")
+    return out
 #: Tokens of Search-R1's instruction and a question, before the agent's turns.
 _INSTRUCTION_TOKENS = 250
 
@@ -271,7 +302,7 @@ def plan_loop(job: LoopJob, gpus: int, gpu_type: str = "H100", gpus_per_node: in
     if gpu_type not in RATES:
         raise ValueError(f"loop plan: no throughputs for GPU type {gpu_type!r} (known: {', '.join(RATES)}); give "
                          "each with --throughput KEY=VALUE on a known type")
-    rates = dict(RATES[gpu_type])
+    rates = _retriever_rates(RATES[gpu_type], job)
     for key, value in (overrides or {}).items():
         if key not in rates:
             raise ValueError(f"loop plan: unknown throughput {key!r} (known: {', '.join(rates)})")
@@ -280,7 +311,9 @@ def plan_loop(job: LoopJob, gpus: int, gpu_type: str = "H100", gpus_per_node: in
                          corpus_passages)
     steps = [_row(number, name, PRICES[name](planning) if name in PRICES else None)
              for number, name in enumerate(STEPS, 1)]
-    return {"gpus": gpus, "gpu_type": gpu_type, "gpus_per_node": gpus_per_node, "questions": planning.questions,
+    memory = retriever_memory(encoder_shape(job.train.encoder.model), job, planning.node,
+                              _passages(job.index.corpus, corpus_passages))
+    return {"retriever": memory | {"gpu_memory_gib": GPU_MEMORY_GIB[gpu_type]}, "gpus": gpus, "gpu_type": gpu_type, "gpus_per_node": gpus_per_node, "questions": planning.questions,
             "steps": steps, "hours": sum(s["hours"] for s in steps),
             "gpu_hours": sum(s["gpu_hours"] for s in steps),
             "iterations": job.loop.iterations, "rates": {k: vars(r) for k, r in rates.items()},
@@ -301,4 +334,25 @@ def plan_table(plan: dict[str, Any]) -> str:
     for key, rate in plan["rates"].items():
         value = f"{rate['value']:,.2f}" if rate["value"] < 10 else f"{rate['value']:,.0f}"
         lines.append(f"- `{key}` = {value} {rate['unit']}: {rate['source']}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + [""] + _retriever_lines(plan["retriever"])) + "\n"
+
+
+def _retriever_lines(memory: dict[str, Any]) -> list[str]:
+    """The retriever's GPU memory as Markdown (`retriever_cost.retriever_memory`), each figure against a card."""
+    card = memory["gpu_memory_gib"]
+    checkpointing = "with gradient checkpointing" if memory["checkpointing"] else "without gradient checkpointing"
+    lines = [f"Retriever {memory['encoder']}: {memory['parameters'] / 1e6:,.0f}M parameters "
+             f"({memory['body_parameters'] / 1e6:,.0f}M outside the embeddings), {memory['dim']}-d vectors "
+             f"(shape from {memory['source']}). GPU memory, of {card:g} GiB a card (retriever_cost's terms and "
+             "sources):", "", "| what | GiB per GPU | fits |", "|---|---|---|",
+             f"| service: query encoder on GPU 0 (16-bit) | {memory['service_encoder_gib']:,.1f} | |",
+             f"| service: Flat index in fp16 over the node's GPUs (loop.service.index_gpu on) | "
+             f"{memory['index_per_gpu_gib']:,.1f} | |"]
+    for name, row in memory["training"].items():
+        mark = " (the config)" if name == memory["chosen"] else ""
+        lines.append(f"| training, {name}{mark}: {row['states_gib']:,.1f} model states + "
+                     f"{memory['activations_gib']:,.1f} activations | {row['total_gib']:,.1f} | "
+                     f"{'yes' if row['total_gib'] <= card else 'no'} |")
+    lines += ["", f"Activations: {memory['tokens_in_flight']:,} tokens in flight ({memory['in_flight']}), "
+              f"{checkpointing}."]
+    return lines

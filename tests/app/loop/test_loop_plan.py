@@ -39,6 +39,7 @@ def test_each_step_is_its_work_over_the_throughput_on_the_gpus_it_holds(job):
     assert agent["gpus"] == 16 and agent["hours"] == pytest.approx(
         rl.steps * rl.prompts_per_step * rl.samples_per_prompt * rates["rl_seconds_per_sequence"] / 16 / 3600)
     index = _step(plan, "5 index")
+    rates |= {key: plan["rates"][key]["value"] for key in ("encode", "train")}  # scaled to the tests' tiny retriever
     assert index["gpus"] == 8 and index["hours"] == pytest.approx(1000 / rates["encode"] / 8 / 3600)  # loop's node
     assert index["gpu_hours"] == pytest.approx(index["hours"] * 8)
     mining = plan["mining_plan"]
@@ -69,7 +70,8 @@ def test_mining_takes_the_longer_of_the_scorer_on_its_gpus_and_the_gac_shards_on
 def test_a_given_throughput_replaces_the_tables_and_says_so(job):
     plan = plan_loop(job, gpus=8, overrides={"encode": 10.0})
     assert _step(plan, "5 index")["hours"] == pytest.approx(1000 / 10.0 / 8 / 3600)
-    assert "`encode` = 10 passages/s per GPU (e5-base-v2 fp16): given on the command line" in plan_table(plan)
+    assert f"`encode` = 10 passages/s per GPU ({job.train.encoder.model} fp16): given on the command line" \
+        in plan_table(plan)
     with pytest.raises(ValueError, match="unknown throughput 'encoder'"):
         plan_loop(job, gpus=8, overrides={"encoder": 10.0})
     with pytest.raises(ValueError, match="no throughputs for GPU type 'V100'"):
@@ -134,3 +136,80 @@ def test_a_step_without_a_price_is_listed_as_not_priced_and_the_totals_are_the_p
     assert plan["hours"] == pytest.approx(priced["hours"]) and "| 7 audit | not priced" in plan_table(plan)
     monkeypatch.delitem(plan_module.PRICES, "index")
     assert "not priced" in _step(plan_loop(job, gpus=8), "5 index")["work"]
+
+
+def _with_retriever(job, model: str, **train):
+    encoder = dataclasses.replace(job.train.encoder, model=model)
+    return dataclasses.replace(job, train=dataclasses.replace(job.train, encoder=encoder, **train))
+
+
+def test_the_retrievers_shapes_are_their_published_sizes():
+    """Parameters counted from each config on the meta device, against the sizes published for them (KerasHub's
+    Qwen3-Embedding presets: 595,776,512 and 4,021,774,336; e5-base-v2 is BERT-base)."""
+    from agentic_retriever.app.loop.retriever_cost import encoder_shape
+
+    assert encoder_shape("Qwen/Qwen3-Embedding-0.6B").parameters == 595_776_512
+    assert encoder_shape("Qwen/Qwen3-Embedding-4B").parameters == 4_021_774_336
+    e5 = encoder_shape("intfloat/e5-base-v2")
+    assert e5.parameters == 109_482_240 and (e5.hidden, e5.layers) == (768, 12)
+    with pytest.raises(ValueError, match="the retriever 'no/such-model' is neither a folder here"):
+        encoder_shape("no/such-model")
+
+
+def test_a_lora_adapters_size_is_what_peft_trains(tiny_decoder_embedder_dir):
+    """The plan's count of a LoRA adapter against the parameters PEFT makes trainable on the same model."""
+    from agentic_retriever.app.loop.retriever_cost import encoder_shape
+    from agentic_retriever.base.encoder import Encoder, EncoderConfig
+    from agentic_retriever.training.config import LoraSettings
+    from agentic_retriever.training.lora import prepare_trainable
+
+    shape = encoder_shape(tiny_decoder_embedder_dir)
+    for targets in (["all-linear"], ["q_proj", "v_proj"]):
+        model = Encoder(EncoderConfig(model=tiny_decoder_embedder_dir, device="cpu")).model
+        counts = prepare_trainable(model, LoraSettings(rank=4, target_modules=targets))
+        assert shape.adapter_parameters(4, targets) == counts["trainable_parameters"], targets
+
+
+def test_a_larger_retriever_is_priced_by_its_flops_and_lora_by_its_published_speedup(job):
+    from agentic_retriever.app.loop.retriever_cost import encoder_shape
+
+    e5 = plan_loop(_with_retriever(job, "intfloat/e5-base-v2"), gpus=8)
+    qwen = plan_loop(_with_retriever(job, "Qwen/Qwen3-Embedding-0.6B"), gpus=8)
+    ratio = encoder_shape("intfloat/e5-base-v2").body_parameters / encoder_shape("Qwen/Qwen3-Embedding-0.6B").body_parameters
+    assert e5["rates"]["encode"]["value"] == RATES["H100"]["encode"].value  # the table's own retriever: unscaled
+    for key in ("encode", "train"):
+        assert qwen["rates"][key]["value"] == pytest.approx(e5["rates"][key]["value"] * ratio)
+        assert "Qwen/Qwen3-Embedding-0.6B" in qwen["rates"][key]["unit"] and "Kaplan" in qwen["rates"][key]["source"]
+    assert _step(qwen, "5 index")["hours"] == pytest.approx(_step(e5, "5 index")["hours"] / ratio)
+    lora = plan_loop(_with_retriever(job, "Qwen/Qwen3-Embedding-0.6B", lora=dataclasses.replace(job.train.lora, rank=16)),
+                     gpus=8)
+    assert _step(lora, "4 retriever")["hours"] == pytest.approx(_step(qwen, "4 retriever")["hours"] / 1.25)
+
+
+def test_the_retrievers_memory_is_its_states_activations_and_index_per_gpu(job):
+    """The memory rows from their terms (retriever_cost's docstring): 16 bytes a parameter with AdamW, 2 + 14/G
+    under ZeRO-2, 4 + an adapter's 16 with LoRA; activations by the tokens in flight; the fp16 index over 8 GPUs."""
+    from agentic_retriever.app.loop.retriever_cost import QUERY_TOKENS, encoder_shape
+
+    gib = 2**30
+    shape = encoder_shape("Qwen/Qwen3-Embedding-4B")
+    selection = dataclasses.replace(job.mine.mining.selection, num_negatives=15)  # the paper's 16 passages a query
+    job = dataclasses.replace(job, mine=dataclasses.replace(job.mine, mining=dataclasses.replace(
+        job.mine.mining, selection=selection)))
+    plain = _with_retriever(job, "Qwen/Qwen3-Embedding-4B", gradient_checkpointing=True, per_device_batch_size=32)
+    memory = plan_loop(plain, gpus=8, corpus_passages=21_015_324)["retriever"]
+    passages = 1 + job.mine.mining.selection.num_negatives
+    tokens = 32 * (QUERY_TOKENS + passages * job.mine.plan.passage_tokens)
+    activations = (4 * 36 + 34) * 2560 * tokens  # checkpointed inputs of 36 layers in fp32, one layer recomputed
+    assert memory["tokens_in_flight"] == tokens and memory["activations_gib"] == pytest.approx(activations / gib)
+    assert memory["index_per_gpu_gib"] == pytest.approx(21_015_324 * 2560 * 2 / 8 / gib)
+    assert memory["service_encoder_gib"] == pytest.approx(2 * shape.parameters / gib)
+    full, zero2, lora = memory["training"].values()
+    assert full["states_gib"] == pytest.approx(16 * shape.parameters / gib) and memory["chosen"] == "full (DDP)"
+    assert zero2["states_gib"] == pytest.approx((2 + 14 / 8) * shape.parameters / gib)
+    assert lora["states_gib"] == pytest.approx((4 * shape.parameters + 16 * memory["adapter_parameters"]) / gib)
+    assert full["total_gib"] > 80 > lora["total_gib"]  # 4B fully fine-tuned without ZeRO does not fit a card
+    cached = plan_loop(_with_retriever(job, "Qwen/Qwen3-Embedding-4B", gradient_checkpointing=True, cached=True,
+                                       mini_batch_size=16, lora=dataclasses.replace(job.train.lora, rank=8)),
+                       gpus=8, corpus_passages=21_015_324)["retriever"]
+    assert cached["tokens_in_flight"] == 16 * job.mine.plan.passage_tokens and cached["chosen"].startswith("LoRA r=8")
