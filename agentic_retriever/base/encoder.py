@@ -307,8 +307,11 @@ def _pooling_mode(model) -> str:
 
 
 def ends_with_end_token(tokenizer) -> bool:
-    """Whether `tokenizer` ends a text with its end-of-sequence token (what last-token pooling should read)."""
-    return tokenizer.eos_token_id is not None and tokenizer("probe")["input_ids"][-1] == tokenizer.eos_token_id
+    """Whether `tokenizer` ends a text with a special token it appends (what last-token pooling should read): its
+    end-of-sequence token, or another one, as Qwen3-Embedding's appends ``<|endoftext|>`` while its eos_token is
+    ``<|im_end|>``."""
+    ids, plain = tokenizer("probe")["input_ids"], tokenizer("probe", add_special_tokens=False)["input_ids"]
+    return len(ids) > len(plain) and ids[-1] != plain[-1] and ids[-1] in tokenizer.all_special_ids
 
 
 def _check_end_token(tokenizer, path: str) -> None:

@@ -146,7 +146,8 @@ def test_cli_rolls_out_evaluates_and_mines_with_a_tiny_agent(tmp_path, corpus_fi
 SHIPPED_CONFIGS = ["configs/quickstart.yaml", "configs/agentic_r.yaml", "configs/search_r1_ppo.yaml",
                    "configs/search_r1_grpo.yaml", "configs/search_r1_quickstart.yaml", "configs/s3_ppo.yaml",
                    "configs/s3_quickstart.yaml", "configs/qagent_grpo.yaml", "configs/qagent_quickstart.yaml",
-                   "configs/when_to_search_dapo.yaml", "configs/when_to_search_quickstart.yaml"]
+                   "configs/when_to_search_dapo.yaml", "configs/when_to_search_quickstart.yaml",
+                   "configs/agentic_r_qwen3_embedding.yaml"]
 
 
 @pytest.mark.parametrize("config_file", SHIPPED_CONFIGS)
@@ -192,3 +193,60 @@ def test_a_key_that_moved_to_another_section_is_refused_naming_where_it_lives_no
     with pytest.raises(SystemExit, match=r"retriever train: --num-negatives is no longer set here: .*"
                                          r"mine_run\.mining\.selection\.num_negatives"):
         main(["retriever", "train", "--data", "rows.jsonl", "--num-negatives", "7"])
+
+
+def test_a_config_that_extends_another_changes_only_what_it_names(tmp_path):
+    """`extends:` reads the named file (relative to the extending one) first: mappings merge key by key, any other
+    value replaces, chains are followed, and a cycle or a missing file is an error naming the files."""
+    from agentic_retriever.app.config_loader import load_config_file
+    from agentic_retriever.training.config import RetrieverTrainConfig
+
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "paper.yaml").write_text(
+        "workdir: runs/paper\nretriever_train:\n  encoder: {model: intfloat/e5-base-v2, pooling: mean, max_length: 512}"
+        "\n  learning_rate: 2.0e-5\n  epochs: 2\nindex_build:\n  encoder: {devices: [all]}\n")
+    (tmp_path / "variant.yaml").write_text(
+        "extends: base/paper.yaml\nworkdir: runs/variant\nretriever_train:\n  encoder: {model: Qwen/Qwen3-Embedding-0.6B,"
+        " pooling: lasttoken}\n  lora: {rank: 16}\nindex_build:\n  encoder: {devices: ['0', '1']}\n")
+    (tmp_path / "four_b.yaml").write_text("extends: variant.yaml\nretriever_train:\n  encoder: {model: Qwen/Qwen3-Embedding-4B}\n")
+    sections = load_config_file(tmp_path / "four_b.yaml")
+    assert sections["workdir"] == "runs/variant" and sections["index_build"]["encoder"]["devices"] == ["0", "1"]
+    config = build_config(RetrieverTrainConfig, "retriever_train", None, str(tmp_path / "four_b.yaml"))
+    assert (config.encoder.model, config.encoder.pooling, config.encoder.max_length) == ("Qwen/Qwen3-Embedding-4B",
+                                                                                       "lasttoken", 512)
+    assert config.lora.rank == 16 and config.learning_rate == 2e-5 and config.epochs == 2
+    (tmp_path / "base" / "paper.yaml").write_text("extends: ../four_b.yaml\n")
+    with pytest.raises(ValueError, match=r"makes a cycle \(.*four_b.yaml -> .*variant.yaml -> .*paper.yaml -> "):
+        load_config_file(tmp_path / "four_b.yaml")
+    (tmp_path / "lost.yaml").write_text("extends: nowhere.yaml\n")
+    with pytest.raises(FileNotFoundError, match=r"lost.yaml: 'extends: nowhere.yaml' names no file"):
+        load_config_file(tmp_path / "lost.yaml")
+    (tmp_path / "odd.yaml").write_text("extends: [a.yaml]\n")
+    with pytest.raises(ValueError, match="'extends' must be the path of a config file, got list"):
+        load_config_file(tmp_path / "odd.yaml")
+
+
+@pytest.mark.parametrize("config_file", ["configs/agentic_r_qwen3_embedding.yaml",
+                                         "configs/agentic_r_qwen3_embedding_loop.yaml",
+                                         "configs/agentic_r_qwen3_embedding_4b_lora_loop.yaml"])
+def test_the_decoder_embedder_configs_change_only_the_retriever_of_the_paper_configs(config_file):
+    """Each Qwen3-Embedding variant is its paper config (`extends`) with the retriever's backbone, pooling and
+    precision (and for the 4B, LoRA with the cached loss, the engines' share of a card) changed; the paper's
+    composition, loss and schedule are kept, and e5's mean pooling does not carry over."""
+    from pathlib import Path
+
+    from agentic_retriever.app.commands import command
+
+    root = Path(__file__).resolve().parents[2]
+    path = root / config_file
+    paper = root / ("configs/agentic_r_loop.yaml" if "loop" in config_file else "configs/agentic_r.yaml")
+    train, base = (build_config(command("retriever_train").config_class(), "retriever_train", None, str(f))
+                   for f in (path, paper))
+    index = build_config(command("index_build").config_class(), "index_build", None, str(path))
+    size = "4B" if "4b" in config_file else "0.6B"
+    assert train.encoder.model == index.encoder.model == f"Qwen/Qwen3-Embedding-{size}"
+    assert train.encoder.pooling == "lasttoken" and train.precision == index.encoder.precision == "bf16"
+    assert (train.encoder.composition, train.temperature, train.learning_rate, train.epochs,
+            train.per_device_batch_size) == (base.encoder.composition, base.temperature, base.learning_rate,
+                                              base.epochs, base.per_device_batch_size)
+    assert (train.lora.rank, train.cached) == ((16, True) if size == "4B" else (0, False))

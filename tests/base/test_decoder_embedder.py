@@ -90,6 +90,26 @@ def test_a_tokenizer_that_puts_a_bos_first_keeps_it_and_one_without_an_end_token
         appends_end_token(tokenizer)
 
 
+def test_an_appended_special_token_other_than_eos_counts_as_the_end_token_as_in_qwen3_embedding():
+    """Qwen3-Embedding's tokenizer appends <|endoftext|>, while its eos_token is <|im_end|>: the token the model was
+    trained to pool, so neither the Encoder's warning nor `retriever init` may take it for a missing end token."""
+    from tokenizers.processors import TemplateProcessing
+
+    from agentic_retriever.base.encoder import ends_with_end_token
+
+    tokenizer = load_smollm2_tokenizer().__class__.from_pretrained(load_smollm2_tokenizer().name_or_path)
+    assert not ends_with_end_token(tokenizer)  # SmolLM2's own tokenizer appends nothing
+    end = "<|endoftext|>"
+    assert tokenizer.convert_tokens_to_ids(end) != tokenizer.eos_token_id
+    tokenizer.backend_tokenizer.post_processor = TemplateProcessing(
+        single=["$A", end], pair=["$A", end, "$B:1", f"{end}:1"],
+        special_tokens=[(end, tokenizer.convert_tokens_to_ids(end))])
+    assert ends_with_end_token(tokenizer)
+    appends_end_token(tokenizer)  # left as it is: no second end token
+    assert tokenizer("Paris")["input_ids"][-2:] == [*tokenizer("Paris", add_special_tokens=False)["input_ids"][-1:],
+                                                    tokenizer.convert_tokens_to_ids(end)]
+
+
 def test_last_token_pooling_over_a_tokenizer_without_the_end_token_is_warned_about(tiny_causal_lm_dir, caplog):
     with caplog.at_level(logging.WARNING, logger="agentic_retriever.base.encoder"):
         encoder = Encoder(EncoderConfig(model=tiny_causal_lm_dir, pooling="lasttoken", device="cpu"))

@@ -5,7 +5,7 @@ questions rolled out once, with the mining plan's assumptions for their length (
 `mine run --plan.only` (step 3: requests and tokens per stage, `mining.plan`); its rounds as an upper bound of the
 training rows, times (1 + negatives) passages and the epochs (step 4); the corpus (step 5); the evaluation's
 trajectories (step 6). Each is divided by a per-GPU throughput of `RATES` (the user overrides any of them; encoding
-and training are e5-base-v2's, scaled to the config's retriever by `retriever_cost`), on the
+and training are e5-base-v2's, moved to the config's retriever by its size: `_retriever_rates`), on the
 GPUs the step gets of ``--gpus`` under ``loop.placement: ray`` (docs/loop.md, "The GPU plan"): verl, rollouts and
 evaluation on all of them; mining's scorer on the GPUs its ``loop.step_servers`` entry names and the GAC shards on the
 rest, the two at once (the step takes the longer); retriever training and encoding on the loop's node. Each
@@ -109,29 +109,44 @@ def _rates_h100() -> dict[str, Rate]:
 RATES: dict[str, dict[str, Rate]] = {"A100": _rates_a100(), "H100": _rates_h100()}
 #: Published: LoRA trained GPT-3 175B 25% faster than full fine-tuning ("LoRA", arXiv 2106.09685, section 4.2).
 _LORA_SPEEDUP = 1.25
+#: Forward passes' worth of FLOPs in a training step with gradient checkpointing: forward 1, backward 2 (Kaplan et
+#: al.'s 6N a token against 2N), the checkpointed forward again 1.
+_TRAIN_FORWARDS = 4
 #: GPU memory of the GPU types (GiB as the cards report it: 80 GB cards).
 GPU_MEMORY_GIB = {"A100": 79.2, "H100": 79.2}
 
 
 def _retriever_rates(rates: dict[str, Rate], job: LoopJob) -> dict[str, Rate]:
-    """The encoding and training throughputs of `rates` (e5-base-v2's) scaled to the config's retriever by its
-    parameters outside the embeddings (FLOPs a token), and for LoRA by its published speed-up."""
-    model = job.train.encoder.model
+    """The encoding and training throughputs of `rates` (e5-base-v2's) for the config's retriever.
+
+    A passage costs a fixed time whatever the model (tokenising, moving, Python: e5-base-v2's time less its
+    compute) plus its model's compute: passage tokens x parameters outside the embeddings, at the FLOPs a GPU
+    reaches in the 7B prefill of the same table (``llm_7b_prefill``: a prefill is this forward pass). Training
+    counts `_TRAIN_FORWARDS` forwards a passage, and LoRA's compute its published speed-up."""
+    model, tokens = job.train.encoder.model, job.mine.plan.passage_tokens
     shape, reference = encoder_shape(model), encoder_shape(REFERENCE)
-    scale = reference.body_parameters / shape.body_parameters
+    flops_rate = rates["llm_7b_prefill"].value * _PARAMS_7B  # parameter-tokens a second: 2x that in FLOPs
+
+    def forward_s(parameters: int) -> float:
+        return tokens * parameters / flops_rate
+
     out = dict(rates)
-    if shape.body_parameters != reference.body_parameters:
-        for key in ("encode", "train"):
-            rate = rates[key]
-            out[key] = Rate(rate.value * scale, rate.unit.replace("e5-base-v2", model),
-                            f"{rate.source}; x {reference.body_parameters / 1e6:,.0f}M / "
-                            f"{shape.body_parameters / 1e6:,.0f}M for {model} (parameters outside the embeddings: "
-                            "FLOPs a token, Kaplan et al., arXiv 2001.08361)")
-    if job.train.lora.rank:
-        rate = out["train"]
-        out["train"] = Rate(rate.value * _LORA_SPEEDUP, f"{rate.unit}, LoRA r={job.train.lora.rank}",
-                            f"{rate.source}; x {_LORA_SPEEDUP:g} with LoRA (Hu et al., arXiv 2106.09685, section 4.2: "
-                            "25% faster than full fine-tuning on GPT-3 175B)")
+    for key, forwards in (("encode", 1), ("train", _TRAIN_FORWARDS)):
+        lora = key == "train" and job.train.lora.rank
+        if shape.body_parameters == reference.body_parameters and not lora:
+            continue
+        rate = rates[key]
+        fixed = max(0.0, 1 / rate.value - forwards * forward_s(reference.body_parameters))
+        compute = forwards * forward_s(shape.body_parameters) / (_LORA_SPEEDUP if lora else 1)
+        unit = rate.unit.replace("e5-base-v2 fp16", f"{model} 16-bit").replace("e5-base-v2", model) \
+            + (f", LoRA r={job.train.lora.rank}" if lora else "")
+        out[key] = Rate(1 / (fixed + compute), unit,
+                        f"derived: {fixed * 1e3:.2f} ms a passage whatever the model (1 / e5-base-v2's {key} rate, "
+                        f"{rate.value:,.0f} passages/s, less its compute) + {compute * 1e3:.2f} ms of {model}'s "
+                        f"compute ({forwards} forward(s) of {tokens} tokens x {shape.body_parameters / 1e6:,.0f}M "
+                        "parameters outside the embeddings at llm_7b_prefill's FLOPs"
+                        + (f", / {_LORA_SPEEDUP:g} for LoRA (Hu et al., arXiv 2106.09685, section 4.2)" if lora else "")
+                        + f"). e5-base-v2's rate: {rate.source}")
     return out
 #: Tokens of Search-R1's instruction and a question, before the agent's turns.
 _INSTRUCTION_TOKENS = 250
@@ -344,15 +359,16 @@ def _retriever_lines(memory: dict[str, Any]) -> list[str]:
     lines = [f"Retriever {memory['encoder']}: {memory['parameters'] / 1e6:,.0f}M parameters "
              f"({memory['body_parameters'] / 1e6:,.0f}M outside the embeddings), {memory['dim']}-d vectors "
              f"(shape from {memory['source']}). GPU memory, of {card:g} GiB a card (retriever_cost's terms and "
-             "sources):", "", "| what | GiB per GPU | fits |", "|---|---|---|",
-             f"| service: query encoder on GPU 0 (16-bit) | {memory['service_encoder_gib']:,.1f} | |",
+             "sources):", "", "| what | GiB per GPU | on GPU 0, beside the service | fits |", "|---|---|---|---|",
+             f"| service: query encoder on GPU 0 (16-bit) | {memory['service_encoder_gib']:,.1f} | | |",
              f"| service: Flat index in fp16 over the node's GPUs (loop.service.index_gpu on) | "
-             f"{memory['index_per_gpu_gib']:,.1f} | |"]
+             f"{memory['index_per_gpu_gib']:,.1f} | {memory['service_gib']:,.1f} | |"]
     for name, row in memory["training"].items():
         mark = " (the config)" if name == memory["chosen"] else ""
+        beside = row["total_gib"] + memory["service_gib"]
         lines.append(f"| training, {name}{mark}: {row['states_gib']:,.1f} model states + "
-                     f"{memory['activations_gib']:,.1f} activations | {row['total_gib']:,.1f} | "
-                     f"{'yes' if row['total_gib'] <= card else 'no'} |")
+                     f"{memory['activations_gib']:,.1f} activations | {row['total_gib']:,.1f} | {beside:,.1f} | "
+                     f"{'yes' if beside <= card else 'no'} |")
     lines += ["", f"Activations: {memory['tokens_in_flight']:,} tokens in flight ({memory['in_flight']}), "
               f"{checkpointing}."]
     return lines

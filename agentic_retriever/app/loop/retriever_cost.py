@@ -1,11 +1,11 @@
 """What the loop's retriever costs by its size: its shape, the throughputs of `loop plan` scaled to it, and the GPU
 memory it takes in the service and in training.
 
-The plan's encoding and training throughputs are e5-base-v2's, the paper's retriever ("Agentic-R: Learning to Retrieve
-for Agentic Search", arXiv 2601.11888, section 5.1). A transformer's forward pass costs about 2 FLOPs per
-parameter outside the embedding tables per token (Kaplan et al., "Scaling Laws for Neural Language Models", arXiv
-2001.08361, section 2.1; attention over ~150-token passages adds a few percent, left out), so another backbone's
-throughput is e5-base-v2's times the ratio of those parameters. LoRA skips the weight gradients of the frozen
+The plan's encoding and training throughputs are e5-base-v2's, the paper's retriever ("Agentic-R: Learning to
+Retrieve for Agentic Search", arXiv 2601.11888, section 5.1); `plan._retriever_rates` moves them to another
+backbone by its compute: a transformer's forward pass costs about 2 FLOPs per parameter outside the embedding
+tables per token (Kaplan et al., "Scaling Laws for Neural Language Models", arXiv 2001.08361, section 2.1;
+attention over ~150-token passages adds a few percent, left out). LoRA skips the weight gradients of the frozen
 model: Hu et al. ("LoRA", arXiv 2106.09685, section 4.2) measured 25% more training throughput on GPT-3 175B.
 
 Memory per GPU, each term with its source:
@@ -143,7 +143,7 @@ def _gib(count: float) -> float:
 
 def retriever_memory(shape: EncoderShape, job, gpus: int, corpus_passages: int) -> dict[str, Any]:
     """GPU memory of the loop's retriever (GiB): the service's query encoder on GPU 0 and its Flat index in fp16 over
-    `gpus` GPUs (``loop.service.index_gpu: on``), and training per GPU for full fine-tuning (DDP and ZeRO-2) and LoRA
+    `gpus` GPUs (``loop.service.index_gpu: on``; ``service_gib``: both, on GPU 0), and training per GPU for full fine-tuning (DDP and ZeRO-2) and LoRA
     at the config's rank (16 when the config trains fully), with the config's batch, negatives, cached loss and
     checkpointing; ``chosen`` names the row the config runs."""
     train = job.train
@@ -172,6 +172,7 @@ def retriever_memory(shape: EncoderShape, job, gpus: int, corpus_passages: int) 
             "adapter_parameters": adapter, "dim": dim, "source": shape.source,
             "service_encoder_gib": _gib(2 * shape.parameters),
             "index_per_gpu_gib": _gib(corpus_passages * dim * 2 / gpus),
+            "service_gib": _gib(2 * shape.parameters + corpus_passages * dim * 2 / gpus),
             "tokens_in_flight": tokens, "in_flight": in_flight,
             "checkpointing": train.gradient_checkpointing, "activations_gib": _gib(activations),
             "training": {name: {"states_gib": _gib(value), "total_gib": _gib(value + activations)}

@@ -70,7 +70,7 @@ def test_mining_takes_the_longer_of_the_scorer_on_its_gpus_and_the_gac_shards_on
 def test_a_given_throughput_replaces_the_tables_and_says_so(job):
     plan = plan_loop(job, gpus=8, overrides={"encode": 10.0})
     assert _step(plan, "5 index")["hours"] == pytest.approx(1000 / 10.0 / 8 / 3600)
-    assert f"`encode` = 10 passages/s per GPU ({job.train.encoder.model} fp16): given on the command line" \
+    assert f"`encode` = 10 passages/s per GPU ({job.train.encoder.model} 16-bit): given on the command line" \
         in plan_table(plan)
     with pytest.raises(ValueError, match="unknown throughput 'encoder'"):
         plan_loop(job, gpus=8, overrides={"encoder": 10.0})
@@ -170,20 +170,30 @@ def test_a_lora_adapters_size_is_what_peft_trains(tiny_decoder_embedder_dir):
         assert shape.adapter_parameters(4, targets) == counts["trainable_parameters"], targets
 
 
-def test_a_larger_retriever_is_priced_by_its_flops_and_lora_by_its_published_speedup(job):
+def test_a_larger_retriever_costs_e5s_fixed_time_a_passage_plus_its_own_compute(job):
+    """The encode and train rates of another backbone: e5-base-v2's time a passage less e5's compute, plus the
+    backbone's compute at the 7B prefill's FLOPs (forward passes x tokens x parameters outside the embeddings);
+    LoRA divides the compute by its published 1.25."""
+    from agentic_retriever.app.loop.plan import _PARAMS_7B
     from agentic_retriever.app.loop.retriever_cost import encoder_shape
 
     e5 = plan_loop(_with_retriever(job, "intfloat/e5-base-v2"), gpus=8)
     qwen = plan_loop(_with_retriever(job, "Qwen/Qwen3-Embedding-0.6B"), gpus=8)
-    ratio = encoder_shape("intfloat/e5-base-v2").body_parameters / encoder_shape("Qwen/Qwen3-Embedding-0.6B").body_parameters
-    assert e5["rates"]["encode"]["value"] == RATES["H100"]["encode"].value  # the table's own retriever: unscaled
-    for key in ("encode", "train"):
-        assert qwen["rates"][key]["value"] == pytest.approx(e5["rates"][key]["value"] * ratio)
-        assert "Qwen/Qwen3-Embedding-0.6B" in qwen["rates"][key]["unit"] and "Kaplan" in qwen["rates"][key]["source"]
-    assert _step(qwen, "5 index")["hours"] == pytest.approx(_step(e5, "5 index")["hours"] / ratio)
+    table = RATES["H100"]
+    assert e5["rates"]["encode"]["value"] == table["encode"].value  # the table's own retriever: as it is
+    tokens, flops = job.mine.plan.passage_tokens, table["llm_7b_prefill"].value * _PARAMS_7B
+    small, large = (encoder_shape(m).body_parameters for m in ("intfloat/e5-base-v2", "Qwen/Qwen3-Embedding-0.6B"))
+    for key, forwards in (("encode", 1), ("train", 4)):
+        seconds = 1 / table[key].value + forwards * tokens * (large - small) / flops
+        assert qwen["rates"][key]["value"] == pytest.approx(1 / seconds)
+        assert "Qwen/Qwen3-Embedding-0.6B" in qwen["rates"][key]["unit"] and "ms a passage" in qwen["rates"][key]["source"]
+    assert table["encode"].value > qwen["rates"]["encode"]["value"]
+    assert _step(qwen, "5 index")["hours"] == pytest.approx(
+        _step(e5, "5 index")["hours"] * table["encode"].value / qwen["rates"]["encode"]["value"])
     lora = plan_loop(_with_retriever(job, "Qwen/Qwen3-Embedding-0.6B", lora=dataclasses.replace(job.train.lora, rank=16)),
                      gpus=8)
-    assert _step(lora, "4 retriever")["hours"] == pytest.approx(_step(qwen, "4 retriever")["hours"] / 1.25)
+    seconds = 1 / table["train"].value + 4 * tokens * (large / 1.25 - small) / flops
+    assert lora["rates"]["train"]["value"] == pytest.approx(1 / seconds) and "LoRA r=16" in lora["rates"]["train"]["unit"]
 
 
 def test_the_retrievers_memory_is_its_states_activations_and_index_per_gpu(job):
@@ -204,6 +214,7 @@ def test_the_retrievers_memory_is_its_states_activations_and_index_per_gpu(job):
     assert memory["tokens_in_flight"] == tokens and memory["activations_gib"] == pytest.approx(activations / gib)
     assert memory["index_per_gpu_gib"] == pytest.approx(21_015_324 * 2560 * 2 / 8 / gib)
     assert memory["service_encoder_gib"] == pytest.approx(2 * shape.parameters / gib)
+    assert memory["service_gib"] == pytest.approx(memory["service_encoder_gib"] + memory["index_per_gpu_gib"])
     full, zero2, lora = memory["training"].values()
     assert full["states_gib"] == pytest.approx(16 * shape.parameters / gib) and memory["chosen"] == "full (DDP)"
     assert zero2["states_gib"] == pytest.approx((2 + 14 / 8) * shape.parameters / gib)
@@ -213,3 +224,16 @@ def test_the_retrievers_memory_is_its_states_activations_and_index_per_gpu(job):
                                        mini_batch_size=16, lora=dataclasses.replace(job.train.lora, rank=8)),
                        gpus=8, corpus_passages=21_015_324)["retriever"]
     assert cached["tokens_in_flight"] == 16 * job.mine.plan.passage_tokens and cached["chosen"].startswith("LoRA r=8")
+
+
+def test_loop_plan_gives_the_4b_lora_configs_memory_beside_the_service(capsys):
+    """configs/agentic_r_qwen3_embedding_4b_lora_loop.yaml: a 4B retriever fully fine-tuned does not fit GPU 0
+    beside the service's encoder and index shard; the config's LoRA with the cached loss does."""
+    main(["loop", "--config", "configs/agentic_r_qwen3_embedding_4b_lora_loop.yaml", "plan", "--gpus", "8",
+          "--questions", "169232", "--corpus-passages", "21015324"])
+    out = capsys.readouterr().out
+    assert "Retriever Qwen/Qwen3-Embedding-4B: 4,022M parameters" in out and "2560-d vectors" in out
+    rows = {line.split(":")[0]: line for line in out.splitlines() if line.startswith("| training, ")}
+    assert rows["| training, full (DDP)"].endswith("| no |")
+    assert rows["| training, LoRA r=16 (all-linear) (the config)"].endswith("| yes |")
+    assert "| 5 index | 21,015,324 passages | 8 |" in out and "Qwen/Qwen3-Embedding-4B 16-bit" in out
