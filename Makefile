@@ -34,7 +34,7 @@ PIP_INSTALL := $(PIP) install -q --no-compile
 STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test bench clean gpu-bundle gpu-check gpu-resolve dry-run-paper vllm-check verl-setup verl-check \
-	dry-run-paper-verl dry-run-paper-ray
+	dry-run-paper-verl dry-run-paper-ray dry-run-paper-decoder
 
 setup: $(STAMP)
 
@@ -84,6 +84,11 @@ dry-run-paper: setup
 # "The GPU plan"); its report is compared with the one above.
 dry-run-paper-ray: setup
 	$(PY) benchmarks/experiments/paper_dry_run/dry_run_paper_loop.py --ray --out runs/dry_run_paper_loop_ray
+
+# The same with the decoder-embedder paper config (configs/agentic_r_qwen3_embedding_4b_lora_loop.yaml): a random-weight
+# Qwen3 embedder at toy size in place of e5's stand-in, trained with LoRA in both iterations (docs/loop.md).
+dry-run-paper-decoder: setup
+	$(PY) benchmarks/experiments/paper_dry_run/dry_run_paper_loop.py --retriever decoder --out runs/dry_run_paper_loop_decoder
 
 # The LLM backends against the real vLLM engine and server on the CPU (docs/development.md, "The vLLM check"):
 # opt-in, never part of `make test`. vLLM's wheel also pulls torchvision, torchaudio and torchcodec built for another

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes import load_smollm2_tokenizer, synthetic_rows, write_jsonl
+from tests.fakes import load_smollm2_tokenizer, smollm2_tokenizer_dir, synthetic_rows, write_jsonl
 
 
 #: The cache the project writes to outside the tests (`agentic_retriever.base.defaults.cache_root`), as the user has it.
@@ -113,20 +113,8 @@ def tiny_causal_lm_dir(tmp_path_factory) -> str:
 def tiny_decoder_embedder_dir(tmp_path_factory) -> str:
     """A decoder embedder of Qwen3-Embedding's architecture at toy size (2 layers, 32-d, random weights, seeded)
     with SmolLM2's tokenizer, written as `retriever init` writes one: last-token pooling over the appended end token,
-    left padding, Qwen3-Embedding's query instruction."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    left padding, Qwen3-Embedding's query instruction (`agentic_retriever.standins.decoder_embedder`)."""
+    from agentic_retriever.standins.decoder_embedder import random_decoder_embedder
 
-    from agentic_retriever.base.decoder_embedder import DecoderEmbedderConfig, build_decoder_embedder
-
-    backbone = tmp_path_factory.mktemp("tiny-qwen3") / "lm"
-    tokenizer = load_smollm2_tokenizer()
-    torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True)
-    Qwen3ForCausalLM(config).save_pretrained(backbone)
-    tokenizer.save_pretrained(backbone)
-    out = backbone.parent / "embedder"
-    return str(build_decoder_embedder(DecoderEmbedderConfig(backbone=str(backbone), out=str(out), max_length=64)))
+    out = tmp_path_factory.mktemp("tiny-qwen3") / "embedder"
+    return str(random_decoder_embedder(out, smollm2_tokenizer_dir(), "tiny", max_length=64))

@@ -6,6 +6,13 @@ a user with 8 GPUs runs (`agentic-retriever loop --config ...`).
     make dry-run-paper        # python benchmarks/experiments/paper_dry_run/dry_run_paper_loop.py --out runs/dry_run_paper_loop
     make dry-run-paper-verl   # the same with --verl --out runs/dry_run_paper_loop_verl
     make dry-run-paper-ray    # the same with --ray --out runs/dry_run_paper_loop_ray
+    make dry-run-paper-decoder   # the same with --retriever decoder --out runs/dry_run_paper_loop_decoder
+
+With ``--retriever decoder`` the paper config is the decoder-embedder one,
+``configs/agentic_r_qwen3_embedding_4b_lora_loop.yaml`` (Qwen3-Embedding-4B trained with LoRA and the cached loss,
+itself extending ``configs/agentic_r_loop.yaml``), and the retriever's stand-in is a Qwen3-architecture embedder with
+random weights at toy size (`agentic_retriever.standins.decoder_embedder`) in place of e5's MiniLM: last-token
+pooling, left padding, the query instruction, LoRA adapters trained, merged and exported in both iterations.
 
 With ``--verl`` (in ``.venv-verl``: verl 0.9.1 and vLLM's CPU build, `make verl-setup`) the agent step of both
 iterations is verl's own trainer instead of the embedded stand-in (`VERL_ON_CPU`: ``stand_in`` off, the run launched
@@ -50,7 +57,13 @@ from _common import cpu_model, free_port, usable_cores  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 OVERRIDES = Path(__file__).with_name("dry_run_paper_loop.yaml")
-PAPER_CONFIG = ROOT / "configs" / "agentic_r_loop.yaml"
+#: The paper config by its retriever: e5-base-v2 (the paper's) or a decoder embedder with LoRA.
+PAPER_CONFIGS = {"e5": ROOT / "configs" / "agentic_r_loop.yaml",
+                 "decoder": ROOT / "configs" / "agentic_r_qwen3_embedding_4b_lora_loop.yaml"}
+#: With ``--retriever decoder``: the retriever's stand-in, a random-weight Qwen3 embedder at toy size, in the
+#: index build and retriever training (in place of the override set's MiniLM).
+DECODER_EMBEDDER = {"index_build": {"encoder": {"model": "{retriever_model}"}},
+                    "retriever_train": {"encoder": {"model": "{retriever_model}"}}}
 #: The loop's verl section with ``--verl``: verl's own trainer on the CPU in place of the stand-in, one Ray GPU label
 #: (one FSDP rank and one vLLM CPU server: a second rank would double the run's memory on a 2-core machine).
 #: The algorithm is GRPO, not the paper's PPO: verl 0.9.1 loads PPO's critic with flash-attention 2 hard-coded, which
@@ -75,14 +88,6 @@ RAY_PLACEMENT = {"loop": {"placement": "ray", "rollout_devices": [], "mining_dev
 RAY_NODES, RAY_GPUS_PER_NODE = 2, 1
 #: Questions per role and passages in the corpus.
 TRAIN_QUESTIONS, DEV_QUESTIONS, WARM_QUESTIONS, CORPUS_PASSAGES = 32, 16, 96, 400
-
-
-def merge(base: dict, overrides: dict) -> dict:
-    """`overrides` merged into `base` key by key (mappings recursively; any other value replaces)."""
-    out = dict(base)
-    for key, value in overrides.items():
-        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
 
 
 def fill(value, names: dict[str, str]):
@@ -165,17 +170,33 @@ def warm_started_agent(out: Path) -> str:
     return str(warm_start_agent(config))
 
 
-def write_config(out: Path, agent_model: str, verl: bool = False, ray: bool = False) -> Path:
-    """The paper config with the override set (and with `verl`, `VERL_ON_CPU`; with `ray`, `RAY_PLACEMENT`) merged in
-    and its placeholders filled: ``agentic_r_loop.dry_run.yaml``."""
+def decoder_embedder(out: Path) -> str:
+    """The retriever's stand-in of ``--retriever decoder`` (`DECODER_EMBEDDER`), with SmolLM2's tokenizer."""
+    from agentic_retriever.base.defaults import smollm2_hf_dir
+    from agentic_retriever.standins.decoder_embedder import random_decoder_embedder
+
+    folder = out / "retriever" / "tiny-qwen3-embedder"
+    if not (folder / "modules.json").is_file():
+        random_decoder_embedder(folder, smollm2_hf_dir(), "tiny", max_length=128)
+    return str(folder)
+
+
+def write_config(out: Path, agent_model: str, verl: bool = False, ray: bool = False,
+                 retriever_model: str | None = None) -> Path:
+    """The paper config (with `retriever_model`, the decoder-embedder one: `PAPER_CONFIGS`) with the override set
+    (and with `verl`, `VERL_ON_CPU`; with `ray`, `RAY_PLACEMENT`; with `retriever_model`, `DECODER_EMBEDDER`) merged
+    in and its placeholders filled: ``agentic_r_loop.dry_run.yaml``, one file (the paper config's ``extends``
+    resolved)."""
+    from agentic_retriever.app.config_loader import load_config_file, merged_sections
     from agentic_retriever.base.defaults import smollm2_hf_dir
 
     names = {"agent_model": agent_model, "scorer_model": str(smollm2_hf_dir()), "python": sys.executable,
-             "root": str(ROOT), "port": str(free_port())}
+             "root": str(ROOT), "port": str(free_port()), "retriever_model": retriever_model or ""}
     overrides = yaml.safe_load(OVERRIDES.read_text())
-    for wanted, extra in ((verl, VERL_ON_CPU), (ray, RAY_PLACEMENT)):
-        overrides = merge(overrides, extra) if wanted else overrides
-    config = merge(yaml.safe_load(PAPER_CONFIG.read_text()), fill(overrides, names))
+    for wanted, extra in ((verl, VERL_ON_CPU), (ray, RAY_PLACEMENT), (retriever_model, DECODER_EMBEDDER)):
+        overrides = merged_sections(overrides, extra) if wanted else overrides
+    paper = load_config_file(PAPER_CONFIGS["decoder" if retriever_model else "e5"])
+    config = merged_sections(paper, fill(overrides, names))
     path = out / "agentic_r_loop.dry_run.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     return path
@@ -208,6 +229,9 @@ def main() -> None:
     parser.add_argument("--verl", action="store_true", help="verl's own trainer in the agent step (VERL_ON_CPU)")
     parser.add_argument("--ray", action="store_true",
                         help=f"shards and servers placed by Ray over a local {RAY_NODES}-node cluster (RAY_PLACEMENT)")
+    parser.add_argument("--retriever", choices=list(PAPER_CONFIGS), default="e5",
+                        help="the paper config's retriever: e5-base-v2, or a decoder embedder with LoRA (its stand-in: "
+                             "a random-weight Qwen3 embedder)")
     args = parser.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -217,7 +241,8 @@ def main() -> None:
     agent = warm_started_agent(out)
     setup_s = time.perf_counter() - started
     print(f"the stand-in agent: {agent} (set-up {setup_s:.0f} s)", flush=True)
-    config = write_config(out, agent, args.verl, args.ray)
+    retriever = decoder_embedder(out) if args.retriever == "decoder" else None
+    config = write_config(out, agent, args.verl, args.ray, retriever)
     command = [sys.executable, "-m", "agentic_retriever.app.cli", "loop", "--config", config.name]
     print(f"running in {out}: {' '.join(command)}", flush=True)
     loop_started = time.perf_counter()
@@ -229,7 +254,7 @@ def main() -> None:
     manifest = json.loads((out / "runs" / "agentic_r_loop" / "loop" / "loop.json").read_text())
     report_path = out / "runs" / "agentic_r_loop" / "loop" / "loop_report.json"
     result = {"exit_status": finished.returncode, "setup_seconds": round(setup_s, 1), "loop_seconds": round(loop_s, 1),
-              "data": data, "machine": f"{cpu_model()}, {usable_cores()} CPU cores",
+              "data": data, "machine": f"{cpu_model()}, {usable_cores()} CPU cores", "retriever": args.retriever,
               "steps": {name: {"status": r["status"], "seconds": round(r["seconds"], 1)}
                         for name, r in manifest["steps"].items()},
               "agent_steps": {name: {key: (r.get("summary") or {}).get(key) for key in ("trainer", "model", "verl_validated")}

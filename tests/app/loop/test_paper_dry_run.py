@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from agentic_retriever.app.commands import command
-from agentic_retriever.app.config_loader import build_config
+from agentic_retriever.app.config_loader import build_config, merged_sections
 from agentic_retriever.base.qa_sources import read_qa_rows
 from agentic_retriever.standins import scripted_scorer as scripted
 from tests.fakes import import_benchmark
@@ -61,7 +61,7 @@ def test_the_override_set_swaps_models_sizes_and_devices_only():
             "mine_run.mining.selection.lr_threshold": 60, "mine_run.mining.selection.negatives": "release",
             "mine_run.scorer.backend": "openai", "agent_train.algorithm": "ppo", "loop.iterations": 2,
             "retriever_train.encoder.composition": "question_sep_query", "loop.agent_trainer": "verl"}
-    merged = _script().merge(paper, overrides)
+    merged = merged_sections(paper, overrides)
     for dotted, value in kept.items():
         node = merged
         for part in dotted.split("."):
@@ -87,6 +87,24 @@ def test_the_merged_config_is_read_by_every_section_of_the_loop(tmp_path, monkey
     for section in ("agent_train", "agent_rollout", "retriever_train", "index_build"):
         build_config(command(section).config_class(), section, None, str(path),
                      set_by_caller=("qa", "out"))
+
+
+def test_with_a_decoder_embedder_the_dry_run_is_the_4b_lora_config_with_the_retriever_swapped(tmp_path, monkeypatch):
+    """`--retriever decoder`: the paper config is the Qwen3-Embedding-4B LoRA one (its `extends` chain resolved into
+    the one file written), the index and the trainer read the stand-in embedder, and what the 4B config sets (LoRA,
+    the cached loss, last-token pooling) is kept; the override set swaps only the retriever's model."""
+    script = _script()
+    assert _leaves(script.DECODER_EMBEDDER) <= MODELS
+    monkeypatch.setattr("agentic_retriever.base.defaults.smollm2_hf_dir", lambda: Path("/models/smollm2"))
+    path = script.write_config(tmp_path, "/models/agent", retriever_model="/models/embedder")
+    assert "extends" not in yaml.safe_load(path.read_text())
+    train = build_config(command("retriever_train").config_class(), "retriever_train", None, str(path))
+    index = build_config(command("index_build").config_class(), "index_build", None, str(path), set_by_caller=("out",))
+    assert train.encoder.model == index.encoder.model == "/models/embedder"
+    assert (train.lora.rank, train.cached, train.encoder.pooling) == (16, True, "lasttoken")
+    assert train.precision == "fp32" and train.encoder.composition == "question_sep_query"
+    loop = build_config(command("loop").config_class(), "loop", None, str(path))
+    assert loop.mining_devices == ["cpu", "cpu"] and loop.verl.stand_in and loop.iterations == 2
 
 
 def test_with_verl_the_agent_step_is_verls_own_trainer_on_the_cpu_and_its_run_is_valid(tmp_path, monkeypatch,
