@@ -43,7 +43,7 @@ def _rows(path: Path, queries: int, negatives: int, corpus: str | None) -> None:
 
 def _worker(kind: str, data: str, batch: int, steps: int, negatives: int, max_length: int, cached: bool,
             model_dir: str, profile: bool, lora_rank: int = 0, lora_dropout: float = 0.05,
-            lora_targets: str = "all-linear") -> dict:
+            lora_targets: str = "all-linear", precision: str = "auto") -> dict:
     """One training run in this process; returns its loop time and peak memory (and, with `profile`, the top
     operators of the whole run by self time, from `torch.profiler`)."""
     import contextlib
@@ -65,7 +65,7 @@ def _worker(kind: str, data: str, batch: int, steps: int, negatives: int, max_le
             out = train_retriever(RetrieverTrainConfig(
                 data=data, out=f"{tmp}/model",
                 encoder=EncoderConfig(model=model_dir, max_length=max_length, composition="query"),
-                per_device_batch_size=batch, max_steps=steps, cached=cached,
+                per_device_batch_size=batch, max_steps=steps, cached=cached, precision=precision,
                 mini_batch_size=8, save_steps=10_000, logging_steps=1, progress=False,
                 lora=LoraSettings(rank=lora_rank, dropout=lora_dropout, target_modules=lora_targets.split(","),
                                   merge=False)))
@@ -118,8 +118,8 @@ def _spawn(*args: str) -> dict:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        kind, data, batch, steps, negatives, max_length, cached, model_dir, profile, *lora = sys.argv[2:14]
-        lora_settings = (int(lora[0]), float(lora[1]), lora[2]) if lora else ()
+        kind, data, batch, steps, negatives, max_length, cached, model_dir, profile, *lora = sys.argv[2:15]
+        lora_settings = (int(lora[0]), float(lora[1]), lora[2], lora[3]) if lora else ()
         print(json.dumps(_worker(kind, data, int(batch), int(steps), int(negatives), int(max_length), cached == "1",
                                  model_dir, profile == "1", *lora_settings)))
         return
@@ -141,6 +141,8 @@ def main() -> None:
     parser.add_argument("--lora-dropout", type=float, default=0.05, help="LoRA dropout (lora.dropout)")
     parser.add_argument("--lora-targets", default="all-linear",
                         help="comma-separated layers that get an adapter (lora.target_modules)")
+    parser.add_argument("--lora-precision", default="auto", choices=["auto", "native", "fp32", "fp16", "bf16"],
+                        help="training precision of part 3's runs (retriever_train.precision)")
     parser.add_argument("--lora-only", action="store_true", help="run part 3 alone (with --lora-rank)")
     parser.add_argument("--profile", action="store_true",
                         help="one more run of each trainer under torch.profiler: the top operators by self time")
@@ -216,9 +218,11 @@ def _full_against_lora(args, tmp: Path, data: Path, common: tuple[str, ...]) -> 
     for round_ in range(args.repeats):
         order = (("full", "0"), (f"lora r={args.lora_rank}", str(args.lora_rank)))
         for name, rank in order if round_ % 2 == 0 else order[::-1]:
-            runs[name].append(_spawn("ours", *common, "0", model, "0", rank, str(args.lora_dropout), args.lora_targets))
+            runs[name].append(_spawn("ours", *common, "0", model, "0", rank, str(args.lora_dropout), args.lora_targets,
+                                     args.lora_precision))
             run = runs[name][-1]
-            print(f"  {name}: {run['updates_per_s']:.3f} updates/s, peak RSS {run['peak_rss_mib']:.0f} MiB, "
+            cuda = f", peak CUDA {run['peak_cuda_mib']:.0f} MiB" if "peak_cuda_mib" in run else ""
+            print(f"  {name}: {run['updates_per_s']:.3f} updates/s, peak RSS {run['peak_rss_mib']:.0f} MiB{cuda}, "
                   f"{run['trainable_parameters']:,} of {run['parameters']:,} parameters train", flush=True)
     best = {name: max(results, key=lambda r: r["updates_per_s"]) for name, results in runs.items()}
     full, lora = best.values()
@@ -226,7 +230,8 @@ def _full_against_lora(args, tmp: Path, data: Path, common: tuple[str, ...]) -> 
           f"(LoRA {lora['updates_per_s'] / full['updates_per_s']:.2f}x); peak RSS {full['peak_rss_mib']:.0f} against "
           f"{lora['peak_rss_mib']:.0f} MiB; trainable {full['trainable_parameters']:,} against "
           f"{lora['trainable_parameters']:,}")
-    return {"model": model, "runs": runs, "speedup": lora["updates_per_s"] / full["updates_per_s"]}
+    return {"model": model, "precision": args.lora_precision, "runs": runs,
+            "speedup": lora["updates_per_s"] / full["updates_per_s"]}
 
 
 if __name__ == "__main__":

