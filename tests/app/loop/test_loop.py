@@ -390,3 +390,29 @@ def test_a_verl_stand_in_writes_and_validates_the_run_then_trains_embedded(workd
     with pytest.raises(Exception, match="ppo_mini_batch_size|mini"):
         loop_steps.train_agent_on_verl(refused, tiny_causal_lm_dir, "http://127.0.0.1:1", workdir / "refused")
     assert not (workdir / "refused" / "embedded").exists()  # nothing trains on a run verl refuses
+
+
+def test_a_decoder_embedder_trained_with_lora_goes_through_both_iterations_each_starting_from_the_last(
+        workdir, tiny_decoder_embedder_dir, tiny_causal_lm_dir, monkeypatch):
+    """The loop with a decoder embedder as Agentic-R_0 and LoRA adapters exported alone (``lora.merge: false``):
+    the base index and each iteration's index are built with last-token pooling, and with ``retriever_init:
+    previous`` Agentic-R_2 trains Agentic-R_1's adapter on (the same base model under it), as Algorithm 1 chains
+    the retrievers."""
+    from agentic_retriever.base.adapters import adapter_base
+    from agentic_retriever.index import open_index
+    from agentic_retriever.training.config import LoraSettings
+
+    served_index(monkeypatch)
+    job = make_job(tiny_decoder_embedder_dir, tiny_causal_lm_dir, retriever_init="previous")
+    job = dataclasses.replace(job, train=dataclasses.replace(
+        job.train, lora=LoraSettings(rank=4, merge=False), encoder=dataclasses.replace(job.train.encoder, max_length=64)))
+    run_loop(job)
+    manifest = LoopManifest.load("loop")
+    assert all(r.status == "done" for r in manifest.steps.values())
+    first, second = (Path(manifest.get(i, "retriever").summary["model"]) for i in (1, 2))
+    assert manifest.get(2, "retriever").summary["init"] == str(first)
+    for trained in (first, second):  # adapter-only exports over the one base model
+        assert Path(adapter_base(trained)).resolve() == Path(tiny_decoder_embedder_dir).resolve()
+        assert json.loads((trained / "train_manifest.json").read_text())["lora"]["rank"] == 4
+    for index in ("index/base", manifest.get(2, "index").summary["index"]):
+        assert open_index(index).manifest.encoder["pooling"] == "lasttoken"
