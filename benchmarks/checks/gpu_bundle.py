@@ -133,7 +133,8 @@ def _download_wheels(folder: Path) -> None:
                            check=True)
 
 
-def materialize(bundle: Path, site: Path, tiny: bool = False, stand_ins: str = "missing", decoder: bool = False) -> dict:
+def materialize(bundle: Path, site: Path, tiny: bool = False, stand_ins: str = "missing",
+                decoder: bool = False) -> dict:
     """Build the host's ``site`` folder from `bundle` and the benchmarks' models; returns {"site", "encoder", "lm",
     "stand_ins"} (and with `decoder`, "decoder"): the stand-ins used (``stand_ins``: ``missing``, only for packages
     this Python lacks, or ``always``), the encoder folder (MiniLM's, real or stand-in), the random-weight agent

@@ -148,6 +148,8 @@ def _retriever_rates(rates: dict[str, Rate], job: LoopJob) -> dict[str, Rate]:
                         + (f", / {_LORA_SPEEDUP:g} for LoRA (Hu et al., arXiv 2106.09685, section 4.2)" if lora else "")
                         + f"). e5-base-v2's rate: {rate.source}")
     return out
+
+
 #: Tokens of Search-R1's instruction and a question, before the agent's turns.
 _INSTRUCTION_TOKENS = 250
 
@@ -328,8 +330,9 @@ def plan_loop(job: LoopJob, gpus: int, gpu_type: str = "H100", gpus_per_node: in
              for number, name in enumerate(STEPS, 1)]
     memory = retriever_memory(encoder_shape(job.train.encoder.model), job, planning.node,
                               _passages(job.index.corpus, corpus_passages))
-    return {"retriever": memory | {"gpu_memory_gib": GPU_MEMORY_GIB[gpu_type]}, "gpus": gpus, "gpu_type": gpu_type, "gpus_per_node": gpus_per_node, "questions": planning.questions,
-            "steps": steps, "hours": sum(s["hours"] for s in steps),
+    return {"gpus": gpus, "gpu_type": gpu_type, "gpus_per_node": gpus_per_node, "questions": planning.questions,
+            "retriever": memory | {"gpu_memory_gib": GPU_MEMORY_GIB[gpu_type]}, "steps": steps,
+            "hours": sum(s["hours"] for s in steps),
             "gpu_hours": sum(s["gpu_hours"] for s in steps),
             "iterations": job.loop.iterations, "rates": {k: vars(r) for k, r in rates.items()},
             "mining_plan": planning.mining}

@@ -28,7 +28,6 @@ Memory per GPU, each term with its source:
 
 from __future__ import annotations
 
-import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,7 +100,6 @@ def _transformer_config_dir(folder: Path) -> Path:
                             "its modules.json)")
 
 
-@functools.lru_cache(maxsize=16)
 def encoder_shape(model: str) -> EncoderShape:
     """The shape of the encoder `model` names: ``default`` (the embedded MiniLM), a local folder (its config, or an
     adapter folder's base), one of `KNOWN_SHAPES`, or any other hub name (its config.json, downloaded by
@@ -121,7 +119,7 @@ def encoder_shape(model: str) -> EncoderShape:
         config, source = AutoConfig.from_pretrained(_transformer_config_dir(Path(path))), f"the config of {path}"
     elif path in KNOWN_SHAPES:
         known = dict(KNOWN_SHAPES[path])
-        config, source = AutoConfig.for_model(known.pop("model_type"), **known), f"{path}'s config.json on the hub"
+        config, source = AutoConfig.for_model(known.pop("model_type"), **known), f"{path}'s config.json (its sizes in retriever_cost.KNOWN_SHAPES)"
     else:
         try:
             config, source = AutoConfig.from_pretrained(path), f"{path}'s config.json"
@@ -143,7 +141,8 @@ def _gib(count: float) -> float:
 
 def retriever_memory(shape: EncoderShape, job, gpus: int, corpus_passages: int) -> dict[str, Any]:
     """GPU memory of the loop's retriever (GiB): the service's query encoder on GPU 0 and its Flat index in fp16 over
-    `gpus` GPUs (``loop.service.index_gpu: on``; ``service_gib``: both, on GPU 0), and training per GPU for full fine-tuning (DDP and ZeRO-2) and LoRA
+    `gpus` GPUs (``loop.service.index_gpu: on``; ``service_gib``: both, on GPU 0), and training per GPU for full
+    fine-tuning (DDP and ZeRO-2) and LoRA
     at the config's rank (16 when the config trains fully), with the config's batch, negatives, cached loss and
     checkpointing; ``chosen`` names the row the config runs."""
     train = job.train
