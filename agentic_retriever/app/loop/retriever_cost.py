@@ -119,7 +119,8 @@ def encoder_shape(model: str) -> EncoderShape:
         config, source = AutoConfig.from_pretrained(_transformer_config_dir(Path(path))), f"the config of {path}"
     elif path in KNOWN_SHAPES:
         known = dict(KNOWN_SHAPES[path])
-        config, source = AutoConfig.for_model(known.pop("model_type"), **known), f"{path}'s config.json (its sizes in retriever_cost.KNOWN_SHAPES)"
+        config = AutoConfig.for_model(known.pop("model_type"), **known)
+        source = f"{path}'s config.json (its sizes in retriever_cost.KNOWN_SHAPES)"
     else:
         try:
             config, source = AutoConfig.from_pretrained(path), f"{path}'s config.json"
