@@ -1,7 +1,7 @@
 """A decoder embedder of Qwen3-Embedding's architecture with random weights, where its weights cannot be had.
 
 The tests, the paper config's dry run (`benchmarks/experiments/paper_dry_run/`, ``--retriever decoder``) and the GPU
-check (`make gpu-check`) need a decoder embedder without a download: a Qwen3 transformer (`SHAPES`: a toy one, or
+check (`make gpu-check`) need a decoder embedder without a download: a Qwen3 transformer (`SHAPES`: toy ones, or
 Qwen3-Embedding-0.6B's own sizes from its config.json) with seeded random weights and a tokenizer that is here
 (SmolLM2's, whose vocabulary sets the embedding table: 49,152 rows rather than 151,669, the rest of the shape is
 Qwen3-Embedding's), written by `retriever init` (`base.decoder_embedder.build_decoder_embedder`): last-token
@@ -21,6 +21,8 @@ from pathlib import Path
 SHAPES: dict[str, dict] = {
     "tiny": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
              "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 512},
+    "small": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "head_dim": 32, "max_position_embeddings": 512},
     "qwen3-embedding-0.6b": {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
                              "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
                              "max_position_embeddings": 32768},

@@ -10,9 +10,14 @@ a user with 8 GPUs runs (`agentic-retriever loop --config ...`).
 
 With ``--retriever decoder`` the paper config is the decoder-embedder one,
 ``configs/agentic_r_qwen3_embedding_4b_lora_loop.yaml`` (Qwen3-Embedding-4B trained with LoRA and the cached loss,
-itself extending ``configs/agentic_r_loop.yaml``), and the retriever's stand-in is a Qwen3-architecture embedder with
-random weights at toy size (`agentic_retriever.standins.decoder_embedder`) in place of e5's MiniLM: last-token
-pooling, left padding, the query instruction, LoRA adapters trained, merged and exported in both iterations.
+itself extending ``configs/agentic_r_loop.yaml``), and the retriever's stand-in is a small Qwen3-architecture embedder
+(`agentic_retriever.standins.decoder_embedder`, 2 layers of 128) in place of e5's MiniLM: last-token pooling, left
+padding, the query instruction, LoRA adapters trained, merged and exported in both iterations. Its random weights
+retrieve at chance, and the loop then mines nothing (the first try: 0 of 32 rounds above the LR threshold), so it is
+first warm-started on the corpus alone, as Qwen3-Embedding starts from contrastive pretraining: the inverse cloze
+task (Lee et al., "Latent Retrieval for Weakly Supervised Open Domain Question Answering", arXiv 1906.00300), each
+passage's title and 7 random spans of 2-6 of its words as queries of it, one random other passage as the negative,
+4 epochs (`warm_started_retriever`). No question and no label is read.
 
 With ``--verl`` (in ``.venv-verl``: verl 0.9.1 and vLLM's CPU build, `make verl-setup`) the agent step of both
 iterations is verl's own trainer instead of the embedded stand-in (`VERL_ON_CPU`: ``stand_in`` off, the run launched
@@ -60,8 +65,8 @@ OVERRIDES = Path(__file__).with_name("dry_run_paper_loop.yaml")
 #: The paper config by its retriever: e5-base-v2 (the paper's) or a decoder embedder with LoRA.
 PAPER_CONFIGS = {"e5": ROOT / "configs" / "agentic_r_loop.yaml",
                  "decoder": ROOT / "configs" / "agentic_r_qwen3_embedding_4b_lora_loop.yaml"}
-#: With ``--retriever decoder``: the retriever's stand-in, a random-weight Qwen3 embedder at toy size, in the
-#: index build and retriever training (in place of the override set's MiniLM).
+#: With ``--retriever decoder``: the retriever's stand-in, a small Qwen3 embedder warm-started on the corpus
+#: (`warm_started_retriever`), in the index build and retriever training (in place of the override set's MiniLM).
 DECODER_EMBEDDER = {"index_build": {"encoder": {"model": "{retriever_model}"}},
                     "retriever_train": {"encoder": {"model": "{retriever_model}"}}}
 #: The loop's verl section with ``--verl``: verl's own trainer on the CPU in place of the stand-in, one Ray GPU label
@@ -170,15 +175,54 @@ def warm_started_agent(out: Path) -> str:
     return str(warm_start_agent(config))
 
 
-def decoder_embedder(out: Path) -> str:
-    """The retriever's stand-in of ``--retriever decoder`` (`DECODER_EMBEDDER`), with SmolLM2's tokenizer."""
-    from agentic_retriever.base.defaults import smollm2_hf_dir
-    from agentic_retriever.standins.decoder_embedder import random_decoder_embedder
+#: The inverse cloze task's queries per passage (its title, then random spans) and epochs.
+ICT_SPANS, ICT_EPOCHS = 7, 4
 
-    folder = out / "retriever" / "tiny-qwen3-embedder"
-    if not (folder / "modules.json").is_file():
-        random_decoder_embedder(folder, smollm2_hf_dir(), "tiny", max_length=128)
-    return str(folder)
+
+def ict_rows(passages: list[dict], seed: int = 0) -> list[dict]:
+    """Training rows of the inverse cloze task over `passages`: the title and `ICT_SPANS` random spans of 2-6 words
+    of each passage as queries of it, a random other passage as the negative; shuffled."""
+    from agentic_retriever.base.corpus import split_contents
+
+    rng = random.Random(seed)
+    rows = []
+    for index, passage in enumerate(passages):
+        title, text = split_contents(passage["contents"])
+        words = text.split()
+        queries = [title]
+        for _ in range(ICT_SPANS):
+            length = rng.randint(2, 6)
+            start = rng.randint(0, max(0, len(words) - length))
+            queries.append(" ".join(words[start:start + length]))
+        others = [j for j in range(len(passages)) if j != index]
+        rows += [{"query": query, "pos": [passage["contents"]], "neg": [passages[rng.choice(others)]["contents"]]}
+                 for query in queries]
+    rng.shuffle(rows)
+    return rows
+
+
+def warm_started_retriever(out: Path) -> str:
+    """The retriever's stand-in of ``--retriever decoder`` (`DECODER_EMBEDDER`): a small random-weight Qwen3
+    embedder with SmolLM2's tokenizer, trained on `ict_rows` of the dry run's corpus (see the module docstring)."""
+    from agentic_retriever.base.defaults import smollm2_hf_dir
+    from agentic_retriever.base.encoder import EncoderConfig
+    from agentic_retriever.standins.decoder_embedder import random_decoder_embedder
+    from agentic_retriever.training.config import RetrieverTrainConfig
+    from agentic_retriever.training.trainer import train_retriever
+
+    folder = out / "retriever"
+    trained = folder / "ict-qwen3-embedder"
+    if (trained / "modules.json").is_file():
+        return str(trained)
+    base = folder / "random-qwen3-embedder"
+    if not (base / "modules.json").is_file():
+        random_decoder_embedder(base, smollm2_hf_dir(), "small", max_length=128)
+    _write_jsonl(folder / "ict.jsonl", ict_rows(_jsonl(out / "data" / "wiki-18.jsonl")))
+    return str(train_retriever(RetrieverTrainConfig(
+        data=str(folder / "ict.jsonl"), out=str(trained), encoder=EncoderConfig(model=str(base), max_length=128,
+                                                                               composition="query"),
+        per_device_batch_size=32, epochs=ICT_EPOCHS, learning_rate=2e-3, temperature=0.05, precision="fp32",
+        save_steps=100_000)))
 
 
 def write_config(out: Path, agent_model: str, verl: bool = False, ray: bool = False,
@@ -241,7 +285,7 @@ def main() -> None:
     agent = warm_started_agent(out)
     setup_s = time.perf_counter() - started
     print(f"the stand-in agent: {agent} (set-up {setup_s:.0f} s)", flush=True)
-    retriever = decoder_embedder(out) if args.retriever == "decoder" else None
+    retriever = warm_started_retriever(out) if args.retriever == "decoder" else None
     config = write_config(out, agent, args.verl, args.ray, retriever)
     command = [sys.executable, "-m", "agentic_retriever.app.cli", "loop", "--config", config.name]
     print(f"running in {out}: {' '.join(command)}", flush=True)
@@ -251,8 +295,9 @@ def main() -> None:
         finished = subprocess.run(command, cwd=out, env=env | ({"RAY_ADDRESS": address} if address else {}),
                                   check=False)
     loop_s = time.perf_counter() - loop_started
-    manifest = json.loads((out / "runs" / "agentic_r_loop" / "loop" / "loop.json").read_text())
-    report_path = out / "runs" / "agentic_r_loop" / "loop" / "loop_report.json"
+    loop_dir = out / yaml.safe_load(config.read_text())["workdir"] / "loop"  # the loop's own folder (loop.out)
+    manifest = json.loads((loop_dir / "loop.json").read_text())
+    report_path = loop_dir / "loop_report.json"
     result = {"exit_status": finished.returncode, "setup_seconds": round(setup_s, 1), "loop_seconds": round(loop_s, 1),
               "data": data, "machine": f"{cpu_model()}, {usable_cores()} CPU cores", "retriever": args.retriever,
               "steps": {name: {"status": r["status"], "seconds": round(r["seconds"], 1)}
@@ -262,7 +307,7 @@ def main() -> None:
               "report": json.loads(report_path.read_text())["rows"] if report_path.is_file() else None}
     (out / "dry_run.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
     print(json.dumps({k: v for k, v in result.items() if k != "report"}, indent=2))
-    print(f"report: {out / 'runs/agentic_r_loop/loop/loop_report.md'}")
+    print(f"report: {loop_dir / 'loop_report.md'}")
     sys.exit(finished.returncode)
 
 

@@ -107,6 +107,24 @@ def test_with_a_decoder_embedder_the_dry_run_is_the_4b_lora_config_with_the_retr
     assert loop.mining_devices == ["cpu", "cpu"] and loop.verl.stand_in and loop.iterations == 2
 
 
+def test_the_decoder_stand_in_is_warm_started_on_the_corpus_alone_by_the_inverse_cloze_task():
+    """Each passage's title and spans of its own words as its queries, another passage as the negative: the rows
+    are made from the corpus, so no question and no label reaches the stand-in retriever."""
+    from agentic_retriever.base.corpus import split_contents
+
+    script = _script()
+    passages = [{"id": str(i), "contents": f'"Title {i}"\n' + " ".join(f"w{i}x{j}" for j in range(30))}
+                for i in range(5)]
+    rows = script.ict_rows(passages)
+    assert len(rows) == 5 * (1 + script.ICT_SPANS)
+    for row in rows:
+        (positive,), (negative,) = row["pos"], row["neg"]
+        title, text = split_contents(positive)
+        assert row["query"] == title or (row["query"] in text and 2 <= len(row["query"].split()) <= 6)
+        assert negative != positive and negative in [p["contents"] for p in passages]
+    assert rows == script.ict_rows(passages)  # seeded
+
+
 def test_with_verl_the_agent_step_is_verls_own_trainer_on_the_cpu_and_its_run_is_valid(tmp_path, monkeypatch,
                                                                                        tiny_causal_lm_dir):
     """`--verl`: the stand-in off, the loop launching verl on the cpu platform, GRPO in place of PPO (verl cannot load
