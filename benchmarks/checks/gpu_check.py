@@ -113,9 +113,9 @@ def rl_step(model: str, corpus: str, questions: int, max_new_tokens: int | None,
 def index_build(model: str, corpus: str, json_out: str, precision: str = "auto") -> None:
     """A flat index of `corpus` built with the encoder at `model` in `precision`: seconds, passages per second of
     the build, and peak CUDA memory."""
-    import torch
-
     import tempfile
+
+    import torch
 
     from agentic_retriever.base.encoder import EncoderConfig
     from agentic_retriever.index import IndexBuildConfig, build_index
