@@ -17,7 +17,8 @@ retrieve at chance, and the loop then mines nothing (the first try: 0 of 32 roun
 first warm-started on the corpus alone, as Qwen3-Embedding starts from contrastive pretraining: the inverse cloze
 task (Lee et al., "Latent Retrieval for Weakly Supervised Open Domain Question Answering", arXiv 1906.00300), each
 passage's title and 7 random spans of 2-6 of its words as queries of it, one random other passage as the negative,
-4 epochs (`warm_started_retriever`). No question and no label is read.
+4 epochs (`warm_started_retriever`). No question and no label is read. It stays a weaker retriever than MiniLM, so
+the run mines all 55 RL train questions and trains one query a process a step (`DECODER_EMBEDDER`).
 
 With ``--verl`` (in ``.venv-verl``: verl 0.9.1 and vLLM's CPU build, `make verl-setup`) the agent step of both
 iterations is verl's own trainer instead of the embedded stand-in (`VERL_ON_CPU`: ``stand_in`` off, the run launched
@@ -66,9 +67,12 @@ OVERRIDES = Path(__file__).with_name("dry_run_paper_loop.yaml")
 PAPER_CONFIGS = {"e5": ROOT / "configs" / "agentic_r_loop.yaml",
                  "decoder": ROOT / "configs" / "agentic_r_qwen3_embedding_4b_lora_loop.yaml"}
 #: With ``--retriever decoder``: the retriever's stand-in, a small Qwen3 embedder warm-started on the corpus
-#: (`warm_started_retriever`), in the index build and retriever training (in place of the override set's MiniLM).
+#: (`warm_started_retriever`), in the index build and retriever training (in place of the override set's MiniLM),
+#: and one query a process a step: the stand-in's candidates pass the LR threshold less often than MiniLM's (3 rows
+#: of 32 rounds in its first run, short of the 4 that 2 processes x 2 queries need), so the run also mines every
+#: RL train question of the prepared split (`make_data`).
 DECODER_EMBEDDER = {"index_build": {"encoder": {"model": "{retriever_model}"}},
-                    "retriever_train": {"encoder": {"model": "{retriever_model}"}}}
+                    "retriever_train": {"encoder": {"model": "{retriever_model}"}, "per_device_batch_size": 1}}
 #: The loop's verl section with ``--verl``: verl's own trainer on the CPU in place of the stand-in, one Ray GPU label
 #: (one FSDP rank and one vLLM CPU server: a second rank would double the run's memory on a 2-core machine).
 #: The algorithm is GRPO, not the paper's PPO: verl 0.9.1 loads PPO's critic with flash-attention 2 hard-coded, which
@@ -128,13 +132,14 @@ def flashrag_row(row: dict, row_id: str) -> dict:
 FLASHRAG = Path("data") / "FlashRAG_datasets"
 
 
-def make_data(out: Path, seed: int = 0) -> dict:
-    """The corpus, the two QA files and the warm start's questions (see the module docstring)."""
+def make_data(out: Path, seed: int = 0, train_questions: int | None = TRAIN_QUESTIONS) -> dict:
+    """The corpus, the two QA files (`train_questions` of the prepared RL train split; None: all of them) and the
+    warm start's questions (see the module docstring)."""
     from agentic_retriever.base.data.prepare import PrepareConfig, prepare_defaults
 
     prepared = out / "prepared"
     prepare_defaults(PrepareConfig(out=str(prepared), dev_fraction=0.3, mining_fraction=0.5))
-    train = _jsonl(prepared / "fanoutqa_leaf_train_rl.jsonl")[:TRAIN_QUESTIONS]
+    train = _jsonl(prepared / "fanoutqa_leaf_train_rl.jsonl")[:train_questions]
     dev = _jsonl(prepared / "fanoutqa_leaf_dev_in_corpus.jsonl")[:DEV_QUESTIONS]
     warm = [r for r in _jsonl(prepared / "fanoutqa_leaf_train_warmstart.jsonl") if r["evidence_in_corpus"]]
     warm = warm[:WARM_QUESTIONS]
@@ -280,7 +285,7 @@ def main() -> None:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    data = make_data(out)
+    data = make_data(out, train_questions=None if args.retriever == "decoder" else TRAIN_QUESTIONS)
     print(f"data: {data}", flush=True)
     agent = warm_started_agent(out)
     setup_s = time.perf_counter() - started

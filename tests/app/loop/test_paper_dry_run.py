@@ -94,7 +94,7 @@ def test_with_a_decoder_embedder_the_dry_run_is_the_4b_lora_config_with_the_retr
     the one file written), the index and the trainer read the stand-in embedder, and what the 4B config sets (LoRA,
     the cached loss, last-token pooling) is kept; the override set swaps only the retriever's model."""
     script = _script()
-    assert _leaves(script.DECODER_EMBEDDER) <= MODELS
+    assert _leaves(script.DECODER_EMBEDDER) <= MODELS | SIZES
     monkeypatch.setattr("agentic_retriever.base.defaults.smollm2_hf_dir", lambda: Path("/models/smollm2"))
     path = script.write_config(tmp_path, "/models/agent", retriever_model="/models/embedder")
     assert "extends" not in yaml.safe_load(path.read_text())
@@ -103,6 +103,7 @@ def test_with_a_decoder_embedder_the_dry_run_is_the_4b_lora_config_with_the_retr
     assert train.encoder.model == index.encoder.model == "/models/embedder"
     assert (train.lora.rank, train.cached, train.encoder.pooling) == (16, True, "lasttoken")
     assert train.precision == "fp32" and train.encoder.composition == "question_sep_query"
+    assert train.per_device_batch_size == 1
     loop = build_config(command("loop").config_class(), "loop", None, str(path))
     assert loop.mining_devices == ["cpu", "cpu"] and loop.verl.stand_in and loop.iterations == 2
 
