@@ -149,9 +149,10 @@ def retriever_memory(shape: EncoderShape, job, gpus: int, corpus_passages: int) 
     train = job.train
     negatives = job.mine.mining.selection.num_negatives
     passages_per_query = 1 + negatives
-    if train.cached:
+    texts = train.per_device_batch_size * (1 + passages_per_query)
+    if train.cached and train.mini_batch_size < texts:
         tokens = train.mini_batch_size * job.mine.plan.passage_tokens
-        in_flight = f"one cached-loss mini-batch: {train.mini_batch_size} texts"
+        in_flight = f"one cached-loss mini-batch: {train.mini_batch_size} of the step's {texts} texts"
     else:
         tokens = train.per_device_batch_size * (QUERY_TOKENS + passages_per_query * job.mine.plan.passage_tokens)
         in_flight = f"{train.per_device_batch_size} queries x (1 + {passages_per_query}) texts"

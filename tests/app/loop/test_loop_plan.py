@@ -224,6 +224,9 @@ def test_the_retrievers_memory_is_its_states_activations_and_index_per_gpu(job):
                                        mini_batch_size=16, lora=dataclasses.replace(job.train.lora, rank=8)),
                        gpus=8, corpus_passages=21_015_324)["retriever"]
     assert cached["tokens_in_flight"] == 16 * job.mine.plan.passage_tokens and cached["chosen"].startswith("LoRA r=8")
+    small = plan_loop(_with_retriever(job, "Qwen/Qwen3-Embedding-4B", cached=True, mini_batch_size=64,
+                                      per_device_batch_size=2), gpus=8, corpus_passages=21_015_324)["retriever"]
+    assert small["tokens_in_flight"] == 2 * (QUERY_TOKENS + passages * job.mine.plan.passage_tokens)  # all 34 texts
 
 
 def test_loop_plan_gives_the_4b_lora_configs_memory_beside_the_service(capsys):
