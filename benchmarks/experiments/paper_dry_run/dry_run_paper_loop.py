@@ -162,15 +162,18 @@ def make_data(out: Path, seed: int = 0, train_questions: int | None = TRAIN_QUES
 
 
 def warm_started_agent(out: Path) -> str:
-    """SmolLM2-135M-Instruct warm-started (`agent sft`) on the warm-start questions over the dry run's corpus."""
+    """SmolLM2-135M-Instruct warm-started (`agent sft`) on the warm-start questions over the dry run's corpus (its
+    index kept under the corpus's content hash: `make_data` writes another corpus with ``--retriever decoder``)."""
     from agent.sft import WarmStartConfig, warm_start_agent
     from agent.sft.data import SynthesisConfig
     from agent.sft.train import SFTConfig
     from agentic_retriever.base.client import RetrievalConfig
     from agentic_retriever.base.encoder import EncoderConfig
+    from agentic_retriever.base.fingerprint import stable_hash
     from agentic_retriever.index import DenseParams, IndexBuildConfig, build_index
 
-    index = out / "warm_start" / "index"
+    corpus = _jsonl(out / "data" / "wiki-18.jsonl")
+    index = out / "warm_start" / f"index-{stable_hash(corpus, digits=16)}"
     if not (index / "manifest.json").is_file():
         build_index(IndexBuildConfig(corpus=str(out / "data" / "wiki-18.jsonl"), out=str(index),
                                      encoder=EncoderConfig(model="default"), dense=DenseParams(type="flat")))
@@ -208,26 +211,32 @@ def ict_rows(passages: list[dict], seed: int = 0) -> list[dict]:
 
 def warm_started_retriever(out: Path) -> str:
     """The retriever's stand-in of ``--retriever decoder`` (`DECODER_EMBEDDER`): a small random-weight Qwen3
-    embedder with SmolLM2's tokenizer, trained on `ict_rows` of the dry run's corpus (see the module docstring)."""
+    embedder with SmolLM2's tokenizer, trained on `ict_rows` of the dry run's corpus (see the module docstring); kept
+    under the hash of its training rows and settings, so that another corpus trains another one."""
     from agentic_retriever.base.defaults import smollm2_hf_dir
     from agentic_retriever.base.encoder import EncoderConfig
+    from agentic_retriever.base.fingerprint import stable_hash
     from agentic_retriever.standins.decoder_embedder import random_decoder_embedder
     from agentic_retriever.training.config import RetrieverTrainConfig
     from agentic_retriever.training.trainer import train_retriever
 
-    folder = out / "retriever"
+    rows = ict_rows(_jsonl(out / "data" / "wiki-18.jsonl"))
+    base_shape, max_length = "small", 128
+    train = {"per_device_batch_size": 32, "epochs": ICT_EPOCHS, "learning_rate": 2e-3, "temperature": 0.05,
+             "precision": "fp32"}
+    folder = out / "retriever" / stable_hash({"rows": rows, "shape": base_shape, "max_length": max_length,
+                                              "train": train}, digits=16)
     trained = folder / "ict-qwen3-embedder"
     if (trained / "modules.json").is_file():
         return str(trained)
     base = folder / "random-qwen3-embedder"
     if not (base / "modules.json").is_file():
-        random_decoder_embedder(base, smollm2_hf_dir(), "small", max_length=128)
-    _write_jsonl(folder / "ict.jsonl", ict_rows(_jsonl(out / "data" / "wiki-18.jsonl")))
+        random_decoder_embedder(base, smollm2_hf_dir(), base_shape, max_length=max_length)
+    _write_jsonl(folder / "ict.jsonl", rows)
     return str(train_retriever(RetrieverTrainConfig(
-        data=str(folder / "ict.jsonl"), out=str(trained), encoder=EncoderConfig(model=str(base), max_length=128,
-                                                                               composition="query"),
-        per_device_batch_size=32, epochs=ICT_EPOCHS, learning_rate=2e-3, temperature=0.05, precision="fp32",
-        save_steps=100_000)))
+        data=str(folder / "ict.jsonl"), out=str(trained),
+        encoder=EncoderConfig(model=str(base), max_length=max_length, composition="query"), save_steps=100_000,
+        **train)))
 
 
 def write_config(out: Path, agent_model: str, verl: bool = False, ray: bool = False,

@@ -208,3 +208,40 @@ def test_with_ray_the_merged_config_places_the_same_shards_by_ray(tmp_path, monk
     same = {"placement", "ray", "rollout_devices", "mining_devices", "service", "step_servers"}
     assert {f: getattr(placed, f) for f in vars(local) if f not in same} == \
         {f: getattr(local, f) for f in vars(local) if f not in same}
+
+
+def test_the_decoder_stand_in_is_kept_under_its_corpus_content_and_another_corpus_trains_another(tmp_path,
+                                                                                                   monkeypatch):
+    """`warm_started_retriever` trains once a corpus: the same corpus again reuses the trained folder, and a corpus
+    rewritten in place (as `make_data` does with ``--retriever decoder``, which adds evidence pages) trains anew."""
+    import agentic_retriever.standins.decoder_embedder as standin
+    import agentic_retriever.training.trainer as trainer
+
+    script = _script()
+    trained = []
+
+    def fake_embedder(out, tokenizer_dir, shape, max_length, seed=0):
+        Path(out).mkdir(parents=True)
+        (Path(out) / "modules.json").write_text("[]")
+        return Path(out)
+
+    def fake_train(config):
+        trained.append(script._jsonl(Path(config.data)))
+        fake_embedder(config.out, None, None, None)
+        return Path(config.out)
+
+    monkeypatch.setattr(standin, "random_decoder_embedder", fake_embedder)
+    monkeypatch.setattr(trainer, "train_retriever", fake_train)
+    corpus = tmp_path / "data" / "wiki-18.jsonl"
+
+    def passages(count):
+        return [{"id": str(i), "contents": f'"Title {i}"\n' + " ".join(f"w{i}x{j}" for j in range(20))}
+                for i in range(count)]
+
+    script._write_jsonl(corpus, passages(3))
+    first = script.warm_started_retriever(tmp_path)
+    assert script.warm_started_retriever(tmp_path) == first and len(trained) == 1
+    script._write_jsonl(corpus, passages(4))
+    second = script.warm_started_retriever(tmp_path)
+    assert second != first and len(trained) == 2
+    assert {row["pos"][0] for row in trained[1]} == {p["contents"] for p in passages(4)}
