@@ -214,6 +214,7 @@ def test_the_decoder_stand_in_is_kept_under_its_corpus_content_and_another_corpu
                                                                                                    monkeypatch):
     """`warm_started_retriever` trains once a corpus: the same corpus again reuses the trained folder, and a corpus
     rewritten in place (as `make_data` does with ``--retriever decoder``, which adds evidence pages) trains anew."""
+    import agentic_retriever.base.defaults as defaults
     import agentic_retriever.standins.decoder_embedder as standin
     import agentic_retriever.training.trainer as trainer
 
@@ -231,6 +232,7 @@ def test_the_decoder_stand_in_is_kept_under_its_corpus_content_and_another_corpu
         return Path(config.out)
 
     monkeypatch.setattr(standin, "random_decoder_embedder", fake_embedder)
+    monkeypatch.setattr(defaults, "smollm2_hf_dir", lambda: tmp_path / "tokenizer")  # not converted: not read
     monkeypatch.setattr(trainer, "train_retriever", fake_train)
     corpus = tmp_path / "data" / "wiki-18.jsonl"
 
