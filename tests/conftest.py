@@ -46,6 +46,19 @@ def _isolated_cache(tmp_path_factory):
                         f"{[name for name, _ in changed[:5]]}; a fixture wrote there instead of the test cache")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _hub_offline():
+    """The suite never reaches the Hugging Face hub (tests run without network): the hub's offline mode, in this
+    process and in those the tests start, so that a hub name nothing has cached fails at once, as it does for a user
+    with ``HF_HUB_OFFLINE=1``, instead of retrying its requests for 23 s."""
+    import huggingface_hub.constants
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        patch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read at import: the environment comes late
+        yield
+
+
 #: Signals whose handling a test may change only for its own duration: children inherit an ignored one (the session
 #: guard hands a command the disposition it found), so one left ignored changes what later tests of the worker see.
 _PROCESS_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
