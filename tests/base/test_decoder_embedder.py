@@ -9,11 +9,12 @@ import typing
 import numpy as np
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 from agentic_retriever.base.decoder_embedder import (DEFAULT_QUERY_INSTRUCTION, DecoderEmbedderConfig,
                                                      appends_end_token, build_decoder_embedder, query_prompt)
 from agentic_retriever.base.encoder import Encoder, EncoderConfig, PoolingMode
-from tests.fakes import load_smollm2_tokenizer
+from tests.fakes import smollm2_tokenizer_dir
 
 TEXTS = ["Paris", "The Eiffel Tower was finished in 1889 for the World's Fair in Paris.", "Who built it?"]
 
@@ -76,7 +77,8 @@ def test_our_encoder_composes_q_sep_q_inside_the_query_instruction(tiny_decoder_
 def test_a_tokenizer_that_puts_a_bos_first_keeps_it_and_one_without_an_end_token_is_refused():
     from tokenizers.processors import TemplateProcessing
 
-    tokenizer = load_smollm2_tokenizer().__class__.from_pretrained(load_smollm2_tokenizer().name_or_path)
+    # a copy of its own (load_smollm2_tokenizer's is one cached instance): the test changes its post-processor
+    tokenizer = AutoTokenizer.from_pretrained(str(smollm2_tokenizer_dir()))
     bos = tokenizer.bos_token
     tokenizer.backend_tokenizer.post_processor = TemplateProcessing(
         single=[bos, "$A"], pair=[bos, "$A", "$B:1"], special_tokens=[(bos, tokenizer.bos_token_id)])
@@ -97,7 +99,8 @@ def test_an_appended_special_token_other_than_eos_counts_as_the_end_token_as_in_
 
     from agentic_retriever.base.encoder import ends_with_end_token
 
-    tokenizer = load_smollm2_tokenizer().__class__.from_pretrained(load_smollm2_tokenizer().name_or_path)
+    # a copy of its own (load_smollm2_tokenizer's is one cached instance): the test changes its post-processor
+    tokenizer = AutoTokenizer.from_pretrained(str(smollm2_tokenizer_dir()))
     assert not ends_with_end_token(tokenizer)  # SmolLM2's own tokenizer appends nothing
     end = "<|endoftext|>"
     assert tokenizer.convert_tokens_to_ids(end) != tokenizer.eos_token_id

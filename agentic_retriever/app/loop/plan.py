@@ -32,7 +32,7 @@ from typing import Any
 
 from .config import LoopJob
 from .processes import step_server_specs
-from .retriever_cost import REFERENCE, encoder_shape, retriever_memory
+from .retriever_cost import REFERENCE, EncoderShape, encoder_shape, retriever_memory
 from .steps import STEPS
 
 __all__ = ["PRICES", "RATES", "Priced", "Rate", "plan_loop", "plan_table"]
@@ -116,15 +116,15 @@ _TRAIN_FORWARDS = 4
 GPU_MEMORY_GIB = {"A100": 79.2, "H100": 79.2}
 
 
-def _retriever_rates(rates: dict[str, Rate], job: LoopJob) -> dict[str, Rate]:
-    """The encoding and training throughputs of `rates` (e5-base-v2's) for the config's retriever.
+def _retriever_rates(rates: dict[str, Rate], job: LoopJob, shape: EncoderShape) -> dict[str, Rate]:
+    """The encoding and training throughputs of `rates` (e5-base-v2's) for the config's retriever, of `shape`.
 
     A passage costs a fixed time whatever the model (tokenising, moving, Python: e5-base-v2's time less its
     compute) plus its model's compute: passage tokens x parameters outside the embeddings, at the FLOPs a GPU
     reaches in the 7B prefill of the same table (``llm_7b_prefill``: a prefill is this forward pass). Training
     counts `_TRAIN_FORWARDS` forwards a passage, and LoRA's compute its published speed-up."""
     model, tokens = job.train.encoder.model, job.mine.plan.passage_tokens
-    shape, reference = encoder_shape(model), encoder_shape(REFERENCE)
+    reference = encoder_shape(REFERENCE)
     flops_rate = rates["llm_7b_prefill"].value * _PARAMS_7B  # parameter-tokens a second: 2x that in FLOPs
 
     def forward_s(parameters: int) -> float:
@@ -319,7 +319,8 @@ def plan_loop(job: LoopJob, gpus: int, gpu_type: str = "H100", gpus_per_node: in
     if gpu_type not in RATES:
         raise ValueError(f"loop plan: no throughputs for GPU type {gpu_type!r} (known: {', '.join(RATES)}); give "
                          "each with --throughput KEY=VALUE on a known type")
-    rates = _retriever_rates(RATES[gpu_type], job)
+    shape = encoder_shape(job.train.encoder.model)
+    rates = _retriever_rates(RATES[gpu_type], job, shape)
     for key, value in (overrides or {}).items():
         if key not in rates:
             raise ValueError(f"loop plan: unknown throughput {key!r} (known: {', '.join(rates)})")
@@ -328,8 +329,7 @@ def plan_loop(job: LoopJob, gpus: int, gpu_type: str = "H100", gpus_per_node: in
                          corpus_passages)
     steps = [_row(number, name, PRICES[name](planning) if name in PRICES else None)
              for number, name in enumerate(STEPS, 1)]
-    memory = retriever_memory(encoder_shape(job.train.encoder.model), job, planning.node,
-                              _passages(job.index.corpus, corpus_passages))
+    memory = retriever_memory(shape, job, planning.node, _passages(job.index.corpus, corpus_passages))
     return {"gpus": gpus, "gpu_type": gpu_type, "gpus_per_node": gpus_per_node, "questions": planning.questions,
             "retriever": memory | {"gpu_memory_gib": GPU_MEMORY_GIB[gpu_type]}, "steps": steps,
             "hours": sum(s["hours"] for s in steps),
